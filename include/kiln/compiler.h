@@ -1,0 +1,142 @@
+// Kiln compiler API: build a graph of ATen ops, compile one or more methods into a program.
+//
+//   kiln::Graph g;
+//   auto x = g.add_input("x", {kiln::DType::Float32, {1, 8}});
+//   auto w = g.add_constant("w", {kiln::DType::Float32, {4, 8}}, bytes);
+//   auto y = g.add_node("aten.linear", {x, w, kiln::kNoValue}, {});
+//   g.set_outputs({y.value()[0]});
+//   kiln::ProgramBuilder pb; pb.add_method("forward", std::move(g));
+//   auto compiled = pb.compile();   // compiled->bytes is the .kiln file
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kiln/attributes.h"
+#include "kiln/error.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+using ValueId = int32_t;
+constexpr ValueId kNoValue = -1;  ///< an absent optional tensor argument (None)
+
+/// Immutable bytes of a constant tensor, shared between graphs and methods.
+using ConstantBytes = std::shared_ptr<const std::vector<uint8_t>>;
+
+/// A tensor value of the graph: a method input, a constant or a node output.
+struct Value {
+  TensorType type;
+  std::string name;
+  ConstantBytes constant;  ///< non-null for constants
+  bool is_input = false;
+};
+
+/// One call of an ATen op.
+struct Node {
+  std::string op;                 ///< e.g. "aten.convolution"
+  std::vector<ValueId> inputs;    ///< schema order; kNoValue for None
+  std::vector<ValueId> outputs;
+  Attributes attrs;               ///< normalized by the op's schema
+  std::string debug_name;         ///< where it came from, e.g. "features.3.block.1"
+};
+
+/// A dataflow graph in topological order (nodes are appended after their inputs exist).
+class Graph {
+ public:
+  ValueId add_input(std::string name, TensorType type);
+  /// `bytes` must hold exactly type.nbytes() bytes (InvalidArgument otherwise).
+  Result<ValueId> add_constant(std::string name, TensorType type, ConstantBytes bytes);
+  Result<ValueId> add_constant(std::string name, TensorType type, std::vector<uint8_t> bytes);
+  /// Adds a node: looks the op up in the registry (OperatorMissing if unknown), normalizes
+  /// its attributes, infers output types. Errors name the op and debug_name.
+  Result<std::vector<ValueId>> add_node(const std::string& op, std::vector<ValueId> inputs,
+                                        const Attributes& attrs, std::string debug_name = {});
+  /// InvalidArgument when an id is out of range.
+  Error set_outputs(std::vector<ValueId> outputs);
+
+  const std::vector<Value>& values() const { return values_; }
+  std::vector<Value>& mutable_values() { return values_; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  std::vector<Node>& mutable_nodes() { return nodes_; }
+  const std::vector<ValueId>& inputs() const { return inputs_; }
+  const std::vector<ValueId>& outputs() const { return outputs_; }
+  const Value& value(ValueId id) const { return values_.at(static_cast<size_t>(id)); }
+
+ private:
+  std::vector<Value> values_;
+  std::vector<Node> nodes_;
+  std::vector<ValueId> inputs_;
+  std::vector<ValueId> outputs_;
+};
+
+/// Compile options.
+struct CompileOptions {
+  bool fold_constants = true;
+  bool eliminate_dead_code = true;
+};
+
+/// What the compiler did with one method.
+struct MethodReport {
+  std::string name;
+  size_t num_nodes = 0;            ///< after passes
+  size_t num_folded = 0;           ///< nodes removed by constant folding
+  size_t num_dead = 0;             ///< nodes removed by dead-code elimination
+  uint64_t arena_bytes = 0;        ///< planned arena size
+  uint64_t activation_bytes = 0;   ///< sum of all planned values' sizes (arena without reuse)
+  uint64_t constant_bytes = 0;     ///< constants this method uses
+};
+
+/// Result of ProgramBuilder::compile.
+struct CompiledProgram {
+  std::vector<uint8_t> bytes;         ///< the whole .kiln file
+  std::vector<MethodReport> methods;
+  uint64_t constant_bytes = 0;        ///< unique constant bytes stored (after dedup)
+  /// Human-readable multi-line summary (per method: nodes, arena, constants).
+  std::string report() const;
+};
+
+/// Collects methods and compiles them into one program file.
+class ProgramBuilder {
+ public:
+  /// InvalidArgument for a duplicate or empty name.
+  Error add_method(std::string name, Graph graph);
+  /// Runs the passes on each method, plans memory, serializes. Constants with identical
+  /// dtype, sizes and bytes are stored once across all methods.
+  Result<CompiledProgram> compile(const CompileOptions& options = {}) const;
+
+ private:
+  std::vector<std::pair<std::string, Graph>> methods_;
+};
+
+/// Writes bytes to path (NotFound / InvalidArgument with the OS error on failure).
+Error write_file(const std::string& path, const std::vector<uint8_t>& bytes);
+
+// Passes (src/ir/passes.cpp, src/compiler/memory_planner.cpp); each fits on a screen.
+/// Removes nodes whose outputs are not (transitively) used by the graph outputs. Returns count.
+size_t eliminate_dead_code(Graph& graph);
+/// Evaluates nodes whose inputs are all constants with the portable kernels and replaces
+/// their outputs by constants. Returns the count, or the kernel's error.
+Result<size_t> fold_constants(Graph& graph);
+
+/// One value's place in the arena.
+struct PlannedValue {
+  ValueId value;
+  uint64_t offset;
+  uint64_t nbytes;
+  int64_t first_use;  ///< index of the defining node (-1 for method inputs)
+  int64_t last_use;   ///< index of the last reading node (nodes.size() for outputs)
+};
+
+/// Lifetime-aware best-fit plan (greedy by size, TFLite-style) of every non-constant value.
+struct MemoryPlan {
+  std::vector<PlannedValue> values;
+  uint64_t arena_bytes = 0;
+  uint64_t total_bytes = 0;  ///< sum of sizes, no reuse
+};
+/// Plans all inputs and node outputs; offsets aligned to 64 bytes.
+MemoryPlan plan_memory(const Graph& graph);
+
+}  // namespace kiln

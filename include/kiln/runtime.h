@@ -1,0 +1,105 @@
+// Kiln runtime: load a .kiln program file and execute its methods.
+//
+//   auto program = kiln::Program::load("model.kiln");
+//   if (!program.ok()) { puts(program.error().to_string().c_str()); return 1; }
+//   auto method = (*program)->load_method("forward");
+//   kiln::Tensor x{kiln::DType::Float32, {1, 3, 224, 224}, pixels};
+//   auto outputs = method->execute({x});   // views into the method's arena
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/error.h"
+#include "kiln/tensor.h"
+#include "kiln/thread_pool.h"
+
+namespace kiln {
+
+class Program;
+namespace detail { struct ProgramData; struct MethodPlan; }
+
+/// Description of one method's inputs, outputs and memory.
+struct MethodMeta {
+  std::string name;
+  std::vector<std::string> input_names;
+  std::vector<TensorType> inputs;
+  std::vector<std::string> output_names;
+  std::vector<TensorType> outputs;
+  uint64_t arena_bytes = 0;       ///< activation arena planned at compile time
+  size_t num_instructions = 0;
+  size_t num_kernel_calls = 0;
+  size_t num_delegate_calls = 0;
+};
+
+/// Options for Program::load.
+struct LoadOptions {
+  bool use_mmap = true;  ///< map the file (zero copy); false reads it into memory
+};
+
+/// Options for Program::load_method.
+struct MethodOptions {
+  /// Caller-supplied arena of at least MethodMeta::arena_bytes bytes, 64-byte aligned;
+  /// empty: the method allocates its own.
+  std::span<uint8_t> arena;
+  /// Pool for kernels; null uses ThreadPool::default_pool().
+  ThreadPool* pool = nullptr;
+};
+
+/// An executable instance of one method. Owns its activation state: separate Method
+/// instances of one Program may execute concurrently from different threads; one instance
+/// must not be executed from two threads at once.
+class Method {
+ public:
+  Method(Method&&) noexcept;
+  Method& operator=(Method&&) noexcept;
+  ~Method();
+
+  const MethodMeta& meta() const;
+  /// Runs the method. Inputs must match meta().inputs exactly in count, dtype and sizes
+  /// (InvalidArgument naming the input, the expected and the actual type otherwise).
+  /// Returns views of the outputs, valid until the next execute() or destruction.
+  Result<std::vector<Tensor>> execute(std::span<const Tensor> inputs);
+  Result<std::vector<Tensor>> execute(std::initializer_list<Tensor> inputs) {
+    return execute(std::span<const Tensor>(inputs.begin(), inputs.size()));
+  }
+
+ private:
+  friend class Program;
+  Method();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// A loaded, verified program file. Immutable and shareable between threads.
+class Program : public std::enable_shared_from_this<Program> {
+ public:
+  /// Maps (or reads) and verifies the file: header magic and version, the FlatBuffers
+  /// verifier, then semantic checks of every method (indices, offsets and sizes in range,
+  /// byte sizes consistent with dtypes and shapes, every kernel call re-typed by the op
+  /// registry). Errors: NotFound (no such file), InvalidProgram (anything malformed),
+  /// OperatorMissing (an op with no kernel), NotFound (a delegate backend missing).
+  static Result<std::shared_ptr<Program>> load(const std::string& path, const LoadOptions& options = {});
+  /// Same checks on a buffer in memory (copied).
+  static Result<std::shared_ptr<Program>> load_from_buffer(std::span<const uint8_t> bytes);
+
+  ~Program();
+  uint32_t format_version() const;
+  std::vector<std::string> method_names() const;
+  /// NotFound when there is no such method.
+  Result<MethodMeta> method_meta(const std::string& name) const;
+  /// NotFound (no such method), MemoryAllocationFailed (arena too small or allocation failed).
+  Result<Method> load_method(const std::string& name, const MethodOptions& options = {}) const;
+  /// Total bytes of constant data (stored once even when shared by methods).
+  uint64_t constant_bytes() const;
+  uint64_t file_size() const;
+
+ private:
+  Program();
+  std::unique_ptr<detail::ProgramData> data_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,49 @@
+// A small fixed-size thread pool shared by kernels.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln {
+
+/// Runs `parallel_for` bodies on `num_threads` threads (the caller counts as one).
+/// Thread-safe: concurrent parallel_for calls from different Methods are serialized per
+/// pool; a parallel_for issued while the pool is busy with another caller runs inline on
+/// the calling thread, so there is no deadlock and no oversubscription.
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return num_threads_; }
+  /// Calls fn(begin, end) over [0, n) split into at most num_threads() contiguous chunks of at
+  /// least `min_chunk` items. Returns when all chunks are done.
+  void parallel_for(int64_t n, int64_t min_chunk, const std::function<void(int64_t, int64_t)>& fn);
+
+  /// A process-wide pool sized by KILN_NUM_THREADS or the number of cores.
+  static ThreadPool* default_pool();
+
+ private:
+  void worker(int index);
+
+  int num_threads_;
+  std::vector<std::thread> workers_;
+  std::mutex busy_;  // held by the caller of an active parallel_for
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable done_cv_;
+  const std::function<void(int64_t, int64_t)>* job_ = nullptr;
+  int64_t job_n_ = 0;
+  int64_t job_chunk_ = 0;
+  int64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+};
+
+}  // namespace kiln

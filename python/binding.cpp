@@ -1,0 +1,252 @@
+// kiln._kiln: the binding between Python capture and the C++ compiler/runtime.
+// Python builds a Graph node by node; all compilation and serialization happen in C++.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+
+#include "ir/op_registry.h"
+#include "kernels/kernel.h"
+#include "kiln/compiler.h"
+#include "kiln/runtime.h"
+
+namespace py = pybind11;
+using namespace kiln;
+
+namespace {
+
+/// Raised for every kiln::Error; .code holds the ErrorCode name.
+struct KilnError {
+  Error error;
+};
+
+template <typename T>
+T unwrap(Result<T> r) {
+  if (!r.ok()) throw KilnError{r.error()};
+  return std::move(r).value();
+}
+void check(const Error& e) {
+  if (!e.ok()) throw KilnError{e};
+}
+
+AttrValue to_attr(const py::handle& v) {
+  if (v.is_none()) return std::monostate{};
+  if (py::isinstance<py::bool_>(v)) return v.cast<bool>();
+  if (py::isinstance<py::int_>(v)) return v.cast<int64_t>();
+  if (py::isinstance<py::float_>(v)) return v.cast<double>();
+  if (py::isinstance<py::str>(v)) return v.cast<std::string>();
+  if (py::isinstance<py::list>(v) || py::isinstance<py::tuple>(v)) {
+    bool all_int = true;
+    for (auto item : v) {
+      if (!py::isinstance<py::int_>(item) || py::isinstance<py::bool_>(item)) all_int = false;
+    }
+    if (all_int) return v.cast<std::vector<int64_t>>();
+    return v.cast<std::vector<double>>();
+  }
+  throw py::type_error("unsupported attribute value: " + std::string(py::str(v)));
+}
+
+Attributes to_attrs(const py::dict& d) {
+  Attributes a;
+  for (auto [k, v] : d) a.set(k.cast<std::string>(), to_attr(v));
+  return a;
+}
+
+DType dtype_of(const std::string& name) {
+  auto d = dtype_from_name(name);
+  if (!d) throw py::value_error("unknown dtype '" + name + "'");
+  return *d;
+}
+
+// NumPy has no bfloat16: bf16 tensors cross the boundary as uint16 bit patterns.
+std::string numpy_format(DType d) {
+  switch (d) {
+    case DType::Float32: return "float32";
+    case DType::Float16: return "float16";
+    case DType::BFloat16: return "uint16";
+    case DType::Int64: return "int64";
+    case DType::Int32: return "int32";
+    case DType::Int8: return "int8";
+    case DType::UInt8: return "uint8";
+    case DType::Bool: return "bool";
+  }
+  return "float32";
+}
+
+py::array to_numpy(const Tensor& t) {
+  py::array out(py::dtype(numpy_format(t.dtype)), std::vector<py::ssize_t>(t.sizes.begin(), t.sizes.end()));
+  if (t.nbytes()) std::memcpy(out.mutable_data(), t.data, t.nbytes());
+  return out;
+}
+
+py::dict type_dict(const TensorType& t) {
+  py::dict d;
+  d["dtype"] = dtype_name(t.dtype);
+  d["sizes"] = t.sizes;
+  return d;
+}
+
+struct PyMethod {
+  Method method;
+  std::vector<py::array> keep;
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_kiln, m) {
+  m.doc() = "Kiln compiler and runtime binding (graph building, compile, load, execute).";
+  // KilnError(message, code): code is the ErrorCode name, e.g. "InvalidArgument".
+  static PyObject* exc_type = PyErr_NewExceptionWithDoc(
+      "kiln._kiln.KilnError", "An error value returned by Kiln: args = (message, code name).", PyExc_RuntimeError, nullptr);
+  m.attr("KilnError") = py::handle(exc_type);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const KilnError& e) {
+      py::tuple args = py::make_tuple(e.error.to_string(), error_code_name(e.error.code()));
+      PyErr_SetObject(exc_type, args.ptr());
+    }
+  });
+
+  m.def("op_names", [] {
+    std::vector<std::string> names;
+    for (const auto& d : OpRegistry::get().ops()) names.push_back(d.name);
+    return names;
+  }, "Names of every op in Kiln's op set (ATen names).");
+  m.def("kernel_names", [] { return KernelRegistry::get().ops(); }, "Ops with a kernel in this build.");
+  m.def("op_schema", [](const std::string& name) {
+    const OpDef* d = OpRegistry::get().find(name);
+    if (!d) throw KilnError{Error(ErrorCode::NotFound, "no op '" + name + "'")};
+    py::dict out;
+    py::list ins, attrs;
+    for (const auto& a : d->inputs) ins.append(py::make_tuple(a.name, a.optional));
+    for (const auto& a : d->attrs) attrs.append(a.name);
+    out["inputs"] = ins;
+    out["attrs"] = attrs;
+    out["num_outputs"] = d->num_outputs;
+    out["doc"] = d->doc;
+    return out;
+  }, "Schema of one op: tensor inputs (name, optional), attribute names, output count.");
+
+  py::class_<Graph>(m, "Graph", "A dataflow graph of ATen ops; nodes are typed as they are added.")
+      .def(py::init<>())
+      .def("add_input", [](Graph& g, const std::string& name, const std::string& dtype, std::vector<int64_t> sizes) {
+        return g.add_input(name, {dtype_of(dtype), std::move(sizes)});
+      }, py::arg("name"), py::arg("dtype"), py::arg("sizes"))
+      .def("add_constant", [](Graph& g, const std::string& name, const std::string& dtype, std::vector<int64_t> sizes,
+                              py::buffer data) {
+        py::buffer_info info = data.request();
+        if (!info.item_type_is_equivalent_to<uint8_t>() && info.ndim != 1) {
+          // any contiguous buffer is accepted; only its bytes matter
+        }
+        const auto* p = static_cast<const uint8_t*>(info.ptr);
+        std::vector<uint8_t> bytes(p, p + info.size * info.itemsize);
+        return unwrap(g.add_constant(name, {dtype_of(dtype), std::move(sizes)}, std::move(bytes)));
+      }, py::arg("name"), py::arg("dtype"), py::arg("sizes"), py::arg("data"),
+         "Adds a constant; `data` is a C-contiguous buffer of exactly the tensor's bytes.")
+      .def("add_node", [](Graph& g, const std::string& op, std::vector<ValueId> inputs, py::dict attrs,
+                          const std::string& debug_name) {
+        return unwrap(g.add_node(op, std::move(inputs), to_attrs(attrs), debug_name));
+      }, py::arg("op"), py::arg("inputs"), py::arg("attrs") = py::dict(), py::arg("debug_name") = "",
+         "Adds a node (inputs: value ids, -1 for None); returns its output value ids.")
+      .def("set_outputs", [](Graph& g, std::vector<ValueId> outs) { check(g.set_outputs(std::move(outs))); })
+      .def("value_type", [](const Graph& g, ValueId id) {
+        if (id < 0 || static_cast<size_t>(id) >= g.values().size()) throw py::index_error("value id out of range");
+        return type_dict(g.value(id).type);
+      })
+      .def_property_readonly("num_nodes", [](const Graph& g) { return g.nodes().size(); });
+
+  py::class_<ProgramBuilder>(m, "ProgramBuilder", "Collects methods and compiles them into one .kiln program.")
+      .def(py::init<>())
+      .def("add_method", [](ProgramBuilder& pb, const std::string& name, const Graph& g) {
+        check(pb.add_method(name, g));
+      })
+      .def("compile", [](const ProgramBuilder& pb, bool fold_constants, bool eliminate_dead_code) {
+        CompileOptions o;
+        o.fold_constants = fold_constants;
+        o.eliminate_dead_code = eliminate_dead_code;
+        CompiledProgram c;
+        {
+          py::gil_scoped_release release;
+          auto r = pb.compile(o);
+          if (!r.ok()) {
+            py::gil_scoped_acquire acquire;
+            throw KilnError{r.error()};
+          }
+          c = std::move(r).value();
+        }
+        py::list methods;
+        for (const auto& mr : c.methods) {
+          py::dict d;
+          d["name"] = mr.name;
+          d["num_nodes"] = mr.num_nodes;
+          d["num_folded"] = mr.num_folded;
+          d["num_dead"] = mr.num_dead;
+          d["arena_bytes"] = mr.arena_bytes;
+          d["activation_bytes"] = mr.activation_bytes;
+          d["constant_bytes"] = mr.constant_bytes;
+          methods.append(d);
+        }
+        py::dict report;
+        report["methods"] = methods;
+        report["constant_bytes"] = c.constant_bytes;
+        report["text"] = c.report();
+        return py::make_tuple(py::bytes(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size()), report);
+      }, py::arg("fold_constants") = true, py::arg("eliminate_dead_code") = true,
+         "Compiles; returns (program bytes, report dict).");
+
+  py::class_<PyMethod>(m, "Method", "An executable method instance.")
+      .def("execute", [](PyMethod& pm, std::vector<py::array> inputs) {
+        const MethodMeta& meta = pm.method.meta();
+        std::vector<Tensor> ts;
+        pm.keep.clear();
+        for (size_t i = 0; i < inputs.size(); ++i) {
+          py::array a = py::array::ensure(inputs[i], py::array::c_style);
+          if (!a) throw py::type_error("input " + std::to_string(i) + " is not an array");
+          auto want = i < meta.inputs.size() ? meta.inputs[i].dtype : DType::Float32;
+          std::string fmt = py::str(a.dtype()).cast<std::string>();
+          auto d = dtype_from_name(fmt);
+          if (fmt == "uint16" && want == DType::BFloat16) d = DType::BFloat16;
+          if (!d) throw KilnError{Error(ErrorCode::InvalidArgument, "input " + std::to_string(i) + ": unsupported dtype " + fmt)};
+          ts.push_back(Tensor{*d, std::vector<int64_t>(a.shape(), a.shape() + a.ndim()), const_cast<void*>(a.data())});
+          pm.keep.push_back(a);
+        }
+        std::vector<Tensor> outs;
+        {
+          py::gil_scoped_release release;
+          auto r = pm.method.execute(ts);
+          if (!r.ok()) {
+            py::gil_scoped_acquire acquire;
+            throw KilnError{r.error()};
+          }
+          outs = std::move(r).value();
+        }
+        py::list result;
+        for (const Tensor& t : outs) result.append(to_numpy(t));
+        return result;
+      }, "Runs the method on NumPy arrays; returns a list of NumPy arrays (copies).")
+      .def_property_readonly("inputs", [](const PyMethod& pm) {
+        py::list l;
+        for (const auto& t : pm.method.meta().inputs) l.append(type_dict(t));
+        return l;
+      })
+      .def_property_readonly("outputs", [](const PyMethod& pm) {
+        py::list l;
+        for (const auto& t : pm.method.meta().outputs) l.append(type_dict(t));
+        return l;
+      });
+
+  py::class_<Program, std::shared_ptr<Program>>(m, "Program", "A loaded, verified .kiln program.")
+      .def_static("load", [](const std::string& path) { return unwrap(Program::load(path)); })
+      .def_static("from_bytes", [](py::bytes b) {
+        std::string s = b;
+        return unwrap(Program::load_from_buffer({reinterpret_cast<const uint8_t*>(s.data()), s.size()}));
+      })
+      .def_property_readonly("method_names", &Program::method_names)
+      .def_property_readonly("constant_bytes", &Program::constant_bytes)
+      .def_property_readonly("file_size", &Program::file_size)
+      .def("load_method", [](const Program& p, const std::string& name) {
+        return PyMethod{unwrap(p.load_method(name)), {}};
+      });
+}

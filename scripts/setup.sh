@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# One-time set-up on a fresh Debian 12 machine: system packages (apt-get) and the project's
+# Python virtualenv (pinned requirements.txt). Safe to re-run: each step is skipped when done.
+# Prints the virtualenv path on its last line.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+APT_PACKAGES=(cmake ninja-build g++ clang libclang-rt-14-dev
+  flatbuffers-compiler libflatbuffers-dev libcli11-dev libgtest-dev libstb-dev
+  python3 python3-venv python3-dev)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "[setup] apt-get install ${missing[*]}" >&2
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO=sudo
+  $SUDO apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >&2
+fi
+
+# The virtualenv lives outside the checkout (torch is several GB): one per requirements hash,
+# shared by every clone on this machine. KILN_VENV overrides the location.
+hash=$(sha256sum "$root/requirements.txt" | cut -c1-12)
+venv=${KILN_VENV:-${XDG_DATA_HOME:-$HOME/.local/share}/kiln/venv-$hash}
+if [ ! -f "$venv/.kiln-complete" ]; then
+  echo "[setup] creating virtualenv $venv (torch is large: this takes a while once)" >&2
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install -q --upgrade pip >&2
+  "$venv/bin/pip" install -q -r "$root/requirements.txt" >&2
+  touch "$venv/.kiln-complete"
+fi
+echo "$venv"

@@ -1,0 +1,200 @@
+// ProgramBuilder::compile: passes, memory planning and the one writer of .kiln files.
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "kiln/compiler.h"
+#include "program_generated.h"
+#include "runtime/file_format.h"
+
+namespace kiln {
+namespace {
+
+uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+flatbuffers::Offset<fb::Attribute> write_attr(flatbuffers::FlatBufferBuilder& b, const std::string& name,
+                                              const AttrValue& v) {
+  auto n = b.CreateString(name);
+  switch (v.index()) {
+    case 1: return fb::CreateAttribute(b, n, fb::AttrKind::Bool, std::get<bool>(v) ? 1 : 0);
+    case 2: return fb::CreateAttribute(b, n, fb::AttrKind::Int, std::get<int64_t>(v));
+    case 3: return fb::CreateAttribute(b, n, fb::AttrKind::Float, 0, std::get<double>(v));
+    case 4: {
+      auto s = b.CreateString(std::get<std::string>(v));
+      return fb::CreateAttribute(b, n, fb::AttrKind::String, 0, 0, s);
+    }
+    case 5: {
+      auto l = b.CreateVector(std::get<std::vector<int64_t>>(v));
+      return fb::CreateAttribute(b, n, fb::AttrKind::Ints, 0, 0, 0, l);
+    }
+    case 6: {
+      auto l = b.CreateVector(std::get<std::vector<double>>(v));
+      return fb::CreateAttribute(b, n, fb::AttrKind::Floats, 0, 0, 0, 0, l);
+    }
+    default: return fb::CreateAttribute(b, n, fb::AttrKind::None);
+  }
+}
+
+// Unique constant storage: identical (dtype, sizes, bytes) stored once.
+struct ConstantTable {
+  std::vector<ConstantBytes> data;
+  std::vector<uint64_t> offsets;
+  uint64_t size = 0;
+  std::map<std::pair<size_t, uint64_t>, std::vector<int>> by_hash;  // (nbytes, hash) -> indices
+
+  int add(const ConstantBytes& bytes) {
+    uint64_t h = 1469598103934665603ull;  // FNV-1a 64
+    for (uint8_t c : *bytes) h = (h ^ c) * 1099511628211ull;
+    auto& bucket = by_hash[{bytes->size(), h}];
+    for (int idx : bucket) {
+      if (data[static_cast<size_t>(idx)] == bytes || *data[static_cast<size_t>(idx)] == *bytes) return idx;
+    }
+    const int idx = static_cast<int>(data.size());
+    data.push_back(bytes);
+    size = align_up(size, kConstantAlignment);
+    offsets.push_back(size);
+    size += bytes->size();
+    bucket.push_back(idx);
+    return idx;
+  }
+};
+
+}  // namespace
+
+Error ProgramBuilder::add_method(std::string name, Graph graph) {
+  if (name.empty()) return Error(ErrorCode::InvalidArgument, "method name is empty");
+  for (const auto& [n, g] : methods_) {
+    if (n == name) return Error(ErrorCode::InvalidArgument, "duplicate method '" + name + "'");
+  }
+  if (graph.outputs().empty()) return Error(ErrorCode::InvalidArgument, "method '" + name + "' has no outputs");
+  methods_.emplace_back(std::move(name), std::move(graph));
+  return {};
+}
+
+Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) const {
+  if (methods_.empty()) return Error(ErrorCode::InvalidArgument, "program has no methods");
+  CompiledProgram result;
+  ConstantTable constants;
+  flatbuffers::FlatBufferBuilder b(1 << 16);
+  std::vector<flatbuffers::Offset<fb::Method>> fb_methods;
+
+  for (const auto& [name, original] : methods_) {
+    Graph g = original;
+    MethodReport rep;
+    rep.name = name;
+    if (options.fold_constants) {
+      auto folded = fold_constants(g);
+      if (!folded.ok()) return Error(folded.error().code(), "method '" + name + "': " + folded.error().message());
+      rep.num_folded = folded.value();
+    }
+    if (options.eliminate_dead_code) rep.num_dead = eliminate_dead_code(g);
+    rep.num_nodes = g.nodes().size();
+    MemoryPlan plan = plan_memory(g);
+    rep.arena_bytes = plan.arena_bytes;
+    rep.activation_bytes = plan.total_bytes;
+
+    // Only values that are used get a slot in the file; renumber them.
+    const auto& values = g.values();
+    std::vector<int32_t> index(values.size(), -1);
+    std::vector<int64_t> arena_offset(values.size(), -1);
+    for (const PlannedValue& pv : plan.values) arena_offset[static_cast<size_t>(pv.value)] = static_cast<int64_t>(pv.offset);
+    std::vector<flatbuffers::Offset<fb::Tensor>> fb_values;
+    auto use = [&](ValueId id) -> int32_t {
+      if (id == kNoValue) return -1;
+      auto& slot = index[static_cast<size_t>(id)];
+      if (slot >= 0) return slot;
+      const Value& v = values[static_cast<size_t>(id)];
+      int constant = -1;
+      if (v.constant) {
+        constant = constants.add(v.constant);
+        rep.constant_bytes += v.constant->size();
+      }
+      std::vector<uint8_t> dim_order(v.type.sizes.size());
+      for (size_t i = 0; i < dim_order.size(); ++i) dim_order[i] = static_cast<uint8_t>(i);
+      fb_values.push_back(fb::CreateTensor(b, static_cast<fb::DType>(v.type.dtype), b.CreateVector(v.type.sizes),
+                                           b.CreateVector(dim_order), constant,
+                                           v.constant ? -1 : arena_offset[static_cast<size_t>(id)],
+                                           v.name.empty() ? 0 : b.CreateString(v.name)));
+      slot = static_cast<int32_t>(fb_values.size() - 1);
+      return slot;
+    };
+    std::vector<int32_t> ins, outs;
+    for (ValueId id : g.inputs()) ins.push_back(use(id));
+    std::vector<flatbuffers::Offset<fb::InstructionEntry>> instrs;
+    for (const Node& n : g.nodes()) {
+      std::vector<int32_t> args, res;
+      for (ValueId id : n.inputs) args.push_back(use(id));
+      for (ValueId id : n.outputs) res.push_back(use(id));
+      std::vector<flatbuffers::Offset<fb::Attribute>> attrs;
+      for (const auto& [an, av] : n.attrs.items()) attrs.push_back(write_attr(b, an, av));
+      auto call = fb::CreateKernelCall(b, b.CreateString(n.op), b.CreateVector(args), b.CreateVector(res),
+                                       b.CreateVector(attrs), n.debug_name.empty() ? 0 : b.CreateString(n.debug_name));
+      instrs.push_back(fb::CreateInstructionEntry(b, fb::Instruction::KernelCall, call.Union()));
+    }
+    for (ValueId id : g.outputs()) outs.push_back(use(id));
+    fb_methods.push_back(fb::CreateMethod(b, b.CreateString(name), b.CreateVector(fb_values), b.CreateVector(ins),
+                                          b.CreateVector(outs), b.CreateVector(instrs), plan.arena_bytes));
+    result.methods.push_back(rep);
+  }
+
+  std::vector<flatbuffers::Offset<fb::ConstantRef>> refs;
+  for (size_t i = 0; i < constants.data.size(); ++i) {
+    refs.push_back(fb::CreateConstantRef(b, 0, constants.offsets[i], constants.data[i]->size()));
+  }
+  // Segment offsets depend on the FlatBuffer's size, which depends on the offsets: write the
+  // segment table with a placeholder and patch it (fixed-width scalars) after finishing.
+  std::vector<flatbuffers::Offset<fb::Segment>> segs;
+  if (!constants.data.empty()) segs.push_back(fb::CreateSegment(b, ~0ull, constants.size, 0));
+  auto program = fb::CreateProgram(b, kFormatVersion, b.CreateVector(fb_methods), b.CreateVector(refs), b.CreateVector(segs));
+  fb::FinishProgramBuffer(b, program);
+
+  const uint64_t fb_offset = sizeof(FileHeader);
+  const uint64_t fb_size = b.GetSize();
+  const uint64_t seg_offset = align_up(fb_offset + fb_size, kSegmentAlignment);
+  const uint64_t file_size = constants.data.empty() ? fb_offset + fb_size : seg_offset + constants.size;
+
+  std::vector<uint8_t>& out = result.bytes;
+  out.assign(file_size, 0);
+  FileHeader h{};
+  std::memcpy(h.magic, kFileMagic, sizeof(kFileMagic));
+  h.version = kFormatVersion;
+  h.header_size = sizeof(FileHeader);
+  h.flatbuffer_offset = fb_offset;
+  h.flatbuffer_size = fb_size;
+  h.segments_offset = constants.data.empty() ? file_size : seg_offset;
+  h.file_size = file_size;
+  std::memcpy(out.data(), &h, sizeof(h));
+  std::memcpy(out.data() + fb_offset, b.GetBufferPointer(), fb_size);
+  if (!constants.data.empty()) {
+    auto* prog = fb::GetMutableProgram(out.data() + fb_offset);
+    prog->mutable_segments()->GetMutableObject(0)->mutate_offset(seg_offset);
+    for (size_t i = 0; i < constants.data.size(); ++i) {
+      std::memcpy(out.data() + seg_offset + constants.offsets[i], constants.data[i]->data(), constants.data[i]->size());
+    }
+  }
+  result.constant_bytes = 0;
+  for (const auto& c : constants.data) result.constant_bytes += c->size();
+  return result;
+}
+
+std::string CompiledProgram::report() const {
+  std::ostringstream os;
+  os << "program: " << bytes.size() << " bytes, " << constant_bytes << " constant bytes (deduplicated)\n";
+  for (const MethodReport& m : methods) {
+    os << "  method '" << m.name << "': " << m.num_nodes << " kernel calls (" << m.num_folded << " folded, "
+       << m.num_dead << " dead removed), arena " << m.arena_bytes << " bytes (activations " << m.activation_bytes
+       << " bytes without reuse), constants " << m.constant_bytes << " bytes\n";
+  }
+  return os.str();
+}
+
+Error write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  if (!f) return Error(ErrorCode::InvalidArgument, "cannot open '" + path + "' for writing: " + std::strerror(errno));
+  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!f) return Error(ErrorCode::InvalidArgument, "failed writing '" + path + "': " + std::strerror(errno));
+  return {};
+}
+
+}  // namespace kiln

@@ -1,0 +1,96 @@
+// The op registry: each Kiln op (an ATen op) is defined exactly once here, by name, with its
+// argument schema and shape/dtype inference. Kernels and backend handlers refer to these
+// definitions by name; the compiler uses them to type nodes, and the runtime's loader uses
+// them to re-check every kernel call of an untrusted program file before any kernel runs.
+#pragma once
+
+#include <functional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/attributes.h"
+#include "kiln/error.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+/// One tensor argument of an op schema (positional, in ATen order).
+struct TensorArgSpec {
+  std::string name;
+  bool optional = false;  ///< may be None (ValueId -1)
+};
+
+/// The kind an attribute must have after normalization.
+enum class AttrKind { Bool, Int, Float, String, Ints, Floats };
+
+/// One non-tensor argument with its ATen name and default. `default_value` holding
+/// std::monostate with `required` false means "default None".
+struct AttrSpec {
+  std::string name;
+  AttrKind kind;
+  AttrValue default_value;
+  bool required = false;     ///< no default: must be given
+  bool nullable = false;     ///< may be None (e.g. upsample's scales_h)
+};
+
+/// Inputs of a node as seen by shape inference: nullptr for an absent optional argument.
+using InputTypes = std::span<const TensorType* const>;
+
+/// Infers output types from input types and normalized attributes. Returns InvalidArgument
+/// (with a message naming the argument) for inconsistent shapes, NotSupported for valid
+/// but unimplemented configurations (e.g. an unsupported dtype).
+using InferFn = std::function<Result<std::vector<TensorType>>(InputTypes, const Attributes&)>;
+
+/// The single definition of an op.
+struct OpDef {
+  std::string name;                     ///< ATen name, e.g. "aten.convolution"
+  std::vector<TensorArgSpec> inputs;    ///< tensor arguments in ATen order
+  std::vector<AttrSpec> attrs;          ///< non-tensor arguments
+  int num_outputs = 1;
+  InferFn infer;
+  std::string doc;                      ///< one line: semantics and source
+
+  /// Fills defaults, checks that every given attribute is known and of the right kind
+  /// (ints are accepted for floats, bools for ints), and returns the normalized list in
+  /// schema order. InvalidArgument names the op and the attribute.
+  Result<Attributes> normalize_attributes(const Attributes& given) const;
+  /// Checks arity and optional-ness of `inputs`, then runs `infer`.
+  Result<std::vector<TensorType>> infer_types(InputTypes inputs, const Attributes& normalized) const;
+};
+
+/// Registry of all ops. Built once on first use (explicit registration functions, no static
+/// initializers), read-only afterwards, safe to use from many threads.
+class OpRegistry {
+ public:
+  static const OpRegistry& get();
+  const OpDef* find(std::string_view name) const;
+  const std::vector<OpDef>& ops() const { return ops_; }
+
+  void add(OpDef def);  ///< used only while building the registry
+
+ private:
+  std::vector<OpDef> ops_;
+};
+
+// Registration functions, one per op family (src/ir/ops/*.cpp). Each adds its OpDefs.
+void register_elementwise_ops(OpRegistry& r);
+void register_conv_ops(OpRegistry& r);
+void register_linear_ops(OpRegistry& r);
+void register_norm_ops(OpRegistry& r);
+void register_pool_ops(OpRegistry& r);
+void register_upsample_ops(OpRegistry& r);
+void register_reduction_ops(OpRegistry& r);
+void register_shape_ops(OpRegistry& r);
+
+// Helpers for inference functions.
+/// NumPy/PyTorch broadcasting of two shapes; InvalidArgument when incompatible.
+Result<std::vector<int64_t>> broadcast_shapes(const std::vector<int64_t>& a,
+                                              const std::vector<int64_t>& b);
+/// Wraps a possibly negative dim into [0, rank); InvalidArgument when out of range.
+Result<int64_t> wrap_dim(int64_t dim, int64_t rank);
+/// PyTorch's type promotion for two tensor dtypes (float wins over int; wider wins).
+DType promote_types(DType a, DType b);
+
+}  // namespace kiln

@@ -1,0 +1,8 @@
+// pool op definitions.
+#include "ir/op_registry.h"
+
+namespace kiln {
+
+void register_pool_ops(OpRegistry& r) { (void)r; }
+
+}  // namespace kiln

@@ -1,0 +1,8 @@
+// reduction op definitions.
+#include "ir/op_registry.h"
+
+namespace kiln {
+
+void register_reduction_ops(OpRegistry& r) { (void)r; }
+
+}  // namespace kiln

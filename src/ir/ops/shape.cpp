@@ -1,0 +1,8 @@
+// shape op definitions.
+#include "ir/op_registry.h"
+
+namespace kiln {
+
+void register_shape_ops(OpRegistry& r) { (void)r; }
+
+}  // namespace kiln

@@ -1,0 +1,8 @@
+// upsample op definitions.
+#include "ir/op_registry.h"
+
+namespace kiln {
+
+void register_upsample_ops(OpRegistry& r) { (void)r; }
+
+}  // namespace kiln

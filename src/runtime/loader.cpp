@@ -1,0 +1,319 @@
+// The one reader of .kiln files: header checks, the FlatBuffers verifier, then semantic
+// checks of every method so that no kernel ever sees an out-of-range index, offset or size.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+
+#include "ir/op_registry.h"
+#include "program_generated.h"
+#include "runtime/file_format.h"
+#include "runtime/program_data.h"
+
+namespace kiln::detail {
+namespace {
+
+constexpr int64_t kMaxRank = 16;
+constexpr uint64_t kMaxBytes = 1ull << 46;  // 64 TiB: anything larger is treated as hostile
+
+Error bad(const std::string& what) { return Error(ErrorCode::InvalidProgram, what); }
+
+bool add_overflows(uint64_t a, uint64_t b, uint64_t limit) { return a > limit || b > limit - a; }
+
+Result<TensorType> read_type(const fb::Tensor* t, const std::string& where) {
+  if (t == nullptr) return bad(where + ": missing tensor");
+  if (!is_valid_dtype(static_cast<int>(t->dtype()))) return bad(where + ": invalid dtype");
+  TensorType type{static_cast<DType>(t->dtype()), {}};
+  if (t->sizes()) {
+    if (t->sizes()->size() > kMaxRank) return bad(where + ": rank above 16");
+    uint64_t numel = 1;
+    for (int64_t s : *t->sizes()) {
+      if (s < 0) return bad(where + ": negative size");
+      if (s != 0 && numel > kMaxBytes / static_cast<uint64_t>(s)) return bad(where + ": size overflow");
+      numel *= static_cast<uint64_t>(s);
+      type.sizes.push_back(s);
+    }
+    if (numel > kMaxBytes / dtype_size(type.dtype)) return bad(where + ": size overflow");
+  }
+  const size_t rank = type.sizes.size();
+  if (t->dim_order()) {
+    if (t->dim_order()->size() != rank) return bad(where + ": dim_order length differs from rank");
+    for (size_t i = 0; i < rank; ++i) {
+      if (t->dim_order()->Get(static_cast<flatbuffers::uoffset_t>(i)) != i) {
+        return Error(ErrorCode::NotSupported, where + ": non-contiguous dim_order is not supported");
+      }
+    }
+  }
+  return type;
+}
+
+Result<Attributes> read_attributes(const flatbuffers::Vector<flatbuffers::Offset<fb::Attribute>>* list) {
+  Attributes out;
+  if (list == nullptr) return out;
+  for (const fb::Attribute* a : *list) {
+    if (a == nullptr || a->name() == nullptr) return bad("attribute without a name");
+    AttrValue v;
+    switch (a->kind()) {
+      case fb::AttrKind::None: break;
+      case fb::AttrKind::Bool: v = a->i() != 0; break;
+      case fb::AttrKind::Int: v = a->i(); break;
+      case fb::AttrKind::Float: v = a->f(); break;
+      case fb::AttrKind::String: v = a->s() ? a->s()->str() : std::string(); break;
+      case fb::AttrKind::Ints:
+        v = a->ints() ? std::vector<int64_t>(a->ints()->begin(), a->ints()->end()) : std::vector<int64_t>{};
+        break;
+      case fb::AttrKind::Floats:
+        v = a->floats() ? std::vector<double>(a->floats()->begin(), a->floats()->end()) : std::vector<double>{};
+        break;
+      default: return bad("attribute '" + a->name()->str() + "' has an invalid kind");
+    }
+    if (out.has(a->name()->str())) return bad("duplicate attribute '" + a->name()->str() + "'");
+    out.set(a->name()->str(), std::move(v));
+  }
+  return out;
+}
+
+Result<std::vector<int32_t>> read_indices(const flatbuffers::Vector<int32_t>* list, size_t num_values,
+                                          bool allow_none, const std::string& where) {
+  std::vector<int32_t> out;
+  if (list == nullptr) return out;
+  for (int32_t i : *list) {
+    if (allow_none && i == -1) { out.push_back(i); continue; }
+    if (i < 0 || static_cast<size_t>(i) >= num_values) {
+      return bad(where + ": value index " + std::to_string(i) + " out of range");
+    }
+    out.push_back(i);
+  }
+  return out;
+}
+
+struct ConstantSpan {
+  const uint8_t* data;
+  uint64_t nbytes;
+};
+
+Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<ConstantSpan>& constants) {
+  MethodPlan plan;
+  if (m == nullptr || m->name() == nullptr) return bad("method without a name");
+  const std::string where = "method '" + m->name()->str() + "'";
+  plan.meta.name = m->name()->str();
+  plan.meta.arena_bytes = m->arena_size();
+  if (plan.meta.arena_bytes > kMaxBytes) return bad(where + ": arena size out of range");
+  const size_t nv = m->values() ? m->values()->size() : 0;
+  plan.value_types.resize(nv);
+  plan.constant_data.assign(nv, nullptr);
+  plan.arena_offsets.assign(nv, -1);
+  std::vector<std::string> names(nv);
+  for (size_t i = 0; i < nv; ++i) {
+    const fb::Tensor* t = m->values()->Get(static_cast<flatbuffers::uoffset_t>(i));
+    const std::string vw = where + " value " + std::to_string(i);
+    auto type = read_type(t, vw);
+    if (!type.ok()) return type.error();
+    plan.value_types[i] = type.value();
+    if (t->name()) names[i] = t->name()->str();
+    const uint64_t nbytes = type->nbytes();
+    if (t->constant() >= 0) {
+      if (static_cast<size_t>(t->constant()) >= constants.size()) return bad(vw + ": constant index out of range");
+      const ConstantSpan& c = constants[static_cast<size_t>(t->constant())];
+      if (c.nbytes != nbytes) return bad(vw + ": constant holds " + std::to_string(c.nbytes) + " bytes, type needs " + std::to_string(nbytes));
+      plan.constant_data[i] = c.data;
+    } else if (t->constant() != -1) {
+      return bad(vw + ": invalid constant index");
+    } else {
+      if (t->arena_offset() < 0) return bad(vw + ": no arena offset");
+      const auto off = static_cast<uint64_t>(t->arena_offset());
+      if (off % 8 != 0 || add_overflows(off, nbytes, plan.meta.arena_bytes)) return bad(vw + ": arena range out of bounds");
+      plan.arena_offsets[i] = t->arena_offset();
+    }
+  }
+  auto ins = read_indices(m->inputs(), nv, false, where + " inputs");
+  if (!ins.ok()) return ins.error();
+  auto outs = read_indices(m->outputs(), nv, false, where + " outputs");
+  if (!outs.ok()) return outs.error();
+  plan.inputs = ins.value();
+  plan.outputs = outs.value();
+  if (plan.outputs.empty()) return bad(where + ": no outputs");
+  std::vector<bool> defined(nv, false);
+  for (size_t i = 0; i < nv; ++i) defined[i] = plan.constant_data[i] != nullptr;
+  for (int32_t i : plan.inputs) {
+    if (plan.constant_data[static_cast<size_t>(i)]) return bad(where + ": an input is a constant");
+    if (defined[static_cast<size_t>(i)]) return bad(where + ": input listed twice");
+    defined[static_cast<size_t>(i)] = true;
+    plan.meta.inputs.push_back(plan.value_types[static_cast<size_t>(i)]);
+    plan.meta.input_names.push_back(names[static_cast<size_t>(i)]);
+  }
+
+  const auto* instrs = m->instructions();
+  const size_t ni = instrs ? instrs->size() : 0;
+  for (size_t k = 0; k < ni; ++k) {
+    const fb::InstructionEntry* e = instrs->Get(static_cast<flatbuffers::uoffset_t>(k));
+    const std::string iw = where + " instruction " + std::to_string(k);
+    if (e == nullptr) return bad(iw + ": missing");
+    if (const fb::DelegateCall* d = e->instr_as_DelegateCall()) {
+      return Error(ErrorCode::NotFound, iw + ": delegate backend '" + (d->backend() ? d->backend()->str() : "?") +
+                                            "' is not compiled into this runtime");
+    }
+    const fb::KernelCall* call = e->instr_as_KernelCall();
+    if (call == nullptr || call->op() == nullptr) return bad(iw + ": unknown instruction type");
+    PlannedInstruction pi;
+    pi.op = call->op()->str();
+    if (call->debug_name()) pi.debug_name = call->debug_name()->str();
+    const OpDef* def = OpRegistry::get().find(pi.op);
+    if (def == nullptr) return Error(ErrorCode::OperatorMissing, iw + ": op '" + pi.op + "' is unknown to this runtime");
+    pi.kernel = KernelRegistry::get().find(pi.op);
+    if (pi.kernel == nullptr) return Error(ErrorCode::OperatorMissing, iw + ": no kernel for op '" + pi.op + "'");
+    auto attrs = read_attributes(call->attributes());
+    if (!attrs.ok()) return bad(iw + ": " + attrs.error().message());
+    auto norm = def->normalize_attributes(attrs.value());
+    if (!norm.ok()) return bad(iw + ": " + norm.error().message());
+    pi.attrs = std::move(norm.value());
+    auto args = read_indices(call->args(), nv, true, iw);
+    if (!args.ok()) return args.error();
+    auto res = read_indices(call->outputs(), nv, false, iw);
+    if (!res.ok()) return res.error();
+    pi.args = args.value();
+    pi.outputs = res.value();
+    std::vector<const TensorType*> types;
+    for (int32_t a : pi.args) {
+      if (a >= 0 && !defined[static_cast<size_t>(a)]) return bad(iw + ": reads value " + std::to_string(a) + " before it is written");
+      types.push_back(a < 0 ? nullptr : &plan.value_types[static_cast<size_t>(a)]);
+    }
+    auto inferred = def->infer_types(types, pi.attrs);
+    if (!inferred.ok()) return bad(iw + ": " + inferred.error().message());
+    if (inferred->size() != pi.outputs.size()) return bad(iw + ": wrong number of outputs");
+    for (size_t o = 0; o < pi.outputs.size(); ++o) {
+      const auto ov = static_cast<size_t>(pi.outputs[o]);
+      if (plan.constant_data[ov]) return bad(iw + ": writes a constant");
+      if (plan.value_types[ov] != (*inferred)[o]) {
+        return bad(iw + ": output type " + plan.value_types[ov].to_string() + " differs from the op's inferred " +
+                   (*inferred)[o].to_string());
+      }
+      defined[ov] = true;
+    }
+    if (def->num_outputs != static_cast<int>(pi.outputs.size())) return bad(iw + ": wrong number of outputs");
+    plan.instructions.push_back(std::move(pi));
+  }
+  for (int32_t o : plan.outputs) {
+    if (!defined[static_cast<size_t>(o)]) return bad(where + ": output value " + std::to_string(o) + " is never written");
+    plan.meta.outputs.push_back(plan.value_types[static_cast<size_t>(o)]);
+    plan.meta.output_names.push_back(names[static_cast<size_t>(o)]);
+  }
+  plan.meta.num_instructions = plan.instructions.size();
+  plan.meta.num_kernel_calls = plan.instructions.size();
+  return plan;
+}
+
+}  // namespace
+
+FileBytes::~FileBytes() {
+  if (mapped_) munmap(const_cast<uint8_t*>(data_), size_);
+  std::free(owned_);
+}
+
+Result<std::unique_ptr<FileBytes>> FileBytes::copy(std::span<const uint8_t> bytes) {
+  auto fbytes = std::unique_ptr<FileBytes>(new FileBytes());
+  const size_t alloc = (bytes.size() + kSegmentAlignment - 1) / kSegmentAlignment * kSegmentAlignment;
+  fbytes->owned_ = std::aligned_alloc(kSegmentAlignment, alloc == 0 ? kSegmentAlignment : alloc);
+  if (fbytes->owned_ == nullptr) return Error(ErrorCode::MemoryAllocationFailed, "cannot allocate program buffer");
+  if (!bytes.empty()) std::memcpy(fbytes->owned_, bytes.data(), bytes.size());
+  fbytes->data_ = static_cast<const uint8_t*>(fbytes->owned_);
+  fbytes->size_ = bytes.size();
+  return fbytes;
+}
+
+Result<std::unique_ptr<FileBytes>> FileBytes::map(const std::string& path, bool use_mmap) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Error(ErrorCode::NotFound, "cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Error(ErrorCode::InvalidProgram, "'" + path + "' is not a regular file");
+  }
+  const auto size = static_cast<uint64_t>(st.st_size);
+  auto fbytes = std::unique_ptr<FileBytes>(new FileBytes());
+  if (use_mmap && size > 0) {
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    if (p == MAP_FAILED) return Error(ErrorCode::MemoryAllocationFailed, "cannot map '" + path + "': " + std::strerror(errno));
+    fbytes->data_ = static_cast<const uint8_t*>(p);
+    fbytes->size_ = size;
+    fbytes->mapped_ = true;
+    return fbytes;
+  }
+  std::vector<uint8_t> buf(size);
+  size_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::read(fd, buf.data() + got, size - got);
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  ::close(fd);
+  if (got != size) return Error(ErrorCode::InvalidProgram, "short read of '" + path + "'");
+  return copy(buf);
+}
+
+Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> bytes) {
+  const uint8_t* base = bytes->data();
+  const uint64_t size = bytes->size();
+  if (size < sizeof(FileHeader)) return bad("file is " + std::to_string(size) + " bytes, shorter than the 64-byte header");
+  FileHeader h;
+  std::memcpy(&h, base, sizeof(h));
+  if (std::memcmp(h.magic, kFileMagic, sizeof(kFileMagic)) != 0) return bad("not a Kiln program (wrong magic)");
+  if (h.version != kFormatVersion) {
+    return bad("format version " + std::to_string(h.version) + " is not supported (this runtime reads version " +
+               std::to_string(kFormatVersion) + ")");
+  }
+  if (h.header_size != sizeof(FileHeader) || h.flatbuffer_offset != sizeof(FileHeader)) return bad("bad header size");
+  if (h.file_size != size) {
+    return bad("file is " + std::to_string(size) + " bytes but its header says " + std::to_string(h.file_size) +
+               " (truncated or padded)");
+  }
+  if (add_overflows(h.flatbuffer_offset, h.flatbuffer_size, size)) return bad("FlatBuffer extends past the end of the file");
+  const uint8_t* fbp = base + h.flatbuffer_offset;
+  flatbuffers::Verifier verifier(fbp, h.flatbuffer_size, flatbuffers::Verifier::Options{});
+  if (!fb::VerifyProgramBuffer(verifier)) return bad("FlatBuffer verification failed");
+  const fb::Program* prog = fb::GetProgram(fbp);
+  if (prog->version() != kFormatVersion) return bad("program version differs from the header's");
+
+  auto data = std::make_unique<ProgramData>();
+  data->version = h.version;
+  const uint64_t fb_end = h.flatbuffer_offset + h.flatbuffer_size;
+  std::vector<std::pair<uint64_t, uint64_t>> segments;
+  if (prog->segments()) {
+    for (const fb::Segment* s : *prog->segments()) {
+      if (s->offset() % kSegmentAlignment != 0 || s->offset() < fb_end || add_overflows(s->offset(), s->size(), size)) {
+        return bad("segment out of the file's bounds or not page-aligned");
+      }
+      segments.emplace_back(s->offset(), s->size());
+    }
+  }
+  std::vector<ConstantSpan> constants;
+  if (prog->constants()) {
+    for (const fb::ConstantRef* c : *prog->constants()) {
+      if (c->segment() >= segments.size()) return bad("constant refers to a missing segment");
+      const auto& [off, len] = segments[c->segment()];
+      if (c->offset() % kConstantAlignment != 0 || add_overflows(c->offset(), c->nbytes(), len)) {
+        return bad("constant range out of its segment's bounds");
+      }
+      constants.push_back({base + off + c->offset(), c->nbytes()});
+      data->constant_bytes += c->nbytes();
+    }
+  }
+  if (prog->methods() == nullptr || prog->methods()->size() == 0) return bad("program has no methods");
+  std::set<std::string> seen;
+  for (const fb::Method* m : *prog->methods()) {
+    auto plan = plan_method(m, constants);
+    if (!plan.ok()) return plan.error();
+    if (!seen.insert(plan->meta.name).second) return bad("duplicate method '" + plan->meta.name + "'");
+    data->methods.push_back(std::move(plan.value()));
+  }
+  data->bytes = std::move(bytes);
+  return data;
+}
+
+}  // namespace kiln::detail

@@ -1,0 +1,155 @@
+// Program and Method: instantiate a verified method plan and execute it.
+#include <cstdlib>
+#include <cstring>
+
+#include "runtime/program_data.h"
+
+namespace kiln {
+
+Program::Program() = default;
+Program::~Program() = default;
+
+Result<std::shared_ptr<Program>> Program::load(const std::string& path, const LoadOptions& options) {
+  auto bytes = detail::FileBytes::map(path, options.use_mmap);
+  if (!bytes.ok()) return bytes.error();
+  auto data = detail::verify_and_plan(std::move(bytes.value()));
+  if (!data.ok()) return Error(data.error().code(), path + ": " + data.error().message());
+  auto program = std::shared_ptr<Program>(new Program());
+  program->data_ = std::move(data.value());
+  return program;
+}
+
+Result<std::shared_ptr<Program>> Program::load_from_buffer(std::span<const uint8_t> buffer) {
+  auto bytes = detail::FileBytes::copy(buffer);
+  if (!bytes.ok()) return bytes.error();
+  auto data = detail::verify_and_plan(std::move(bytes.value()));
+  if (!data.ok()) return data.error();
+  auto program = std::shared_ptr<Program>(new Program());
+  program->data_ = std::move(data.value());
+  return program;
+}
+
+uint32_t Program::format_version() const { return data_->version; }
+uint64_t Program::constant_bytes() const { return data_->constant_bytes; }
+uint64_t Program::file_size() const { return data_->bytes->size(); }
+
+std::vector<std::string> Program::method_names() const {
+  std::vector<std::string> names;
+  for (const auto& m : data_->methods) names.push_back(m.meta.name);
+  return names;
+}
+
+Result<MethodMeta> Program::method_meta(const std::string& name) const {
+  for (const auto& m : data_->methods) {
+    if (m.meta.name == name) return m.meta;
+  }
+  return Error(ErrorCode::NotFound, "no method '" + name + "' in program");
+}
+
+struct Method::Impl {
+  std::shared_ptr<const Program> program;  // keeps the mapping alive
+  const detail::MethodPlan* plan = nullptr;
+  void* owned_arena = nullptr;
+  uint8_t* arena = nullptr;
+  ThreadPool* pool = nullptr;
+  std::vector<Tensor> values;
+  // Per instruction: pointers into `values` in schema order.
+  std::vector<std::vector<const Tensor*>> args;
+  std::vector<std::vector<Tensor*>> outs;
+
+  ~Impl() { std::free(owned_arena); }
+};
+
+Method::Method() : impl_(std::make_unique<Impl>()) {}
+Method::Method(Method&&) noexcept = default;
+Method& Method::operator=(Method&&) noexcept = default;
+Method::~Method() = default;
+
+const MethodMeta& Method::meta() const { return impl_->plan->meta; }
+
+Result<Method> Program::load_method(const std::string& name, const MethodOptions& options) const {
+  const detail::MethodPlan* plan = nullptr;
+  for (const auto& m : data_->methods) {
+    if (m.meta.name == name) plan = &m;
+  }
+  if (plan == nullptr) return Error(ErrorCode::NotFound, "no method '" + name + "' in program");
+  Method method;
+  Method::Impl& im = *method.impl_;
+  im.program = shared_from_this();
+  im.plan = plan;
+  im.pool = options.pool ? options.pool : ThreadPool::default_pool();
+  const uint64_t need = plan->meta.arena_bytes;
+  if (!options.arena.empty()) {
+    if (options.arena.size() < need) {
+      return Error(ErrorCode::MemoryAllocationFailed, "method '" + name + "' needs an arena of " + std::to_string(need) +
+                                                          " bytes, the caller supplied " + std::to_string(options.arena.size()));
+    }
+    if (reinterpret_cast<uintptr_t>(options.arena.data()) % 64 != 0) {
+      return Error(ErrorCode::InvalidArgument, "the caller's arena must be 64-byte aligned");
+    }
+    im.arena = options.arena.data();
+  } else if (need > 0) {
+    im.owned_arena = std::aligned_alloc(64, (need + 63) / 64 * 64);
+    if (im.owned_arena == nullptr) {
+      return Error(ErrorCode::MemoryAllocationFailed, "cannot allocate an arena of " + std::to_string(need) + " bytes");
+    }
+    im.arena = static_cast<uint8_t*>(im.owned_arena);
+  }
+  const size_t nv = plan->value_types.size();
+  im.values.resize(nv);
+  for (size_t i = 0; i < nv; ++i) {
+    Tensor& t = im.values[i];
+    t.dtype = plan->value_types[i].dtype;
+    t.sizes = plan->value_types[i].sizes;
+    t.data = plan->constant_data[i] ? const_cast<uint8_t*>(plan->constant_data[i])
+                                    : im.arena + plan->arena_offsets[i];
+  }
+  for (const auto& ins : plan->instructions) {
+    std::vector<const Tensor*> a;
+    for (int32_t v : ins.args) a.push_back(v < 0 ? nullptr : &im.values[static_cast<size_t>(v)]);
+    std::vector<Tensor*> o;
+    for (int32_t v : ins.outputs) o.push_back(&im.values[static_cast<size_t>(v)]);
+    im.args.push_back(std::move(a));
+    im.outs.push_back(std::move(o));
+  }
+  return method;
+}
+
+Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
+  Impl& im = *impl_;
+  const MethodMeta& meta = im.plan->meta;
+  if (inputs.size() != meta.inputs.size()) {
+    return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' takes " + std::to_string(meta.inputs.size()) +
+                                                 " inputs, got " + std::to_string(inputs.size()));
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const TensorType& want = meta.inputs[i];
+    if (inputs[i].dtype != want.dtype || inputs[i].sizes != want.sizes) {
+      const std::string label = meta.input_names[i].empty() ? "" : " '" + meta.input_names[i] + "'";
+      return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' input " + std::to_string(i) + label +
+                                                   ": expected " + want.to_string() + ", got " +
+                                                   inputs[i].type().to_string());
+    }
+    if (inputs[i].data == nullptr && want.nbytes() > 0) {
+      return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' input " + std::to_string(i) + " has no data");
+    }
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    Tensor& slot = im.values[static_cast<size_t>(im.plan->inputs[i])];
+    if (slot.data != inputs[i].data && inputs[i].nbytes() > 0) std::memcpy(slot.data, inputs[i].data, inputs[i].nbytes());
+  }
+  for (size_t k = 0; k < im.plan->instructions.size(); ++k) {
+    const auto& ins = im.plan->instructions[k];
+    Error err = ins.kernel(KernelArgs{im.args[k], im.outs[k], ins.attrs, im.pool});
+    if (!err.ok()) {
+      return Error(err.code(), "instruction " + std::to_string(k) + " (" + ins.op +
+                                   (ins.debug_name.empty() ? "" : " at " + ins.debug_name) + "): " + err.message());
+    }
+  }
+  std::vector<Tensor> out;
+  out.reserve(im.plan->outputs.size());
+  for (int32_t o : im.plan->outputs) out.push_back(im.values[static_cast<size_t>(o)]);
+  return out;
+}
+
+}  // namespace kiln

@@ -1,0 +1,60 @@
+// Internal state of a loaded Program and the verified, resolved plan of each method.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/kernel.h"
+#include "kiln/runtime.h"
+
+namespace kiln::detail {
+
+/// Bytes of a program file: a read-only mapping or an owned aligned buffer.
+class FileBytes {
+ public:
+  static Result<std::unique_ptr<FileBytes>> map(const std::string& path, bool use_mmap);
+  static Result<std::unique_ptr<FileBytes>> copy(std::span<const uint8_t> bytes);
+  ~FileBytes();
+  const uint8_t* data() const { return data_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  const uint8_t* data_ = nullptr;
+  uint64_t size_ = 0;
+  bool mapped_ = false;
+  void* owned_ = nullptr;
+};
+
+/// One instruction, resolved at load.
+struct PlannedInstruction {
+  KernelFn kernel = nullptr;
+  std::vector<int32_t> args;     // value indices, -1 = None
+  std::vector<int32_t> outputs;
+  Attributes attrs;              // normalized
+  std::string op;
+  std::string debug_name;
+};
+
+/// A method after verification: everything needed to instantiate it.
+struct MethodPlan {
+  MethodMeta meta;
+  std::vector<TensorType> value_types;
+  std::vector<const uint8_t*> constant_data;  // per value; null unless constant
+  std::vector<int64_t> arena_offsets;         // per value; -1 for constants
+  std::vector<int32_t> inputs;
+  std::vector<int32_t> outputs;
+  std::vector<PlannedInstruction> instructions;
+};
+
+struct ProgramData {
+  std::unique_ptr<FileBytes> bytes;
+  uint32_t version = 0;
+  uint64_t constant_bytes = 0;
+  std::vector<MethodPlan> methods;
+};
+
+/// Verifies `bytes` and builds the method plans (the loader: src/runtime/loader.cpp).
+Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> bytes);
+
+}  // namespace kiln::detail
