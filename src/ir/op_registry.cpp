@@ -89,18 +89,26 @@ Result<Attributes> OpDef::normalize_attributes(const Attributes& given) const {
 }
 
 Result<std::vector<TensorType>> OpDef::infer_types(InputTypes in, const Attributes& normalized) const {
-  if (in.size() != inputs.size()) {
-    return Error(ErrorCode::InvalidArgument, name + ": expected " + std::to_string(inputs.size()) +
-                                                 " tensor arguments, got " + std::to_string(in.size()));
-  }
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (in[i] == nullptr && !inputs[i].optional) {
-      return Error(ErrorCode::InvalidArgument, name + ": tensor argument '" + inputs[i].name + "' may not be None");
+  if (variadic) {
+    if (in.empty()) return Error(ErrorCode::InvalidArgument, name + ": expects at least one tensor");
+    for (const TensorType* t : in) {
+      if (t == nullptr) return Error(ErrorCode::InvalidArgument, name + ": tensor list may not contain None");
     }
-    if (in[i] != nullptr) {
-      for (int64_t s : in[i]->sizes) {
-        if (s < 0) return Error(ErrorCode::InvalidArgument, name + ": negative size in '" + inputs[i].name + "'");
+  } else {
+    if (in.size() != inputs.size()) {
+      return Error(ErrorCode::InvalidArgument, name + ": expected " + std::to_string(inputs.size()) +
+                                                   " tensor arguments, got " + std::to_string(in.size()));
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (in[i] == nullptr && !inputs[i].optional) {
+        return Error(ErrorCode::InvalidArgument, name + ": tensor argument '" + inputs[i].name + "' may not be None");
       }
+    }
+  }
+  for (const TensorType* t : in) {
+    if (t == nullptr) continue;
+    for (int64_t s : t->sizes) {
+      if (s < 0) return Error(ErrorCode::InvalidArgument, name + ": negative size");
     }
   }
   auto out = infer(in, normalized);

@@ -51,6 +51,9 @@ struct OpDef {
   int num_outputs = 1;
   InferFn infer;
   std::string doc;                      ///< one line: semantics and source
+  /// A tensor-list op (aten.cat): `inputs` holds one spec naming the list; a node takes one
+  /// or more tensors, none of them None.
+  bool variadic = false;
 
   /// Fills defaults, checks that every given attribute is known and of the right kind
   /// (ints are accepted for floats, bools for ints), and returns the normalized list in
