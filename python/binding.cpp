@@ -125,6 +125,7 @@ PYBIND11_MODULE(_kiln, m) {
     out["inputs"] = ins;
     out["attrs"] = attrs;
     out["num_outputs"] = d->num_outputs;
+    out["variadic"] = d->variadic;
     out["doc"] = d->doc;
     return out;
   }, "Schema of one op: tensor inputs (name, optional), attribute names, output count.");

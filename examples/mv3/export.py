@@ -1,0 +1,85 @@
+"""Exports the classification demo's programs: one .kiln file per model.
+
+    PYTHONPATH=python python examples/mv3/export.py                       # all three, seeded random weights
+    PYTHONPATH=python python examples/mv3/export.py --models mobilenet_v3_small --weights mv3=mv3.pt
+    PYTHONPATH=python python examples/mv3/export.py --out-dir build/mv3
+
+Files (in --out-dir, default examples/mv3/):
+    mobilenet_v3_small -> mv3_portable.kiln
+    mobilenet_v3_large -> mv3_large_portable.kiln
+    resnet18           -> resnet18_portable.kiln
+Input: float32[1, 3, 224, 224] (ImageNet-normalized NCHW); output: float32[1, 1000] logits.
+Each file is written independently: a failure for one model is reported in one line and the
+others are still written. Exit status 1 if any model failed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+FILES = {"mobilenet_v3_small": "mv3", "mobilenet_v3_large": "mv3_large", "resnet18": "resnet18"}
+
+
+def parse_weights(items: list[str]) -> dict[str, str]:
+    """["mv3=a.pt", "resnet18=b.pt"] or ["a.pt"] (for a single model) -> {model: path}."""
+    out = {}
+    short = {v: k for k, v in FILES.items()}
+    for item in items:
+        if "=" in item:
+            name, path = item.split("=", 1)
+            out[short.get(name, name)] = path
+        else:
+            out[""] = item
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Export the mv3 demo's .kiln programs (portable backend).")
+    p.add_argument("--models", nargs="+", default=list(FILES), choices=list(FILES), metavar="MODEL",
+                   help=f"models to export (default: all of {', '.join(FILES)})")
+    p.add_argument("--out-dir", default=HERE, help="directory for the .kiln files (default: examples/mv3)")
+    p.add_argument("--weights", nargs="*", default=[], metavar="[MODEL=]PATH",
+                   help="state_dict files (torch.save(model.state_dict())); MODEL is a torchvision name "
+                        "or file stem (mv3, mv3_large, resnet18); a bare PATH applies when one model is "
+                        "exported. Models without weights use seeded random weights (meaningless labels).")
+    p.add_argument("--input-shape", default="1x3x224x224", help="input shape (default 1x3x224x224)")
+    args = p.parse_args(argv)
+
+    import torch
+
+    import kiln
+    from kiln.__main__ import build_model, parse_shape
+    from kiln.capture import ExportError
+
+    weights = parse_weights(args.weights)
+    if "" in weights:
+        if len(args.models) != 1:
+            p.error("a bare --weights PATH needs exactly one model in --models; use MODEL=PATH")
+        weights = {args.models[0]: weights[""]}
+    shape = parse_shape(args.input_shape)
+    os.makedirs(args.out_dir, exist_ok=True)
+    failed = 0
+    for name in args.models:
+        out = os.path.join(args.out_dir, f"{FILES[name]}_portable.kiln")
+        t0 = time.perf_counter()
+        try:
+            model = build_model(name, weights.get(name), log=lambda s: print(s, file=sys.stderr))
+            torch.manual_seed(1)
+            res = kiln.export(model, (torch.randn(*shape),), out=out, verbose=False)
+            m = res.report["methods"][0]
+            print(f"{name}: wrote {out} ({res.file_size / 1e6:.1f} MB, {m['num_nodes']} nodes, arena "
+                  f"{m['arena_bytes'] / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s)")
+        except (ExportError, kiln.KilnError, ValueError, OSError, RuntimeError) as e:
+            failed += 1
+            msg = " ".join(str(e).split())
+            print(f"{name}: FAILED: {type(e).__name__}: {msg}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

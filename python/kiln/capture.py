@@ -1,0 +1,995 @@
+"""Capture of PyTorch modules into Kiln programs.
+
+``kiln.export(module, example_inputs, out="model.kiln")`` captures ``module`` with
+``torch.export.export`` (eval mode, ``strict=False``), runs the decompositions that bring the graph
+to Kiln's op set (``decomposition_table()``: PyTorch's default table minus the composite ops
+Kiln keeps whole), walks the resulting ATen graph and builds a ``kiln.Graph`` through the binding,
+node by node. Compilation and serialization happen in C++ (``kiln.ProgramBuilder``).
+
+Mapping rules (docs/op-set.md):
+- user inputs -> graph inputs; parameters, buffers and lifted constants -> constants (C-contiguous
+  bytes), added lazily when a Kiln node first uses them;
+- every ATen call becomes a Kiln node whose tensor arguments are positional (-1 for None) and whose
+  other arguments are named attributes with their ATen schema names;
+- Python numbers in tensor positions (``add.Scalar``, ``where.ScalarOther``, ...) become 0-d
+  constants of the result's dtype;
+- a call whose tensor arguments are all known constants (``full``, ``arange``, ``zeros``,
+  ``permute`` of a weight, ...) is evaluated by PyTorch at export time and becomes a constant;
+  ops that only read their input's shape (``zeros_like``, ``full_like``, ``fill``) likewise;
+- ``alias``/``detach``/``clone``/``lift_fresh_copy``/eval-mode dropout are dropped,
+  ``_assert_*`` checks are dropped;
+- multi-output ATen ops used for their first output only (``native_batch_norm``, ``native_layer_norm``,
+  ``native_group_norm``, ``max_pool2d_with_indices``) map onto single-output Kiln ops; using any
+  other output fails the export.
+
+Every failure is an ``ExportError`` naming the ATen op, the module path of the node (from
+``node.meta["nn_module_stack"]``) and what to do.
+"""
+from __future__ import annotations
+
+import math
+import operator
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import torch
+
+from . import _kiln
+from ._kiln import KilnError
+
+__all__ = ["ExportError", "ExportResult", "decomposition_table", "capture", "export", "export_program",
+           "KNOWN_BACKENDS", "BUILT_BACKENDS"]
+
+OP_SET_DOC = "docs/op-set.md"
+
+#: Backends a program can target (DESIGN.md); only those in BUILT_BACKENDS exist in this build.
+KNOWN_BACKENDS = ("portable", "cpu", "xnnpack", "mlx", "vulkan")
+BUILT_BACKENDS = ("portable",)
+
+
+class ExportError(RuntimeError):
+    """An export failed. ``op`` is the ATen op (e.g. "aten.fft_fft.default") or None,
+    ``module_path`` the dotted path of the submodule that called it ("" for the top level),
+    ``code`` the Kiln error code name when the C++ compiler refused the node (e.g. "NotSupported")."""
+
+    def __init__(self, message: str, *, op: str | None = None, module_path: str | None = None,
+                 code: str | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.op = op
+        self.module_path = module_path
+        self.code = code
+        self.reason = reason if reason is not None else message
+
+
+# --------------------------------------------------------------------------------------------------
+# dtypes
+
+_TORCH_TO_KILN = {
+    torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int64: "int64",
+    torch.int32: "int32", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+}
+
+
+def kiln_dtype(dtype: torch.dtype, what: str = "tensor") -> str:
+    """Kiln's name for a torch dtype ("float32", ...); ExportError for dtypes Kiln lacks (float64,
+    complex, ...)."""
+    try:
+        return _TORCH_TO_KILN[dtype]
+    except KeyError:
+        raise ExportError(f"{what} has dtype {dtype}, which Kiln does not support "
+                          f"(supported: {', '.join(_TORCH_TO_KILN.values())}); cast it (e.g. to float32) "
+                          "before exporting") from None
+
+
+def _tensor_bytes(t: torch.Tensor):
+    """C-contiguous bytes of a CPU copy of `t` as a 1-D uint8 NumPy array (zero-copy when possible)."""
+    t = t.detach().to("cpu").contiguous().reshape(-1)
+    if t.numel() == 0:
+        return torch.zeros(0, dtype=torch.uint8).numpy()
+    return t.view(torch.uint8).numpy()
+
+
+# --------------------------------------------------------------------------------------------------
+# decompositions
+
+def _keep_whole_ops() -> list:
+    A = torch.ops.aten
+    names = [
+        # composite ops that Kiln keeps whole (DESIGN.md "Op set")
+        "group_norm.default", "native_group_norm.default", "layer_norm.default", "native_layer_norm.default",
+        "rms_norm.default", "upsample_nearest2d.default", "upsample_nearest2d.vec",
+        "upsample_bilinear2d.default", "upsample_bilinear2d.vec", "hardswish.default", "hardsigmoid.default",
+        "gelu.default", "silu.default", "scaled_dot_product_attention.default",
+        # ops of Kiln's set that the default table would otherwise split
+        "linear.default", "adaptive_avg_pool2d.default", "max_pool2d.default",
+    ]
+    ops = []
+    for n in names:
+        packet, overload = n.split(".")
+        p = getattr(A, packet, None)
+        if p is not None and hasattr(p, overload):
+            ops.append(getattr(p, overload))
+    return ops
+
+
+def decomposition_table() -> dict:
+    """torch.export.default_decompositions() without the entries of the ops Kiln keeps whole
+    (group/layer/RMS norm, nearest/bilinear upsampling, hardswish/hardsigmoid, GELU, SiLU,
+    scaled dot-product attention, linear, adaptive_avg_pool2d, max_pool2d)."""
+    table = torch.export.default_decompositions()
+    for op in _keep_whole_ops():
+        if op in table:
+            del table[op]
+    return table
+
+
+# --------------------------------------------------------------------------------------------------
+# values during the graph walk
+
+class _V:
+    """A value of the Kiln graph under construction."""
+    __slots__ = ("id", "dtype", "shape")
+
+    def __init__(self, id: int, dtype: torch.dtype, shape: tuple):
+        self.id, self.dtype, self.shape = id, dtype, tuple(shape)
+
+    def __repr__(self):
+        return f"_V({self.id}, {self.dtype}, {list(self.shape)})"
+
+
+class _FirstOnly:
+    """Result of a multi-output ATen op mapped onto a single-output Kiln op: only item 0 exists."""
+
+    def __init__(self, value, op: str):
+        self.value, self.op = value, op
+
+
+_KILN_TO_TORCH = {v: k for k, v in _TORCH_TO_KILN.items()}
+
+_IGNORED_ARGS = {"layout", "device", "pin_memory", "memory_format", "non_blocking", "cudnn_enable",
+                 "cudnn_enabled"}
+
+_DROPPED = {"aten.alias.default", "aten.detach.default", "aten.clone.default", "aten.lift_fresh_copy.default",
+            "aten.alias_copy.default", "aten.detach_copy.default", "aten.contiguous.default",
+            "aten.lift_fresh.default"}
+_ASSERTS = ("aten._assert", "aten.sym_constrain_range", "aten._functional_assert", "aten._print")
+_SHAPE_ONLY = {"aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.empty_like", "aten.fill",
+               "aten.new_zeros", "aten.new_ones", "aten.new_full", "aten.new_empty", "aten.new_empty_strided",
+               "aten.scalar_tensor"}
+_RANDOM = {"aten.rand", "aten.randn", "aten.randint", "aten.rand_like", "aten.randn_like", "aten.randint_like",
+           "aten.normal", "aten.bernoulli", "aten.uniform", "aten.randperm", "aten.multinomial", "aten.exponential",
+           "aten.poisson"}
+# Ops with a cheaper mapping than eager evaluation when all inputs are constant.
+_NO_EAGER_FOLD = {"aten.expand"}
+
+
+def _module_path(node, strip: str) -> str:
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return ""
+    path = list(stack.values())[-1][0]
+    if path.startswith("L['self']"):  # strict-mode spelling: L['self'].blocks[1] -> blocks.1
+        path = path[len("L['self']"):].replace("[", ".").replace("]", "").replace("'", "").lstrip(".")
+    if strip and (path == strip or path.startswith(strip + ".")):
+        path = path[len(strip):].lstrip(".")
+    return path
+
+
+def _where(path: str) -> str:
+    return f"module '{path}'" if path else "the top-level module"
+
+
+def _op_name(target) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+def _packet_name(target) -> str:
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}"
+    return _op_name(target)
+
+
+def _meta_val(node):
+    return node.meta.get("val")
+
+
+def _tree_map(fn, x):
+    if isinstance(x, (list, tuple)):
+        return type(x)(_tree_map(fn, y) for y in x)
+    if isinstance(x, dict):
+        return {k: _tree_map(fn, v) for k, v in x.items()}
+    return fn(x)
+
+
+def _tree_any(pred, x) -> bool:
+    if isinstance(x, (list, tuple)):
+        return any(_tree_any(pred, y) for y in x)
+    if isinstance(x, dict):
+        return any(_tree_any(pred, v) for v in x.values())
+    return pred(x)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (bool, int, float)) and not isinstance(x, torch.Tensor)
+
+
+def _attr(v):
+    """An ATen argument value as a binding attribute (None, bool, int, float, str, int list)."""
+    if isinstance(v, torch.dtype):
+        return kiln_dtype(v, "dtype argument")
+    if isinstance(v, (list, tuple)):
+        return [_attr(x) for x in v]
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise ExportError("a symbolic (dynamic) shape value reached an op attribute; Kiln exports static "
+                          "shapes only: export without dynamic_shapes")
+    return v
+
+
+# --------------------------------------------------------------------------------------------------
+# the graph builder
+
+class _Builder:
+    """Walks one ExportedProgram (after decompositions) and builds a kiln.Graph."""
+
+    def __init__(self, ep, *, strip: str = "", progress: Callable[[str], None] | None = None):
+        self.ep = ep
+        self.strip = strip
+        self.progress = progress
+        self.g = _kiln.Graph()
+        self.env: dict = {}
+        self._const_ids: dict[int, tuple[int, torch.Tensor]] = {}
+        self._kiln_ops = set(_kiln.op_names())
+        self._schemas: dict[str, dict] = {}
+        self.node = None
+        self.path = ""
+        self.notes: list[str] = []
+        self.num_const = 0
+        self._names: dict[int, str] = {}  # id(constant tensor) -> its state_dict / constants name
+
+    # --- errors ---------------------------------------------------------------------------------
+    def error(self, what: str, todo: str | None = None, *, code: str | None = None, reason: str | None = None):
+        op = _op_name(self.node.target) if self.node is not None and self.node.op == "call_function" else None
+        msg = f"{op}: {what}" if op else what
+        msg += f" (in {_where(self.path)}" + (f", node '{self.node.name}')" if self.node is not None else ")")
+        if todo:
+            msg += f". {todo}"
+        return ExportError(msg, op=op, module_path=self.path, code=code, reason=reason or what)
+
+    def unsupported(self, what: str | None = None):
+        return self.error(what or "this op is not in Kiln's op set",
+                          "Exclude it from the exported module (compute it outside the model) or open an "
+                          f"issue asking for it; Kiln's op set is in {OP_SET_DOC}")
+
+    # --- values ---------------------------------------------------------------------------------
+    def schema(self, op: str) -> dict:
+        if op not in self._schemas:
+            self._schemas[op] = _kiln.op_schema(op)
+        return self._schemas[op]
+
+    def const(self, t: torch.Tensor, name: str | None = None) -> _V:
+        """The graph value of a known constant tensor (added on first use, once per tensor object)."""
+        key = id(t)
+        if key in self._const_ids:
+            vid, _ = self._const_ids[key]
+        else:
+            if t.dtype == torch.float64 and t.dim() == 0:
+                t = t.to(torch.float32)
+            name = name or self._names.get(key)
+            dt = kiln_dtype(t.dtype, f"constant '{name or 'tensor'}'")
+            self.num_const += 1
+            vid = self.g.add_constant(name or f"const{self.num_const}", dt, list(t.shape), _tensor_bytes(t))
+            self._const_ids[key] = (vid, t)  # keep t alive so id() stays unique
+        return _V(vid, t.dtype, tuple(t.shape))
+
+    def tensor(self, v, scalar_dtype: torch.dtype | None = None) -> _V:
+        """A tensor argument as a graph value: a value, a known constant, or a Python number (-> 0-d)."""
+        if isinstance(v, _V):
+            return v
+        if isinstance(v, torch.Tensor):
+            if v.dim() == 0 and scalar_dtype is not None and v.dtype != scalar_dtype and \
+                    v.dtype.is_floating_point == scalar_dtype.is_floating_point and v.dtype != torch.bool:
+                v = v.to(scalar_dtype)  # 0-d tensors do not promote within a category (PyTorch rules)
+            return self.const(v)
+        if _is_number(v):
+            dt = scalar_dtype or (torch.bool if isinstance(v, bool) else torch.int64 if isinstance(v, int)
+                                  else torch.float32)
+            return self.const(torch.tensor(v, dtype=dt))
+        if isinstance(v, _FirstOnly):
+            return self.tensor(v.value)
+        raise self.error(f"expected a tensor argument, got {type(v).__name__} {v!r}")
+
+    def scalar_dtype(self, values: Iterable) -> torch.dtype | None:
+        """dtype for Python-number operands: the result's dtype, or for bool results (comparisons)
+        the dtype of the tensor operands (float32 when an integer tensor meets a float number)."""
+        out = _meta_val(self.node)
+        if isinstance(out, torch.Tensor) and out.dtype != torch.bool:
+            return out.dtype
+        refs = [v.dtype for v in values if isinstance(v, (_V, torch.Tensor)) and not (
+            isinstance(v, torch.Tensor) and v.dim() == 0)]
+        ref = next((d for d in refs if d != torch.bool), refs[0] if refs else None)
+        nums = [v for v in values if _is_number(v)]
+        if ref is None:
+            return None
+        if any(isinstance(n, float) for n in nums) and not ref.is_floating_point:
+            return torch.float32
+        return ref
+
+    def emit(self, op: str, inputs: Sequence, attrs: Mapping | None = None, *, check=True) -> _V:
+        """Adds one Kiln node (inputs: values or None); returns its single output value."""
+        if op not in self._kiln_ops:
+            raise self.unsupported(f"needs Kiln op {op}, which this build of Kiln does not have")
+        ids = [-1 if x is None else self.tensor(x).id for x in inputs]
+        try:
+            outs = self.g.add_node(op, ids, dict(attrs or {}), self.path)
+        except KilnError as e:
+            code = e.args[1] if len(e.args) > 1 else None
+            reason = str(e.args[0]) if e.args else str(e)
+            todo = ("Kiln does not support this configuration yet; change it, exclude it from the exported "
+                    f"module, or open an issue (op set: {OP_SET_DOC})") if code == "NotSupported" else \
+                "Check the op's arguments against " + OP_SET_DOC
+            raise self.error(f"Kiln refused {op}: {reason}", todo, code=code, reason=reason) from None
+        vt = self.g.value_type(outs[0])
+        v = _V(outs[0], _KILN_TO_TORCH[vt["dtype"]], tuple(vt["sizes"]))
+        return v
+
+    def check_meta(self, v: _V):
+        """The Kiln value must have the dtype and shape PyTorch traced (guards against silent mismatches)."""
+        val = _meta_val(self.node)
+        if isinstance(val, torch.Tensor) and isinstance(v, _V):
+            if tuple(val.shape) != v.shape or val.dtype != v.dtype:
+                raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {val.dtype} "
+                                 f"{list(val.shape)}", "This is a bug in Kiln's capture: please open an issue")
+
+    # --- generic mapping ------------------------------------------------------------------------
+    def bind(self, target, args, kwargs) -> dict:
+        """ATen schema argument name -> value (defaults filled)."""
+        out = {}
+        for i, a in enumerate(target._schema.arguments):
+            if i < len(args) and not a.kwarg_only:
+                out[a.name] = args[i]
+            elif a.name in kwargs:
+                out[a.name] = kwargs[a.name]
+            elif a.has_default_value():
+                out[a.name] = a.default_value
+            else:
+                out[a.name] = None
+        return out
+
+    def generic(self, kiln_op: str, args, kwargs, *, rename: Mapping[str, str] | None = None,
+                extra: Mapping | None = None):
+        """Maps an ATen call onto `kiln_op` by argument names: Kiln's tensor inputs positionally,
+        Kiln's attributes by name; any other ATen argument must be ignorable or at its default."""
+        target = self.node.target
+        bound = self.bind(target, args, kwargs)
+        if rename:
+            bound = {rename.get(k, k): v for k, v in bound.items()}
+        ks = self.schema(kiln_op)
+        in_names = [n for n, _ in ks["inputs"]]
+        attr_names = set(ks["attrs"])
+        defaults = {(rename or {}).get(a.name, a.name): (a.default_value if a.has_default_value() else None)
+                    for a in target._schema.arguments}
+        attrs = dict(extra or {})
+        cast_to = None
+        for name, v in bound.items():
+            if name in in_names or name in attrs:
+                continue
+            if name in attr_names:
+                attrs[name] = _attr(v)
+            elif name == "dtype" and v is not None:
+                cast_to = v  # reductions' dtype=: the input is cast first (ATen semantics)
+            elif name in _IGNORED_ARGS or v == defaults.get(name) or v is None:
+                continue
+            else:
+                raise self.unsupported(f"argument {name}={v!r} is not supported by Kiln's {kiln_op}")
+        if ks.get("variadic") or (len(in_names) == 1 and isinstance(bound.get(in_names[0]), (list, tuple))):
+            seq = list(bound[in_names[0]])
+            sd = self.scalar_dtype(seq)
+            inputs = [self.tensor(x, sd) for x in seq]
+        else:
+            vals = [bound.get(n) for n in in_names]
+            sd = self.scalar_dtype(vals)
+            inputs = [None if x is None else self.tensor(x, sd) for x in vals]
+        if cast_to is not None and inputs and inputs[0] is not None and inputs[0].dtype != cast_to:
+            inputs[0] = self.emit("aten._to_copy", [inputs[0]], {"dtype": kiln_dtype(cast_to)})
+        v = self.emit(kiln_op, inputs, attrs)
+        return v
+
+    # --- the walk -------------------------------------------------------------------------------
+    def run(self) -> tuple:
+        ep = self.ep
+        sig = ep.graph_signature
+        from torch.export.graph_signature import InputKind, OutputKind
+        kinds = {}
+        for spec in sig.input_specs:
+            kinds[spec.arg.name if hasattr(spec.arg, "name") else None] = spec
+        nodes = list(ep.graph.nodes)
+        calls = sum(1 for n in nodes if n.op == "call_function")
+        step = max(calls // 10, 1) if calls >= 500 else 0
+        done = 0
+        input_names = []
+        for n in nodes:
+            self.node = n
+            self.path = _module_path(n, self.strip) if n.op == "call_function" else ""
+            if n.op == "placeholder":
+                spec = kinds.get(n.name)
+                kind = spec.kind if spec is not None else InputKind.USER_INPUT
+                if kind == InputKind.USER_INPUT:
+                    val = _meta_val(n)
+                    if isinstance(val, torch.Tensor):
+                        if any(not isinstance(s, int) for s in val.shape):
+                            raise self.error(f"input '{n.name}' has a dynamic shape",
+                                             "Kiln exports static shapes only: export without dynamic_shapes")
+                        vid = self.g.add_input(n.name, kiln_dtype(val.dtype, f"input '{n.name}'"), list(val.shape))
+                        self.env[n] = _V(vid, val.dtype, tuple(val.shape))
+                        input_names.append(n.name)
+                    else:
+                        self.env[n] = val  # a specialized non-tensor input (int, float, None)
+                elif kind in (InputKind.PARAMETER, InputKind.BUFFER):
+                    t = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
+                    self.env[n] = t.detach()
+                    self._names[id(self.env[n])] = spec.target
+                elif kind == InputKind.CONSTANT_TENSOR:
+                    self.env[n] = ep.constants[spec.target].detach()
+                    self._names[id(self.env[n])] = spec.target
+                else:
+                    raise self.error(f"input '{n.name}' of kind {kind.name} is not supported",
+                                     "Kiln exports tensor inputs, parameters, buffers and constants")
+            elif n.op == "call_function":
+                self.env[n] = self.call(n)
+                done += 1
+                if step and self.progress and done % step == 0:
+                    self.progress(f"  nodes {done}/{calls}")
+            elif n.op == "output":
+                outs = []
+                flat = list(n.args[0]) if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
+                for spec, a in zip(sig.output_specs, flat):
+                    if spec.kind == OutputKind.USER_OUTPUT:
+                        v = self.env.get(a) if isinstance(a, torch.fx.Node) else a
+                        if isinstance(v, _FirstOnly):
+                            v = v.value
+                        if isinstance(v, torch.Tensor):
+                            v = self.const(v)
+                        if not isinstance(v, _V):
+                            raise self.error(f"output '{spec.arg.name}' is {type(v).__name__} {v!r}, not a tensor",
+                                             "Kiln methods return tensors only")
+                        outs.append(v.id)
+                    elif spec.kind == OutputKind.BUFFER_MUTATION:
+                        raise self.error(f"the model updates buffer '{spec.target}' in forward",
+                                         "Kiln programs are stateless: remove the buffer update for inference")
+                    elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                        self.notes.append(f"the model mutates input '{spec.target}' in place; the Kiln "
+                                          "program does not write its inputs back")
+                    else:
+                        raise self.error(f"output kind {spec.kind.name} is not supported")
+                self.node = None
+                self.path = ""
+                self.g.set_outputs(outs)
+            else:
+                raise self.error(f"graph node kind '{n.op}' is not supported")
+        return self.g, input_names
+
+    def resolve(self, x):
+        return _tree_map(lambda a: self.env[a] if isinstance(a, torch.fx.Node) else a, x)
+
+    def call(self, n):
+        target = n.target
+        args = self.resolve(n.args)
+        kwargs = self.resolve(dict(n.kwargs))
+        name = _op_name(target)
+        packet = _packet_name(target)
+
+        if target is operator.getitem:
+            src, idx = args
+            if isinstance(src, _FirstOnly):
+                if idx != 0:
+                    raise self.error(f"output {idx} of {src.op} is used; Kiln's op has only output 0",
+                                     f"Use only the first output of {src.op} in inference models")
+                return src.value
+            return src[idx]
+        if not isinstance(target, torch._ops.OpOverload):
+            # Python-level arithmetic on sizes (operator.mul, math.ceil, sym ops): static values.
+            val = _meta_val(n)
+            if isinstance(val, (int, float, bool)) or val is None:
+                if val is None and not _tree_any(lambda a: isinstance(a, _V), args):
+                    try:
+                        return target(*args, **kwargs)
+                    except Exception:
+                        pass
+                if val is not None:
+                    return val
+            raise self.unsupported(f"Python call {name} is not supported")
+        if packet.startswith(_ASSERTS):
+            return None
+        if name in _DROPPED:
+            return args[0]
+        if packet in _RANDOM or any(a.name == "generator" for a in target._schema.arguments):
+            raise self.error("random number generation inside the model is not supported",
+                             "Kiln programs are deterministic: pass random tensors as inputs")
+        handler = _HANDLERS.get(name) or _HANDLERS.get(packet)
+        has_value = _tree_any(lambda a: isinstance(a, (_V, _FirstOnly)), (args, kwargs))
+        if not has_value and packet not in _NO_EAGER_FOLD:
+            return self.eager(target, args, kwargs)
+        if packet in _SHAPE_ONLY:
+            return self.eager(target, self.placeholders(args), self.placeholders(kwargs))
+        if handler is not None:
+            v = handler(self, args, kwargs)
+        elif "aten." + packet.split(".", 1)[-1] in self._kiln_ops and packet.startswith("aten."):
+            v = self.generic(packet, args, kwargs)
+        else:
+            raise self.unsupported()
+        if isinstance(v, _V):
+            self.check_meta(v)
+        return v
+
+    def placeholders(self, x):
+        return _tree_map(lambda a: torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, _V) else a, x)
+
+    def eager(self, target, args, kwargs):
+        """Evaluates a call on known constants with PyTorch now (constants created in forward)."""
+        try:
+            with torch.no_grad():
+                out = target(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001 -- report whatever PyTorch said
+            raise self.error(f"evaluating it on constants at export time failed: {e}") from None
+        return _tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, out)
+
+
+# --------------------------------------------------------------------------------------------------
+# special mappings (everything else goes through _Builder.generic by name)
+
+def _check_meta_first(self: _Builder, v: _V):
+    val = _meta_val(self.node)
+    if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor):
+        if tuple(val[0].shape) != v.shape or val[0].dtype != v.dtype:
+            raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {val[0].dtype} "
+                             f"{list(val[0].shape)}", "This is a bug in Kiln's capture: please open an issue")
+
+
+_Builder.check_meta_first = _check_meta_first
+
+
+def _first_checked(kiln_op, extra=None):
+    def h(b: _Builder, args, kwargs):
+        v = b.generic(kiln_op, args, kwargs, extra=extra)
+        b.check_meta_first(v)
+        return _FirstOnly(v, _op_name(b.node.target))
+    return h
+
+
+def _layer_norm(b: _Builder, args, kwargs):
+    # layer_norm(input, normalized_shape, weight?, bias?, eps, cudnn_enable) -> native_layer_norm
+    return b.generic("aten.native_layer_norm", args, kwargs)
+
+
+def _group_norm(b: _Builder, args, kwargs):
+    # group_norm(input, num_groups, weight?, bias?, eps, cudnn_enabled) -> native_group_norm(N, C, HxW, group)
+    bound = b.bind(b.node.target, args, kwargs)
+    x = b.tensor(bound["input"])
+    if len(x.shape) < 2:
+        raise b.error(f"group_norm of a {len(x.shape)}-d input")
+    hxw = math.prod(x.shape[2:])
+    return b.emit("aten.native_group_norm", [x, bound["weight"], bound["bias"]],
+                  {"N": x.shape[0], "C": x.shape[1], "HxW": hxw, "group": bound["num_groups"], "eps": bound["eps"]})
+
+
+def _upsample_vec(kiln_op):
+    def h(b: _Builder, args, kwargs):
+        # upsample_*.vec(input, output_size?, [align_corners,] scale_factors?) -> .default overload:
+        # output_size from the traced shape; scales_h/w = scale_factors (PyTorch UpSample.h passes
+        # them to the kernel, which uses 1/scale for the source index when given).
+        bound = b.bind(b.node.target, args, kwargs)
+        x = b.tensor(bound["input"])
+        out = _meta_val(b.node)
+        attrs = {"output_size": [int(s) for s in out.shape[-2:]]}
+        sf = bound.get("scale_factors")
+        attrs["scales_h"], attrs["scales_w"] = (float(sf[0]), float(sf[1])) if sf else (None, None)
+        if "align_corners" in bound:
+            attrs["align_corners"] = bool(bound["align_corners"])
+        return b.emit(kiln_op, [x], attrs)
+    return h
+
+
+def _view(b: _Builder, args, kwargs):
+    x = b.tensor(args[0])
+    size = args[1] if len(args) > 1 else kwargs.get("size", kwargs.get("shape"))
+    return b.emit("aten.view", [x], {"size": _attr(list(size))})
+
+
+def _flatten(b: _Builder, args, kwargs):
+    x = b.tensor(args[0])
+    out = _meta_val(b.node)
+    return b.emit("aten.view", [x], {"size": [int(s) for s in out.shape]})
+
+
+def _t(b: _Builder, args, kwargs):
+    x = b.tensor(args[0])
+    if len(x.shape) < 2:
+        return x
+    return b.emit("aten.permute", [x], {"dims": [1, 0]})
+
+
+def _squeeze(b: _Builder, args, kwargs):
+    x = b.tensor(args[0])
+    dim = args[1] if len(args) > 1 else kwargs.get("dim")
+    if dim is not None and not isinstance(dim, (list, tuple)):
+        dim = [dim]
+    return b.emit("aten.squeeze", [x], {"dim": None if dim is None else list(dim)})
+
+
+def _clamp_min(b: _Builder, args, kwargs):
+    return b.emit("aten.clamp", [b.tensor(args[0])], {"min": _scalar_attr(b, args[1]), "max": None})
+
+
+def _clamp_max(b: _Builder, args, kwargs):
+    return b.emit("aten.clamp", [b.tensor(args[0])], {"min": None, "max": _scalar_attr(b, args[1])})
+
+
+def _scalar_attr(b: _Builder, v):
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return v.item()
+    if _is_number(v):
+        return v
+    raise b.unsupported("a tensor-valued clamp bound computed by the model is not supported")
+
+
+def _clamp_tensor(b: _Builder, args, kwargs):
+    bound = b.bind(b.node.target, args, kwargs)
+    x = b.tensor(bound["self"])
+    return b.emit("aten.clamp", [x], {"min": None if bound["min"] is None else _scalar_attr(b, bound["min"]),
+                                       "max": None if bound["max"] is None else _scalar_attr(b, bound["max"])})
+
+
+def _rsub(b: _Builder, args, kwargs):
+    # rsub(self, other, alpha) = other - alpha * self
+    bound = b.bind(b.node.target, args, kwargs)
+    sd = b.scalar_dtype([bound["self"], bound["other"]])
+    return b.emit("aten.sub", [b.tensor(bound["other"], sd), b.tensor(bound["self"], sd)], {"alpha": bound["alpha"]})
+
+
+def _to_copy(b: _Builder, args, kwargs):
+    bound = b.bind(b.node.target, args, kwargs)
+    x = b.tensor(bound["self"])
+    dt = bound.get("dtype")
+    if dt is None or dt == x.dtype:
+        return x
+    return b.emit("aten._to_copy", [x], {"dtype": kiln_dtype(dt)})
+
+
+def _copy(b: _Builder, args, kwargs):
+    # copy(self, src): src's values, broadcast to self's shape, in self's dtype
+    out = _meta_val(b.node)
+    src = b.tensor(args[1])
+    if src.shape != tuple(out.shape):
+        src = b.emit("aten.expand", [src], {"size": [int(s) for s in out.shape]})
+    if src.dtype != out.dtype:
+        src = b.emit("aten._to_copy", [src], {"dtype": kiln_dtype(out.dtype)})
+    return src
+
+
+def _dropout(b: _Builder, args, kwargs):
+    bound = b.bind(b.node.target, args, kwargs)
+    if bound.get("train") and bound.get("p", 0) != 0:
+        raise b.error("dropout in training mode", "Export the module in eval mode (module.eval())")
+    x = b.tensor(bound["input"])
+    if _op_name(b.node.target).startswith("aten.native_dropout"):
+        return _FirstOnly(x, _op_name(b.node.target))
+    return x
+
+
+def _norm_index(i, size, default):
+    if i is None:
+        return default
+    if i < 0:
+        i += size
+    return min(max(i, 0), size)
+
+
+def _slice_piece(b: _Builder, x: _V, dim: int, start: int, end: int):
+    return b.emit("aten.slice", [x], {"dim": dim, "start": start, "end": end, "step": 1})
+
+
+def _slice_scatter(b: _Builder, args, kwargs):
+    # slice_scatter(self, src, dim, start, end, step=1) = cat(self[..:start], src, self[end:..])
+    bound = b.bind(b.node.target, args, kwargs)
+    x, src = b.tensor(bound["self"]), b.tensor(bound["src"])
+    dim = bound["dim"] % len(x.shape)
+    size = x.shape[dim]
+    start = _norm_index(bound["start"], size, 0)
+    end = max(_norm_index(bound["end"], size, size), start)
+    if bound["step"] != 1:
+        raise b.unsupported("slice assignment with a step other than 1 is not supported")
+    return _splice(b, x, src, dim, start, end)
+
+
+def _splice(b: _Builder, x: _V, src: _V, dim: int, start: int, end: int):
+    if src.dtype != x.dtype:
+        src = b.emit("aten._to_copy", [src], {"dtype": kiln_dtype(x.dtype)})
+    pieces = []
+    if start > 0:
+        pieces.append(_slice_piece(b, x, dim, 0, start))
+    pieces.append(src)
+    if end < x.shape[dim]:
+        pieces.append(_slice_piece(b, x, dim, end, x.shape[dim]))
+    return pieces[0] if len(pieces) == 1 else b.emit("aten.cat", pieces, {"dim": dim})
+
+
+def _select_scatter(b: _Builder, args, kwargs):
+    # select_scatter(self, src, dim, index): self with self.select(dim, index) replaced by src
+    bound = b.bind(b.node.target, args, kwargs)
+    x, src = b.tensor(bound["self"]), b.tensor(bound["src"])
+    dim = bound["dim"] % len(x.shape)
+    idx = bound["index"] + (x.shape[dim] if bound["index"] < 0 else 0)
+    src = b.emit("aten.unsqueeze", [src], {"dim": dim})
+    return _splice(b, x, src, dim, idx, idx + 1)
+
+
+def _split(b: _Builder, args, kwargs):
+    # split.Tensor(self, split_size, dim) / split_with_sizes(self, split_sizes, dim) -> slices
+    bound = b.bind(b.node.target, args, kwargs)
+    x = b.tensor(bound["self"])
+    dim = bound["dim"] % len(x.shape)
+    outs = _meta_val(b.node)
+    res, start = [], 0
+    for o in outs:
+        n = int(o.shape[dim])
+        res.append(_slice_piece(b, x, dim, start, start + n))
+        start += n
+    return res
+
+
+def _unbind(b: _Builder, args, kwargs):
+    bound = b.bind(b.node.target, args, kwargs)
+    x = b.tensor(bound["self"])
+    dim = bound["dim"] % len(x.shape)
+    return [b.emit("aten.select", [x], {"dim": dim, "index": i}) for i in range(x.shape[dim])]
+
+
+def _sym_size(b: _Builder, args, kwargs):
+    x = args[0]
+    shape = x.shape
+    return int(shape[args[1]])
+
+
+def _softmax_int(kiln_op):
+    def h(b: _Builder, args, kwargs):
+        bound = b.bind(b.node.target, args, kwargs)
+        x = b.tensor(bound["self"])
+        if bound.get("dtype") is not None and bound["dtype"] != x.dtype:
+            x = b.emit("aten._to_copy", [x], {"dtype": kiln_dtype(bound["dtype"])})
+        return b.emit(kiln_op, [x], {"dim": bound["dim"], "half_to_float": False})
+    return h
+
+
+_HANDLERS: dict[str, Callable] = {
+    "aten._native_batch_norm_legit_no_training.default": _first_checked("aten.native_batch_norm",
+                                                                        {"training": False}),
+    "aten.native_batch_norm.default": _first_checked("aten.native_batch_norm"),
+    "aten.native_layer_norm.default": _first_checked("aten.native_layer_norm"),
+    "aten.native_group_norm.default": _first_checked("aten.native_group_norm"),
+    "aten.max_pool2d_with_indices.default": _first_checked("aten.max_pool2d"),
+    "aten.layer_norm.default": _layer_norm,
+    "aten.group_norm.default": _group_norm,
+    "aten.upsample_nearest2d.vec": _upsample_vec("aten.upsample_nearest2d"),
+    "aten.upsample_bilinear2d.vec": _upsample_vec("aten.upsample_bilinear2d"),
+    "aten._adaptive_avg_pool2d.default": lambda b, a, k: b.generic("aten.adaptive_avg_pool2d", a, k),
+    "aten.view.default": _view, "aten.reshape.default": _view, "aten._unsafe_view.default": _view,
+    "aten.view_copy.default": _view, "aten._reshape_alias.default": _view,
+    "aten.flatten.using_ints": _flatten, "aten.unflatten.int": _flatten,
+    "aten.t.default": _t, "aten.t_copy.default": _t, "aten.numpy_T.default": _t,
+    "aten.permute_copy.default": lambda b, a, k: b.generic("aten.permute", a, k),
+    "aten.transpose_copy.int": lambda b, a, k: b.generic("aten.transpose", a, k),
+    "aten.expand_copy.default": lambda b, a, k: b.generic("aten.expand", a, k),
+    "aten.slice_copy.Tensor": lambda b, a, k: b.generic("aten.slice", a, k),
+    "aten.select_copy.int": lambda b, a, k: b.generic("aten.select", a, k),
+    "aten.unsqueeze_copy.default": lambda b, a, k: b.generic("aten.unsqueeze", a, k),
+    "aten.squeeze": _squeeze, "aten.squeeze_copy": _squeeze,
+    "aten.clamp_min.default": _clamp_min, "aten.clamp_max.default": _clamp_max,
+    "aten.clamp.Tensor": _clamp_tensor,
+    "aten.rsub": _rsub,
+    "aten._to_copy.default": _to_copy,
+    "aten.copy.default": _copy,
+    "aten.dropout.default": _dropout, "aten.native_dropout.default": _dropout,
+    "aten.feature_dropout.default": _dropout,
+    "aten.slice_scatter.default": _slice_scatter, "aten.select_scatter.default": _select_scatter,
+    "aten.split.Tensor": _split, "aten.split_with_sizes.default": _split,
+    "aten.split_copy.Tensor": _split, "aten.split_with_sizes_copy.default": _split,
+    "aten.unbind.int": _unbind, "aten.unbind_copy.int": _unbind,
+    "aten.sym_size.int": _sym_size,
+    "aten.softmax.int": _softmax_int("aten._softmax"), "aten.log_softmax.int": _softmax_int("aten._log_softmax"),
+}
+
+
+# --------------------------------------------------------------------------------------------------
+# public API
+
+class _MethodWrapper(torch.nn.Module):
+    """Exposes module.<method> as forward for torch.export (module paths are reported without it)."""
+
+    def __init__(self, inner: torch.nn.Module, method: str):
+        super().__init__()
+        self.kiln_inner = inner
+        self._method = method
+
+    def forward(self, *args, **kwargs):
+        return getattr(self.kiln_inner, self._method)(*args, **kwargs)
+
+
+@dataclass
+class CaptureResult:
+    """A captured method: the kiln.Graph plus what the capture saw (ATen node count, input names, notes)."""
+    graph: Any
+    input_names: list
+    aten_nodes: int
+    notes: list = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _as_tuple(example_inputs) -> tuple:
+    if isinstance(example_inputs, torch.Tensor):
+        return (example_inputs,)
+    if isinstance(example_inputs, list):
+        return tuple(example_inputs)
+    if not isinstance(example_inputs, tuple):
+        raise ExportError(f"example_inputs must be a tensor or a tuple of inputs, got {type(example_inputs).__name__}")
+    return example_inputs
+
+
+def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward", example_kwargs=None,
+            strict: bool = False, progress: Callable[[str], None] | None = None) -> CaptureResult:
+    """Captures `module.<method>` called on `example_inputs` (tensors with the exact shapes and
+    dtypes the program will take) into a kiln.Graph. The module is put in eval mode for the capture
+    (its previous mode is restored). Raises ExportError."""
+    if not isinstance(module, torch.nn.Module):
+        raise ExportError(f"expected a torch.nn.Module, got {type(module).__name__}")
+    if not callable(getattr(module, method, None)):
+        raise ExportError(f"the module has no method '{method}'")
+    args = _as_tuple(example_inputs)
+    t0 = time.perf_counter()
+    log = progress or (lambda s: None)
+    was_training = module.training
+    module.eval()
+    try:
+        target, strip = (module, "") if method == "forward" else (_MethodWrapper(module, method), "kiln_inner")
+        log(f"[kiln] capturing {type(module).__name__}.{method} with torch.export ...")
+        try:
+            with torch.no_grad():
+                ep = torch.export.export(target, args, kwargs=example_kwargs or {}, strict=strict)
+        except Exception as e:  # noqa: BLE001
+            raise ExportError(f"torch.export failed for {type(module).__name__}.{method}: {type(e).__name__}: "
+                              f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}\n"
+                              "Kiln captures with torch.export; make the module exportable "
+                              "(https://pytorch.org/docs/stable/export.html)") from e
+        log("[kiln] decomposing to Kiln's op set ...")
+        ep = ep.run_decompositions(decomposition_table())
+        n_calls = sum(1 for n in ep.graph.nodes if n.op == "call_function")
+        log(f"[kiln] building graph from {n_calls} ATen nodes ...")
+        b = _Builder(ep, strip=strip, progress=log)
+        graph, names = b.run()
+    finally:
+        module.train(was_training)
+    return CaptureResult(graph, names, n_calls, b.notes, time.perf_counter() - t0)
+
+
+@dataclass
+class ExportResult:
+    """What kiln.export wrote: `path` (None when out=None), `data` (the program bytes), `report`
+    (the compiler's report dict: per-method num_nodes, arena_bytes, constant_bytes, ...) and `text`
+    (the human-readable summary that export printed)."""
+    path: str | None
+    data: bytes
+    report: dict
+    text: str
+    seconds: float
+    methods: list
+    notes: list = field(default_factory=list)
+
+    @property
+    def file_size(self) -> int:
+        return len(self.data)
+
+    def load(self):
+        """Loads the written program with the C++ runtime (kiln.LoadedProgram)."""
+        from . import load_bytes
+        return load_bytes(self.data)
+
+    def __str__(self):
+        return self.text
+
+
+def check_backends(backends: Sequence[str]) -> tuple:
+    """Validates backend names; ExportError for unknown ones or ones not built yet."""
+    if isinstance(backends, str):
+        backends = (backends,)
+    out = []
+    for name in backends:
+        if name in BUILT_BACKENDS:
+            out.append(name)
+        elif name in KNOWN_BACKENDS:
+            raise ExportError(f"backend {name} is not built yet (available: {', '.join(BUILT_BACKENDS)})")
+        else:
+            raise ExportError(f"unknown backend '{name}' (known: {', '.join(KNOWN_BACKENDS)}; "
+                              f"built: {', '.join(BUILT_BACKENDS)})")
+    return tuple(out)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+        if n >= k:
+            return f"{n / k:.2f} {unit}"
+    return f"{n} B"
+
+
+def _default_progress(msg: str):
+    print(msg, file=sys.stderr, flush=True)
+
+
+def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | None = None,
+                   backends: Sequence[str] = (), fold_constants: bool = True, strict: bool = False,
+                   verbose: bool = True) -> ExportResult:
+    """Exports several methods into one program: ``{"encode": (module, args), "decode": (module2,
+    args2, "decode_method"), ...}`` (an optional third item names the module method; default
+    "forward"). Constants with identical bytes are stored once across methods. Writes `out` when
+    given. Prints progress and a report unless verbose=False. Raises ExportError."""
+    check_backends(backends)
+    if not methods:
+        raise ExportError("export_program needs at least one method")
+    log = _default_progress if verbose else (lambda s: None)
+    t0 = time.perf_counter()
+    pb = _kiln.ProgramBuilder()
+    notes, captures = [], {}
+    for name, spec in methods.items():
+        if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+            raise ExportError(f"method '{name}': expected (module, example_inputs[, module_method])")
+        module, args = spec[0], spec[1]
+        mname = spec[2] if len(spec) == 3 else "forward"
+        if len(methods) > 1:
+            log(f"[kiln] method '{name}':")
+        cap = capture(module, args, method=mname, strict=strict, progress=log)
+        captures[name] = cap
+        notes += [f"{name}: {n}" for n in cap.notes]
+        try:
+            pb.add_method(name, cap.graph)
+        except KilnError as e:
+            raise ExportError(f"method '{name}': {e.args[0]}") from None
+    log("[kiln] compiling ...")
+    try:
+        data, report = pb.compile(fold_constants=fold_constants)
+    except KilnError as e:
+        raise ExportError(f"compilation failed: {e.args[0]}", code=e.args[1] if len(e.args) > 1 else None) from None
+    path = None
+    if out is not None:
+        path = os.fspath(out)
+        d = os.path.dirname(path)
+        if d:
+            os.makedirs(d, exist_ok=True)
+        with open(path, "wb") as f:
+            f.write(data)
+    secs = time.perf_counter() - t0
+    lines = [f"[kiln] {'wrote ' + path if path else 'compiled'}: {_fmt_bytes(len(data))} "
+             f"(constants {_fmt_bytes(report['constant_bytes'])}), {secs:.1f} s, backends: "
+             f"{', '.join(backends) if backends else 'portable'}"]
+    for m in report["methods"]:
+        cap = captures[m["name"]]
+        lines.append(f"[kiln]   {m['name']}: {cap.aten_nodes} ATen nodes -> {m['num_nodes']} Kiln nodes "
+                     f"({m['num_folded']} folded, {m['num_dead']} dead), arena {_fmt_bytes(m['arena_bytes'])}, "
+                     f"constants {_fmt_bytes(m['constant_bytes'])}")
+    lines += [f"[kiln]   note: {n}" for n in notes]
+    text = "\n".join(lines)
+    log(text)
+    return ExportResult(path, data, report, text, secs, [m["name"] for m in report["methods"]], notes)
+
+
+def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", out: str | os.PathLike | None = None,
+           backends: Sequence[str] = (), fold_constants: bool = True, strict: bool = False,
+           verbose: bool = True) -> ExportResult:
+    """Exports ``module.<method>`` (default forward) for `example_inputs` (a tensor or tuple; the
+    program takes exactly these shapes and dtypes) into a program with one method named `method`,
+    written to `out` when given. `backends`: () or ("portable",) for now. Prints progress and a
+    report unless verbose=False. Returns an ExportResult; raises ExportError."""
+    return export_program({method: (module, example_inputs, method)}, out=out, backends=backends,
+                          fold_constants=fold_constants, strict=strict, verbose=verbose)
