@@ -115,15 +115,22 @@ def _keep_whole_ops() -> list:
     return ops
 
 
+_TABLE: dict | None = None
+
+
 def decomposition_table() -> dict:
     """torch.export.default_decompositions() without the entries of the ops Kiln keeps whole
     (group/layer/RMS norm, nearest/bilinear upsampling, hardswish/hardsigmoid, GELU, SiLU,
-    scaled dot-product attention, linear, adaptive_avg_pool2d, max_pool2d)."""
-    table = torch.export.default_decompositions()
-    for op in _keep_whole_ops():
-        if op in table:
-            del table[op]
-    return table
+    scaled dot-product attention, linear, adaptive_avg_pool2d, max_pool2d). Returns a fresh dict
+    (built once per process: building PyTorch's table takes ~0.25 s)."""
+    global _TABLE
+    if _TABLE is None:
+        table = torch.export.default_decompositions()
+        for op in _keep_whole_ops():
+            if op in table:
+                del table[op]
+        _TABLE = dict(table.items())
+    return dict(_TABLE)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -147,6 +154,13 @@ class _FirstOnly:
         self.value, self.op = value, op
 
 
+class _Failed:
+    """A value that could not be built (collect_errors mode): every value computed from it fails too."""
+
+    def __init__(self, err: ExportError):
+        self.err = err
+
+
 _KILN_TO_TORCH = {v: k for k, v in _TORCH_TO_KILN.items()}
 
 _IGNORED_ARGS = {"layout", "device", "pin_memory", "memory_format", "non_blocking", "cudnn_enable",
@@ -156,6 +170,7 @@ _DROPPED = {"aten.alias.default", "aten.detach.default", "aten.clone.default", "
             "aten.alias_copy.default", "aten.detach_copy.default", "aten.contiguous.default",
             "aten.lift_fresh.default"}
 _ASSERTS = ("aten._assert", "aten.sym_constrain_range", "aten._functional_assert", "aten._print")
+_CHECKS = {"aten._linalg_check_errors"}  # error checks without a value (dropped)
 _SHAPE_ONLY = {"aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.empty_like", "aten.fill",
                "aten.new_zeros", "aten.new_ones", "aten.new_full", "aten.new_empty", "aten.new_empty_strided",
                "aten.scalar_tensor"}
@@ -236,8 +251,12 @@ def _attr(v):
 class _Builder:
     """Walks one ExportedProgram (after decompositions) and builds a kiln.Graph."""
 
-    def __init__(self, ep, *, strip: str = "", progress: Callable[[str], None] | None = None):
+    def __init__(self, ep, *, strip: str = "", progress: Callable[[str], None] | None = None,
+                 collect_errors: bool = False):
         self.ep = ep
+        self.collect_errors = collect_errors
+        self.output_errors: dict[int, ExportError] = {}  # user output index -> error (collect_errors)
+        self.output_index: list[int] = []                 # user output index of each graph output
         self.strip = strip
         self.progress = progress
         self.g = _kiln.Graph()
@@ -401,77 +420,105 @@ class _Builder:
 
     # --- the walk -------------------------------------------------------------------------------
     def run(self) -> tuple:
-        ep = self.ep
-        sig = ep.graph_signature
-        from torch.export.graph_signature import InputKind, OutputKind
+        """Builds the graph; returns (kiln.Graph, user input names). Raises ExportError (unless
+        collect_errors: then failing outputs are left out and recorded in output_errors)."""
+        sig = self.ep.graph_signature
         kinds = {}
         for spec in sig.input_specs:
             kinds[spec.arg.name if hasattr(spec.arg, "name") else None] = spec
-        nodes = list(ep.graph.nodes)
+        nodes = list(self.ep.graph.nodes)
         calls = sum(1 for n in nodes if n.op == "call_function")
         step = max(calls // 10, 1) if calls >= 500 else 0
-        done = 0
+        self.done = 0
         input_names = []
         for n in nodes:
             self.node = n
             self.path = _module_path(n, self.strip) if n.op == "call_function" else ""
-            if n.op == "placeholder":
-                spec = kinds.get(n.name)
-                kind = spec.kind if spec is not None else InputKind.USER_INPUT
-                if kind == InputKind.USER_INPUT:
-                    val = _meta_val(n)
-                    if isinstance(val, torch.Tensor):
-                        if any(not isinstance(s, int) for s in val.shape):
-                            raise self.error(f"input '{n.name}' has a dynamic shape",
-                                             "Kiln exports static shapes only: export without dynamic_shapes")
-                        vid = self.g.add_input(n.name, kiln_dtype(val.dtype, f"input '{n.name}'"), list(val.shape))
-                        self.env[n] = _V(vid, val.dtype, tuple(val.shape))
-                        input_names.append(n.name)
-                    else:
-                        self.env[n] = val  # a specialized non-tensor input (int, float, None)
-                elif kind in (InputKind.PARAMETER, InputKind.BUFFER):
-                    t = ep.state_dict[spec.target] if spec.target in ep.state_dict else ep.constants[spec.target]
-                    self.env[n] = t.detach()
-                    self._names[id(self.env[n])] = spec.target
-                elif kind == InputKind.CONSTANT_TENSOR:
-                    self.env[n] = ep.constants[spec.target].detach()
-                    self._names[id(self.env[n])] = spec.target
-                else:
-                    raise self.error(f"input '{n.name}' of kind {kind.name} is not supported",
-                                     "Kiln exports tensor inputs, parameters, buffers and constants")
-            elif n.op == "call_function":
-                self.env[n] = self.call(n)
-                done += 1
-                if step and self.progress and done % step == 0:
-                    self.progress(f"  nodes {done}/{calls}")
-            elif n.op == "output":
-                outs = []
-                flat = list(n.args[0]) if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
-                for spec, a in zip(sig.output_specs, flat):
-                    if spec.kind == OutputKind.USER_OUTPUT:
-                        v = self.env.get(a) if isinstance(a, torch.fx.Node) else a
-                        if isinstance(v, _FirstOnly):
-                            v = v.value
-                        if isinstance(v, torch.Tensor):
-                            v = self.const(v)
-                        if not isinstance(v, _V):
-                            raise self.error(f"output '{spec.arg.name}' is {type(v).__name__} {v!r}, not a tensor",
-                                             "Kiln methods return tensors only")
-                        outs.append(v.id)
-                    elif spec.kind == OutputKind.BUFFER_MUTATION:
-                        raise self.error(f"the model updates buffer '{spec.target}' in forward",
-                                         "Kiln programs are stateless: remove the buffer update for inference")
-                    elif spec.kind == OutputKind.USER_INPUT_MUTATION:
-                        self.notes.append(f"the model mutates input '{spec.target}' in place; the Kiln "
-                                          "program does not write its inputs back")
-                    else:
-                        raise self.error(f"output kind {spec.kind.name} is not supported")
-                self.node = None
-                self.path = ""
-                self.g.set_outputs(outs)
-            else:
-                raise self.error(f"graph node kind '{n.op}' is not supported")
+            try:
+                self.visit(n, kinds, sig, input_names, calls, step)
+            except ExportError as e:
+                if not self.collect_errors or n.op == "output":
+                    raise
+                self.env[n] = _Failed(e)
         return self.g, input_names
+
+    def visit(self, n, kinds, sig, input_names, calls, step):
+        """Adds what one FX node means to the graph (placeholder, call or output)."""
+        from torch.export.graph_signature import InputKind, OutputKind
+        if n.op == "placeholder":
+            spec = kinds.get(n.name)
+            kind = spec.kind if spec is not None else InputKind.USER_INPUT
+            if kind == InputKind.USER_INPUT:
+                val = _meta_val(n)
+                if isinstance(val, torch.Tensor):
+                    if any(not isinstance(s, int) for s in val.shape):
+                        raise self.error(f"input '{n.name}' has a dynamic shape",
+                                         "Kiln exports static shapes only: export without dynamic_shapes")
+                    vid = self.g.add_input(n.name, kiln_dtype(val.dtype, f"input '{n.name}'"), list(val.shape))
+                    self.env[n] = _V(vid, val.dtype, tuple(val.shape))
+                    input_names.append(n.name)
+                else:
+                    self.env[n] = val  # a specialized non-tensor input (int, float, None)
+            elif kind in (InputKind.PARAMETER, InputKind.BUFFER):
+                sd, consts = self.ep.state_dict, self.ep.constants
+                t = sd[spec.target] if spec.target in sd else consts[spec.target]
+                self.env[n] = t.detach()
+                self._names[id(self.env[n])] = spec.target
+            elif kind == InputKind.TOKEN:
+                self.env[n] = None  # effect tokens order side effects (checks); Kiln has none
+            elif kind == InputKind.CONSTANT_TENSOR:
+                self.env[n] = self.ep.constants[spec.target].detach()
+                self._names[id(self.env[n])] = spec.target
+            else:
+                raise self.error(f"input '{n.name}' of kind {kind.name} is not supported",
+                                 "Kiln exports tensor inputs, parameters, buffers and constants")
+        elif n.op == "call_function":
+            self.env[n] = self.call(n)
+            self.done += 1
+            if step and self.progress and self.done % step == 0:
+                self.progress(f"[kiln]   nodes {self.done}/{calls}")
+        elif n.op == "output":
+            outs = []
+            flat = list(n.args[0]) if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
+            user_index = -1
+            for spec, a in zip(sig.output_specs, flat):
+                if spec.kind == OutputKind.USER_OUTPUT:
+                    user_index += 1
+                    v = self.env.get(a) if isinstance(a, torch.fx.Node) else a
+                    try:
+                        outs.append(self.output_value(v, spec.arg.name).id)
+                        self.output_index.append(user_index)
+                    except ExportError as e:
+                        if not self.collect_errors:
+                            raise
+                        self.output_errors[user_index] = e
+                elif spec.kind == OutputKind.BUFFER_MUTATION:
+                    raise self.error(f"the model updates buffer '{spec.target}' in forward",
+                                     "Kiln programs are stateless: remove the buffer update for inference")
+                elif spec.kind == OutputKind.TOKEN:
+                    continue
+                elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+                    self.notes.append(f"the model mutates input '{spec.target}' in place; the Kiln "
+                                      "program does not write its inputs back")
+                else:
+                    raise self.error(f"output kind {spec.kind.name} is not supported")
+            self.node = None
+            self.path = ""
+            self.g.set_outputs(outs)
+        else:
+            raise self.error(f"graph node kind '{n.op}' is not supported")
+
+    def output_value(self, v, name: str) -> _V:
+        if isinstance(v, _Failed):
+            raise v.err
+        if isinstance(v, _FirstOnly):
+            v = v.value
+        if isinstance(v, torch.Tensor):
+            v = self.const(v)
+        if not isinstance(v, _V):
+            raise self.error(f"output '{name}' is {type(v).__name__} {v!r}, not a tensor",
+                             "Kiln methods return tensors only")
+        return v
 
     def resolve(self, x):
         return _tree_map(lambda a: self.env[a] if isinstance(a, torch.fx.Node) else a, x)
@@ -482,7 +529,10 @@ class _Builder:
         kwargs = self.resolve(dict(n.kwargs))
         name = _op_name(target)
         packet = _packet_name(target)
-
+        failed = []
+        _tree_any(lambda a: isinstance(a, _Failed) and not failed.append(a), (args, kwargs))
+        if failed:
+            return failed[0]
         if target is operator.getitem:
             src, idx = args
             if isinstance(src, _FirstOnly):
@@ -491,6 +541,13 @@ class _Builder:
                                      f"Use only the first output of {src.op} in inference models")
                 return src.value
             return src[idx]
+        if target is getattr(torch.ops.higher_order, "with_effects", None):
+            # with_effects(token, op, *args): a side-effecting call (error checks, prints)
+            inner = args[1]
+            inner_name = _packet_name(inner)
+            if inner_name.startswith(_ASSERTS) or inner_name in _CHECKS:
+                return (None, None)
+            raise self.unsupported(f"side-effecting op {_op_name(inner)} is not supported")
         if not isinstance(target, torch._ops.OpOverload):
             # Python-level arithmetic on sizes (operator.mul, math.ceil, sym ops): static values.
             val = _meta_val(n)
@@ -827,6 +884,8 @@ class CaptureResult:
     aten_nodes: int
     notes: list = field(default_factory=list)
     seconds: float = 0.0
+    output_index: list = field(default_factory=list)
+    output_errors: dict = field(default_factory=dict)
 
 
 def _as_tuple(example_inputs) -> tuple:
@@ -840,10 +899,16 @@ def _as_tuple(example_inputs) -> tuple:
 
 
 def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward", example_kwargs=None,
-            strict: bool = False, progress: Callable[[str], None] | None = None) -> CaptureResult:
+            strict: bool = False, progress: Callable[[str], None] | None = None,
+            collect_errors: bool = False) -> CaptureResult:
     """Captures `module.<method>` called on `example_inputs` (tensors with the exact shapes and
     dtypes the program will take) into a kiln.Graph. The module is put in eval mode for the capture
-    (its previous mode is restored). Raises ExportError."""
+    (its previous mode is restored). Raises ExportError.
+
+    collect_errors=True (for tests that batch many independent computations into one module):
+    an output whose computation fails is left out of the graph and its ExportError recorded in
+    CaptureResult.output_errors[user output index]; output_index lists, per graph output, the user
+    output it is. torch.export failures still raise."""
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"expected a torch.nn.Module, got {type(module).__name__}")
     if not callable(getattr(module, method, None)):
@@ -868,11 +933,11 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
         ep = ep.run_decompositions(decomposition_table())
         n_calls = sum(1 for n in ep.graph.nodes if n.op == "call_function")
         log(f"[kiln] building graph from {n_calls} ATen nodes ...")
-        b = _Builder(ep, strip=strip, progress=log)
+        b = _Builder(ep, strip=strip, progress=log, collect_errors=collect_errors)
         graph, names = b.run()
     finally:
         module.train(was_training)
-    return CaptureResult(graph, names, n_calls, b.notes, time.perf_counter() - t0)
+    return CaptureResult(graph, names, n_calls, b.notes, time.perf_counter() - t0, b.output_index, b.output_errors)
 
 
 @dataclass
