@@ -257,6 +257,8 @@ class _Builder:
         self.collect_errors = collect_errors
         self.output_errors: dict[int, ExportError] = {}  # user output index -> error (collect_errors)
         self.output_index: list[int] = []                 # user output index of each graph output
+        self.input_index: list[int] = []                  # user input index of each graph input
+        self.user_inputs = 0
         self.strip = strip
         self.progress = progress
         self.g = _kiln.Graph()
@@ -449,6 +451,7 @@ class _Builder:
             spec = kinds.get(n.name)
             kind = spec.kind if spec is not None else InputKind.USER_INPUT
             if kind == InputKind.USER_INPUT:
+                self.user_inputs += 1
                 val = _meta_val(n)
                 if isinstance(val, torch.Tensor):
                     if any(not isinstance(s, int) for s in val.shape):
@@ -457,6 +460,7 @@ class _Builder:
                     vid = self.g.add_input(n.name, kiln_dtype(val.dtype, f"input '{n.name}'"), list(val.shape))
                     self.env[n] = _V(vid, val.dtype, tuple(val.shape))
                     input_names.append(n.name)
+                    self.input_index.append(self.user_inputs - 1)
                 else:
                     self.env[n] = val  # a specialized non-tensor input (int, float, None)
             elif kind in (InputKind.PARAMETER, InputKind.BUFFER):
@@ -886,6 +890,7 @@ class CaptureResult:
     seconds: float = 0.0
     output_index: list = field(default_factory=list)
     output_errors: dict = field(default_factory=dict)
+    input_index: list = field(default_factory=list)
 
 
 def _as_tuple(example_inputs) -> tuple:
@@ -908,7 +913,8 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
     collect_errors=True (for tests that batch many independent computations into one module):
     an output whose computation fails is left out of the graph and its ExportError recorded in
     CaptureResult.output_errors[user output index]; output_index lists, per graph output, the user
-    output it is. torch.export failures still raise."""
+    output it is; input_index lists, per graph input, the (flattened) user input it is (an input
+    that fails, e.g. float64, is left out). torch.export failures still raise."""
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"expected a torch.nn.Module, got {type(module).__name__}")
     if not callable(getattr(module, method, None)):
@@ -937,7 +943,8 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
         graph, names = b.run()
     finally:
         module.train(was_training)
-    return CaptureResult(graph, names, n_calls, b.notes, time.perf_counter() - t0, b.output_index, b.output_errors)
+    return CaptureResult(graph, names, n_calls, b.notes, time.perf_counter() - t0, b.output_index, b.output_errors,
+                         b.input_index)
 
 
 @dataclass
