@@ -233,6 +233,13 @@ def _is_number(x) -> bool:
     return isinstance(x, (bool, int, float)) and not isinstance(x, torch.Tensor)
 
 
+def _same(a, b) -> bool:
+    """Equality of argument values, lists and tuples alike."""
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b or (_is_number(a) and _is_number(b) and a == b)
+
+
 def _attr(v):
     """An ATen argument value as a binding attribute (None, bool, int, float, str, int list)."""
     if isinstance(v, torch.dtype):
@@ -276,6 +283,11 @@ class _Builder:
     def error(self, what: str, todo: str | None = None, *, code: str | None = None, reason: str | None = None):
         op = _op_name(self.node.target) if self.node is not None and self.node.op == "call_function" else None
         msg = f"{op}: {what}" if op else what
+        fn = self.node.meta.get("torch_fn") if self.node is not None else None
+        if op and isinstance(fn, tuple) and len(fn) == 2 and isinstance(fn[1], str):
+            src = fn[1].rsplit(".", 1)[-1]  # the PyTorch call that decomposed into this op
+            if src and src not in op:
+                msg += f" [from a call of {src}]"
         msg += f" (in {_where(self.path)}" + (f", node '{self.node.name}')" if self.node is not None else ")")
         if todo:
             msg += f". {todo}"
@@ -298,13 +310,14 @@ class _Builder:
         if key in self._const_ids:
             vid, _ = self._const_ids[key]
         else:
+            orig = t
             if t.dtype == torch.float64 and t.dim() == 0:
                 t = t.to(torch.float32)
             name = name or self._names.get(key)
             dt = kiln_dtype(t.dtype, f"constant '{name or 'tensor'}'")
             self.num_const += 1
             vid = self.g.add_constant(name or f"const{self.num_const}", dt, list(t.shape), _tensor_bytes(t))
-            self._const_ids[key] = (vid, t)  # keep t alive so id() stays unique
+            self._const_ids[key] = (vid, orig)  # keeps `orig` alive: its id() stays unique
         return _V(vid, t.dtype, tuple(t.shape))
 
     def tensor(self, v, scalar_dtype: torch.dtype | None = None) -> _V:
@@ -340,7 +353,7 @@ class _Builder:
             return torch.float32
         return ref
 
-    def emit(self, op: str, inputs: Sequence, attrs: Mapping | None = None, *, check=True) -> _V:
+    def emit(self, op: str, inputs: Sequence, attrs: Mapping | None = None) -> _V:
         """Adds one Kiln node (inputs: values or None); returns its single output value."""
         if op not in self._kiln_ops:
             raise self.unsupported(f"needs Kiln op {op}, which this build of Kiln does not have")
@@ -403,7 +416,9 @@ class _Builder:
                 attrs[name] = _attr(v)
             elif name == "dtype" and v is not None:
                 cast_to = v  # reductions' dtype=: the input is cast first (ATen semantics)
-            elif name in _IGNORED_ARGS or v == defaults.get(name) or v is None:
+            elif isinstance(v, (_V, _FirstOnly, torch.Tensor)):
+                raise self.unsupported(f"tensor argument {name} is not supported by Kiln's {kiln_op}")
+            elif name in _IGNORED_ARGS or v is None or _same(v, defaults.get(name)):
                 continue
             else:
                 raise self.unsupported(f"argument {name}={v!r} is not supported by Kiln's {kiln_op}")
