@@ -1,11 +1,12 @@
 // .npy reader and writer (see npy.h for the format and the supported dtypes).
 #include "npy.h"
 
+#include <sys/stat.h>
+
 #include <bit>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <optional>
 
 namespace kiln::npy {
@@ -252,10 +253,17 @@ Result<Array> parse(std::span<const uint8_t> bytes) {
 }
 
 Result<Array> read_file(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) return Error(ErrorCode::NotFound, "cannot open '" + path + "': " + std::strerror(errno));
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-  if (f.bad()) return Error(ErrorCode::InvalidArgument, "cannot read '" + path + "'");
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return Error(ErrorCode::NotFound, "cannot open '" + path + "': " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(::fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+    std::fclose(f);
+    return Error(ErrorCode::InvalidArgument, "'" + path + "' is not a regular file");
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(st.st_size));
+  const size_t got = bytes.empty() ? 0 : std::fread(bytes.data(), 1, bytes.size(), f);
+  std::fclose(f);
+  if (got != bytes.size()) return Error(ErrorCode::InvalidArgument, "short read of '" + path + "'");
   auto a = parse(bytes);
   if (!a.ok()) return Error(a.error().code(), "'" + path + "': " + a.error().message());
   return a;

@@ -47,7 +47,8 @@ Result<std::string> descr_of(DType dtype);
 /// size that differs from what the shape needs.
 Result<Array> parse(std::span<const uint8_t> bytes);
 
-/// Reads and parses `path`. NotFound when the file cannot be opened; parse()'s errors otherwise,
+/// Reads and parses `path`. NotFound when the file cannot be opened, InvalidArgument when it is not
+/// a regular file (a directory, ...); parse()'s errors otherwise,
 /// with the path prepended to the message.
 Result<Array> read_file(const std::string& path);
 

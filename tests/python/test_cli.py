@@ -299,6 +299,9 @@ def test_wrong_input_count_and_method(cli, programs, tmp_path):
     p = kiln_cmd(cli, "run", d / "model.kiln", "-i", tmp_path / "x.npy", "-i", tmp_path / "missing.npy")
     assert p.returncode == 1
     assert "NotFound" in p.stderr and "input 'y'" in p.stderr and "missing.npy" in p.stderr, p.stderr
+    p = kiln_cmd(cli, "run", d / "model.kiln", "-i", tmp_path, "-i", tmp_path / "x.npy")  # a directory
+    assert p.returncode == 1
+    assert "input 'x'" in p.stderr and "not a regular file" in p.stderr, p.stderr
 
 
 def test_usage_errors_and_help(cli):

@@ -190,6 +190,10 @@ TEST(Npy, ReadFileErrorsNameThePath) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.error().code(), ErrorCode::NotFound);
   EXPECT_NE(r.error().message().find("/nonexistent/dir/x.npy"), std::string::npos);
+  auto dir = read_file("/");
+  ASSERT_FALSE(dir.ok());
+  EXPECT_EQ(dir.error().code(), ErrorCode::InvalidArgument);
+  EXPECT_NE(dir.error().message().find("not a regular file"), std::string::npos) << dir.error().message();
 }
 
 }  // namespace
