@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import re
 import shutil
@@ -67,8 +68,7 @@ def main() -> int:
     ap.add_argument("--work", default=os.path.join(ROOT, "build", "app-test"), help="scratch folder (recreated)")
     args = ap.parse_args()
     prefix = os.path.abspath(args.prefix)
-    if not os.path.isfile(os.path.join(prefix, "lib", "cmake", "kiln", "kilnConfig.cmake")) and not os.path.isfile(
-            os.path.join(prefix, "lib64", "cmake", "kiln", "kilnConfig.cmake")):
+    if not glob.glob(os.path.join(prefix, "lib*", "**", "cmake", "kiln", "kilnConfig.cmake"), recursive=True):
         raise SystemExit(f"no kilnConfig.cmake under {prefix}: run cmake --install build --prefix {prefix} first")
     work = os.path.abspath(args.work)
     shutil.rmtree(work, ignore_errors=True)
