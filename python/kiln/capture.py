@@ -841,7 +841,15 @@ def _softmax_int(kiln_op):
     return h
 
 
+def _sum_mean(b: _Builder, args, kwargs):
+    # sum/mean over dim=[] reduce every dim in ATen (like None); Kiln spells that None.
+    bound = b.bind(b.node.target, args, kwargs)
+    extra = {"dim": None} if "dim" in bound and bound["dim"] is not None and len(bound["dim"]) == 0 else None
+    return b.generic(_packet_name(b.node.target), args, kwargs, extra=extra)
+
+
 _HANDLERS: dict[str, Callable] = {
+    "aten.sum": _sum_mean, "aten.mean": _sum_mean,
     "aten._native_batch_norm_legit_no_training.default": _first_checked("aten.native_batch_norm",
                                                                         {"training": False}),
     "aten.native_batch_norm.default": _first_checked("aten.native_batch_norm"),
