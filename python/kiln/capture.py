@@ -431,7 +431,7 @@ class _Builder:
             sd = self.scalar_dtype(vals)
             inputs = [None if x is None else self.tensor(x, sd) for x in vals]
         if cast_to is not None and inputs and inputs[0] is not None and inputs[0].dtype != cast_to:
-            inputs[0] = self.emit("aten._to_copy", [inputs[0]], {"dtype": kiln_dtype(cast_to)})
+            inputs[0] = self.emit("aten._to_copy", [inputs[0]], {"dtype": kiln_dtype(cast_to, "the dtype= argument")})
         v = self.emit(kiln_op, inputs, attrs)
         return v
 
@@ -733,7 +733,7 @@ def _to_copy(b: _Builder, args, kwargs):
     dt = bound.get("dtype")
     if dt is None or dt == x.dtype:
         return x
-    return b.emit("aten._to_copy", [x], {"dtype": kiln_dtype(dt)})
+    return b.emit("aten._to_copy", [x], {"dtype": kiln_dtype(dt, "the conversion's target")})
 
 
 def _copy(b: _Builder, args, kwargs):
@@ -836,7 +836,7 @@ def _softmax_int(kiln_op):
         bound = b.bind(b.node.target, args, kwargs)
         x = b.tensor(bound["self"])
         if bound.get("dtype") is not None and bound["dtype"] != x.dtype:
-            x = b.emit("aten._to_copy", [x], {"dtype": kiln_dtype(bound["dtype"])})
+            x = b.emit("aten._to_copy", [x], {"dtype": kiln_dtype(bound["dtype"], "the dtype= argument")})
         return b.emit(kiln_op, [x], {"dim": bound["dim"], "half_to_float": False})
     return h
 
