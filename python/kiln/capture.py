@@ -445,8 +445,8 @@ class _Builder:
             kinds[spec.arg.name if hasattr(spec.arg, "name") else None] = spec
         nodes = list(self.ep.graph.nodes)
         calls = sum(1 for n in nodes if n.op == "call_function")
-        step = max(calls // 10, 1) if calls >= 500 else 0
-        self.done = 0
+        step = calls >= 500  # big graphs: a node counter line every 2 s
+        self.done, self.last_report = 0, time.perf_counter()
         input_names = []
         for n in nodes:
             self.node = n
@@ -494,7 +494,8 @@ class _Builder:
         elif n.op == "call_function":
             self.env[n] = self.call(n)
             self.done += 1
-            if step and self.progress and self.done % step == 0:
+            if step and self.progress and time.perf_counter() - self.last_report >= 2.0:
+                self.last_report = time.perf_counter()
                 self.progress(f"[kiln]   nodes {self.done}/{calls}")
         elif n.op == "output":
             outs = []
