@@ -134,9 +134,28 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
       return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' input " + std::to_string(i) + " has no data");
     }
   }
+  // An input may be a view into this method's own arena (an output of the previous execute
+  // fed back): copy such inputs aside first, so that filling one input slot cannot clobber
+  // another input's bytes (or overlap its own source).
+  const auto arena_lo = reinterpret_cast<uintptr_t>(im.arena);
+  const uintptr_t arena_hi = arena_lo + meta.arena_bytes;
+  std::vector<std::vector<uint8_t>> staged;
+  staged.reserve(inputs.size());
+  std::vector<const void*> sources(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    sources[i] = inputs[i].data;
+    const size_t n = inputs[i].nbytes();
+    const void* slot = im.values[static_cast<size_t>(im.plan->inputs[i])].data;
+    const auto p = reinterpret_cast<uintptr_t>(inputs[i].data);
+    if (n > 0 && inputs[i].data != slot && p < arena_hi && p + n > arena_lo) {
+      const auto* src = static_cast<const uint8_t*>(inputs[i].data);
+      staged.emplace_back(src, src + n);
+      sources[i] = staged.back().data();
+    }
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     Tensor& slot = im.values[static_cast<size_t>(im.plan->inputs[i])];
-    if (slot.data != inputs[i].data && inputs[i].nbytes() > 0) std::memcpy(slot.data, inputs[i].data, inputs[i].nbytes());
+    if (slot.data != sources[i] && inputs[i].nbytes() > 0) std::memcpy(slot.data, sources[i], inputs[i].nbytes());
   }
   for (size_t k = 0; k < im.plan->instructions.size(); ++k) {
     const auto& ins = im.plan->instructions[k];
