@@ -1,4 +1,5 @@
 // Program and Method: instantiate a verified method plan and execute it.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -119,8 +120,17 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
   Impl& im = *impl_;
   const MethodMeta& meta = im.plan->meta;
   if (inputs.size() != meta.inputs.size()) {
+    // Name the first input that is missing (expected type) or unexpected (actual type).
+    const size_t k = std::min(inputs.size(), meta.inputs.size());
+    std::string detail;
+    if (inputs.size() < meta.inputs.size()) {
+      const std::string label = meta.input_names[k].empty() ? "" : " '" + meta.input_names[k] + "'";
+      detail = ": missing input " + std::to_string(k) + label + " (expected " + meta.inputs[k].to_string() + ")";
+    } else {
+      detail = ": unexpected input " + std::to_string(k) + " (got " + inputs[k].type().to_string() + ")";
+    }
     return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' takes " + std::to_string(meta.inputs.size()) +
-                                                 " inputs, got " + std::to_string(inputs.size()));
+                                                 " inputs, got " + std::to_string(inputs.size()) + detail);
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorType& want = meta.inputs[i];

@@ -95,15 +95,16 @@ TEST_F(MethodInputs, WrongCountIsInvalidArgument) {
   auto one = method_->execute({Tensor{DType::Float32, {2, 3}, x_.data()}});
   ASSERT_FALSE(one.ok());
   EXPECT_EQ(one.error().code(), ErrorCode::InvalidArgument);
-  expect_contains(one.error().message(), {"forward", "2 inputs", "got 1"});
+  expect_contains(one.error().message(), {"forward", "2 inputs", "got 1", "missing input 1 'bias'", "float32[3]"});
   auto none = method_->execute(std::span<const Tensor>());
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.error().code(), ErrorCode::InvalidArgument);
+  expect_contains(none.error().message(), {"got 0", "missing input 0 'x'", "float32[2, 3]"});
   auto three = method_->execute({Tensor{DType::Float32, {2, 3}, x_.data()}, Tensor{DType::Float32, {3}, bias_.data()},
                                  Tensor{DType::Float32, {3}, bias_.data()}});
   ASSERT_FALSE(three.ok());
   EXPECT_EQ(three.error().code(), ErrorCode::InvalidArgument);
-  expect_contains(three.error().message(), {"got 3"});
+  expect_contains(three.error().message(), {"got 3", "unexpected input 2", "float32[3]"});
   expect_good_run();
 }
 
