@@ -3,7 +3,8 @@
 #   build-asan: -DKILN_SANITIZE="address;undefined", the whole C++ test suite (tests/kiln_tests)
 #   build-tsan: -DKILN_SANITIZE=thread, the concurrency tests (Concurrency.*)
 # Usage: scripts/sanitizers.sh [asan|tsan|all]   (default all)
-# Environment: KILN_JOBS (build parallelism, default 2), CC/CXX (compiler; default the system's).
+# Environment: KILN_JOBS (build parallelism, default 2), CC/CXX (compiler; default the system's),
+#   KILN_TSAN_FILTER (gtest filter for the thread-sanitizer run, default 'Concurrency.*').
 # Builds use -O1 -g1 with assertions on (a sanitizer build wants line numbers, not speed).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -38,9 +39,10 @@ fi
 if [ "$what" = all ] || [ "$what" = tsan ]; then
   start=$SECONDS
   configure_and_build build-tsan thread
-  echo "[sanitizers] run build-tsan/tests/kiln_tests --gtest_filter='Concurrency.*'"
+  filter=${KILN_TSAN_FILTER:-Concurrency.*}
+  echo "[sanitizers] run build-tsan/tests/kiln_tests --gtest_filter='$filter'"
   if TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
-     ./build-tsan/tests/kiln_tests --gtest_filter='Concurrency.*' --gtest_brief=1; then
+     ./build-tsan/tests/kiln_tests --gtest_filter="$filter" --gtest_brief=1; then
     echo "[sanitizers] thread: PASS ($((SECONDS - start)) s)"
   else
     echo "[sanitizers] thread: FAIL" >&2

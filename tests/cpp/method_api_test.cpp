@@ -2,6 +2,7 @@
 // concurrent execution of several Method instances of one Program (run under
 // -DKILN_SANITIZE=thread by scripts/sanitizers.sh).
 #include <atomic>
+#include <cmath>
 #include <thread>
 
 #include "runtime_test_util.h"
