@@ -4,6 +4,7 @@
 // Semantics follow PyTorch eager on CPU; formulas and special cases are cited at each functor.
 // Inference (src/ir/ops/elementwise.cpp) has already checked shapes, dtypes and attributes;
 // the kernels re-check dtypes through their dispatch and return NotSupported for any other.
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
