@@ -58,7 +58,8 @@ bool coerce(const AttrValue& v, AttrKind kind, AttrValue& out) {
 }  // namespace
 
 Result<Attributes> OpDef::normalize_attributes(const Attributes& given) const {
-  for (const auto& [n, v] : given.items()) {
+  for (const auto& item : given.items()) {
+    const std::string& n = item.first;  // not a structured binding: clang < 16 cannot capture those
     bool known = std::any_of(attrs.begin(), attrs.end(), [&](const AttrSpec& s) { return s.name == n; });
     if (!known) {
       return Error(ErrorCode::InvalidArgument, name + ": unknown attribute '" + n + "'");
@@ -190,6 +191,15 @@ DType promote_types(DType a, DType b) {
   if ((a == DType::UInt8 && b == DType::Int8) || (a == DType::Int8 && b == DType::UInt8)) return DType::Int32;
   if ((a == DType::Float16 && b == DType::BFloat16) || (a == DType::BFloat16 && b == DType::Float16)) return DType::Float32;
   return rank(a) >= rank(b) ? a : b;
+}
+
+DType result_type(const TensorType& a, const TensorType& b) {
+  const bool a0 = a.sizes.empty(), b0 = b.sizes.empty();
+  if (a0 == b0) return promote_types(a.dtype, b.dtype);
+  const DType dim = a0 ? b.dtype : a.dtype;   // the tensor with dimensions
+  const DType zero = a0 ? a.dtype : b.dtype;  // the 0-d tensor
+  auto category = [](DType d) { return d == DType::Bool ? 0 : (is_floating(d) ? 2 : 1); };
+  return category(zero) > category(dim) ? promote_types(dim, zero) : dim;
 }
 
 }  // namespace kiln
