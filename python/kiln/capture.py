@@ -698,27 +698,42 @@ def _squeeze(b: _Builder, args, kwargs):
     return b.emit("aten.squeeze", [x], {"dim": None if dim is None else list(dim)})
 
 
+def _is_scalar_bound(v) -> bool:
+    return v is None or _is_number(v) or (isinstance(v, torch.Tensor) and v.numel() == 1 and v.dim() == 0)
+
+
+def _clamp_any(b: _Builder, x, lo, hi):
+    """clamp(x, lo, hi) = min(max(x, lo), hi) (ATen). Number bounds -> aten.clamp attributes; tensor
+    bounds -> where(x < lo, lo, x) then where(. > hi, hi, .), with NaN bounds propagated like
+    ATen's max/min (where(lo != lo, lo, .))."""
+    if _is_scalar_bound(lo) and _is_scalar_bound(hi):
+        num = lambda v: None if v is None else (v.item() if isinstance(v, torch.Tensor) else v)
+        return b.emit("aten.clamp", [b.tensor(x)], {"min": num(lo), "max": num(hi)})
+    sd = b.scalar_dtype([x, lo, hi])
+    r = b.tensor(x)
+    for bound, cmp in ((lo, "aten.lt"), (hi, "aten.gt")):
+        if bound is None:
+            continue
+        t = b.tensor(bound, sd)
+        r = b.emit("aten.where", [b.emit(cmp, [r, t]), t, r])
+        if t.dtype.is_floating_point:
+            r = b.emit("aten.where", [b.emit("aten.ne", [t, t]), t, r])
+    return r
+
+
+def _clamp(b: _Builder, args, kwargs):
+    bound = b.bind(b.node.target, args, kwargs)
+    return _clamp_any(b, bound["self"], bound["min"], bound["max"])
+
+
 def _clamp_min(b: _Builder, args, kwargs):
-    return b.emit("aten.clamp", [b.tensor(args[0])], {"min": _scalar_attr(b, args[1]), "max": None})
+    bound = b.bind(b.node.target, args, kwargs)
+    return _clamp_any(b, bound["self"], bound["min"], None)
 
 
 def _clamp_max(b: _Builder, args, kwargs):
-    return b.emit("aten.clamp", [b.tensor(args[0])], {"min": None, "max": _scalar_attr(b, args[1])})
-
-
-def _scalar_attr(b: _Builder, v):
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        return v.item()
-    if _is_number(v):
-        return v
-    raise b.unsupported("a tensor-valued clamp bound computed by the model is not supported")
-
-
-def _clamp_tensor(b: _Builder, args, kwargs):
     bound = b.bind(b.node.target, args, kwargs)
-    x = b.tensor(bound["self"])
-    return b.emit("aten.clamp", [x], {"min": None if bound["min"] is None else _scalar_attr(b, bound["min"]),
-                                       "max": None if bound["max"] is None else _scalar_attr(b, bound["max"])})
+    return _clamp_any(b, bound["self"], None, bound["max"])
 
 
 def _rsub(b: _Builder, args, kwargs):
@@ -842,6 +857,21 @@ def _softmax_int(kiln_op):
     return h
 
 
+def _bitwise_bool(kiln_op):
+    # ~, &, |, ^ on bool tensors are logical_not/and/or and ne (bool xor); other dtypes: not in the set
+    def h(b: _Builder, args, kwargs):
+        xs = [a for a in args if isinstance(a, (_V, torch.Tensor)) or _is_number(a)]
+        if any(not isinstance(a, bool) if _is_number(a) else a.dtype != torch.bool for a in xs):
+            raise b.unsupported("bitwise ops are in Kiln's op set only for bool tensors (as logical ops)")
+        return b.emit(kiln_op, [b.tensor(a, torch.bool) for a in xs])
+    return h
+
+
+def _batch_norm_training(b: _Builder, args, kwargs):
+    raise b.error("batch norm in training mode (batch statistics) is not supported",
+                  "Export the module in eval mode; F.batch_norm needs training=False and running statistics")
+
+
 def _sum_mean(b: _Builder, args, kwargs):
     # sum/mean over dim=[] reduce every dim in ATen (like None); Kiln spells that None.
     bound = b.bind(b.node.target, args, kwargs)
@@ -851,6 +881,9 @@ def _sum_mean(b: _Builder, args, kwargs):
 
 _HANDLERS: dict[str, Callable] = {
     "aten.sum": _sum_mean, "aten.mean": _sum_mean,
+    "aten.bitwise_not": _bitwise_bool("aten.logical_not"), "aten.bitwise_and": _bitwise_bool("aten.logical_and"),
+    "aten.bitwise_or": _bitwise_bool("aten.logical_or"), "aten.bitwise_xor": _bitwise_bool("aten.ne"),
+    "aten._native_batch_norm_legit_functional": _batch_norm_training, "aten._native_batch_norm_legit": _batch_norm_training,
     "aten._native_batch_norm_legit_no_training.default": _first_checked("aten.native_batch_norm",
                                                                         {"training": False}),
     "aten.native_batch_norm.default": _first_checked("aten.native_batch_norm"),
@@ -873,8 +906,7 @@ _HANDLERS: dict[str, Callable] = {
     "aten.select_copy.int": lambda b, a, k: b.generic("aten.select", a, k),
     "aten.unsqueeze_copy.default": lambda b, a, k: b.generic("aten.unsqueeze", a, k),
     "aten.squeeze": _squeeze, "aten.squeeze_copy": _squeeze,
-    "aten.clamp_min.default": _clamp_min, "aten.clamp_max.default": _clamp_max,
-    "aten.clamp.Tensor": _clamp_tensor,
+    "aten.clamp": _clamp, "aten.clamp_min": _clamp_min, "aten.clamp_max": _clamp_max,
     "aten.rsub": _rsub,
     "aten._to_copy.default": _to_copy,
     "aten.copy.default": _copy,

@@ -242,19 +242,25 @@ def test_unsupported_op_names_op_and_module(bad, opname):
     assert e.module_path == "blocks.1" and opname in e.op
 
 
+@requires("aten.scaled_dot_product_attention")
 def test_kiln_refusal_becomes_export_error():
+    class Attn(nn.Module):
+        def forward(self, q):
+            return F.scaled_dot_product_attention(q, q, q, dropout_p=0.5)   # Kiln declines dropout
+
     class M(nn.Module):
         def __init__(self):
             super().__init__()
-            self.act = nn.ReLU()
+            self.attn = Attn()
 
         def forward(self, x):
-            return self.act(x)
+            return self.attn(x)
 
     with pytest.raises(ExportError) as ei:
-        kiln.export(M(), (torch.arange(6),), verbose=False)   # relu is float32-only in Kiln
+        kiln.export(M(), (torch.randn(1, 2, 4, 8),), verbose=False)
     e = ei.value
-    assert e.code == "NotSupported" and e.module_path == "act" and "aten.relu" in str(e)
+    assert e.code == "NotSupported" and e.module_path == "attn", str(e)
+    assert "aten.scaled_dot_product_attention" in str(e) and "dropout_p" in str(e)
 
 
 def test_backend_not_built_yet():
