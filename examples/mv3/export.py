@@ -2,12 +2,12 @@
 
     PYTHONPATH=python python examples/mv3/export.py                       # all three, seeded random weights
     PYTHONPATH=python python examples/mv3/export.py --models mobilenet_v3_small --weights mv3=mv3.pt
-    PYTHONPATH=python python examples/mv3/export.py --out-dir build/mv3
+    PYTHONPATH=python python examples/mv3/export.py --out-dir build/mv3 --weights-dir ~/weights
 
-Files (in --out-dir, default examples/mv3/):
-    mobilenet_v3_small -> mv3_portable.kiln
-    mobilenet_v3_large -> mv3_large_portable.kiln
-    resnet18           -> resnet18_portable.kiln
+Files (in --out-dir, default examples/mv3/), one per model and backend (--backends, default portable):
+    mobilenet_v3_small -> mv3_<backend>.kiln
+    mobilenet_v3_large -> mv3_large_<backend>.kiln
+    resnet18           -> resnet18_<backend>.kiln
 Input: float32[1, 3, 224, 224] (ImageNet-normalized NCHW); output: float32[1, 1000] logits.
 Each file is written independently: a failure for one model is reported in one line and the
 others are still written. Exit status 1 if any model failed.
@@ -47,6 +47,11 @@ def main(argv=None) -> int:
                    help="state_dict files (torch.save(model.state_dict())); MODEL is a torchvision name "
                         "or file stem (mv3, mv3_large, resnet18); a bare PATH applies when one model is "
                         "exported. Models without weights use seeded random weights (meaningless labels).")
+    p.add_argument("--weights-dir", metavar="DIR",
+                   help="folder of state dicts named <torchvision name>.pth (e.g. resnet18.pth); models "
+                        "without a file there use seeded random weights")
+    p.add_argument("--backends", nargs="+", default=["portable"], metavar="NAME",
+                   help="one program per backend (default: portable; others fail until they are built)")
     p.add_argument("--input-shape", default="1x3x224x224", help="input shape (default 1x3x224x224)")
     args = p.parse_args(argv)
 
@@ -61,23 +66,31 @@ def main(argv=None) -> int:
         if len(args.models) != 1:
             p.error("a bare --weights PATH needs exactly one model in --models; use MODEL=PATH")
         weights = {args.models[0]: weights[""]}
+    if args.weights_dir:
+        for name in args.models:
+            path = os.path.join(args.weights_dir, f"{name}.pth")
+            if name not in weights and os.path.exists(path):
+                weights[name] = path
     shape = parse_shape(args.input_shape)
     os.makedirs(args.out_dir, exist_ok=True)
     failed = 0
     for name in args.models:
-        out = os.path.join(args.out_dir, f"{FILES[name]}_portable.kiln")
-        t0 = time.perf_counter()
-        try:
-            model = build_model(name, weights.get(name), log=lambda s: print(s, file=sys.stderr))
-            torch.manual_seed(1)
-            res = kiln.export(model, (torch.randn(*shape),), out=out, verbose=False)
-            m = res.report["methods"][0]
-            print(f"{name}: wrote {out} ({res.file_size / 1e6:.1f} MB, {m['num_nodes']} nodes, arena "
-                  f"{m['arena_bytes'] / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s)")
-        except (ExportError, kiln.KilnError, ValueError, OSError, RuntimeError) as e:
-            failed += 1
-            msg = " ".join(str(e).split())
-            print(f"{name}: FAILED: {type(e).__name__}: {msg}", file=sys.stderr)
+        model = None
+        for backend in args.backends:
+            out = os.path.join(args.out_dir, f"{FILES[name]}_{backend}.kiln")
+            t0 = time.perf_counter()
+            try:
+                if model is None:
+                    model = build_model(name, weights.get(name), log=lambda s: print(s, file=sys.stderr))
+                torch.manual_seed(1)
+                res = kiln.export(model, (torch.randn(*shape),), out=out, backends=(backend,), verbose=False)
+                m = res.report["methods"][0]
+                print(f"{name}: wrote {out} ({res.file_size / 1e6:.1f} MB, {m['num_nodes']} nodes, arena "
+                      f"{m['arena_bytes'] / 1e6:.1f} MB, {time.perf_counter() - t0:.1f} s)")
+            except (ExportError, kiln.KilnError, ValueError, OSError, RuntimeError) as e:
+                failed += 1
+                msg = " ".join(str(e).split())
+                print(f"{name} ({backend}): FAILED: {type(e).__name__}: {msg}", file=sys.stderr)
     return 1 if failed else 0
 
 

@@ -102,6 +102,7 @@ def _keep_whole_ops() -> list:
         "group_norm.default", "native_group_norm.default", "layer_norm.default", "native_layer_norm.default",
         "rms_norm.default", "upsample_nearest2d.default", "upsample_nearest2d.vec",
         "upsample_bilinear2d.default", "upsample_bilinear2d.vec", "hardswish.default", "hardsigmoid.default",
+        "upsample_nearest1d.default", "upsample_nearest1d.vec", "upsample_linear1d.default", "upsample_linear1d.vec",
         "gelu.default", "silu.default", "scaled_dot_product_attention.default",
         # ops of Kiln's set that the default table would otherwise split
         "linear.default", "adaptive_avg_pool2d.default", "max_pool2d.default",
@@ -120,7 +121,7 @@ _TABLE: dict | None = None
 
 def decomposition_table() -> dict:
     """torch.export.default_decompositions() without the entries of the ops Kiln keeps whole
-    (group/layer/RMS norm, nearest/bilinear upsampling, hardswish/hardsigmoid, GELU, SiLU,
+    (group/layer/RMS norm, nearest/(bi)linear 1-D/2-D upsampling, hardswish/hardsigmoid, GELU, SiLU,
     scaled dot-product attention, linear, adaptive_avg_pool2d, max_pool2d). Returns a fresh dict
     (built once per process: building PyTorch's table takes ~0.25 s)."""
     global _TABLE
@@ -288,6 +289,7 @@ class _Builder:
             src = fn[1].rsplit(".", 1)[-1]  # the PyTorch call that decomposed into this op
             if src and src not in op:
                 msg += f" [from a call of {src}]"
+                reason = (reason or what) + f" [from a call of {src}]"
         msg += f" (in {_where(self.path)}" + (f", node '{self.node.name}')" if self.node is not None else ")")
         if todo:
             msg += f". {todo}"
@@ -671,6 +673,23 @@ def _upsample_vec(kiln_op):
     return h
 
 
+def _upsample_1d(kiln_op):
+    def h(b: _Builder, args, kwargs):
+        # upsample_{nearest,linear}1d on [N, C, L] = the 2-D op on [N, C, 1, L] (height 1 -> 1 is the
+        # identity for both, per-dimension index maps as in PyTorch UpSample.h), then squeeze.
+        bound = b.bind(b.node.target, args, kwargs)
+        x = b.tensor(bound["input"] if "input" in bound else bound["self"])
+        out = _meta_val(b.node)
+        sf = bound.get("scale_factors")
+        scale = float(sf[0]) if sf else bound.get("scales")
+        attrs = {"output_size": [1, int(out.shape[-1])], "scales_h": None, "scales_w": scale}
+        if "align_corners" in bound:
+            attrs["align_corners"] = bool(bound["align_corners"])
+        y = b.emit(kiln_op, [b.emit("aten.unsqueeze", [x], {"dim": 2})], attrs)
+        return b.emit("aten.squeeze", [y], {"dim": [2]})
+    return h
+
+
 def _view(b: _Builder, args, kwargs):
     x = b.tensor(args[0])
     size = args[1] if len(args) > 1 else kwargs.get("size", kwargs.get("shape"))
@@ -894,6 +913,8 @@ _HANDLERS: dict[str, Callable] = {
     "aten.group_norm.default": _group_norm,
     "aten.upsample_nearest2d.vec": _upsample_vec("aten.upsample_nearest2d"),
     "aten.upsample_bilinear2d.vec": _upsample_vec("aten.upsample_bilinear2d"),
+    "aten.upsample_nearest1d": _upsample_1d("aten.upsample_nearest2d"),
+    "aten.upsample_linear1d": _upsample_1d("aten.upsample_bilinear2d"),
     "aten._adaptive_avg_pool2d.default": lambda b, a, k: b.generic("aten.adaptive_avg_pool2d", a, k),
     "aten.view.default": _view, "aten.reshape.default": _view, "aten._unsafe_view.default": _view,
     "aten.view_copy.default": _view, "aten._reshape_alias.default": _view,

@@ -563,6 +563,6 @@ def test_mv3_example_isolates_failures(tmp_path):
                         "--weights", f"resnet18={bad}"], env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 1
     failed = [line for line in r.stderr.splitlines() if "FAILED" in line]
-    assert len(failed) == 1 and failed[0].startswith("resnet18: FAILED"), r.stderr
+    assert len(failed) == 1 and failed[0].startswith("resnet18 (portable): FAILED"), r.stderr
     assert (tmp_path / "mv3_portable.kiln").exists() and not (tmp_path / "resnet18_portable.kiln").exists()
     assert "mobilenet_v3_small: wrote" in r.stdout

@@ -38,7 +38,7 @@ from kiln.capture import ExportError, capture
 from oprunner import assert_close
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MAX_SAMPLES = int(os.environ.get("KILN_OPINFO_MAX_SAMPLES", "12"))
+MAX_SAMPLES = int(os.environ.get("KILN_OPINFO_MAX_SAMPLES", "40"))
 REL = 1e-5
 
 # Kiln op -> OpInfos (name, variant_test_name; None = every variant) whose samples exercise it.
@@ -52,7 +52,7 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     "aten.hardswish": [("nn.functional.hardswish", "")], "aten.hardsigmoid": [("nn.functional.hardsigmoid", "")],
     "aten.hardtanh": [("nn.functional.hardtanh", ""), ("nn.functional.relu6", "")],
     "aten.leaky_relu": [("nn.functional.leaky_relu", "")], "aten.gelu": [("nn.functional.gelu", "")],
-    "aten.clamp": [("clamp", ""), ("clamp_min", ""), ("clamp_max", "")], "aten.where": [("where", "")],
+    "aten.clamp": [("clamp", ""), ("clamp_min", ""), ("clamp_max", "")], "aten.where": [("where", ""), ("masked_fill", "")],
     "aten.eq": [("eq", "")], "aten.ne": [("ne", "")], "aten.lt": [("lt", "")], "aten.le": [("le", "")],
     "aten.gt": [("gt", "")], "aten.ge": [("ge", "")], "aten.logical_not": [("logical_not", "")],
     "aten.logical_and": [("logical_and", "")], "aten.logical_or": [("logical_or", "")],
@@ -63,7 +63,7 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     "aten.permute": [("permute", "")], "aten.transpose": [("transpose", ""), ("t", "")],
     "aten.expand": [("expand", "")], "aten.slice": [("slice", ""), ("narrow", "")], "aten.select": [("select", "")],
     "aten.squeeze": [("squeeze", None)], "aten.unsqueeze": [("unsqueeze", "")], "aten.cat": [("cat", "")],
-    "aten.embedding": [("nn.functional.embedding", "")], "aten.constant_pad_nd": [("constant_pad_nd", "")],
+    "aten.embedding": [("nn.functional.embedding", "")], "aten.constant_pad_nd": [("constant_pad_nd", ""), ("nn.functional.pad", "constant")],
     "aten.convolution": [("nn.functional.conv1d", ""), ("nn.functional.conv2d", ""),
                          ("nn.functional.conv_transpose1d", ""), ("nn.functional.conv_transpose2d", "")],
     "aten.addmm": [("addmm", "")], "aten.mm": [("mm", "")], "aten.bmm": [("bmm", "")],
@@ -75,7 +75,8 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     "aten.native_group_norm": [("nn.functional.group_norm", "")], "aten.rms_norm": [("nn.functional.rms_norm", "")],
     "aten.scaled_dot_product_attention": [("nn.functional.scaled_dot_product_attention", "")],
     "aten.upsample_nearest2d": [("nn.functional.interpolate", "nearest"), ("nn.functional.upsample_nearest", "")],
-    "aten.upsample_bilinear2d": [("nn.functional.interpolate", "bilinear"),
+    # 1-D linear interpolation is captured as upsample_bilinear2d on a height-1 image
+    "aten.upsample_bilinear2d": [("nn.functional.interpolate", "bilinear"), ("nn.functional.interpolate", "linear"),
                                  ("nn.functional.upsample_bilinear", "")],
 }
 # Kiln ops that no OpInfo exercises, with the reason (listed in docs/op-coverage.md).
@@ -170,6 +171,7 @@ def _short(e: BaseException) -> str:
         text = f"{type(e).__name__}: {e}"
     text = " ".join(text.split())
     text = re.sub(r" \(at [^)]*\)", "", text)
+    text = re.sub(r"(torch\.export failed for [\w.]+: \w+):.*", r"\1", text)  # drop sample-specific detail
     return text[:240]
 
 
