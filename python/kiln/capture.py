@@ -106,6 +106,8 @@ def _keep_whole_ops() -> list:
         "gelu.default", "silu.default", "scaled_dot_product_attention.default",
         # ops of Kiln's set that the default table would otherwise split
         "linear.default", "adaptive_avg_pool2d.default", "max_pool2d.default",
+        # exact as slices + cat (the default decomposition uses index_select, outside Kiln's set)
+        "roll.default",
     ]
     ops = []
     for n in names:
@@ -610,12 +612,15 @@ class _Builder:
 
     def eager(self, target, args, kwargs):
         """Evaluates a call on known constants with PyTorch now (constants created in forward)."""
+        # Graph values are contiguous (Kiln's values are); PyTorch's view ops need that too.
+        args, kwargs = _tree_map(lambda t: t.contiguous() if isinstance(t, torch.Tensor) else t, (args, kwargs))
         try:
             with torch.no_grad():
                 out = target(*args, **kwargs)
         except Exception as e:  # noqa: BLE001 -- report whatever PyTorch said
             raise self.error(f"evaluating it on constants at export time failed: {e}") from None
-        return _tree_map(lambda t: t.detach().clone() if isinstance(t, torch.Tensor) else t, out)
+        return _tree_map(lambda t: t.detach().clone(memory_format=torch.contiguous_format)
+                         if isinstance(t, torch.Tensor) else t, out)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -891,6 +896,30 @@ def _batch_norm_training(b: _Builder, args, kwargs):
                   "Export the module in eval mode; F.batch_norm needs training=False and running statistics")
 
 
+def _roll(b: _Builder, args, kwargs):
+    # roll(self, shifts, dims): per dim, cat(x[size - s:], x[:size - s]) with s = shift mod size;
+    # dims=[] rolls the flattened tensor (torch.roll semantics).
+    bound = b.bind(b.node.target, args, kwargs)
+    x = b.tensor(bound["self"])
+    shifts, dims = list(bound["shifts"]), list(bound["dims"] or [])
+    shape = list(x.shape)
+    if not dims:
+        if len(shifts) != 1:
+            raise b.error("roll without dims takes one shift")
+        r = _roll(b, [b.emit("aten.view", [x], {"size": [-1]}), shifts, [0]], {})
+        return b.emit("aten.view", [r], {"size": shape})
+    r = x
+    for shift, dim in zip(shifts, dims):
+        dim %= len(shape)
+        size = shape[dim]
+        k = shift % size if size else 0
+        if k == 0:
+            continue
+        r = b.emit("aten.cat", [_slice_piece(b, r, dim, size - k, size), _slice_piece(b, r, dim, 0, size - k)],
+                   {"dim": dim})
+    return r
+
+
 def _sum_mean(b: _Builder, args, kwargs):
     # sum/mean over dim=[] reduce every dim in ATen (like None); Kiln spells that None.
     bound = b.bind(b.node.target, args, kwargs)
@@ -899,7 +928,7 @@ def _sum_mean(b: _Builder, args, kwargs):
 
 
 _HANDLERS: dict[str, Callable] = {
-    "aten.sum": _sum_mean, "aten.mean": _sum_mean,
+    "aten.sum": _sum_mean, "aten.mean": _sum_mean, "aten.roll": _roll,
     "aten.bitwise_not": _bitwise_bool("aten.logical_not"), "aten.bitwise_and": _bitwise_bool("aten.logical_and"),
     "aten.bitwise_or": _bitwise_bool("aten.logical_or"), "aten.bitwise_xor": _bitwise_bool("aten.ne"),
     "aten._native_batch_norm_legit_functional": _batch_norm_training, "aten._native_batch_norm_legit": _batch_norm_training,

@@ -114,9 +114,11 @@ class PermutedParam(nn.Module):
         super().__init__()
         self.w = nn.Parameter(torch.randn(4, 3).t())       # non-contiguous parameter
         self.register_buffer("b", torch.randn(3, 6)[:, 1:5])  # strided buffer
+        self.v = nn.Parameter(torch.randn(3, 4))
 
     def forward(self, x):
-        return x + self.w + self.b
+        folded = self.v.t().contiguous().view(12).view(4, 3).t()   # evaluated at export, views included
+        return x + self.w + self.b + folded
 
 
 def test_non_contiguous_constants():
@@ -393,6 +395,26 @@ class Views(nn.Module):
           "aten.unsqueeze", "aten.squeeze", "aten.mul", "aten.where", "aten.eq", "aten.expand")
 def test_views_and_slice_assignment():
     export_and_run(Views(), (torch.randn(2, 4, 6),))
+
+
+@requires("aten.slice", "aten.cat", "aten.view")
+def test_roll_as_slices():
+    class Roll(nn.Module):
+        def forward(self, x):
+            return (torch.roll(x, shifts=(2, -1), dims=(1, 2)), torch.roll(x, 5), torch.roll(x, 7, dims=-1),
+                    torch.roll(x, 0, dims=0))
+
+    export_and_run(Roll(), (torch.randn(2, 5, 3),))
+
+
+@requires("aten.upsample_nearest2d", "aten.upsample_bilinear2d", "aten.unsqueeze", "aten.squeeze")
+def test_upsample_1d_via_2d():
+    class Up(nn.Module):
+        def forward(self, x):
+            return (F.interpolate(x, scale_factor=2.5, mode="nearest"), F.interpolate(x, size=11, mode="linear"),
+                    F.interpolate(x, scale_factor=0.7, mode="linear", align_corners=True))
+
+    export_and_run(Up(), (torch.randn(2, 3, 7),))
 
 
 CONV_LINEAR_POOL = ["aten.convolution", "aten.linear", "aten.addmm", "aten.mm", "aten.bmm", "aten.max_pool2d",
