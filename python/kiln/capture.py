@@ -920,6 +920,127 @@ def _roll(b: _Builder, args, kwargs):
     return r
 
 
+def _max_min_dim(largest: bool):
+    # max.dim/min.dim(self, dim, keepdim) -> (amax/amin, argmax); argmin(x) = argmax(-x) (first
+    # occurrence either way; floats only, as -x overflows for the smallest integer)
+    def h(b: _Builder, args, kwargs):
+        bound = b.bind(b.node.target, args, kwargs)
+        x, dim, keep = b.tensor(bound["self"]), bound["dim"], bound["keepdim"]
+        vals = b.emit("aten.amax" if largest else "aten.amin", [x], {"dim": [dim], "keepdim": keep})
+        if largest:
+            idx = b.emit("aten.argmax", [x], {"dim": dim, "keepdim": keep})
+        elif x.dtype.is_floating_point:
+            idx = b.emit("aten.argmax", [b.emit("aten.neg", [x])], {"dim": dim, "keepdim": keep})
+        else:
+            idx = _Failed(b.unsupported("the indices of min(dim) of an integer tensor are not supported"))
+        return [vals, idx]
+    return h
+
+
+def _max_min_all(kiln_op):
+    def h(b: _Builder, args, kwargs):
+        return b.emit(kiln_op, [b.tensor(args[0])], {"dim": [], "keepdim": False})
+    return h
+
+
+def _maximum_minimum(cmp: str):
+    # maximum(a, b) = where(a != a, a, where(a > b, a, b)): NaN in either propagates (ATen semantics)
+    def h(b: _Builder, args, kwargs):
+        sd = b.scalar_dtype(args[:2])
+        x, y = b.tensor(args[0], sd), b.tensor(args[1], sd)
+        r = b.emit("aten.where", [b.emit(cmp, [x, y]), x, y])
+        if x.dtype.is_floating_point:
+            r = b.emit("aten.where", [b.emit("aten.ne", [x, x]), x, r])
+        return r
+    return h
+
+
+def _var(b: _Builder, x: _V, dims, correction, keepdim: bool) -> _V:
+    """var = sum((x - mean(x))^2) / max(N - correction, 0) over dims (None = all), as ATen."""
+    rank = len(x.shape)
+    dims = list(range(rank)) if dims is None or len(dims) == 0 else [d % rank for d in dims]
+    n = math.prod(x.shape[d] for d in dims) if rank else 1
+    c = 1.0 if correction is None else float(correction)
+    m = b.emit("aten.mean", [x], {"dim": dims, "keepdim": True})
+    d = b.emit("aten.sub", [x, m])
+    ss = b.emit("aten.sum", [b.emit("aten.mul", [d, d])], {"dim": dims, "keepdim": keepdim})
+    return b.emit("aten.div", [ss, b.tensor(max(n - c, 0.0), x.dtype)])
+
+
+def _var_correction(b: _Builder, args, kwargs):
+    bound = b.bind(b.node.target, args, kwargs)
+    return _var(b, b.tensor(bound["self"]), bound["dim"], bound["correction"], bool(bound["keepdim"]))
+
+
+def _var_mean_correction(b: _Builder, args, kwargs):
+    bound = b.bind(b.node.target, args, kwargs)
+    x, dims, keep = b.tensor(bound["self"]), bound["dim"], bool(bound["keepdim"])
+    var = _var(b, x, dims, bound["correction"], keep)
+    mean_dims = None if dims is None or len(dims) == 0 else list(dims)
+    return [var, b.emit("aten.mean", [x], {"dim": mean_dims, "keepdim": keep})]
+
+
+def _gather_rows(b: _Builder, x: _V, k: int, idx) -> _V:
+    """x indexed by the integer tensor `idx` along dim k: x.shape[:k] + idx.shape + x.shape[k+1:],
+    as aten.embedding on x with dim k moved to the front and the rest flattened (embedding
+    bound-checks the indices at run time: InvalidArgument for out-of-range ones)."""
+    rank = len(x.shape)
+    if isinstance(idx, torch.Tensor):  # constant indices: wrap negatives now (PyTorch semantics)
+        idx = torch.where(idx < 0, idx + x.shape[k], idx)
+    idx = b.tensor(idx)
+    others = [d for d in range(rank) if d != k]
+    xp = x if k == 0 else b.emit("aten.permute", [x], {"dims": [k] + others})
+    rest = [x.shape[d] for d in others]
+    w = b.emit("aten.view", [xp], {"size": [x.shape[k], math.prod(rest)]})
+    e = b.emit("aten.embedding", [w, idx])
+    m = len(idx.shape)
+    e = b.emit("aten.view", [e], {"size": list(idx.shape) + rest})
+    if k == 0:
+        return e
+    perm = [m + i for i in range(k)] + list(range(m)) + [m + k + j for j in range(rank - 1 - k)]
+    return b.emit("aten.permute", [e], {"dims": perm})
+
+
+def _index_select(b: _Builder, args, kwargs):
+    bound = b.bind(b.node.target, args, kwargs)
+    x = b.tensor(bound["self"])
+    idx = bound["index"]
+    if len(idx.shape) == 0:  # index_select keeps the dim (size 1) for a 0-d index
+        idx = idx.reshape(1) if isinstance(idx, torch.Tensor) else b.emit("aten.view", [idx], {"size": [1]})
+    return _gather_rows(b, x, bound["dim"] % max(len(x.shape), 1), idx)
+
+
+def _index_tensor(b: _Builder, args, kwargs):
+    # x[..., idx, ...] with one integer index tensor (advanced indexing on one dim)
+    x, indices = b.tensor(args[0]), list(args[1])
+    given = [i for i, t in enumerate(indices) if t is not None]
+    if len(given) != 1:
+        raise b.unsupported("advanced indexing with more than one index tensor is not supported")
+    idx = indices[given[0]]
+    if idx.dtype == torch.bool or not (idx.dtype in (torch.int64, torch.int32)):
+        raise b.unsupported("boolean-mask indexing (a data-dependent shape) is not supported")
+    return _gather_rows(b, x, given[0], idx)
+
+
+def _flip(b: _Builder, args, kwargs):
+    bound = b.bind(b.node.target, args, kwargs)
+    r = b.tensor(bound["self"])
+    for d in bound["dims"]:
+        d %= len(r.shape)
+        r = _gather_rows(b, r, d, torch.arange(r.shape[d] - 1, -1, -1))
+    return r
+
+
+def _repeat(b: _Builder, args, kwargs):
+    # repeat(x, reps): view x as [1, s0, 1, s1, ...], expand to [r0, s0, r1, s1, ...], view [r0*s0, ...]
+    x, reps = b.tensor(args[0]), list(args[1])
+    shape = [1] * (len(reps) - len(x.shape)) + list(x.shape)
+    inter = [v for s in shape for v in (1, s)]
+    big = [v for r, s in zip(reps, shape) for v in (r, s)]
+    y = b.emit("aten.expand", [b.emit("aten.view", [x], {"size": inter})], {"size": big})
+    return b.emit("aten.view", [y], {"size": [r * s for r, s in zip(reps, shape)]})
+
+
 def _sum_mean(b: _Builder, args, kwargs):
     # sum/mean over dim=[] reduce every dim in ATen (like None); Kiln spells that None.
     bound = b.bind(b.node.target, args, kwargs)
@@ -929,6 +1050,12 @@ def _sum_mean(b: _Builder, args, kwargs):
 
 _HANDLERS: dict[str, Callable] = {
     "aten.sum": _sum_mean, "aten.mean": _sum_mean, "aten.roll": _roll,
+    "aten.max.dim": _max_min_dim(True), "aten.min.dim": _max_min_dim(False),
+    "aten.max.default": _max_min_all("aten.amax"), "aten.min.default": _max_min_all("aten.amin"),
+    "aten.maximum": _maximum_minimum("aten.gt"), "aten.minimum": _maximum_minimum("aten.lt"),
+    "aten.var.correction": _var_correction, "aten.var_mean.correction": _var_mean_correction,
+    "aten.index_select": _index_select, "aten.index.Tensor": _index_tensor, "aten.flip": _flip,
+    "aten.repeat": _repeat,
     "aten.bitwise_not": _bitwise_bool("aten.logical_not"), "aten.bitwise_and": _bitwise_bool("aten.logical_and"),
     "aten.bitwise_or": _bitwise_bool("aten.logical_or"), "aten.bitwise_xor": _bitwise_bool("aten.ne"),
     "aten._native_batch_norm_legit_functional": _batch_norm_training, "aten._native_batch_norm_legit": _batch_norm_training,

@@ -417,6 +417,31 @@ def test_upsample_1d_via_2d():
     export_and_run(Up(), (torch.randn(2, 3, 7),))
 
 
+class Rewrites(nn.Module):
+    """ATen ops outside Kiln's set that the capture rewrites exactly onto Kiln ops."""
+
+    def forward(self, x, y, i):
+        mx = torch.max(x, 1)
+        mn = torch.min(x, -1, keepdim=True)
+        return (mx.values, mx.indices, mn.values, mn.indices, x.max(), x.min(), torch.maximum(x, y),
+                torch.minimum(x, y), x.clamp(min=y, max=y + 0.5), x.var(1), x.std(-1, keepdim=True),
+                *torch.var_mean(x, 0, correction=0), x.index_select(1, i), x[:, i], x[i], x[:, torch.tensor([-1, 0])],
+                x.flip(0, 1), x.repeat(2, 1, 3), torch.roll(x, 1, 0))
+
+
+@requires("aten.amax", "aten.amin", "aten.argmax", "aten.neg", "aten.where", "aten.gt", "aten.lt", "aten.ne",
+          "aten.mean", "aten.sub", "aten.mul", "aten.sum", "aten.div", "aten.sqrt", "aten.embedding",
+          "aten.permute", "aten.view", "aten.expand")
+def test_exact_rewrites():
+    torch.manual_seed(0)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    export_and_run(Rewrites(), (x, y, torch.tensor([2, 0, 2])))
+    x[0, 1], y[1, 2] = float("nan"), float("nan")   # NaN propagation of maximum/minimum/clamp
+    res = export_and_run(Rewrites(), (x, y, torch.tensor([1, 1, 0])))
+    with pytest.raises(kiln.KilnError, match="InvalidArgument"):   # indices are bound-checked at run time
+        kiln.load_bytes(res.data).run(x, y, torch.tensor([1, 7, 0]))
+
+
 CONV_LINEAR_POOL = ["aten.convolution", "aten.linear", "aten.addmm", "aten.mm", "aten.bmm", "aten.max_pool2d",
                     "aten.avg_pool2d", "aten.adaptive_avg_pool2d", "aten.view", "aten.permute"]
 
