@@ -76,7 +76,7 @@ def _lazy_capture():
 
 
 def __getattr__(name: str):
-    # kiln.export / kiln.export_program live in kiln.capture (imports torch lazily).
-    if name in ("export", "export_program"):
+    # kiln.export / kiln.export_program / kiln.ExportError live in kiln.capture (imports torch lazily).
+    if name in ("export", "export_program", "ExportError"):
         return getattr(_lazy_capture(), name)
     raise AttributeError(name)

@@ -112,7 +112,8 @@ def main(argv=None) -> int:
     e.add_argument("--input-shape", type=parse_shape, default=(1, 3, 224, 224), metavar="NxCxHxW",
                    help="shape of the single input tensor the program will take (default 1x3x224x224)")
     e.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
-                   help="dtype of the input and weights (default float32)")
+                   help="dtype of the input and weights (default float32; Kiln's portable kernels compute "
+                        "in float32, so float16/bfloat16 need a backend that supports them)")
     e.add_argument("--weights", metavar="PATH",
                    help="state_dict saved with torch.save(model.state_dict(), PATH); without it the model "
                         "gets seeded random weights (torch.manual_seed(0)) and its labels are meaningless")

@@ -367,6 +367,8 @@ class _Builder:
         except KilnError as e:
             code = e.args[1] if len(e.args) > 1 else None
             reason = str(e.args[0]) if e.args else str(e)
+            if self.path and reason.endswith(f" (at {self.path})"):  # the module path is added below
+                reason = reason[: -len(f" (at {self.path})")]
             todo = ("Kiln does not support this configuration yet; change it, exclude it from the exported "
                     f"module, or open an issue (op set: {OP_SET_DOC})") if code == "NotSupported" else \
                 "Check the op's arguments against " + OP_SET_DOC
@@ -383,6 +385,14 @@ class _Builder:
                 raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {val.dtype} "
                                  f"{list(val.shape)}", "This is a bug in Kiln's capture: please open an issue")
 
+    def check_meta_first(self, v: _V):
+        """check_meta for ops whose ATen form returns several tensors (Kiln keeps the first)."""
+        val = _meta_val(self.node)
+        if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor):
+            if tuple(val[0].shape) != v.shape or val[0].dtype != v.dtype:
+                raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {val[0].dtype} "
+                                 f"{list(val[0].shape)}", "This is a bug in Kiln's capture: please open an issue")
+
     # --- generic mapping ------------------------------------------------------------------------
     def bind(self, target, args, kwargs) -> dict:
         """ATen schema argument name -> value (defaults filled)."""
@@ -398,19 +408,15 @@ class _Builder:
                 out[a.name] = None
         return out
 
-    def generic(self, kiln_op: str, args, kwargs, *, rename: Mapping[str, str] | None = None,
-                extra: Mapping | None = None):
+    def generic(self, kiln_op: str, args, kwargs, *, extra: Mapping | None = None):
         """Maps an ATen call onto `kiln_op` by argument names: Kiln's tensor inputs positionally,
         Kiln's attributes by name; any other ATen argument must be ignorable or at its default."""
         target = self.node.target
         bound = self.bind(target, args, kwargs)
-        if rename:
-            bound = {rename.get(k, k): v for k, v in bound.items()}
         ks = self.schema(kiln_op)
         in_names = [n for n, _ in ks["inputs"]]
         attr_names = set(ks["attrs"])
-        defaults = {(rename or {}).get(a.name, a.name): (a.default_value if a.has_default_value() else None)
-                    for a in target._schema.arguments}
+        defaults = {a.name: (a.default_value if a.has_default_value() else None) for a in target._schema.arguments}
         attrs = dict(extra or {})
         cast_to = None
         for name, v in bound.items():
@@ -625,17 +631,6 @@ class _Builder:
 
 # --------------------------------------------------------------------------------------------------
 # special mappings (everything else goes through _Builder.generic by name)
-
-def _check_meta_first(self: _Builder, v: _V):
-    val = _meta_val(self.node)
-    if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor):
-        if tuple(val[0].shape) != v.shape or val[0].dtype != v.dtype:
-            raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {val[0].dtype} "
-                             f"{list(val[0].shape)}", "This is a bug in Kiln's capture: please open an issue")
-
-
-_Builder.check_meta_first = _check_meta_first
-
 
 def _first_checked(kiln_op, extra=None):
     def h(b: _Builder, args, kwargs):

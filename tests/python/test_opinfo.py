@@ -28,7 +28,6 @@ import re
 import time
 import traceback
 
-import numpy as np
 import pytest
 import torch
 from torch.utils import _pytree as pytree
