@@ -19,6 +19,7 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "demo.sh: scripts/setup.sh did not print a virtualenv path (got '$venv')" >&2
   exit 1
 fi
+export KILN_VENV=$venv   # anything below that calls setup.sh gets the same virtualenv
 echo "[demo] virtualenv: $venv" >&2
 
 generator=()
