@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <span>
 #include <string>
 #include <vector>
@@ -32,7 +33,10 @@ struct MethodMeta {
   uint64_t arena_bytes = 0;       ///< activation arena planned at compile time
   size_t num_instructions = 0;
   size_t num_kernel_calls = 0;
-  size_t num_delegate_calls = 0;
+  size_t num_delegate_calls = 0;  ///< one per delegated segment
+  /// How many kernel calls of each op the method makes, sorted by op name
+  /// (e.g. {"aten.add", 1}, {"aten.relu", 2}); delegate calls are not included.
+  std::vector<std::pair<std::string, int>> op_counts;
 };
 
 /// Options for Program::load.

@@ -56,7 +56,7 @@ class LoadedProgram:
         for x in inputs:
             if hasattr(x, "detach"):  # torch.Tensor without importing torch here
                 x = x.detach().cpu().contiguous().numpy()
-            arrays.append(np.ascontiguousarray(x))
+            arrays.append(np.asarray(x, order="C"))  # keeps 0-d arrays 0-d (ascontiguousarray gives ndim >= 1)
         return list(self.method(method).execute(arrays))
 
 

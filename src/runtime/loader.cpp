@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <set>
 
 #include "ir/op_registry.h"
@@ -205,6 +206,9 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<ConstantSp
   }
   plan.meta.num_instructions = plan.instructions.size();
   plan.meta.num_kernel_calls = plan.instructions.size();
+  std::map<std::string, int> op_counts;
+  for (const PlannedInstruction& pi : plan.instructions) ++op_counts[pi.op];
+  plan.meta.op_counts.assign(op_counts.begin(), op_counts.end());
   return plan;
 }
 

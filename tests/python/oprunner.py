@@ -30,7 +30,7 @@ def run_op(op: str, inputs, attrs: dict | None = None, *, constants=(), num_outp
         if x is None:
             ids.append(-1)
             continue
-        x = np.ascontiguousarray(x)
+        x = np.asarray(x, order="C")  # keeps 0-d arrays 0-d
         if i in constants:
             ids.append(g.add_constant(f"c{i}", kiln_dtype(x), list(x.shape), x.view(np.uint8).reshape(-1) if x.size else np.zeros(0, np.uint8)))
         else:

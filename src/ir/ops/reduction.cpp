@@ -1,8 +1,127 @@
-// reduction op definitions.
+// Reduction op definitions: mean, sum, amax, amin, argmax, _softmax, _log_softmax.
+// Semantics are PyTorch eager's (aten/src/ATen/native/ReduceOps.cpp, SoftMax.cpp):
+// - dims may be negative, a dim listed twice is an error, dim=None or [] reduces every dim;
+//   a 0-d input accepts dim 0 / -1 and gives a 0-d result;
+// - amax/amin/argmax reject reducing over a dim of size 0 (no identity), sum gives 0 and mean NaN;
+// - dtypes: sum float32 -> float32 and integer/bool -> int64 (torch promotes integral sums to int64);
+//   mean, _softmax, _log_softmax float32; amax/amin float32, int64, int32, int8, uint8, bool;
+//   argmax float32, int64, int32, int8, uint8 (torch has no bool argmax) -> int64.
 #include "ir/op_registry.h"
+#include "ir/ops/shape_rules.h"
 
 namespace kiln {
+namespace {
 
-void register_reduction_ops(OpRegistry& r) { (void)r; }
+namespace sr = shape_rules;
+using Types = Result<std::vector<TensorType>>;
+
+Error unsupported(DType d, const char* allowed) {
+  return Error(ErrorCode::NotSupported, std::string("dtype ") + dtype_name(d) + " (supported: " + allowed + ")");
+}
+
+bool is_integral_or_bool(DType d) {
+  return d == DType::Int64 || d == DType::Int32 || d == DType::Int8 || d == DType::UInt8 || d == DType::Bool;
+}
+
+// The reduction mask of a `dim` int[] attribute (nullable for sum/mean; [] = all).
+Result<std::vector<bool>> mask_of(const TensorType& t, const Attributes& a) {
+  std::optional<std::vector<int64_t>> dims;
+  if (!a.is_none("dim")) dims = a.get_ints("dim");
+  return sr::reduction_mask(dims, t.dim(), "dim");
+}
+
+// Rejects reducing over a size-0 dim for ops without an identity (amax, amin, argmax).
+Error check_nonempty(const TensorType& t, const std::vector<bool>& mask) {
+  for (size_t d = 0; d < mask.size(); ++d) {
+    if (mask[d] && t.sizes[d] == 0) {
+      return Error(ErrorCode::InvalidArgument, "expected reduction dim " + std::to_string(d) +
+                                                   " to have non-zero size (input " + sizes_to_string(t.sizes) + ")");
+    }
+  }
+  return {};
+}
+
+Types infer_sum(InputTypes in, const Attributes& a) {
+  const TensorType& t = *in[0];
+  DType out;
+  if (t.dtype == DType::Float32) {
+    out = DType::Float32;
+  } else if (is_integral_or_bool(t.dtype)) {
+    out = DType::Int64;
+  } else {
+    return unsupported(t.dtype, "float32, int64, int32, int8, uint8, bool");
+  }
+  auto mask = mask_of(t, a);
+  if (!mask.ok()) return mask.error();
+  return std::vector<TensorType>{{out, sr::reduced_sizes(t.sizes, *mask, a.get_bool("keepdim"))}};
+}
+
+Types infer_mean(InputTypes in, const Attributes& a) {
+  const TensorType& t = *in[0];
+  if (t.dtype != DType::Float32) return unsupported(t.dtype, "float32");
+  auto mask = mask_of(t, a);
+  if (!mask.ok()) return mask.error();
+  return std::vector<TensorType>{{t.dtype, sr::reduced_sizes(t.sizes, *mask, a.get_bool("keepdim"))}};
+}
+
+Types infer_amax_amin(InputTypes in, const Attributes& a) {
+  const TensorType& t = *in[0];
+  if (t.dtype != DType::Float32 && !is_integral_or_bool(t.dtype)) {
+    return unsupported(t.dtype, "float32, int64, int32, int8, uint8, bool");
+  }
+  auto mask = mask_of(t, a);
+  if (!mask.ok()) return mask.error();
+  KILN_RETURN_IF_ERROR(check_nonempty(t, *mask));
+  return std::vector<TensorType>{{t.dtype, sr::reduced_sizes(t.sizes, *mask, a.get_bool("keepdim"))}};
+}
+
+Types infer_argmax(InputTypes in, const Attributes& a) {
+  const TensorType& t = *in[0];
+  if (t.dtype != DType::Float32 && (!is_integral_or_bool(t.dtype) || t.dtype == DType::Bool)) {
+    return unsupported(t.dtype, "float32, int64, int32, int8, uint8");
+  }
+  const bool keepdim = a.get_bool("keepdim");
+  if (a.is_none("dim")) {  // over the flattened input
+    if (t.numel() == 0) return Error(ErrorCode::InvalidArgument, "cannot take the argmax of an empty tensor");
+    return std::vector<TensorType>{{DType::Int64, std::vector<int64_t>(keepdim ? t.sizes.size() : 0, 1)}};
+  }
+  auto mask = sr::reduction_mask(std::vector<int64_t>{a.get_int("dim")}, t.dim(), "dim");
+  if (!mask.ok()) return mask.error();
+  KILN_RETURN_IF_ERROR(check_nonempty(t, *mask));
+  return std::vector<TensorType>{{DType::Int64, sr::reduced_sizes(t.sizes, *mask, keepdim)}};
+}
+
+Types infer_softmax(InputTypes in, const Attributes& a) {
+  const TensorType& t = *in[0];
+  if (t.dtype != DType::Float32) return unsupported(t.dtype, "float32");
+  if (a.get_bool("half_to_float")) {
+    return Error(ErrorCode::NotSupported, "half_to_float=True needs a float16 input (float32 given)");
+  }
+  auto d = wrap_dim(a.get_int("dim"), t.dim());
+  if (!d.ok()) return Error(ErrorCode::InvalidArgument, "dim: " + d.error().message());
+  return std::vector<TensorType>{t};
+}
+
+AttrSpec dims_nullable() { return {"dim", AttrKind::Ints, {}, false, true}; }
+AttrSpec keepdim() { return {"keepdim", AttrKind::Bool, false}; }
+
+}  // namespace
+
+void register_reduction_ops(OpRegistry& r) {
+  r.add({"aten.sum", {{"self"}}, {dims_nullable(), keepdim()}, 1, infer_sum,
+         "sum over dim (None or [] = all); integer/bool inputs give int64 (torch.sum, aten.sum.dim_IntList)"});
+  r.add({"aten.mean", {{"self"}}, {dims_nullable(), keepdim()}, 1, infer_mean,
+         "mean over dim (None or [] = all); NaN for an empty reduction (torch.mean, aten.mean.dim)"});
+  r.add({"aten.amax", {{"self"}}, {{"dim", AttrKind::Ints, std::vector<int64_t>{}}, keepdim()}, 1, infer_amax_amin,
+         "maximum over dim ([] = all), NaN propagates (torch.amax)"});
+  r.add({"aten.amin", {{"self"}}, {{"dim", AttrKind::Ints, std::vector<int64_t>{}}, keepdim()}, 1, infer_amax_amin,
+         "minimum over dim ([] = all), NaN propagates (torch.amin)"});
+  r.add({"aten.argmax", {{"self"}}, {{"dim", AttrKind::Int, {}, false, true}, keepdim()}, 1, infer_argmax,
+         "int64 index of the first maximum along dim (None = flattened); NaN counts as maximum (torch.argmax)"});
+  r.add({"aten._softmax", {{"self"}}, {{"dim", AttrKind::Int, {}, true}, {"half_to_float", AttrKind::Bool, false}}, 1,
+         infer_softmax, "exp(x - max) / sum(exp(x - max)) along dim (torch._softmax)"});
+  r.add({"aten._log_softmax", {{"self"}}, {{"dim", AttrKind::Int, {}, true}, {"half_to_float", AttrKind::Bool, false}},
+         1, infer_softmax, "x - max - log(sum(exp(x - max))) along dim (torch._log_softmax)"});
+}
 
 }  // namespace kiln

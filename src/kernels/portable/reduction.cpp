@@ -1,8 +1,290 @@
-// Portable reduction kernels.
+// Portable reduction kernels: sum, mean, amax, amin, argmax, _softmax, _log_softmax.
+// Float sums and softmax accumulate in double (more accurate than PyTorch's float cascade sum,
+// within 1e-5 relative of it); integer sums wrap in int64 as torch's do. amax/amin propagate NaN
+// and argmax returns the first maximum (NaN counting as the maximum), as torch does.
+// Which dims are reduced comes from shape_rules.h, the same rule the ops' inference uses.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <optional>
+
+#include "ir/op_registry.h"
+#include "ir/ops/shape_rules.h"
 #include "kernels/kernel.h"
 
 namespace kiln {
+namespace {
 
-void register_portable_reduction(KernelRegistry& r) { (void)r; }
+namespace sr = shape_rules;
+
+/// Input strides of the kept dims (one entry per output element, row-major) and of the
+/// reduced dims (iterated row-major, so argmax sees candidates in increasing index order).
+struct ReducePlan {
+  std::vector<int64_t> kept_sizes, kept_strides, red_sizes, red_strides;
+};
+
+ReducePlan make_plan(const std::vector<int64_t>& sizes, const std::vector<bool>& mask) {
+  ReducePlan p;
+  const std::vector<int64_t> strides = sr::contiguous_strides(sizes);
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    if (mask[d]) {
+      p.red_sizes.push_back(sizes[d]);
+      p.red_strides.push_back(strides[d]);
+    } else {
+      p.kept_sizes.push_back(sizes[d]);
+      p.kept_strides.push_back(strides[d]);
+    }
+  }
+  return p;
+}
+
+/// Calls f(offset) for every coordinate of `sizes` in row-major order, offset = sum i_d * strides[d].
+/// A rank-0 space has one point (offset 0); a space with a zero size has none.
+template <typename F>
+void for_each_offset(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides, F&& f) {
+  for (int64_t s : sizes) {
+    if (s == 0) return;
+  }
+  const size_t rank = sizes.size();
+  std::vector<int64_t> idx(rank, 0);
+  int64_t off = 0;
+  while (true) {
+    f(off);
+    size_t d = rank;
+    while (d > 0) {
+      --d;
+      off += strides[d];
+      if (++idx[d] < sizes[d]) break;
+      off -= strides[d] * sizes[d];
+      idx[d] = 0;
+      if (d == 0) return;
+    }
+    if (rank == 0) return;
+  }
+}
+
+/// Resolves the reduced dims of `x` for an op with a `dim` int[] attribute (None or [] = all)
+/// and checks that `out` has the sizes inference gave it.
+Result<ReducePlan> plan_for(const char* op, const Tensor& x, const Tensor& out, const Attributes& attrs,
+                            bool int_dim = false) {
+  std::optional<std::vector<int64_t>> dims;
+  if (!attrs.is_none("dim")) dims = int_dim ? std::vector<int64_t>{attrs.get_int("dim")} : attrs.get_ints("dim");
+  auto mask = sr::reduction_mask(dims, x.dim(), "dim");
+  if (!mask.ok()) return Error(mask.error().code(), std::string(op) + ": " + mask.error().message());
+  const std::vector<int64_t> want = sr::reduced_sizes(x.sizes, *mask, attrs.get_bool("keepdim"));
+  if (out.sizes != want) {
+    return Error(ErrorCode::Internal, std::string(op) + ": output " + out.type().to_string() +
+                                          " does not match the reduced sizes " + sizes_to_string(want));
+  }
+  return make_plan(x.sizes, *mask);
+}
+
+/// Runs `reduce(base_offset) -> value` for every output element, in output order.
+template <typename Out, typename F>
+void reduce_each(const ReducePlan& p, Out* out, F&& reduce) {
+  int64_t o = 0;
+  for_each_offset(p.kept_sizes, p.kept_strides, [&](int64_t base) { out[o++] = reduce(base); });
+}
+
+template <typename T>
+void sum_int(const Tensor& x, const ReducePlan& p, int64_t* out) {
+  const T* px = x.data_as<const T>();
+  reduce_each(p, out, [&](int64_t base) {
+    uint64_t acc = 0;  // unsigned: wraps like torch's int64 sum, without undefined behaviour
+    for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) {
+      acc += static_cast<uint64_t>(static_cast<int64_t>(px[base + off]));
+    });
+    return static_cast<int64_t>(acc);
+  });
+}
+
+Error sum_or_mean(const KernelArgs& a, bool mean) {
+  const char* op = mean ? "aten.mean" : "aten.sum";
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  auto plan = plan_for(op, x, out, a.attrs);
+  if (!plan.ok()) return plan.error();
+  const ReducePlan& p = plan.value();
+  if (x.dtype == DType::Float32 && out.dtype == DType::Float32) {
+    int64_t count = 1;
+    for (int64_t s : p.red_sizes) count *= s;
+    const float* px = x.data_as<const float>();
+    reduce_each(p, out.data_as<float>(), [&](int64_t base) {
+      double acc = 0.0;
+      for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) { acc += static_cast<double>(px[base + off]); });
+      // mean of nothing is 0/0 = NaN, as torch gives.
+      return static_cast<float>(mean ? acc / static_cast<double>(count) : acc);
+    });
+    return {};
+  }
+  if (!mean && out.dtype == DType::Int64) {
+    int64_t* po = out.data_as<int64_t>();
+    switch (x.dtype) {
+      case DType::Int64: sum_int<int64_t>(x, p, po); return {};
+      case DType::Int32: sum_int<int32_t>(x, p, po); return {};
+      case DType::Int8: sum_int<int8_t>(x, p, po); return {};
+      case DType::UInt8: sum_int<uint8_t>(x, p, po); return {};
+      case DType::Bool: sum_int<uint8_t>(x, p, po); return {};  // bools are stored as 0/1 bytes
+      default: break;
+    }
+  }
+  return Error(ErrorCode::NotSupported, std::string(op) + ": dtype " + dtype_name(x.dtype) + " -> " +
+                                            dtype_name(out.dtype) + " is not supported");
+}
+
+Error sum(const KernelArgs& a) { return sum_or_mean(a, false); }
+Error mean(const KernelArgs& a) { return sum_or_mean(a, true); }
+
+template <typename T>
+bool is_nan(T v) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return std::isnan(v);
+  } else {
+    return false;
+  }
+}
+
+// amax (is_max) or amin of one dtype; the first NaN seen wins and stays.
+template <typename T>
+void extremum(const Tensor& x, const ReducePlan& p, T* out, bool is_max) {
+  const T* px = x.data_as<const T>();
+  reduce_each(p, out, [&](int64_t base) {
+    bool first = true;
+    T best{};
+    for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) {
+      const T v = px[base + off];
+      if (first) {
+        best = v;
+        first = false;
+      } else if (!is_nan(best) && (is_nan(v) || (is_max ? v > best : v < best))) {
+        best = v;
+      }
+    });
+    return best;
+  });
+}
+
+Error amax_amin(const KernelArgs& a, bool is_max) {
+  const char* op = is_max ? "aten.amax" : "aten.amin";
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  auto plan = plan_for(op, x, out, a.attrs);
+  if (!plan.ok()) return plan.error();
+  for (int64_t s : plan->red_sizes) {
+    if (s == 0) return Error(ErrorCode::Internal, std::string(op) + ": reduction over an empty dim");
+  }
+  if (out.dtype != x.dtype) return Error(ErrorCode::Internal, std::string(op) + ": output dtype differs from input");
+  switch (x.dtype) {
+    case DType::Float32: extremum<float>(x, *plan, out.data_as<float>(), is_max); return {};
+    case DType::Int64: extremum<int64_t>(x, *plan, out.data_as<int64_t>(), is_max); return {};
+    case DType::Int32: extremum<int32_t>(x, *plan, out.data_as<int32_t>(), is_max); return {};
+    case DType::Int8: extremum<int8_t>(x, *plan, out.data_as<int8_t>(), is_max); return {};
+    case DType::UInt8:
+    case DType::Bool: extremum<uint8_t>(x, *plan, out.data_as<uint8_t>(), is_max); return {};
+    default: return Error(ErrorCode::NotSupported, std::string(op) + ": dtype " + dtype_name(x.dtype));
+  }
+}
+
+Error amax(const KernelArgs& a) { return amax_amin(a, true); }
+Error amin(const KernelArgs& a) { return amax_amin(a, false); }
+
+// Index (in the row-major order of the reduced space) of the first maximum; a NaN is the maximum.
+template <typename T>
+void argmax_of(const Tensor& x, const ReducePlan& p, int64_t* out) {
+  const T* px = x.data_as<const T>();
+  reduce_each(p, out, [&](int64_t base) {
+    int64_t i = 0, best_i = 0;
+    T best{};
+    for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) {
+      const T v = px[base + off];
+      if (i == 0 || (!is_nan(best) && (is_nan(v) || v > best))) {
+        best = v;
+        best_i = i;
+      }
+      ++i;
+    });
+    return best_i;
+  });
+}
+
+Error argmax(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  auto plan = plan_for("aten.argmax", x, out, a.attrs, /*int_dim=*/true);
+  if (!plan.ok()) return plan.error();
+  for (int64_t s : plan->red_sizes) {
+    if (s == 0) return Error(ErrorCode::Internal, "aten.argmax: reduction over an empty dim");
+  }
+  if (out.dtype != DType::Int64) return Error(ErrorCode::Internal, "aten.argmax: output is not int64");
+  int64_t* po = out.data_as<int64_t>();
+  switch (x.dtype) {
+    case DType::Float32: argmax_of<float>(x, *plan, po); return {};
+    case DType::Int64: argmax_of<int64_t>(x, *plan, po); return {};
+    case DType::Int32: argmax_of<int32_t>(x, *plan, po); return {};
+    case DType::Int8: argmax_of<int8_t>(x, *plan, po); return {};
+    case DType::UInt8: argmax_of<uint8_t>(x, *plan, po); return {};
+    default: return Error(ErrorCode::NotSupported, std::string("aten.argmax: dtype ") + dtype_name(x.dtype));
+  }
+}
+
+// softmax / log_softmax along one dim, numerically stable (x - max), sums in double
+// (PyTorch aten/src/ATen/native/cpu/SoftMaxKernel.cpp computes the same quantities).
+Error softmax_impl(const KernelArgs& a, bool log) {
+  const char* op = log ? "aten._log_softmax" : "aten._softmax";
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  if (x.dtype != DType::Float32 || out.dtype != DType::Float32 || out.sizes != x.sizes) {
+    return Error(ErrorCode::Internal, std::string(op) + ": output type differs from the input's (float32)");
+  }
+  auto d = wrap_dim(a.attrs.get_int("dim"), x.dim());
+  if (!d.ok()) return Error(ErrorCode::InvalidArgument, std::string(op) + ": dim: " + d.error().message());
+  int64_t outer = 1, n = 1, inner = 1;
+  for (int64_t k = 0; k < x.dim(); ++k) {
+    const int64_t s = x.sizes[static_cast<size_t>(k)];
+    if (k < *d) outer *= s;
+    else if (k == *d) n = s;
+    else inner *= s;
+  }
+  const float* px = x.data_as<const float>();
+  float* po = out.data_as<float>();
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      const float* xs = px + o * n * inner + i;
+      float* ys = po + o * n * inner + i;
+      double mx = -std::numeric_limits<double>::infinity();
+      bool any_nan = false;
+      for (int64_t k = 0; k < n; ++k) {
+        const double v = xs[k * inner];
+        if (std::isnan(v)) any_nan = true;
+        if (v > mx) mx = v;
+      }
+      if (any_nan) mx = std::numeric_limits<double>::quiet_NaN();
+      double s = 0.0;
+      for (int64_t k = 0; k < n; ++k) s += std::exp(static_cast<double>(xs[k * inner]) - mx);
+      if (log) {
+        const double lse = std::log(s);
+        for (int64_t k = 0; k < n; ++k) ys[k * inner] = static_cast<float>(static_cast<double>(xs[k * inner]) - mx - lse);
+      } else {
+        for (int64_t k = 0; k < n; ++k) ys[k * inner] = static_cast<float>(std::exp(static_cast<double>(xs[k * inner]) - mx) / s);
+      }
+    }
+  }
+  return {};
+}
+
+Error softmax(const KernelArgs& a) { return softmax_impl(a, false); }
+Error log_softmax(const KernelArgs& a) { return softmax_impl(a, true); }
+
+}  // namespace
+
+void register_portable_reduction(KernelRegistry& r) {
+  r.add("aten.sum", sum);
+  r.add("aten.mean", mean);
+  r.add("aten.amax", amax);
+  r.add("aten.amin", amin);
+  r.add("aten.argmax", argmax);
+  r.add("aten._softmax", softmax);
+  r.add("aten._log_softmax", log_softmax);
+}
 
 }  // namespace kiln

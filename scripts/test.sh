@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# THE test command for Kiln. On a fresh Debian 12 machine it does everything:
+#   1. set-up      scripts/setup.sh: apt packages and the pinned Python virtualenv
+#   2. build       CMake (Ninja, Release) into build/, with the venv's Python for the binding
+#   3. ctest       the C++ tests (GoogleTest)
+#   4. pytest      tests/python with PYTHONPATH=python (numerics against PyTorch eager, CLI, ...)
+#   5. install     cmake --install build --prefix build/install, then builds examples/app
+#                  out of tree against it (find_package(kiln)) and checks what it prints
+#   6. sanitizers  scripts/sanitizers.sh, when present
+#   7. fuzz        scripts/fuzz.sh, when present
+# Exits non-zero on the first failure, naming the section. CI runs it through .ci/run.
+#
+# Environment: KILN_JOBS (parallel build jobs, default: number of CPUs),
+#              KILN_SKIP ("sanitizers", "fuzz" or both, space-separated: skip those sections; for
+#              local iteration only: CI sets nothing and runs every section).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+
+jobs=${KILN_JOBS:-$(nproc)}
+skip=" ${KILN_SKIP:-} "
+current=""
+start_all=$(date +%s)
+summary=()
+
+section() {
+  current=$1
+  section_start=$(date +%s)
+  printf '\n==================== %s: %s ====================\n' "$1" "${*:2}"
+}
+section_done() {
+  summary+=("$(printf '%-12s %4ss  ok' "$current" $(( $(date +%s) - section_start )))")
+}
+skipped() {
+  case "$skip" in *" $1 "*) summary+=("$(printf '%-12s    -   skipped (KILN_SKIP)' "$1")"); return 0 ;; esac
+  return 1
+}
+trap 'rc=$?; if [ $rc -ne 0 ]; then printf "\n*** scripts/test.sh: FAILED in section \"%s\" (exit %d)\n" "$current" $rc >&2; fi' EXIT
+
+section setup "scripts/setup.sh (system packages, Python virtualenv)"
+venv=$(bash scripts/setup.sh | tail -n 1)
+[ -x "$venv/bin/python" ] || { echo "scripts/setup.sh did not print a virtualenv path (got '$venv')" >&2; exit 1; }
+export KILN_VENV=$venv   # sub-scripts that call setup.sh get the same virtualenv
+python=$venv/bin/python
+echo "virtualenv: $venv"
+echo "CI=${CI:-false}  jobs=$jobs  $(cmake --version | head -n 1)  $(c++ --version | head -n 1)"
+"$python" -c 'import sys, numpy, torch; print(f"python {sys.version.split()[0]}, numpy {numpy.__version__}, torch {torch.__version__}")'
+section_done
+
+section build "configure and build (Release) into build/"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$python"
+cmake --build build -j "$jobs"
+section_done
+
+section ctest "C++ tests (ctest)"
+ctest --test-dir build --output-on-failure -j "$jobs"
+section_done
+
+section pytest "Python tests (pytest tests/python)"
+PYTHONPATH=python "$python" -m pytest -q tests/python
+section_done
+
+section install "install into build/install, build examples/app against it"
+rm -rf build/install
+cmake --install build --prefix build/install
+PYTHONPATH=python "$python" examples/app/test_app.py --prefix build/install --work build/app-test
+section_done
+
+for s in sanitizers fuzz; do
+  if skipped "$s"; then continue; fi
+  if [ -f "scripts/$s.sh" ]; then
+    section "$s" "bash scripts/$s.sh"
+    bash "scripts/$s.sh"
+    section_done
+  else
+    summary+=("$(printf '%-12s    -   not present (scripts/%s.sh)' "$s" "$s")")
+  fi
+done
+
+current=""
+printf '\n==================== summary ====================\n'
+printf '%s\n' "${summary[@]}"
+printf 'all tests passed in %ss\n' $(( $(date +%s) - start_all ))
