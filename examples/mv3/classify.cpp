@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "kiln/runtime.h"
-#include "npy_writer.h"
+#include "npy.h"  // tools/npy.h: the project's .npy reader/writer
 
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_ONLY_PNG
@@ -326,13 +326,12 @@ int run(const Options& opt) {
   std::printf("image: %s %dx%d (%d channel%s in file) -> resize %dx%d -> crop %dx%d at x=%d y=%d, %.2f ms\n",
               opt.image.c_str(), img.width, img.height, img.channels_in_file, img.channels_in_file == 1 ? "" : "s",
               g.resized_w, g.resized_h, kCrop, kCrop, g.crop_left, g.crop_top, ms_since(t0));
+  const kiln::Tensor x{kiln::DType::Float32, want.sizes, input.data()};
   if (!opt.save_input.empty()) {
-    if (std::string e = kiln_example::write_npy_float32(opt.save_input, want.sizes, input.data(), input.size()); !e.empty())
-      return fail(e);
+    if (kiln::Error e = kiln::npy::write_file(opt.save_input, x); !e.ok()) return fail("--save-input: " + e.to_string());
   }
 
   // 4. Run: one warm-up, then opt.runs timed runs.
-  kiln::Tensor x{kiln::DType::Float32, want.sizes, input.data()};
   std::vector<double> times;
   std::vector<float> scores;
   for (int r = 0; r <= opt.runs; ++r) {
@@ -354,9 +353,8 @@ int run(const Options& opt) {
   const size_t n = times.size();
   const double median = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
   if (!opt.save_logits.empty()) {
-    if (std::string e = kiln_example::write_npy_float32(opt.save_logits, out_type.sizes, scores.data(), scores.size());
-        !e.empty())
-      return fail(e);
+    const kiln::Tensor y{kiln::DType::Float32, out_type.sizes, scores.data()};
+    if (kiln::Error e = kiln::npy::write_file(opt.save_logits, y); !e.ok()) return fail("--save-logits: " + e.to_string());
   }
 
   // Top-k: highest score first; equal scores keep the lower class index first.

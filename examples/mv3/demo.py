@@ -11,7 +11,7 @@ Steps:
      OUT/random_weights/<model>.pth, so the exported program and the eager reference hold the same
      weights. Random weights make the class names meaningless: only the numbers are checked.
   2. Export every model with examples/mv3/export.py into OUT (default out/mv3/): one file per model
-     and backend, OUT/<model>_<backend>.kiln.
+     and backend, OUT/<model>_<backend>.kiln (see export()).
   3. Write the ImageNet class names (shipped inside torchvision) to OUT/imagenet_classes.txt.
   4. For every exported file and each photo (chelsea.png, coffee.png, astronaut.png from
      scikit-image's data folder; nothing is downloaded), run the C++ `classify` binary with
@@ -28,6 +28,7 @@ import argparse
 import glob
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -122,18 +123,40 @@ def photo_paths() -> dict[str, str]:
     return paths
 
 
-def export(models, out_dir: str, weights_dir: str) -> bool:
-    """Runs examples/mv3/export.py; returns True when it exited 0."""
-    for name in models:  # stale files from an earlier run must not be mistaken for fresh ones
-        for f in glob.glob(os.path.join(out_dir, f"{name}_*.kiln")):
+def export(models, out_dir: str, weights_dir: str) -> list[str]:
+    """Runs examples/mv3/export.py once per model; returns a failure line per model that failed.
+
+    Each model is exported into its own staging folder OUT/.export/<model>/ and every file it writes
+    there, <anything>_<backend>.kiln, is moved to OUT/<model>_<backend>.kiln: the demo's file names
+    do not depend on export.py's. Weights are passed as --weights-dir DIR when export.py offers that
+    option, otherwise as --weights <model>=DIR/<model>.pth.
+    """
+    script = os.path.join(HERE, "export.py")
+    usage = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True).stdout
+    failures = []
+    for name in models:
+        for f in glob.glob(os.path.join(out_dir, f"{name}_*.kiln")):  # never report a stale file
             os.remove(f)
-    cmd = [sys.executable, os.path.join(HERE, "export.py"), "--models", *models, "--out-dir", out_dir,
-           "--weights-dir", weights_dir]
-    print("$ " + " ".join(cmd), flush=True)
-    t0 = time.perf_counter()
-    rc = subprocess.call(cmd)
-    print(f"export: exit status {rc} after {time.perf_counter() - t0:.1f} s", flush=True)
-    return rc == 0
+        stage = os.path.join(out_dir, ".export", name)
+        shutil.rmtree(stage, ignore_errors=True)
+        os.makedirs(stage)
+        if "--weights-dir" in usage:
+            weights = ["--weights-dir", weights_dir]
+        else:
+            weights = ["--weights", f"{name}={os.path.join(weights_dir, name + '.pth')}"]
+        cmd = [sys.executable, script, "--models", name, "--out-dir", stage, *weights]
+        print("$ " + " ".join(cmd), flush=True)
+        t0 = time.perf_counter()
+        rc = subprocess.call(cmd)
+        written = sorted(glob.glob(os.path.join(stage, "*.kiln")))
+        for f in written:
+            stem = os.path.basename(f)[:-len(".kiln")]
+            backend = stem.rsplit("_", 1)[1] if "_" in stem else "default"
+            shutil.move(f, os.path.join(out_dir, f"{name}_{backend}.kiln"))
+        print(f"export {name}: exit status {rc}, {len(written)} program(s), {time.perf_counter() - t0:.1f} s", flush=True)
+        if rc != 0:
+            failures.append(f"{name}: export.py exited with status {rc}")
+    return failures
 
 
 def programs_of(model: str, out_dir: str) -> list[tuple[str, str]]:
@@ -176,8 +199,8 @@ def main(argv=None) -> int:
                 sys.exit(f"demo: {weights_dir}/{m}.pth not found (expected a torchvision state dict)")
 
     failures = []
-    if not args.skip_export and not export(args.models, out_dir, weights_dir):
-        failures.append("export.py exited with an error")
+    if not args.skip_export:
+        failures += export(args.models, out_dir, weights_dir)
 
     labels_path = os.path.join(out_dir, "imagenet_classes.txt")
     names = class_names()

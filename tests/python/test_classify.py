@@ -259,3 +259,49 @@ def test_usage_errors(classify_bin, identity_program):
     expect_error(run_classify(classify_bin, identity_program, photo, "--runs", "x"), "--runs must be a positive", rc=2)
     expect_error(run_classify(classify_bin, identity_program, photo, "--runs"), "--runs needs a value", rc=2)
     expect_error(run_classify(classify_bin, identity_program, photo, "--frobnicate"), "unknown option", rc=2)
+
+
+def write_logits_program(path, weight: np.ndarray) -> str:
+    """forward(x: float32[1, 3, 224, 224]) -> float32[1, K]:
+    logits[k] = sum_c (mean_{h,w} x[0, c] + weight[k, c])  (aten.mean, aten.view, aten.add, aten.sum)."""
+    k = weight.shape[0]
+    g = kiln.Graph()
+    x = g.add_input("x", "float32", [1, 3, 224, 224])
+    w = g.add_constant("w", "float32", [1, k, 3], np.ascontiguousarray(weight, np.float32).view(np.uint8).reshape(-1))
+    (m,) = g.add_node("aten.mean", [x], {"dim": [2, 3], "keepdim": False})
+    (m,) = g.add_node("aten.view", [m], {"size": [1, 1, 3]})
+    (s,) = g.add_node("aten.add", [m, w], {"alpha": 1.0})
+    (y,) = g.add_node("aten.sum", [s], {"dim": [2], "keepdim": False})
+    g.set_outputs([y])
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    data, _ = pb.compile()
+    with open(path, "wb") as f:
+        f.write(data)
+    return str(path)
+
+
+def test_logits_program_topk_against_torch(classify_bin, tmp_path):
+    weight = np.random.default_rng(3).standard_normal((10, 3)).astype(np.float32)
+    prog = write_logits_program(tmp_path / "ten.kiln", weight)
+    labels = tmp_path / "ten.txt"
+    names = ["tench", "goldfish", "great white shark", "tiger shark", "hammerhead", "electric ray", "stingray",
+             "cock", "hen", "ostrich"]
+    labels.write_text("\r\n".join(names) + "\r\n")  # CRLF line ends are accepted
+    x_path, y_path = tmp_path / "x.npy", tmp_path / "y.npy"
+    r = run_classify(classify_bin, prog, skimage_photo("coffee.png"), "--labels", labels, "--top", "3",
+                     "--save-input", x_path, "--save-logits", y_path)
+    assert r.returncode == 0, r.stderr
+    assert "float32[1, 3, 224, 224] -> float32[1, 10]" in r.stdout, r.stdout
+    x = torch.from_numpy(np.load(x_path))
+    expected = (x.mean(dim=(2, 3)).view(1, 1, 3) + torch.from_numpy(weight)[None]).sum(dim=2).numpy()
+    y = np.load(y_path)
+    assert y.shape == (1, 10) and y.dtype == np.float32
+    assert max_err(y, expected) <= 1e-5 * float(np.max(np.abs(expected)))
+    top = np.argsort(-expected[0], kind="stable")[:3]
+    printed = re.findall(r"^\s+(\d)\. \[(\d+)\] (.+?)\s+(-?[0-9.]+)$", r.stdout, re.M)
+    assert [(int(i), int(c), n) for i, c, n, _ in printed] == [(j + 1, int(c), names[c]) for j, c in enumerate(top)]
+    assert [float(v) for *_, v in printed] == pytest.approx([float(expected[0, c]) for c in top], abs=1e-4)
+    # --top larger than the number of classes prints all of them
+    r = run_classify(classify_bin, prog, skimage_photo("coffee.png"), "--top", "50", "--runs", "1")
+    assert r.returncode == 0 and "top-10:" in r.stdout and len(re.findall(r"^\s+\d+\. \[", r.stdout, re.M)) == 10
