@@ -170,6 +170,7 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
     auto* prog = fb::GetMutableProgram(out.data() + fb_offset);
     prog->mutable_segments()->GetMutableObject(0)->mutate_offset(seg_offset);
     for (size_t i = 0; i < constants.data.size(); ++i) {
+      if (constants.data[i]->empty()) continue;  // memcpy from an empty vector's null data is UB
       std::memcpy(out.data() + seg_offset + constants.offsets[i], constants.data[i]->data(), constants.data[i]->size());
     }
   }

@@ -58,7 +58,8 @@ bool coerce(const AttrValue& v, AttrKind kind, AttrValue& out) {
 }  // namespace
 
 Result<Attributes> OpDef::normalize_attributes(const Attributes& given) const {
-  for (const auto& [n, v] : given.items()) {
+  for (const auto& item : given.items()) {
+    const std::string& n = item.first;  // not a structured binding: clang < 16 cannot capture those
     bool known = std::any_of(attrs.begin(), attrs.end(), [&](const AttrSpec& s) { return s.name == n; });
     if (!known) {
       return Error(ErrorCode::InvalidArgument, name + ": unknown attribute '" + n + "'");

@@ -26,20 +26,33 @@ Error bad(const std::string& what) { return Error(ErrorCode::InvalidProgram, wha
 
 bool add_overflows(uint64_t a, uint64_t b, uint64_t limit) { return a > limit || b > limit - a; }
 
+// The FlatBuffers verifier (2.0.x) checks a vector's length prefix for 4-byte alignment only;
+// vectors of 8-byte scalars must be checked here before any element is read (a misaligned
+// read is undefined behaviour). The FlatBuffer starts 64 bytes into a page-aligned buffer, so
+// absolute and buffer-relative alignment agree.
+template <typename T>
+bool elements_aligned(const flatbuffers::Vector<T>* v) {
+  return v == nullptr || reinterpret_cast<uintptr_t>(v->Data()) % alignof(T) == 0;
+}
+
 Result<TensorType> read_type(const fb::Tensor* t, const std::string& where) {
   if (t == nullptr) return bad(where + ": missing tensor");
   if (!is_valid_dtype(static_cast<int>(t->dtype()))) return bad(where + ": invalid dtype");
   TensorType type{static_cast<DType>(t->dtype()), {}};
   if (t->sizes()) {
+    if (!elements_aligned(t->sizes())) return bad(where + ": misaligned sizes vector");
     if (t->sizes()->size() > kMaxRank) return bad(where + ": rank above 16");
-    uint64_t numel = 1;
+    // Bound the product of the non-zero sizes too: a zero-element tensor [0, 2^62, 2^62] would
+    // otherwise pass, and a kernel multiplying its other sizes would overflow.
+    uint64_t volume = 1;
     for (int64_t s : *t->sizes()) {
       if (s < 0) return bad(where + ": negative size");
-      if (s != 0 && numel > kMaxBytes / static_cast<uint64_t>(s)) return bad(where + ": size overflow");
-      numel *= static_cast<uint64_t>(s);
+      const uint64_t f = s == 0 ? 1 : static_cast<uint64_t>(s);
+      if (volume > kMaxBytes / f) return bad(where + ": size overflow");
+      volume *= f;
       type.sizes.push_back(s);
     }
-    if (numel > kMaxBytes / dtype_size(type.dtype)) return bad(where + ": size overflow");
+    if (volume > kMaxBytes / dtype_size(type.dtype)) return bad(where + ": size overflow");
   }
   const size_t rank = type.sizes.size();
   if (t->dim_order()) {
@@ -58,6 +71,9 @@ Result<Attributes> read_attributes(const flatbuffers::Vector<flatbuffers::Offset
   if (list == nullptr) return out;
   for (const fb::Attribute* a : *list) {
     if (a == nullptr || a->name() == nullptr) return bad("attribute without a name");
+    if (!elements_aligned(a->ints()) || !elements_aligned(a->floats())) {
+      return bad("attribute '" + a->name()->str() + "' has a misaligned list");
+    }
     AttrValue v;
     switch (a->kind()) {
       case fb::AttrKind::None: break;

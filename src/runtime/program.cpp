@@ -1,4 +1,5 @@
 // Program and Method: instantiate a verified method plan and execute it.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -119,8 +120,17 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
   Impl& im = *impl_;
   const MethodMeta& meta = im.plan->meta;
   if (inputs.size() != meta.inputs.size()) {
+    // Name the first input that is missing (expected type) or unexpected (actual type).
+    const size_t k = std::min(inputs.size(), meta.inputs.size());
+    std::string detail;
+    if (inputs.size() < meta.inputs.size()) {
+      const std::string label = meta.input_names[k].empty() ? "" : " '" + meta.input_names[k] + "'";
+      detail = ": missing input " + std::to_string(k) + label + " (expected " + meta.inputs[k].to_string() + ")";
+    } else {
+      detail = ": unexpected input " + std::to_string(k) + " (got " + inputs[k].type().to_string() + ")";
+    }
     return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' takes " + std::to_string(meta.inputs.size()) +
-                                                 " inputs, got " + std::to_string(inputs.size()));
+                                                 " inputs, got " + std::to_string(inputs.size()) + detail);
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorType& want = meta.inputs[i];
@@ -134,9 +144,28 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
       return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' input " + std::to_string(i) + " has no data");
     }
   }
+  // An input may be a view into this method's own arena (an output of the previous execute
+  // fed back): copy such inputs aside first, so that filling one input slot cannot clobber
+  // another input's bytes (or overlap its own source).
+  const auto arena_lo = reinterpret_cast<uintptr_t>(im.arena);
+  const uintptr_t arena_hi = arena_lo + meta.arena_bytes;
+  std::vector<std::vector<uint8_t>> staged;
+  staged.reserve(inputs.size());
+  std::vector<const void*> sources(inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    sources[i] = inputs[i].data;
+    const size_t n = inputs[i].nbytes();
+    const void* slot = im.values[static_cast<size_t>(im.plan->inputs[i])].data;
+    const auto p = reinterpret_cast<uintptr_t>(inputs[i].data);
+    if (n > 0 && inputs[i].data != slot && p < arena_hi && p + n > arena_lo) {
+      const auto* src = static_cast<const uint8_t*>(inputs[i].data);
+      staged.emplace_back(src, src + n);
+      sources[i] = staged.back().data();
+    }
+  }
   for (size_t i = 0; i < inputs.size(); ++i) {
     Tensor& slot = im.values[static_cast<size_t>(im.plan->inputs[i])];
-    if (slot.data != inputs[i].data && inputs[i].nbytes() > 0) std::memcpy(slot.data, inputs[i].data, inputs[i].nbytes());
+    if (slot.data != sources[i] && inputs[i].nbytes() > 0) std::memcpy(slot.data, sources[i], inputs[i].nbytes());
   }
   for (size_t k = 0; k < im.plan->instructions.size(); ++k) {
     const auto& ins = im.plan->instructions[k];

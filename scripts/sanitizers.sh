@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds and runs the C++ tests under sanitizers; exits non-zero on any failure.
+#   build-asan: -DKILN_SANITIZE="address;undefined", the whole C++ test suite (tests/kiln_tests)
+#   build-tsan: -DKILN_SANITIZE=thread, the concurrency tests (Concurrency.*)
+# Usage: scripts/sanitizers.sh [asan|tsan|all]   (default all)
+# Environment: KILN_JOBS (build parallelism, default 2), CC/CXX (compiler; default the system's),
+#   KILN_TSAN_FILTER (gtest filter for the thread-sanitizer run, default 'Concurrency.*').
+# Builds use -O1 -g1 with assertions on (a sanitizer build wants line numbers, not speed).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+what=${1:-all}
+jobs=${KILN_JOBS:-2}
+
+configure_and_build() {  # <build dir> <sanitizers>
+  local dir=$1 san=$2
+  echo "[sanitizers] configure $dir (KILN_SANITIZE=$san)"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
+    -DCMAKE_C_FLAGS_DEBUG="-O1 -g1" -DKILN_SANITIZE="$san" -DKILN_BUILD_PYTHON=OFF -DKILN_BUILD_TOOLS=OFF \
+    -DKILN_BUILD_TESTS=ON -DKILN_BUILD_FUZZER=OFF >/dev/null
+  echo "[sanitizers] build $dir"
+  cmake --build "$dir" -j"$jobs" --target kiln_tests
+}
+
+status=0
+if [ "$what" = all ] || [ "$what" = asan ]; then
+  start=$SECONDS
+  configure_and_build build-asan "address;undefined"
+  echo "[sanitizers] run build-asan/tests/kiln_tests (all tests)"
+  if ASAN_OPTIONS=abort_on_error=1:detect_leaks=1:strict_string_checks=1:check_initialization_order=1 \
+     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+     ./build-asan/tests/kiln_tests --gtest_brief=1; then
+    echo "[sanitizers] address;undefined: PASS ($((SECONDS - start)) s)"
+  else
+    echo "[sanitizers] address;undefined: FAIL" >&2
+    status=1
+  fi
+fi
+if [ "$what" = all ] || [ "$what" = tsan ]; then
+  start=$SECONDS
+  configure_and_build build-tsan thread
+  filter=${KILN_TSAN_FILTER:-Concurrency.*}
+  echo "[sanitizers] run build-tsan/tests/kiln_tests --gtest_filter='$filter'"
+  if TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+     ./build-tsan/tests/kiln_tests --gtest_filter="$filter" --gtest_brief=1; then
+    echo "[sanitizers] thread: PASS ($((SECONDS - start)) s)"
+  else
+    echo "[sanitizers] thread: FAIL" >&2
+    status=1
+  fi
+fi
+exit $status

@@ -1,0 +1,170 @@
+// Program file layout: a constant shared by two methods is stored once (the file size shows
+// it), both methods load and run from one file (mapped from disk or copied from memory).
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "runtime_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::float_bytes;
+using testing::pattern;
+
+constexpr int64_t kRows = 4;
+constexpr int64_t kCols = 1024;                    // the constant: float32[1024] = 4 KiB
+constexpr uint64_t kConstBytes = kCols * sizeof(float);
+
+// Method "plus":  y = x + c
+// Method "mixed": y = relu(x) + (-0.5) * c2
+// `c2` is the same bytes as `c` (shared) or other bytes of the same size (not shared).
+Result<CompiledProgram> compile_two_methods(const std::vector<float>& c, const std::vector<float>& c2) {
+  ProgramBuilder pb;
+  {
+    Graph g;
+    ValueId x = g.add_input("x", {DType::Float32, {kRows, kCols}});
+    auto cid = g.add_constant("c", {DType::Float32, {kCols}}, float_bytes(c));
+    if (!cid.ok()) return cid.error();
+    auto y = g.add_node("aten.add", {x, cid.value()}, {});
+    if (!y.ok()) return y.error();
+    KILN_RETURN_IF_ERROR(g.set_outputs({y.value()[0]}));
+    KILN_RETURN_IF_ERROR(pb.add_method("plus", std::move(g)));
+  }
+  {
+    Graph g;
+    ValueId x = g.add_input("x", {DType::Float32, {kRows, kCols}});
+    // A separate byte vector with the same content: deduplication is by content.
+    auto cid = g.add_constant("c_again", {DType::Float32, {kCols}}, float_bytes(c2));
+    if (!cid.ok()) return cid.error();
+    auto r = g.add_node("aten.relu", {x}, {});
+    if (!r.ok()) return r.error();
+    auto y = g.add_node("aten.add", {r.value()[0], cid.value()}, {{"alpha", -0.5}});
+    if (!y.ok()) return y.error();
+    KILN_RETURN_IF_ERROR(g.set_outputs({y.value()[0]}));
+    KILN_RETURN_IF_ERROR(pb.add_method("mixed", std::move(g)));
+  }
+  return pb.compile();
+}
+
+void check_methods(const Program& program, const std::vector<float>& c, const std::vector<float>& c2) {
+  const std::vector<float> x = pattern(kRows * kCols, 99);
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(m, program.load_method("plus"));
+    KILN_ASSERT_OK_AND_ASSIGN(outs, m.execute({Tensor{DType::Float32, {kRows, kCols}, const_cast<float*>(x.data())}}));
+    ASSERT_EQ(outs.size(), 1u);
+    ASSERT_EQ(outs[0].sizes, (std::vector<int64_t>{kRows, kCols}));
+    const float* y = outs[0].data_as<float>();
+    for (int64_t i = 0; i < kRows * kCols; ++i) {
+      const float want = x[static_cast<size_t>(i)] + c[static_cast<size_t>(i % kCols)];
+      ASSERT_NEAR(y[i], want, 1e-5f * 4.0f) << "plus " << i;
+    }
+  }
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(m, program.load_method("mixed"));
+    KILN_ASSERT_OK_AND_ASSIGN(outs, m.execute({Tensor{DType::Float32, {kRows, kCols}, const_cast<float*>(x.data())}}));
+    const float* y = outs[0].data_as<float>();
+    for (int64_t i = 0; i < kRows * kCols; ++i) {
+      const float xi = x[static_cast<size_t>(i)];
+      const float want = (xi > 0.0f ? xi : 0.0f) - 0.5f * c2[static_cast<size_t>(i % kCols)];
+      ASSERT_NEAR(y[i], want, 1e-5f * 4.0f) << "mixed " << i;
+    }
+  }
+}
+
+std::string temp_path(const std::string& stem) {
+  return (std::filesystem::temp_directory_path() / (stem + "-" + std::to_string(::getpid()) + ".kiln")).string();
+}
+
+TEST(ProgramFormat, ConstantSharedByTwoMethodsIsStoredOnce) {
+  const std::vector<float> c = pattern(kCols, 1);
+  std::vector<float> other = pattern(kCols, 2);
+  KILN_ASSERT_OK_AND_ASSIGN(shared, compile_two_methods(c, c));
+  KILN_ASSERT_OK_AND_ASSIGN(distinct, compile_two_methods(c, other));
+
+  // The compiler's own accounting ...
+  EXPECT_EQ(shared.constant_bytes, kConstBytes);
+  EXPECT_EQ(distinct.constant_bytes, 2 * kConstBytes);
+  ASSERT_EQ(shared.methods.size(), 2u);
+  EXPECT_EQ(shared.methods[0].constant_bytes, kConstBytes);
+  EXPECT_EQ(shared.methods[1].constant_bytes, kConstBytes);
+  // ... and the file itself: the second copy costs at least its size.
+  EXPECT_GE(distinct.bytes.size(), shared.bytes.size() + kConstBytes)
+      << "shared " << shared.bytes.size() << " bytes, distinct " << distinct.bytes.size() << " bytes";
+
+  // Both files load, report what they hold, and both methods compute the right values.
+  KILN_ASSERT_OK_AND_ASSIGN(ps, Program::load_from_buffer(shared.bytes));
+  KILN_ASSERT_OK_AND_ASSIGN(pd, Program::load_from_buffer(distinct.bytes));
+  EXPECT_EQ(ps->constant_bytes(), kConstBytes);
+  EXPECT_EQ(pd->constant_bytes(), 2 * kConstBytes);
+  EXPECT_EQ(ps->file_size(), shared.bytes.size());
+  EXPECT_EQ(ps->method_names(), (std::vector<std::string>{"plus", "mixed"}));
+  check_methods(*ps, c, c);
+  check_methods(*pd, c, other);
+}
+
+TEST(ProgramFormat, LoadFromFileMappedAndRead) {
+  const std::vector<float> c = pattern(kCols, 3);
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, compile_two_methods(c, c));
+  const std::string path = temp_path("kiln-format-test");
+  ASSERT_TRUE(write_file(path, compiled.bytes).ok());
+  for (bool use_mmap : {true, false}) {
+    SCOPED_TRACE(use_mmap ? "mmap" : "read");
+    KILN_ASSERT_OK_AND_ASSIGN(program, Program::load(path, LoadOptions{use_mmap}));
+    EXPECT_EQ(program->file_size(), compiled.bytes.size());
+    EXPECT_EQ(program->format_version(), 1u);
+    EXPECT_EQ(program->constant_bytes(), kConstBytes);
+    KILN_ASSERT_OK_AND_ASSIGN(meta, program->method_meta("mixed"));
+    EXPECT_EQ(meta.input_names, (std::vector<std::string>{"x"}));
+    EXPECT_EQ(meta.num_kernel_calls, 2u);
+    check_methods(*program, c, c);
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(ProgramFormat, MethodOutlivesProgramHandle) {
+  // A Method keeps its Program (and the mapping) alive.
+  const std::vector<float> c = pattern(kCols, 4);
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, compile_two_methods(c, c));
+  const std::string path = temp_path("kiln-outlive-test");
+  ASSERT_TRUE(write_file(path, compiled.bytes).ok());
+  std::optional<Method> method;
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(program, Program::load(path));
+    KILN_ASSERT_OK_AND_ASSIGN(m, program->load_method("plus"));
+    method.emplace(std::move(m));
+  }
+  std::filesystem::remove(path);
+  std::vector<float> x(kRows * kCols, 1.0f);
+  KILN_ASSERT_OK_AND_ASSIGN(outs, method->execute({Tensor{DType::Float32, {kRows, kCols}, x.data()}}));
+  for (int64_t i = 0; i < kRows * kCols; ++i) {
+    ASSERT_NEAR(outs[0].data_as<float>()[i], 1.0f + c[static_cast<size_t>(i % kCols)], 1e-5f * 4.0f) << i;
+  }
+}
+
+TEST(ProgramFormat, MissingMethodAndMissingFileAreNotFound) {
+  const std::vector<float> c = pattern(kCols, 5);
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, compile_two_methods(c, c));
+  KILN_ASSERT_OK_AND_ASSIGN(program, Program::load_from_buffer(compiled.bytes));
+  auto m = program->load_method("nope");
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().code(), ErrorCode::NotFound);
+  EXPECT_NE(m.error().message().find("nope"), std::string::npos) << m.error().message();
+  EXPECT_EQ(program->method_meta("nope").error().code(), ErrorCode::NotFound);
+
+  const std::string missing = temp_path("kiln-does-not-exist");
+  std::filesystem::remove(missing);
+  for (bool use_mmap : {true, false}) {
+    auto p = Program::load(missing, LoadOptions{use_mmap});
+    ASSERT_FALSE(p.ok());
+    EXPECT_EQ(p.error().code(), ErrorCode::NotFound) << p.error().to_string();
+    EXPECT_NE(p.error().message().find(missing), std::string::npos) << p.error().message();
+  }
+  // A directory is not a program file.
+  auto dir = Program::load(std::filesystem::temp_directory_path().string());
+  ASSERT_FALSE(dir.ok());
+  EXPECT_NE(dir.error().code(), ErrorCode::Ok);
+}
+
+}  // namespace
+}  // namespace kiln
