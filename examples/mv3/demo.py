@@ -153,9 +153,11 @@ def export(models, out_dir: str, weights_dir: str) -> list[str]:
             stem = os.path.basename(f)[:-len(".kiln")]
             backend = stem.rsplit("_", 1)[1] if "_" in stem else "default"
             shutil.move(f, os.path.join(out_dir, f"{name}_{backend}.kiln"))
+        shutil.rmtree(stage, ignore_errors=True)
         print(f"export {name}: exit status {rc}, {len(written)} program(s), {time.perf_counter() - t0:.1f} s", flush=True)
         if rc != 0:
             failures.append(f"{name}: export.py exited with status {rc}")
+    shutil.rmtree(os.path.join(out_dir, ".export"), ignore_errors=True)
     return failures
 
 
