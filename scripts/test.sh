@@ -4,8 +4,9 @@
 #   2. build       CMake (Ninja, Release) into build/, with the venv's Python for the binding
 #   3. ctest       the C++ tests (GoogleTest)
 #   4. pytest      tests/python with PYTHONPATH=python (numerics against PyTorch eager, CLI, ...)
-#   5. install     cmake --install build --prefix build/install, then builds examples/app
-#                  out of tree against it (find_package(kiln)) and checks what it prints
+#   5. install     cmake --install build --prefix build/install, then builds examples/app and
+#                  examples/mv3 (classify) out of tree against it (find_package(kiln)), checks
+#                  the app's output and classifies photos with mv3_portable.kiln vs PyTorch eager
 #   6. sanitizers  scripts/sanitizers.sh, when present
 #   7. fuzz        scripts/fuzz.sh, when present
 # Exits non-zero on the first failure, naming the section. CI runs it through .ci/run.
@@ -64,6 +65,13 @@ section install "install into build/install, build examples/app against it"
 rm -rf build/install
 cmake --install build --prefix build/install
 PYTHONPATH=python "$python" examples/app/test_app.py --prefix build/install --work build/app-test
+# The mv3 classifier built out of tree against the installed package (find_package(kiln)), run on
+# scikit-image's photos with mobilenet_v3_small (mv3_portable.kiln) and checked against PyTorch eager.
+rm -rf build/mv3-out-of-tree
+cmake -S examples/mv3 -B build/mv3-out-of-tree -G Ninja -DCMAKE_PREFIX_PATH="$root/build/install"
+cmake --build build/mv3-out-of-tree
+PYTHONPATH=python "$python" examples/mv3/demo.py --models mobilenet_v3_small --runs 1 \
+  --classify build/mv3-out-of-tree/classify --out-dir build/mv3-out-of-tree/out
 section_done
 
 for s in sanitizers fuzz; do

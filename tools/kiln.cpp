@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "kiln/runtime.h"
-#include "npy.h"
+#include "kiln/npy.h"
 
 #ifndef KILN_VERSION
 #define KILN_VERSION "unknown"

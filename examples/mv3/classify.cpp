@@ -50,7 +50,7 @@
 #include <vector>
 
 #include "kiln/runtime.h"
-#include "npy.h"  // tools/npy.h: the project's .npy reader/writer
+#include <kiln/npy.h>  // the project's .npy reader/writer (kiln::npy)
 
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_ONLY_PNG

@@ -49,6 +49,8 @@ def parse_args(argv=None):
     p.add_argument("--out-dir", default=os.path.join(ROOT, "out", "mv3"), help="where programs and outputs go")
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build"), help="CMake build folder holding classify")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--classify", help="the classify binary (default: BUILD_DIR/examples/mv3/classify); e.g. one built "
+                   "out of tree against an installed Kiln: cmake -S examples/mv3 -DCMAKE_PREFIX_PATH=<prefix>")
     p.add_argument("--runs", type=int, default=10, help="timed classify runs per row (median printed)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |logit - eager| allowed (absolute)")
     p.add_argument("--skip-export", action="store_true", help="reuse the .kiln files already in --out-dir")
@@ -182,7 +184,7 @@ def main(argv=None) -> int:
     out_dir = os.path.abspath(args.out_dir)
     io_dir = os.path.join(out_dir, "io")
     os.makedirs(io_dir, exist_ok=True)
-    classify = os.path.join(args.build_dir, "examples", "mv3", "classify")
+    classify = args.classify or os.path.join(args.build_dir, "examples", "mv3", "classify")
     if not os.path.isfile(classify):
         sys.exit(f"demo: {classify} not found: build first (scripts/demo.sh does: cmake --build build --target classify)")
     photos = photo_paths()

@@ -1,4 +1,4 @@
-// Tests of the .npy reader/writer (tools/npy.h). The byte layouts below are written out by
+// Tests of the .npy reader/writer (include/kiln/npy.h). The byte layouts below are written out by
 // hand from NumPy's format description (numpy/lib/format.py), not produced by our writer;
 // tests/python/test_cli.py checks interoperability with numpy.save / numpy.load itself.
 #include <gtest/gtest.h>
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <string>
 
-#include "npy.h"
+#include "kiln/npy.h"
 
 namespace kiln::npy {
 namespace {

@@ -1,5 +1,5 @@
 // .npy reader and writer (see npy.h for the format and the supported dtypes).
-#include "npy.h"
+#include "kiln/npy.h"
 
 #include <sys/stat.h>
 
