@@ -11,7 +11,8 @@ Steps:
      OUT/random_weights/<model>.pth, so the exported program and the eager reference hold the same
      weights. Random weights make the class names meaningless: only the numbers are checked.
   2. Export every model with examples/mv3/export.py into OUT (default out/mv3/): one file per model
-     and backend, OUT/<model>_<backend>.kiln (see export()).
+     and backend (--backends, default every backend this build has), OUT/<model>_<backend>.kiln
+     (see export()).
   3. Write the ImageNet class names (shipped inside torchvision) to OUT/imagenet_classes.txt.
   4. For every exported file and each photo (chelsea.png, coffee.png, astronaut.png from
      scikit-image's data folder; nothing is downloaded), run the C++ `classify` binary with
@@ -53,6 +54,8 @@ def parse_args(argv=None):
                    "out of tree against an installed Kiln: cmake -S examples/mv3 -DCMAKE_PREFIX_PATH=<prefix>")
     p.add_argument("--runs", type=int, default=10, help="timed classify runs per row (median printed)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |logit - eager| allowed (absolute)")
+    p.add_argument("--backends", nargs="+", help="backends to export for (default: every backend built, "
+                   "kiln.capture.BUILT_BACKENDS)")
     p.add_argument("--skip-export", action="store_true", help="reuse the .kiln files already in --out-dir")
     return p.parse_args(argv)
 
@@ -125,13 +128,13 @@ def photo_paths() -> dict[str, str]:
     return paths
 
 
-def export(models, out_dir: str, weights_dir: str) -> list[str]:
+def export(models, out_dir: str, weights_dir: str, backends) -> list[str]:
     """Runs examples/mv3/export.py once per model; returns a failure line per model that failed.
 
     Each model is exported into its own staging folder OUT/.export/<model>/ and every file it writes
     there, <anything>_<backend>.kiln, is moved to OUT/<model>_<backend>.kiln: the demo's file names
     do not depend on export.py's. Weights are passed as --weights-dir DIR when export.py offers that
-    option, otherwise as --weights <model>=DIR/<model>.pth.
+    option, otherwise as --weights <model>=DIR/<model>.pth; `backends` as --backends when offered.
     """
     script = os.path.join(HERE, "export.py")
     usage = subprocess.run([sys.executable, script, "--help"], capture_output=True, text=True).stdout
@@ -147,6 +150,8 @@ def export(models, out_dir: str, weights_dir: str) -> list[str]:
         else:
             weights = ["--weights", f"{name}={os.path.join(weights_dir, name + '.pth')}"]
         cmd = [sys.executable, script, "--models", name, "--out-dir", stage, *weights]
+        if "--backends" in usage:
+            cmd += ["--backends", *backends]
         print("$ " + " ".join(cmd), flush=True)
         t0 = time.perf_counter()
         rc = subprocess.call(cmd)
@@ -204,7 +209,14 @@ def main(argv=None) -> int:
 
     failures = []
     if not args.skip_export:
-        failures += export(args.models, out_dir, weights_dir)
+        if args.backends:
+            backends = args.backends
+        else:
+            from kiln import capture
+
+            backends = list(capture.BUILT_BACKENDS)
+        print("demo: exporting for backends: " + ", ".join(backends))
+        failures += export(args.models, out_dir, weights_dir, backends)
 
     labels_path = os.path.join(out_dir, "imagenet_classes.txt")
     names = class_names()
