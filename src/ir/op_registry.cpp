@@ -193,4 +193,13 @@ DType promote_types(DType a, DType b) {
   return rank(a) >= rank(b) ? a : b;
 }
 
+DType result_type(const TensorType& a, const TensorType& b) {
+  const bool a0 = a.sizes.empty(), b0 = b.sizes.empty();
+  if (a0 == b0) return promote_types(a.dtype, b.dtype);
+  const DType dim = a0 ? b.dtype : a.dtype;   // the tensor with dimensions
+  const DType zero = a0 ? a.dtype : b.dtype;  // the 0-d tensor
+  auto category = [](DType d) { return d == DType::Bool ? 0 : (is_floating(d) ? 2 : 1); };
+  return category(zero) > category(dim) ? promote_types(dim, zero) : dim;
+}
+
 }  // namespace kiln

@@ -95,5 +95,10 @@ Result<std::vector<int64_t>> broadcast_shapes(const std::vector<int64_t>& a,
 Result<int64_t> wrap_dim(int64_t dim, int64_t rank);
 /// PyTorch's type promotion for two tensor dtypes (float wins over int; wider wins).
 DType promote_types(DType a, DType b);
+/// PyTorch's result dtype of an op on two tensors (at::result_type, c10 ResultTypeState):
+/// a 0-d tensor changes the dtype only when its category (bool < integer < floating) is higher
+/// than the other's, so int32[2, 3] + int64[] is int32 and int32[2, 3] + float32[] is float32;
+/// otherwise promote_types.
+DType result_type(const TensorType& a, const TensorType& b);
 
 }  // namespace kiln
