@@ -32,7 +32,7 @@ bool add_overflows(uint64_t a, uint64_t b, uint64_t limit) { return a > limit ||
 // absolute and buffer-relative alignment agree.
 template <typename T>
 bool elements_aligned(const flatbuffers::Vector<T>* v) {
-  return v == nullptr || reinterpret_cast<uintptr_t>(v->Data()) % alignof(T) == 0;
+  return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % alignof(T) == 0;
 }
 
 Result<TensorType> read_type(const fb::Tensor* t, const std::string& where) {
