@@ -311,3 +311,40 @@ def test_mixed_module_matches_eager_with_reasons():
         pb.compile(require_delegation="xnnpack")
     msg = str(e.value)
     assert "aten.add (add)" in msg and "alpha=10" in msg and "pool" not in msg.split("xnnpack':")[1], msg
+
+
+def test_corrupted_payload_words_give_errors_not_crashes():
+    # Every 32-bit word of a real payload is replaced by hostile values in turn; loading and
+    # running must either work or raise KilnError (init re-infers shapes before XNNPACK sees them).
+    x = _rand(1, 3, 8, 8, seed=29)
+    w = _rand(4, 3, 3, 3, seed=30)
+    fw = _rand(2, 4, seed=31)
+    g = kiln.Graph()
+    xi = g.add_input("x", "float32", list(x.shape))
+    (c,) = g.add_node("aten.convolution", [xi, _const(g, "w", w), -1],
+                      dict(stride=[2, 2], padding=[1, 1], dilation=[1, 1], transposed=False, output_padding=[0, 0],
+                           groups=1))
+    (p,) = g.add_node("aten.max_pool2d", [c], dict(kernel_size=[2, 2], stride=[2, 2], ceil_mode=True))
+    (m,) = g.add_node("aten.mean", [p], {"dim": [2, 3], "keepdim": False})
+    (y,) = g.add_node("aten.linear", [m, _const(g, "fw", fw), -1])
+    g.set_outputs([y])
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    data, rep = pb.compile(backends=["xnnpack"])
+    assert xnn(rep["methods"][0]["delegation"])["segments"] == 1
+    start = data.find(b"KXN1")
+    assert start > 0 and start % 4096 == 0
+    good = kiln.load_bytes(data).run(x)[0]
+    end = len(data)
+    outcomes = {"error": 0, "ran": 0}
+    for off in range(start, end, 4):
+        for value in (0, 1, 0xFFFFFFFF, 0x7FFFFFFF, 3):
+            bad = bytearray(data)
+            bad[off:off + 4] = value.to_bytes(4, "little")
+            try:
+                out = kiln.load_bytes(bytes(bad)).run(x)[0]
+                assert out.shape == good.shape
+                outcomes["ran"] += 1
+            except kiln.KilnError:
+                outcomes["error"] += 1
+    assert outcomes["error"] > 0 and outcomes["ran"] > 0, outcomes

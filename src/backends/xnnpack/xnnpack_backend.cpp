@@ -537,6 +537,18 @@ class XnnpackBackend : public Backend {
       h->out_buf.emplace_back(t.dim() == 4 ? static_cast<size_t>(t.numel()) : 0);
     }
     if (pos != w.size()) return bad("trailing bytes");
+    // XNNPACK allocates no memory for a node output nothing reads (and then asserts): every
+    // non-literal node must feed another node or a boundary output.
+    std::vector<bool> used(values.size(), false);
+    for (const XNode& xn : nodes) {
+      for (uint32_t i : xn.in) {
+        if (i != kNone) used[i] = true;
+      }
+    }
+    for (uint32_t o : outs) used[o] = true;
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      if (nodes[k].op != kLiteral && !used[ni + nc + k]) return bad("node " + std::to_string(k) + "'s output is never used");
+    }
 
     // Build the XNNPACK subgraph.
     xnn_subgraph_t sub = nullptr;
