@@ -128,6 +128,15 @@ def test_binary_with_constant_nchw_operand():
     assert_close(out, x * c, 1e-6, "mul const")
 
 
+def test_binary_with_constant_low_rank_operand():
+    # Non-rank-4 constants used as operands are copied into padded buffers at init.
+    x = _rand(4, 7, seed=33)
+    c = _rand(7, seed=34)
+    (out,), dl, _ = compile_run(lambda g, ids: g.add_node("aten.add", [_const(g, "c", c), ids[0]], {}), [x])
+    check_all_delegated(dl)
+    assert_close(out, c + x, 1e-6, "add const")
+
+
 def test_add_alpha_is_declined_with_reason():
     a, b = _rand(2, 3, seed=8), _rand(2, 3, seed=9)
     (out,), dl, text = compile_run(lambda g, ids: g.add_node("aten.add", ids, {"alpha": 10.0}), [a, b])

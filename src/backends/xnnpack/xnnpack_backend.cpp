@@ -38,6 +38,8 @@ namespace {
 constexpr uint32_t kMagic = 0x314E584Bu;  // "KXN1"
 constexpr uint32_t kNone = 0xFFFFFFFFu;
 constexpr float kInf = std::numeric_limits<float>::infinity();
+// XNNPACK's kernels may read up to XNN_EXTRA_BYTES past the end of an operand (xnnpack.h).
+constexpr size_t kPadFloats = XNN_EXTRA_BYTES / sizeof(float);
 
 enum Op : uint32_t {
   kLiteral = 0,   // params: rank, dims..., then numel floats (rank may be 0)
@@ -483,7 +485,7 @@ class XnnpackBackend : public Backend {
       const auto xs = to_xnn(s);
       v.dims.assign(xs.begin(), xs.end());
       if (rank == 4) {
-        h->owned.emplace_back(numel);
+        h->owned.emplace_back(numel + kPadFloats);
         nchw_to_nhwc(reinterpret_cast<const float*>(constants[c].data()), h->owned.back().data(), s);
         v.data = h->owned.back().data();
       } else {
@@ -548,6 +550,23 @@ class XnnpackBackend : public Backend {
     for (uint32_t o : outs) used[o] = true;
     for (size_t k = 0; k < nodes.size(); ++k) {
       if (nodes[k].op != kLiteral && !used[ni + nc + k]) return bad("node " + std::to_string(k) + "'s output is never used");
+    }
+
+    // Constants read as operands (not as conv/FC weights or biases, which XNNPACK packs and reads
+    // exactly) are copied into padded buffers: the file mapping may end right after them.
+    std::vector<bool> copied(values.size(), false);
+    for (const XNode& xn : nodes) {
+      for (size_t i = 0; i < xn.in.size(); ++i) {
+        const uint32_t id = xn.in[i];
+        const bool weight_slot = (xn.op == kConv || xn.op == kFullyConnected) && i > 0;
+        if (weight_slot || id == kNone || id < ni || id >= ni + nc || layout[id] == 1 || copied[id]) continue;
+        copied[id] = true;
+        const auto* src = static_cast<const float*>(values[id].data);
+        const size_t numel = constants[id - ni].size() / sizeof(float);
+        h->owned.emplace_back(numel + kPadFloats);
+        std::memcpy(h->owned.back().data(), src, numel * sizeof(float));
+        values[id].data = h->owned.back().data();
+      }
     }
 
     // Build the XNNPACK subgraph.
@@ -664,7 +683,7 @@ class XnnpackBackend : public Backend {
           numel *= x;
         }
         if (numel > (1u << 24) || p.size() != 1 + p[0] + numel) return fail("literal data size");
-        h.owned.emplace_back(numel);
+        h.owned.emplace_back(numel + kPadFloats);
         for (size_t i = 0; i < numel; ++i) h.owned.back()[i] = bitsf(p[1 + p[0] + i]);
         return d;
       }
