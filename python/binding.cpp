@@ -6,6 +6,7 @@
 
 #include <cstring>
 
+#include "backends/backend.h"
 #include "ir/op_registry.h"
 #include "kernels/kernel.h"
 #include "kiln/compiler.h"
@@ -163,10 +164,13 @@ PYBIND11_MODULE(_kiln, m) {
       .def("add_method", [](ProgramBuilder& pb, const std::string& name, const Graph& g) {
         check(pb.add_method(name, g));
       })
-      .def("compile", [](const ProgramBuilder& pb, bool fold_constants, bool eliminate_dead_code) {
+      .def("compile", [](const ProgramBuilder& pb, bool fold_constants, bool eliminate_dead_code,
+                         std::vector<std::string> backends, std::string require_delegation) {
         CompileOptions o;
         o.fold_constants = fold_constants;
         o.eliminate_dead_code = eliminate_dead_code;
+        o.backends = std::move(backends);
+        o.require_delegation = std::move(require_delegation);
         CompiledProgram c;
         {
           py::gil_scoped_release release;
@@ -187,6 +191,28 @@ PYBIND11_MODULE(_kiln, m) {
           d["arena_bytes"] = mr.arena_bytes;
           d["activation_bytes"] = mr.activation_bytes;
           d["constant_bytes"] = mr.constant_bytes;
+          py::list dbs, cpu;
+          for (const auto& b : mr.delegation.backends) {
+            py::dict bd;
+            bd["backend"] = b.backend;
+            bd["segments"] = b.segments;
+            bd["nodes"] = b.nodes;
+            bd["constant_bytes"] = b.constant_bytes;
+            dbs.append(bd);
+          }
+          for (const auto& c : mr.delegation.cpu_ops) {
+            py::dict cd;
+            cd["op"] = c.op;
+            cd["count"] = c.count;
+            py::list reasons;
+            for (const auto& [backend, reason] : c.reasons) reasons.append(py::make_tuple(backend, reason));
+            cd["reasons"] = reasons;
+            cpu.append(cd);
+          }
+          py::dict del;
+          del["backends"] = dbs;
+          del["cpu_ops"] = cpu;
+          d["delegation"] = del;
           methods.append(d);
         }
         py::dict report;
@@ -195,7 +221,13 @@ PYBIND11_MODULE(_kiln, m) {
         report["text"] = c.report();
         return py::make_tuple(py::bytes(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size()), report);
       }, py::arg("fold_constants") = true, py::arg("eliminate_dead_code") = true,
-         "Compiles; returns (program bytes, report dict).");
+         py::arg("backends") = std::vector<std::string>{}, py::arg("require_delegation") = "",
+         "Compiles; returns (program bytes, report dict). backends: delegate backends in order of "
+         "preference; require_delegation: fail unless every node is delegated to that backend. "
+         "report['methods'][i]['delegation'] = {backends: [{backend, segments, nodes, constant_bytes}], "
+         "cpu_ops: [{op, count, reasons: [(backend, reason)]}]}.");
+  m.def("backend_names", [] { return BackendRegistry::get().names(); },
+        "Delegate backends compiled into this build (e.g. ['xnnpack']).");
 
   py::class_<PyMethod>(m, "Method", "An executable method instance.")
       .def("execute", [](PyMethod& pm, std::vector<py::array> inputs) {

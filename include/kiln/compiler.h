@@ -34,13 +34,22 @@ struct Value {
   bool is_input = false;
 };
 
-/// One call of an ATen op.
+/// A subgraph lowered by a delegate backend (set on nodes the partitioner created).
+struct DelegateBlob {
+  std::string backend;            ///< e.g. "xnnpack"
+  std::vector<uint8_t> payload;   ///< stored as a payload segment (kind 1)
+  std::vector<ValueId> constants; ///< constant values the payload refers to, by position
+};
+
+/// One call of an ATen op, or (when `delegate` is set) of a delegate's lowered subgraph,
+/// whose op is then "delegate:<backend>" and whose inputs/outputs are the boundary values.
 struct Node {
   std::string op;                 ///< e.g. "aten.convolution"
   std::vector<ValueId> inputs;    ///< schema order; kNoValue for None
   std::vector<ValueId> outputs;
   Attributes attrs;               ///< normalized by the op's schema
   std::string debug_name;         ///< where it came from, e.g. "features.3.block.1"
+  std::shared_ptr<const DelegateBlob> delegate;  ///< non-null for delegate calls
 };
 
 /// A dataflow graph in topological order (nodes are appended after their inputs exist).
@@ -76,6 +85,35 @@ class Graph {
 struct CompileOptions {
   bool fold_constants = true;
   bool eliminate_dead_code = true;
+  /// Delegate backends in order of preference (e.g. {"xnnpack"}); each takes what it supports
+  /// of the nodes the earlier ones left. NotFound when one is not compiled into this build.
+  std::vector<std::string> backends;
+  /// Non-empty: compile fails (NotSupported) listing every node not delegated to this backend
+  /// (op, debug_name, reason). Implies `backends` = {it} when `backends` is empty.
+  std::string require_delegation;
+};
+
+/// How the partitioner split one method between delegates and Kiln's CPU kernels.
+struct DelegationReport {
+  struct BackendSummary {
+    std::string backend;
+    size_t segments = 0;          ///< delegate calls (payload segments) of this backend
+    size_t nodes = 0;             ///< graph nodes they replace
+    uint64_t constant_bytes = 0;  ///< bytes of the constants their payloads refer to
+  };
+  /// Nodes of one op left to CPU kernels, with each backend's distinct reasons for declining.
+  struct CpuOp {
+    std::string op;
+    size_t count = 0;
+    std::vector<std::pair<std::string, std::string>> reasons;  ///< (backend, reason)
+  };
+  /// One node not delegated to a backend (for require_delegation).
+  struct Declined {
+    std::string op, debug_name, backend, reason;
+  };
+  std::vector<BackendSummary> backends;  ///< in the order requested
+  std::vector<CpuOp> cpu_ops;            ///< sorted by op name
+  std::vector<Declined> declined;        ///< every (node, backend) pair declined, in node order
 };
 
 /// What the compiler did with one method.
@@ -87,6 +125,7 @@ struct MethodReport {
   uint64_t arena_bytes = 0;        ///< planned arena size
   uint64_t activation_bytes = 0;   ///< sum of all planned values' sizes (arena without reuse)
   uint64_t constant_bytes = 0;     ///< constants this method uses
+  DelegationReport delegation;     ///< empty `backends` when none were requested
 };
 
 /// Result of ProgramBuilder::compile.
@@ -120,6 +159,13 @@ size_t eliminate_dead_code(Graph& graph);
 /// Evaluates nodes whose inputs are all constants with the portable kernels and replaces
 /// their outputs by constants. Returns the count, or the kernel's error.
 Result<size_t> fold_constants(Graph& graph);
+
+/// The partitioner (src/compiler/partitioner.cpp): for each backend in order, asks its
+/// support() for every node not yet delegated, grows maximal connected sets of supported nodes
+/// whose contraction keeps the graph acyclic, lowers each with the backend and replaces it by
+/// one delegate node (Node::delegate). Errors: NotFound (backend not compiled in), the
+/// backend's lowering error.
+Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>& backends);
 
 /// One value's place in the arena.
 struct PlannedValue {

@@ -1,4 +1,5 @@
 // ProgramBuilder::compile: passes, memory planning and the one writer of .kiln files.
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -78,6 +79,7 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
   ConstantTable constants;
   flatbuffers::FlatBufferBuilder b(1 << 16);
   std::vector<flatbuffers::Offset<fb::Method>> fb_methods;
+  std::vector<std::shared_ptr<const DelegateBlob>> payloads;  // segments 1.. in order
 
   for (const auto& [name, original] : methods_) {
     Graph g = original;
@@ -90,6 +92,30 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
     }
     if (options.eliminate_dead_code) rep.num_dead = eliminate_dead_code(g);
     rep.num_nodes = g.nodes().size();
+    std::vector<std::string> backends = options.backends;
+    if (backends.empty() && !options.require_delegation.empty()) backends.push_back(options.require_delegation);
+    if (!options.require_delegation.empty() &&
+        std::find(backends.begin(), backends.end(), options.require_delegation) == backends.end()) {
+      return Error(ErrorCode::InvalidArgument, "require_delegation '" + options.require_delegation +
+                                                   "' is not among the requested backends");
+    }
+    auto delegation = partition(g, backends);
+    if (!delegation.ok()) return Error(delegation.error().code(), "method '" + name + "': " + delegation.error().message());
+    rep.delegation = std::move(delegation.value());
+    if (!options.require_delegation.empty()) {
+      std::string missing;
+      size_t count = 0;
+      for (const auto& d : rep.delegation.declined) {
+        if (d.backend != options.require_delegation) continue;
+        ++count;
+        missing += "\n  " + d.op + (d.debug_name.empty() ? "" : " (" + d.debug_name + ")") + ": " + d.reason;
+      }
+      if (count > 0) {
+        return Error(ErrorCode::NotSupported, "method '" + name + "': " + std::to_string(count) +
+                                                  " node(s) not delegated to required backend '" +
+                                                  options.require_delegation + "':" + missing);
+      }
+    }
     MemoryPlan plan = plan_memory(g);
     rep.arena_bytes = plan.arena_bytes;
     rep.activation_bytes = plan.total_bytes;
@@ -123,6 +149,22 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
     for (ValueId id : g.inputs()) ins.push_back(use(id));
     std::vector<flatbuffers::Offset<fb::InstructionEntry>> instrs;
     for (const Node& n : g.nodes()) {
+      if (n.delegate) {
+        std::vector<int32_t> args, res, consts;
+        for (ValueId id : n.inputs) args.push_back(use(id));
+        for (ValueId id : n.outputs) res.push_back(use(id));
+        for (ValueId id : n.delegate->constants) {
+          const ConstantBytes& cb = values[static_cast<size_t>(id)].constant;
+          consts.push_back(constants.add(cb));
+          rep.constant_bytes += cb->size();
+        }
+        payloads.push_back(n.delegate);
+        const auto segment = static_cast<uint32_t>(payloads.size());  // segment 0 holds the constants
+        auto call = fb::CreateDelegateCall(b, b.CreateString(n.delegate->backend), segment, b.CreateVector(args),
+                                           b.CreateVector(res), b.CreateVector(consts));
+        instrs.push_back(fb::CreateInstructionEntry(b, fb::Instruction::DelegateCall, call.Union()));
+        continue;
+      }
       std::vector<int32_t> args, res;
       for (ValueId id : n.inputs) args.push_back(use(id));
       for (ValueId id : n.outputs) res.push_back(use(id));
@@ -143,16 +185,31 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
     refs.push_back(fb::CreateConstantRef(b, 0, constants.offsets[i], constants.data[i]->size()));
   }
   // Segment offsets depend on the FlatBuffer's size, which depends on the offsets: write the
-  // segment table with a placeholder and patch it (fixed-width scalars) after finishing.
+  // segment table with placeholders and patch them (fixed-width scalars) after finishing.
+  // Segment 0 holds the constants (present whenever there are constants or payloads), then one
+  // payload segment (kind 1) per delegate call.
+  const bool any_segments = !constants.data.empty() || !payloads.empty();
   std::vector<flatbuffers::Offset<fb::Segment>> segs;
-  if (!constants.data.empty()) segs.push_back(fb::CreateSegment(b, ~0ull, constants.size, 0));
+  if (any_segments) {
+    segs.push_back(fb::CreateSegment(b, ~0ull, constants.size, 0));
+    for (const auto& p : payloads) segs.push_back(fb::CreateSegment(b, ~0ull, p->payload.size(), 1));
+  }
   auto program = fb::CreateProgram(b, kFormatVersion, b.CreateVector(fb_methods), b.CreateVector(refs), b.CreateVector(segs));
   fb::FinishProgramBuffer(b, program);
 
   const uint64_t fb_offset = sizeof(FileHeader);
   const uint64_t fb_size = b.GetSize();
   const uint64_t seg_offset = align_up(fb_offset + fb_size, kSegmentAlignment);
-  const uint64_t file_size = constants.data.empty() ? fb_offset + fb_size : seg_offset + constants.size;
+  std::vector<uint64_t> seg_offsets;
+  uint64_t file_size = fb_offset + fb_size;
+  if (any_segments) {
+    seg_offsets.push_back(seg_offset);
+    file_size = seg_offset + constants.size;
+    for (const auto& p : payloads) {
+      seg_offsets.push_back(align_up(file_size, kSegmentAlignment));
+      file_size = seg_offsets.back() + p->payload.size();
+    }
+  }
 
   std::vector<uint8_t>& out = result.bytes;
   out.assign(file_size, 0);
@@ -162,16 +219,22 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
   h.header_size = sizeof(FileHeader);
   h.flatbuffer_offset = fb_offset;
   h.flatbuffer_size = fb_size;
-  h.segments_offset = constants.data.empty() ? file_size : seg_offset;
+  h.segments_offset = any_segments ? seg_offset : file_size;
   h.file_size = file_size;
   std::memcpy(out.data(), &h, sizeof(h));
   std::memcpy(out.data() + fb_offset, b.GetBufferPointer(), fb_size);
-  if (!constants.data.empty()) {
+  if (any_segments) {
     auto* prog = fb::GetMutableProgram(out.data() + fb_offset);
-    prog->mutable_segments()->GetMutableObject(0)->mutate_offset(seg_offset);
+    for (size_t k = 0; k < seg_offsets.size(); ++k) {
+      prog->mutable_segments()->GetMutableObject(static_cast<flatbuffers::uoffset_t>(k))->mutate_offset(seg_offsets[k]);
+    }
     for (size_t i = 0; i < constants.data.size(); ++i) {
       if (constants.data[i]->empty()) continue;  // memcpy from an empty vector's null data is UB
       std::memcpy(out.data() + seg_offset + constants.offsets[i], constants.data[i]->data(), constants.data[i]->size());
+    }
+    for (size_t k = 0; k < payloads.size(); ++k) {
+      const auto& p = payloads[k]->payload;
+      if (!p.empty()) std::memcpy(out.data() + seg_offsets[k + 1], p.data(), p.size());
     }
   }
   result.constant_bytes = 0;
@@ -186,6 +249,22 @@ std::string CompiledProgram::report() const {
     os << "  method '" << m.name << "': " << m.num_nodes << " kernel calls (" << m.num_folded << " folded, "
        << m.num_dead << " dead removed), arena " << m.arena_bytes << " bytes (activations " << m.activation_bytes
        << " bytes without reuse), constants " << m.constant_bytes << " bytes\n";
+    const DelegationReport& d = m.delegation;
+    if (d.backends.empty()) continue;
+    os << "    delegation:\n";
+    for (const auto& b : d.backends) {
+      os << "      " << b.backend << ": " << b.segments << " segment(s), " << b.nodes << " node(s), constants "
+         << b.constant_bytes << " bytes\n";
+    }
+    if (d.cpu_ops.empty()) {
+      os << "      CPU kernels: none\n";
+    } else {
+      os << "      CPU kernels:\n";
+      for (const auto& c : d.cpu_ops) {
+        os << "        " << c.op << " x" << c.count << "\n";
+        for (const auto& [backend, reason] : c.reasons) os << "          " << backend << ": " << reason << "\n";
+      }
+    }
   }
   return os.str();
 }

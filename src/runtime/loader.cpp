@@ -115,7 +115,64 @@ struct ConstantSpan {
   uint64_t nbytes;
 };
 
-Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<ConstantSpan>& constants) {
+struct SegmentSpan {
+  const uint8_t* data;
+  uint64_t size;
+  uint8_t kind;  // 0 = constants, 1 = delegate payload
+};
+
+constexpr uint8_t kPayloadSegment = 1;
+
+// A delegate call: the backend must be registered and available, every index in range, the
+// payload a kind-1 segment; the backend's init (at load_method) re-checks the payload itself.
+Result<PlannedInstruction> plan_delegate(const fb::DelegateCall* d, const std::string& iw, size_t nv,
+                                         const std::vector<SegmentSpan>& segments,
+                                         const std::vector<ConstantSpan>& constants, const MethodPlan& plan,
+                                         std::vector<bool>& defined) {
+  if (d->backend() == nullptr) return bad(iw + ": delegate call without a backend name");
+  const std::string name = d->backend()->str();
+  const Backend* backend = BackendRegistry::get().find(name);
+  if (backend == nullptr) {
+    return Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not compiled into this runtime");
+  }
+  if (Error avail = backend->is_available(); !avail.ok()) {
+    return Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not available: " + avail.message());
+  }
+  if (d->segment() >= segments.size()) return bad(iw + ": delegate payload segment out of range");
+  const SegmentSpan& seg = segments[d->segment()];
+  if (seg.kind != kPayloadSegment) return bad(iw + ": delegate payload refers to a segment that is not a payload segment");
+  PlannedInstruction pi;
+  pi.backend = backend;
+  pi.op = "delegate:" + name;
+  pi.payload = {seg.data, static_cast<size_t>(seg.size)};
+  if (d->constants()) {
+    for (int32_t c : *d->constants()) {
+      if (c < 0 || static_cast<size_t>(c) >= constants.size()) {
+        return bad(iw + ": delegate constant index " + std::to_string(c) + " out of range");
+      }
+      const ConstantSpan& cs = constants[static_cast<size_t>(c)];
+      pi.delegate_constants.emplace_back(cs.data, static_cast<size_t>(cs.nbytes));
+    }
+  }
+  auto args = read_indices(d->inputs(), nv, false, iw);
+  if (!args.ok()) return args.error();
+  auto res = read_indices(d->outputs(), nv, false, iw);
+  if (!res.ok()) return res.error();
+  pi.args = args.value();
+  pi.outputs = res.value();
+  for (int32_t a : pi.args) {
+    if (!defined[static_cast<size_t>(a)]) return bad(iw + ": reads value " + std::to_string(a) + " before it is written");
+  }
+  if (pi.outputs.empty()) return bad(iw + ": delegate call without outputs");
+  for (int32_t o : pi.outputs) {
+    if (plan.constant_data[static_cast<size_t>(o)]) return bad(iw + ": writes a constant");
+    defined[static_cast<size_t>(o)] = true;
+  }
+  return pi;
+}
+
+Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpan>& segments,
+                               const std::vector<ConstantSpan>& constants) {
   MethodPlan plan;
   if (m == nullptr || m->name() == nullptr) return bad("method without a name");
   const std::string where = "method '" + m->name()->str() + "'";
@@ -173,8 +230,10 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<ConstantSp
     const std::string iw = where + " instruction " + std::to_string(k);
     if (e == nullptr) return bad(iw + ": missing");
     if (const fb::DelegateCall* d = e->instr_as_DelegateCall()) {
-      return Error(ErrorCode::NotFound, iw + ": delegate backend '" + (d->backend() ? d->backend()->str() : "?") +
-                                            "' is not compiled into this runtime");
+      auto pi = plan_delegate(d, iw, nv, segments, constants, plan, defined);
+      if (!pi.ok()) return pi.error();
+      plan.instructions.push_back(std::move(pi.value()));
+      continue;
     }
     const fb::KernelCall* call = e->instr_as_KernelCall();
     if (call == nullptr || call->op() == nullptr) return bad(iw + ": unknown instruction type");
@@ -222,9 +281,15 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<ConstantSp
     plan.meta.output_names.push_back(names[static_cast<size_t>(o)]);
   }
   plan.meta.num_instructions = plan.instructions.size();
-  plan.meta.num_kernel_calls = plan.instructions.size();
   std::map<std::string, int> op_counts;
-  for (const PlannedInstruction& pi : plan.instructions) ++op_counts[pi.op];
+  for (const PlannedInstruction& pi : plan.instructions) {
+    if (pi.backend) {
+      ++plan.meta.num_delegate_calls;
+      continue;
+    }
+    ++plan.meta.num_kernel_calls;
+    ++op_counts[pi.op];
+  }
   plan.meta.op_counts.assign(op_counts.begin(), op_counts.end());
   return plan;
 }
@@ -304,31 +369,33 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
   auto data = std::make_unique<ProgramData>();
   data->version = h.version;
   const uint64_t fb_end = h.flatbuffer_offset + h.flatbuffer_size;
-  std::vector<std::pair<uint64_t, uint64_t>> segments;
+  std::vector<SegmentSpan> segments;
   if (prog->segments()) {
     for (const fb::Segment* s : *prog->segments()) {
       if (s->offset() % kSegmentAlignment != 0 || s->offset() < fb_end || add_overflows(s->offset(), s->size(), size)) {
         return bad("segment out of the file's bounds or not page-aligned");
       }
-      segments.emplace_back(s->offset(), s->size());
+      if (s->kind() > kPayloadSegment) return bad("segment of unknown kind " + std::to_string(s->kind()));
+      segments.push_back({base + s->offset(), s->size(), s->kind()});
     }
   }
   std::vector<ConstantSpan> constants;
   if (prog->constants()) {
     for (const fb::ConstantRef* c : *prog->constants()) {
       if (c->segment() >= segments.size()) return bad("constant refers to a missing segment");
-      const auto& [off, len] = segments[c->segment()];
-      if (c->offset() % kConstantAlignment != 0 || add_overflows(c->offset(), c->nbytes(), len)) {
+      const SegmentSpan& seg = segments[c->segment()];
+      if (seg.kind != 0) return bad("constant refers to a delegate payload segment");
+      if (c->offset() % kConstantAlignment != 0 || add_overflows(c->offset(), c->nbytes(), seg.size)) {
         return bad("constant range out of its segment's bounds");
       }
-      constants.push_back({base + off + c->offset(), c->nbytes()});
+      constants.push_back({seg.data + c->offset(), c->nbytes()});
       data->constant_bytes += c->nbytes();
     }
   }
   if (prog->methods() == nullptr || prog->methods()->size() == 0) return bad("program has no methods");
   std::set<std::string> seen;
   for (const fb::Method* m : *prog->methods()) {
-    auto plan = plan_method(m, constants);
+    auto plan = plan_method(m, segments, constants);
     if (!plan.ok()) return plan.error();
     if (!seen.insert(plan->meta.name).second) return bad("duplicate method '" + plan->meta.name + "'");
     data->methods.push_back(std::move(plan.value()));

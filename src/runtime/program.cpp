@@ -57,8 +57,15 @@ struct Method::Impl {
   // Per instruction: pointers into `values` in schema order.
   std::vector<std::vector<const Tensor*>> args;
   std::vector<std::vector<Tensor*>> outs;
+  // Per instruction: the delegate's handle (null for kernel calls), built at load_method.
+  std::vector<std::unique_ptr<DelegateHandle>> handles;
 
-  ~Impl() { std::free(owned_arena); }
+  ~Impl() {
+    for (size_t k = 0; k < handles.size(); ++k) {
+      if (handles[k]) plan->instructions[k].backend->destroy(std::move(handles[k]));
+    }
+    std::free(owned_arena);
+  }
 };
 
 Method::Method() : impl_(std::make_unique<Impl>()) {}
@@ -112,6 +119,24 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
     for (int32_t v : ins.outputs) o.push_back(&im.values[static_cast<size_t>(v)]);
     im.args.push_back(std::move(a));
     im.outs.push_back(std::move(o));
+  }
+  // Delegates: each payload is initialized once per method instance (weights packed here).
+  im.handles.resize(plan->instructions.size());
+  for (size_t k = 0; k < plan->instructions.size(); ++k) {
+    const auto& ins = plan->instructions[k];
+    if (ins.backend == nullptr) continue;
+    std::vector<TensorType> in_types, out_types;
+    for (int32_t v : ins.args) in_types.push_back(plan->value_types[static_cast<size_t>(v)]);
+    for (int32_t v : ins.outputs) out_types.push_back(plan->value_types[static_cast<size_t>(v)]);
+    auto handle = ins.backend->init(ins.payload, ins.delegate_constants, in_types, out_types);
+    if (!handle.ok()) {
+      return Error(handle.error().code(), "method '" + name + "' instruction " + std::to_string(k) + ": backend '" +
+                                              ins.backend->name() + "' init failed: " + handle.error().message());
+    }
+    if (!handle.value()) {
+      return Error(ErrorCode::Internal, "backend '" + ins.backend->name() + "' returned a null handle");
+    }
+    im.handles[k] = std::move(handle.value());
   }
   return method;
 }
@@ -169,7 +194,8 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
   }
   for (size_t k = 0; k < im.plan->instructions.size(); ++k) {
     const auto& ins = im.plan->instructions[k];
-    Error err = ins.kernel(KernelArgs{im.args[k], im.outs[k], ins.attrs, im.pool});
+    Error err = ins.backend ? ins.backend->execute(*im.handles[k], im.args[k], im.outs[k])
+                            : ins.kernel(KernelArgs{im.args[k], im.outs[k], ins.attrs, im.pool});
     if (!err.ok()) {
       return Error(err.code(), "instruction " + std::to_string(k) + " (" + ins.op +
                                    (ins.debug_name.empty() ? "" : " at " + ins.debug_name) + "): " + err.message());

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/backend.h"
 #include "kernels/kernel.h"
 #include "kiln/runtime.h"
 
@@ -26,13 +27,16 @@ class FileBytes {
   void* owned_ = nullptr;
 };
 
-/// One instruction, resolved at load.
+/// One instruction, resolved at load: a kernel call (kernel set) or a delegate call (backend set).
 struct PlannedInstruction {
   KernelFn kernel = nullptr;
+  const Backend* backend = nullptr;                          // delegate calls only
+  std::span<const uint8_t> payload;                          // delegate payload segment (in the file)
+  std::vector<std::span<const uint8_t>> delegate_constants;  // by position, as the payload refers to them
   std::vector<int32_t> args;     // value indices, -1 = None
   std::vector<int32_t> outputs;
   Attributes attrs;              // normalized
-  std::string op;
+  std::string op;                // ATen op, or "delegate:<backend>"
   std::string debug_name;
 };
 

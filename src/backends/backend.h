@@ -1,0 +1,102 @@
+// The delegate contract (../shared/DESIGN.md "Backends"): one interface holding both halves of a
+// backend. The compile half decides support and lowers subgraphs to payload bytes; the run half
+// turns a payload back into an executable handle. Backends are registered by explicit function
+// calls (register_builtin_backends, register_backend), never by static initializers, so that a
+// backend linked from a static library is always present.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kiln/compiler.h"
+#include "kiln/error.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+/// A connected, convex set of nodes of one graph handed to a backend for lowering.
+/// `inputs`: non-constant values read by the nodes and produced outside (method inputs or
+/// other nodes' outputs), in first-use order. `outputs`: values produced inside and read
+/// outside (or method outputs), in definition order. `constants`: constant values read by the
+/// nodes, in first-use order; at run time `init` receives their bytes in this order.
+struct Subgraph {
+  const Graph* graph = nullptr;
+  std::vector<size_t> nodes;        ///< indices into graph->nodes(), topological order
+  std::vector<ValueId> inputs;
+  std::vector<ValueId> outputs;
+  std::vector<ValueId> constants;
+};
+
+/// Opaque state a backend builds at init from one payload (e.g. an XNNPACK runtime).
+class DelegateHandle {
+ public:
+  virtual ~DelegateHandle() = default;
+};
+
+/// One delegate backend. Implementations must be thread-safe for concurrent calls on
+/// different handles; one handle is used by one thread at a time.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  /// Stable name stored in program files, e.g. "xnnpack".
+  virtual std::string name() const = 0;
+
+  // ---- compile half ----
+  /// Ok when the backend can lower `graph.nodes()[node]` alone; otherwise NotSupported with
+  /// the reason (e.g. "alpha=10 on aten.add is not supported"). Must be decided by the same
+  /// code that lowers.
+  virtual Error support(size_t node, const Graph& graph) const = 0;
+  /// Lowers a subgraph whose every node `support` accepted into payload bytes.
+  virtual Result<std::vector<uint8_t>> lower(const Subgraph& subgraph) const = 0;
+
+  // ---- run half ----
+  /// Ok, or NotFound with the reason this backend cannot run on this machine.
+  virtual Error is_available() const = 0;
+  /// Builds an executable handle from an untrusted payload. `constants` are the bytes of the
+  /// constants the payload refers to by position; `inputs`/`outputs` the boundary types the
+  /// program expects (the payload must agree: InvalidProgram otherwise). Never aborts.
+  virtual Result<std::unique_ptr<DelegateHandle>> init(std::span<const uint8_t> payload,
+                                                       std::span<const std::span<const uint8_t>> constants,
+                                                       std::span<const TensorType> inputs,
+                                                       std::span<const TensorType> outputs) const = 0;
+  /// Runs the handle: inputs/outputs are contiguous tensors of the types given to init.
+  virtual Error execute(DelegateHandle& handle, std::span<const Tensor* const> inputs,
+                        std::span<Tensor* const> outputs) const = 0;
+  /// Releases the handle (default: deletes it).
+  virtual void destroy(std::unique_ptr<DelegateHandle> handle) const { handle.reset(); }
+};
+
+/// The set of backends known to this process: the built-ins (registered by
+/// register_builtin_backends on first use) plus any added with register_backend.
+class BackendRegistry {
+ public:
+  static BackendRegistry& get();
+  /// Null when no backend of that name is registered.
+  const Backend* find(std::string_view name) const;
+  /// Adds a backend (replaces one of the same name). Backends are never removed, so pointers
+  /// returned by find stay valid for the life of the process.
+  void add(std::unique_ptr<Backend> backend);
+  std::vector<std::string> names() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::unique_ptr<Backend>> backends_;
+  std::vector<std::unique_ptr<Backend>> retired_;
+};
+
+/// Registers a backend in BackendRegistry::get() (applications and tests).
+void register_backend(std::unique_ptr<Backend> backend);
+/// Registers every backend compiled into this build (xnnpack when KILN_HAVE_XNNPACK).
+void register_builtin_backends(BackendRegistry& registry);
+
+#ifdef KILN_HAVE_XNNPACK
+/// src/backends/xnnpack/xnnpack_backend.cpp
+std::unique_ptr<Backend> make_xnnpack_backend();
+#endif
+
+}  // namespace kiln

@@ -1,0 +1,52 @@
+// BackendRegistry: explicit registration of delegate backends (no static initializers).
+#include "backends/backend.h"
+
+namespace kiln {
+
+BackendRegistry& BackendRegistry::get() {
+  static BackendRegistry* registry = [] {
+    auto* r = new BackendRegistry();
+    register_builtin_backends(*r);
+    return r;
+  }();
+  return *registry;
+}
+
+const Backend* BackendRegistry::find(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& b : backends_) {
+    if (b->name() == name) return b.get();
+  }
+  return nullptr;
+}
+
+void BackendRegistry::add(std::unique_ptr<Backend> backend) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& b : backends_) {
+    if (b->name() == backend->name()) {
+      retired_.push_back(std::move(b));
+      b = std::move(backend);
+      return;
+    }
+  }
+  backends_.push_back(std::move(backend));
+}
+
+std::vector<std::string> BackendRegistry::names() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> out;
+  for (const auto& b : backends_) out.push_back(b->name());
+  return out;
+}
+
+void register_backend(std::unique_ptr<Backend> backend) { BackendRegistry::get().add(std::move(backend)); }
+
+void register_builtin_backends(BackendRegistry& registry) {
+#ifdef KILN_HAVE_XNNPACK
+  registry.add(make_xnnpack_backend());
+#else
+  (void)registry;
+#endif
+}
+
+}  // namespace kiln

@@ -1,0 +1,781 @@
+// The xnnpack delegate: lowers float32 subgraphs of Kiln ops to XNNPACK's subgraph API (Debian
+// libxnnpack-dev, 2022 snapshot: /usr/include/xnnpack.h) and runs them.
+//
+// Layout: Kiln tensors are contiguous NCHW; XNNPACK's 2-D operators take NHWC. Every rank-4 value
+// is NHWC inside the delegate: rank-4 boundary inputs are transposed NCHW->NHWC before each run,
+// rank-4 outputs NHWC->NCHW after it, and rank-4 constants (conv weights OIHW, 4-D operands of
+// add/mul) are permuted (0, 2, 3, 1) once at init (OIHW -> OHWI, XNNPACK's filter layout). The
+// payload records this per boundary value and constant (layout byte 1 = "NCHW outside").
+//
+// Payload (little-endian u32 words; floats as their bit patterns):
+//   'KXN1', num_inputs, num_outputs, num_constants,
+//   per input/constant: layout (0 as is, 1 NCHW outside / NHWC inside),
+//   per constant: rank, dims (Kiln order),
+//   num_nodes, per node: opcode, num_inputs, input ids, num_params, params
+//   (each node defines the next value id), then num_outputs value ids.
+// Value ids: [0, inputs) method inputs, then constants, then one per node.
+// init re-infers every value's shape from the boundary types and the params (the same formulas
+// XNNPACK's operators use), so an inconsistent or hostile payload is rejected before XNNPACK
+// sees it; outputs must match the program's types exactly.
+//
+// support() and lower() share one function (lower_subgraph): support lowers the node alone.
+#include <xnnpack.h>
+#include <pthreadpool.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "backends/backend.h"
+
+namespace kiln {
+namespace {
+
+constexpr uint32_t kMagic = 0x314E584Bu;  // "KXN1"
+constexpr uint32_t kNone = 0xFFFFFFFFu;
+constexpr float kInf = std::numeric_limits<float>::infinity();
+// XNNPACK's kernels may read up to XNN_EXTRA_BYTES past the end of an operand (xnnpack.h).
+constexpr size_t kPadFloats = XNN_EXTRA_BYTES / sizeof(float);
+
+enum Op : uint32_t {
+  kLiteral = 0,   // params: rank, dims..., then numel floats (rank may be 0)
+  kConv = 1,      // in: x, w, b; params: pad_h, pad_w, kh, kw, sh, sw, dh, dw, groups
+  kClamp = 2,     // in: x; params: min, max (float bits)
+  kHardswish = 3, // in: x
+  kAdd = 4,       // in: a, b
+  kMul = 5,       // in: a, b
+  kGlobalAvg = 6, // in: x (NHWC) -> [N, 1, 1, C]
+  kMaxPool = 7,   // in: x; params: kh, kw, sh, sw, pt, pl, pb, pr, dh, dw
+  kAvgPool = 8,   // in: x; params: kh, kw, sh, sw (no padding)
+  kFullyConnected = 9,  // in: x, w, b (b may be kNone); params: transpose_weights
+  kReshape = 10,  // in: x; params: rank, dims (XNNPACK order)
+  kNumOps
+};
+
+Error unsupported(const std::string& why) { return Error(ErrorCode::NotSupported, why); }
+
+uint32_t fbits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float bitsf(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// NCHW sizes -> the sizes XNNPACK sees (NHWC for rank 4).
+std::vector<int64_t> to_xnn(const std::vector<int64_t>& s) {
+  if (s.size() != 4) return s;
+  return {s[0], s[2], s[3], s[1]};
+}
+
+// ---------------------------------------------------------------- compile half
+
+struct PayloadNode {
+  uint32_t op;
+  std::vector<uint32_t> in, params;
+};
+
+class Lowering {
+ public:
+  Lowering(const Graph& g, const Subgraph& sg) : g_(g), sg_(sg) {
+    for (ValueId v : sg.inputs) ids_[v] = next_++;
+    for (ValueId v : sg.constants) ids_[v] = next_++;
+  }
+
+  Error node(const Node& n) {
+    for (ValueId v : n.inputs) {
+      if (v != kNoValue && g_.value(v).type.dtype != DType::Float32) {
+        return unsupported("input " + g_.value(v).type.to_string() + " is not float32 (the xnnpack delegate is float32 only)");
+      }
+    }
+    for (ValueId v : n.outputs) {
+      if (g_.value(v).type.dtype != DType::Float32) return unsupported("output is not float32");
+    }
+    const std::string& op = n.op;
+    const Attributes& a = n.attrs;
+    if (op == "aten.convolution") return conv(n);
+    if (op == "aten.relu") return emit(n, kClamp, {in(n, 0)}, {fbits(0.0f), fbits(kInf)});
+    if (op == "aten.hardtanh") {
+      return emit(n, kClamp, {in(n, 0)}, {fbits(static_cast<float>(a.get_float("min_val"))),
+                                          fbits(static_cast<float>(a.get_float("max_val")))});
+    }
+    if (op == "aten.clamp") {
+      const float lo = a.is_none("min") ? -kInf : static_cast<float>(a.get_float("min"));
+      const float hi = a.is_none("max") ? kInf : static_cast<float>(a.get_float("max"));
+      if (!(lo <= hi)) return unsupported("clamp with min > max (PyTorch then returns max everywhere)");
+      return emit(n, kClamp, {in(n, 0)}, {fbits(lo), fbits(hi)});
+    }
+    if (op == "aten.hardswish") return emit(n, kHardswish, {in(n, 0)}, {});
+    if (op == "aten.hardsigmoid") return hardsigmoid(n);
+    if (op == "aten.add" || op == "aten.mul") {
+      if (op == "aten.add" && a.get_float("alpha", 1.0) != 1.0) {
+        std::ostringstream os;
+        os << "alpha=" << a.get_float("alpha") << " is not supported (XNNPACK's add has no scale on the second input)";
+        return unsupported(os.str());
+      }
+      const auto& ta = g_.value(n.inputs[0]).type;
+      const auto& tb = g_.value(n.inputs[1]).type;
+      if ((ta.dim() == 4 || tb.dim() == 4) && ta.dim() != tb.dim()) {
+        return unsupported("broadcasting a rank-4 tensor against rank " + std::to_string(std::min(ta.dim(), tb.dim())) +
+                           " would need NCHW broadcasting inside the NHWC delegate");
+      }
+      return emit(n, op == "aten.add" ? kAdd : kMul, {in(n, 0), in(n, 1)}, {});
+    }
+    if (op == "aten.mean") return mean(n);
+    if (op == "aten.adaptive_avg_pool2d") return adaptive_avg(n);
+    if (op == "aten.max_pool2d") return max_pool(n);
+    if (op == "aten.avg_pool2d") return avg_pool(n);
+    if (op == "aten.linear") return linear(n);
+    if (op == "aten.addmm") return addmm(n);
+    if (op == "aten.view") return view(n);
+    return unsupported("op " + op + " has no xnnpack lowering");
+  }
+
+  Result<std::vector<uint8_t>> finish() {
+    std::vector<uint32_t> w = {kMagic, static_cast<uint32_t>(sg_.inputs.size()),
+                               static_cast<uint32_t>(sg_.outputs.size()), static_cast<uint32_t>(sg_.constants.size())};
+    for (ValueId v : sg_.inputs) w.push_back(g_.value(v).type.dim() == 4 ? 1 : 0);
+    for (ValueId v : sg_.constants) w.push_back(g_.value(v).type.dim() == 4 ? 1 : 0);
+    for (ValueId v : sg_.constants) {
+      const auto& s = g_.value(v).type.sizes;
+      w.push_back(static_cast<uint32_t>(s.size()));
+      for (int64_t d : s) w.push_back(static_cast<uint32_t>(d));
+    }
+    w.push_back(static_cast<uint32_t>(nodes_.size()));
+    for (const PayloadNode& pn : nodes_) {
+      w.push_back(pn.op);
+      w.push_back(static_cast<uint32_t>(pn.in.size()));
+      w.insert(w.end(), pn.in.begin(), pn.in.end());
+      w.push_back(static_cast<uint32_t>(pn.params.size()));
+      w.insert(w.end(), pn.params.begin(), pn.params.end());
+    }
+    for (ValueId v : sg_.outputs) {
+      auto it = ids_.find(v);
+      if (it == ids_.end()) return Error(ErrorCode::Internal, "xnnpack: subgraph output not produced");
+      w.push_back(it->second);
+    }
+    std::vector<uint8_t> bytes(w.size() * 4);
+    std::memcpy(bytes.data(), w.data(), bytes.size());
+    return bytes;
+  }
+
+ private:
+  uint32_t in(const Node& n, size_t i) const {
+    const ValueId v = n.inputs[i];
+    if (v == kNoValue) return kNone;
+    auto it = ids_.find(v);
+    return it == ids_.end() ? kNone : it->second;
+  }
+  bool is_const(const Node& n, size_t i) const {
+    return n.inputs[i] != kNoValue && g_.value(n.inputs[i]).constant != nullptr;
+  }
+  const TensorType& type(const Node& n, size_t i) const { return g_.value(n.inputs[i]).type; }
+  const TensorType& out_type(const Node& n) const { return g_.value(n.outputs[0]).type; }
+
+  uint32_t add_node(uint32_t op, std::vector<uint32_t> ins, std::vector<uint32_t> params) {
+    nodes_.push_back({op, std::move(ins), std::move(params)});
+    return next_++;
+  }
+  // `required`: how many leading inputs must be present (the rest may be kNone: an absent bias).
+  Error emit(const Node& n, uint32_t op, std::vector<uint32_t> ins, std::vector<uint32_t> params,
+             size_t required = SIZE_MAX) {
+    for (size_t i = 0; i < ins.size() && i < required; ++i) {
+      if (ins[i] == kNone) return Error(ErrorCode::Internal, "xnnpack: input of " + n.op + " not in the subgraph");
+    }
+    ids_[n.outputs[0]] = add_node(op, std::move(ins), std::move(params));
+    return {};
+  }
+  uint32_t literal(size_t rank, float value) {
+    std::vector<uint32_t> p = {static_cast<uint32_t>(rank)};
+    for (size_t i = 0; i < rank; ++i) p.push_back(1);
+    p.push_back(fbits(value));
+    return add_node(kLiteral, {}, std::move(p));
+  }
+
+  Error conv(const Node& n) {
+    const Attributes& a = n.attrs;
+    if (a.get_bool("transposed")) return unsupported("transposed convolution is not lowered");
+    if (type(n, 0).dim() != 4) return unsupported("only 2-D convolution (rank-4 input) is lowered");
+    if (!is_const(n, 1)) return unsupported("weight is not a constant");
+    if (n.inputs[2] != kNoValue && !is_const(n, 2)) return unsupported("bias is not a constant");
+    const auto stride = a.get_ints("stride"), pad = a.get_ints("padding"), dil = a.get_ints("dilation");
+    const auto& w = type(n, 1).sizes;
+    auto two = [](const std::vector<int64_t>& v, size_t i) { return v.size() == 1 ? v[0] : v[i]; };
+    if (stride.empty() || pad.empty() || dil.empty()) return unsupported("empty stride/padding/dilation");
+    const int64_t groups = a.get_int("groups", 1);
+    uint32_t bias = in(n, 2);
+    if (bias == kNone) {
+      // XNNPACK's convolution takes a bias: a zero literal of [C_out].
+      std::vector<uint32_t> p = {1, static_cast<uint32_t>(w[0])};
+      for (int64_t i = 0; i < w[0]; ++i) p.push_back(fbits(0.0f));
+      bias = add_node(kLiteral, {}, std::move(p));
+    }
+    return emit(n, kConv, {in(n, 0), in(n, 1), bias},
+                {static_cast<uint32_t>(two(pad, 0)), static_cast<uint32_t>(two(pad, 1)), static_cast<uint32_t>(w[2]),
+                 static_cast<uint32_t>(w[3]), static_cast<uint32_t>(two(stride, 0)), static_cast<uint32_t>(two(stride, 1)),
+                 static_cast<uint32_t>(two(dil, 0)), static_cast<uint32_t>(two(dil, 1)), static_cast<uint32_t>(groups)});
+  }
+
+  // hardsigmoid(x) = relu6(x + 3) / 6 (PyTorch aten/src/ATen/native/cpu/Activation.cpp): add,
+  // clamp [0, 6], multiply by 1/6 (XNNPACK 2022 has no hardsigmoid operator).
+  Error hardsigmoid(const Node& n) {
+    const size_t rank = static_cast<size_t>(type(n, 0).dim());
+    const uint32_t x = in(n, 0);
+    if (x == kNone) return Error(ErrorCode::Internal, "xnnpack: input not in subgraph");
+    const uint32_t three = literal(rank, 3.0f);
+    const uint32_t s = add_node(kAdd, {x, three}, {});
+    const uint32_t c = add_node(kClamp, {s}, {fbits(0.0f), fbits(6.0f)});
+    const uint32_t sixth = literal(rank, 1.0f / 6.0f);
+    ids_[n.outputs[0]] = add_node(kMul, {c, sixth}, {});
+    return {};
+  }
+
+  Error global_avg(const Node& n, bool keepdim) {
+    const auto& s = type(n, 0).sizes;
+    const uint32_t gap = add_node(kGlobalAvg, {in(n, 0)}, {});
+    if (keepdim) {
+      ids_[n.outputs[0]] = gap;
+    } else {
+      ids_[n.outputs[0]] = add_node(kReshape, {gap}, {2, static_cast<uint32_t>(s[0]), static_cast<uint32_t>(s[1])});
+    }
+    return {};
+  }
+  Error mean(const Node& n) {
+    if (type(n, 0).dim() != 4) return unsupported("mean is lowered only over H, W of a rank-4 tensor");
+    auto dims = n.attrs.get_ints("dim");
+    for (auto& d : dims) d = d < 0 ? d + 4 : d;
+    std::sort(dims.begin(), dims.end());
+    if (dims != std::vector<int64_t>{2, 3}) return unsupported("mean is lowered only over dims (2, 3) (global average pooling)");
+    return global_avg(n, n.attrs.get_bool("keepdim"));
+  }
+  Error adaptive_avg(const Node& n) {
+    if (type(n, 0).dim() != 4) return unsupported("adaptive_avg_pool2d is lowered only for rank-4 input");
+    const auto os = n.attrs.get_ints("output_size");
+    const auto& s = type(n, 0).sizes;
+    if (os == std::vector<int64_t>{1, 1}) return global_avg(n, true);
+    if (os.size() != 2 || os[0] <= 0 || os[1] <= 0 || s[2] % os[0] != 0 || s[3] % os[1] != 0) {
+      return unsupported("adaptive_avg_pool2d is lowered only for output 1x1 or an input size divisible by the output size");
+    }
+    const uint32_t kh = static_cast<uint32_t>(s[2] / os[0]), kw = static_cast<uint32_t>(s[3] / os[1]);
+    return emit(n, kAvgPool, {in(n, 0)}, {kh, kw, kh, kw});
+  }
+  Error max_pool(const Node& n) {
+    if (type(n, 0).dim() != 4) return unsupported("max_pool2d is lowered only for rank-4 input");
+    const auto k = n.attrs.get_ints("kernel_size"), st0 = n.attrs.get_ints("stride"), p = n.attrs.get_ints("padding"),
+               d = n.attrs.get_ints("dilation");
+    auto two = [](const std::vector<int64_t>& v, size_t i) { return v.size() == 1 ? v[0] : v[i]; };
+    const auto st = st0.empty() ? k : st0;
+    const auto& in_s = type(n, 0).sizes;
+    const auto& out_s = out_type(n).sizes;
+    std::vector<uint32_t> params = {static_cast<uint32_t>(two(k, 0)), static_cast<uint32_t>(two(k, 1)),
+                                    static_cast<uint32_t>(two(st, 0)), static_cast<uint32_t>(two(st, 1))};
+    // Padding: top/left as given; bottom/right chosen so that XNNPACK's floor formula gives the
+    // output size Kiln inferred. With ceil_mode this adds the extra padding PyTorch's ceil rule
+    // implies; XNNPACK's max pooling never selects a padding element, like PyTorch's.
+    int64_t pad[4];
+    for (int i = 0; i < 2; ++i) {
+      const int64_t kk = two(k, static_cast<size_t>(i)), ss = two(st, static_cast<size_t>(i)),
+                    pp = two(p, static_cast<size_t>(i)), dd = two(d, static_cast<size_t>(i));
+      const int64_t eff = (out_s[static_cast<size_t>(2 + i)] - 1) * ss + dd * (kk - 1) + 1;
+      const int64_t far = std::max<int64_t>(pp, eff - in_s[static_cast<size_t>(2 + i)] - pp);
+      pad[i] = pp;
+      pad[2 + i] = far;
+    }
+    if (two(k, 0) * two(k, 1) == 1) return unsupported("1x1 max pooling is rejected by XNNPACK");
+    params.insert(params.end(), {static_cast<uint32_t>(pad[0]), static_cast<uint32_t>(pad[1]),
+                                 static_cast<uint32_t>(pad[2]), static_cast<uint32_t>(pad[3]),
+                                 static_cast<uint32_t>(two(d, 0)), static_cast<uint32_t>(two(d, 1))});
+    return emit(n, kMaxPool, {in(n, 0)}, std::move(params));
+  }
+  Error avg_pool(const Node& n) {
+    const Attributes& a = n.attrs;
+    if (type(n, 0).dim() != 4) return unsupported("avg_pool2d is lowered only for rank-4 input");
+    const auto p = a.get_ints("padding");
+    for (int64_t v : p) {
+      if (v != 0) return unsupported("avg_pool2d with padding is not lowered (XNNPACK's divisor rule differs from count_include_pad)");
+    }
+    if (a.get_bool("ceil_mode")) return unsupported("avg_pool2d ceil_mode is not lowered");
+    if (!a.is_none("divisor_override")) return unsupported("avg_pool2d divisor_override is not lowered");
+    const auto k = a.get_ints("kernel_size"), st0 = a.get_ints("stride");
+    const auto st = st0.empty() ? k : st0;
+    auto two = [](const std::vector<int64_t>& v, size_t i) { return v.size() == 1 ? v[0] : v[i]; };
+    return emit(n, kAvgPool, {in(n, 0)}, {static_cast<uint32_t>(two(k, 0)), static_cast<uint32_t>(two(k, 1)),
+                                          static_cast<uint32_t>(two(st, 0)), static_cast<uint32_t>(two(st, 1))});
+  }
+  Error linear(const Node& n) {
+    if (type(n, 0).dim() == 4 || type(n, 0).dim() < 1) return unsupported("linear is lowered only for input rank 1-3");
+    if (!is_const(n, 1)) return unsupported("weight is not a constant");
+    if (n.inputs[2] != kNoValue && !is_const(n, 2)) return unsupported("bias is not a constant");
+    return emit(n, kFullyConnected, {in(n, 0), in(n, 1), in(n, 2)}, {0}, 2);
+  }
+  Error addmm(const Node& n) {
+    if (n.attrs.get_float("alpha", 1.0) != 1.0 || n.attrs.get_float("beta", 1.0) != 1.0) {
+      return unsupported("addmm with alpha or beta != 1 is not lowered");
+    }
+    if (!is_const(n, 2)) return unsupported("mat2 is not a constant");
+    if (!is_const(n, 0) || type(n, 0).dim() != 1) return unsupported("self (bias) must be a rank-1 constant");
+    return emit(n, kFullyConnected, {in(n, 1), in(n, 2), in(n, 0)}, {1});
+  }
+  Error view(const Node& n) {
+    auto spatial = [](const TensorType& t) { return t.dim() == 4 && t.sizes[2] * t.sizes[3] != 1; };
+    if (spatial(type(n, 0)) || spatial(out_type(n))) {
+      return unsupported("view of a rank-4 tensor with H*W > 1 would need an NCHW transpose inside the NHWC delegate");
+    }
+    const auto s = to_xnn(out_type(n).sizes);
+    std::vector<uint32_t> p = {static_cast<uint32_t>(s.size())};
+    for (int64_t d : s) p.push_back(static_cast<uint32_t>(d));
+    return emit(n, kReshape, {in(n, 0)}, std::move(p));
+  }
+
+  const Graph& g_;
+  const Subgraph& sg_;
+  std::map<ValueId, uint32_t> ids_;
+  std::vector<PayloadNode> nodes_;
+  uint32_t next_ = 0;
+};
+
+Result<std::vector<uint8_t>> lower_subgraph(const Subgraph& sg) {
+  Lowering l(*sg.graph, sg);
+  for (size_t i : sg.nodes) {
+    const Node& n = sg.graph->nodes()[i];
+    if (n.outputs.size() != 1) return unsupported("op " + n.op + " has " + std::to_string(n.outputs.size()) + " outputs");
+    KILN_RETURN_IF_ERROR(l.node(n));
+  }
+  return l.finish();
+}
+
+// ---------------------------------------------------------------- run half
+
+struct XValue {
+  std::vector<size_t> dims;  // XNNPACK order
+  const void* data = nullptr;  // constants and literals
+  uint32_t external = XNN_INVALID_VALUE_ID;
+  uint32_t flags = 0;
+};
+
+struct XnnHandle : DelegateHandle {
+  xnn_runtime_t runtime = nullptr;
+  pthreadpool_t pool = nullptr;
+  std::vector<std::vector<float>> owned;  // permuted constants and literals
+  std::vector<std::vector<int64_t>> in_sizes, out_sizes;  // Kiln (NCHW) sizes
+  std::vector<std::vector<float>> in_buf, out_buf;        // staging (inputs always; rank-4 outputs)
+  std::vector<xnn_external_value> externals;
+  ~XnnHandle() override {
+    if (runtime) xnn_delete_runtime(runtime);
+    if (pool) pthreadpool_destroy(pool);
+  }
+};
+
+// dst (NHWC) <- src (NCHW [n, c, h, w]) and the reverse.
+void nchw_to_nhwc(const float* src, float* dst, const std::vector<int64_t>& s) {
+  const int64_t N = s[0], C = s[1], HW = s[2] * s[3];
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t p = 0; p < HW; ++p) dst[(n * HW + p) * C + c] = src[(n * C + c) * HW + p];
+}
+void nhwc_to_nchw(const float* src, float* dst, const std::vector<int64_t>& s) {
+  const int64_t N = s[0], C = s[1], HW = s[2] * s[3];
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t c = 0; c < C; ++c)
+      for (int64_t p = 0; p < HW; ++p) dst[(n * C + c) * HW + p] = src[(n * HW + p) * C + c];
+}
+
+Error bad(const std::string& why) { return Error(ErrorCode::InvalidProgram, "xnnpack payload: " + why); }
+
+std::string xnn_error(const char* what, xnn_status s) {
+  return std::string(what) + " failed (xnn_status " + std::to_string(static_cast<int>(s)) + ")";
+}
+
+class XnnpackBackend : public Backend {
+ public:
+  std::string name() const override { return "xnnpack"; }
+
+  Error support(size_t node, const Graph& graph) const override {
+    const Node& n = graph.nodes()[node];
+    Subgraph sg;
+    sg.graph = &graph;
+    sg.nodes = {node};
+    for (ValueId v : n.inputs) {
+      if (v == kNoValue) continue;
+      auto& list = graph.value(v).constant ? sg.constants : sg.inputs;
+      if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
+    }
+    sg.outputs = n.outputs;
+    auto r = lower_subgraph(sg);
+    return r.ok() ? Error() : r.error();
+  }
+
+  Result<std::vector<uint8_t>> lower(const Subgraph& subgraph) const override { return lower_subgraph(subgraph); }
+
+  Error is_available() const override {
+    static const xnn_status status = xnn_initialize(nullptr);
+    if (status != xnn_status_success) {
+      return Error(ErrorCode::NotFound, status == xnn_status_unsupported_hardware
+                                            ? "XNNPACK does not support this processor"
+                                            : xnn_error("xnn_initialize", status));
+    }
+    return {};
+  }
+
+  Result<std::unique_ptr<DelegateHandle>> init(std::span<const uint8_t> payload,
+                                               std::span<const std::span<const uint8_t>> constants,
+                                               std::span<const TensorType> inputs,
+                                               std::span<const TensorType> outputs) const override {
+    KILN_RETURN_IF_ERROR(is_available());
+    if (payload.size() % 4 != 0) return bad("size is not a multiple of 4");
+    std::vector<uint32_t> w(payload.size() / 4);
+    if (!w.empty()) std::memcpy(w.data(), payload.data(), payload.size());
+    size_t pos = 0;
+    bool ok = true;
+    auto next = [&]() -> uint32_t {
+      if (pos >= w.size()) {
+        ok = false;
+        return 0;
+      }
+      return w[pos++];
+    };
+    if (next() != kMagic) return bad("wrong magic");
+    const uint32_t ni = next(), no = next(), nc = next();
+    if (!ok || ni != inputs.size() || no != outputs.size() || nc != constants.size()) {
+      return bad("boundary counts differ from the program's delegate call");
+    }
+    auto h = std::make_unique<XnnHandle>();
+    std::vector<XValue> values;
+    std::vector<uint32_t> layout(ni + nc);
+    for (auto& l : layout) l = next();
+    constexpr uint64_t kMaxElems = 1ull << 34;
+    auto check_dims = [&](const std::vector<int64_t>& s) {
+      uint64_t numel = 1;
+      for (int64_t d : s) {
+        if (d <= 0 || static_cast<uint64_t>(d) > kMaxElems || numel > kMaxElems / static_cast<uint64_t>(d)) return false;
+        numel *= static_cast<uint64_t>(d);
+      }
+      return true;
+    };
+    for (uint32_t i = 0; i < ni; ++i) {
+      const TensorType& t = inputs[i];
+      if (t.dtype != DType::Float32 || !check_dims(t.sizes)) return bad("input " + std::to_string(i) + " is not a non-empty float32 tensor");
+      if (layout[i] != (t.dim() == 4 ? 1u : 0u)) return bad("input layout flag disagrees with its rank");
+      XValue v;
+      const auto xs = to_xnn(t.sizes);
+      v.dims.assign(xs.begin(), xs.end());
+      v.external = i;
+      v.flags = XNN_VALUE_FLAG_EXTERNAL_INPUT;
+      values.push_back(v);
+      h->in_sizes.push_back(t.sizes);
+      h->in_buf.emplace_back(static_cast<size_t>(t.numel()) + XNN_EXTRA_BYTES / sizeof(float));
+    }
+    for (uint32_t c = 0; c < nc; ++c) {
+      const uint32_t rank = next();
+      if (!ok || rank > 8) return bad("constant rank");
+      std::vector<int64_t> s(rank);
+      for (auto& d : s) d = next();
+      if (!ok || !check_dims(s)) return bad("constant dims");
+      const uint64_t numel = static_cast<uint64_t>(numel_of(s));
+      if (constants[c].size() != numel * 4) return bad("constant " + std::to_string(c) + " byte size differs from its dims");
+      if (layout[ni + c] != (rank == 4 ? 1u : 0u)) return bad("constant layout flag disagrees with its rank");
+      XValue v;
+      const auto xs = to_xnn(s);
+      v.dims.assign(xs.begin(), xs.end());
+      if (rank == 4) {
+        h->owned.emplace_back(numel + kPadFloats);
+        nchw_to_nhwc(reinterpret_cast<const float*>(constants[c].data()), h->owned.back().data(), s);
+        v.data = h->owned.back().data();
+      } else {
+        v.data = constants[c].data();
+      }
+      values.push_back(v);
+    }
+    struct XNode {
+      uint32_t op;
+      std::vector<uint32_t> in, params;
+    };
+    const uint32_t nn = next();
+    if (!ok || nn > (1u << 20)) return bad("node count");
+    std::vector<XNode> nodes;
+    for (uint32_t k = 0; k < nn; ++k) {
+      XNode xn;
+      xn.op = next();
+      const uint32_t nin = next();
+      if (!ok || xn.op >= kNumOps || nin > 3) return bad("node " + std::to_string(k) + ": bad opcode or arity");
+      for (uint32_t i = 0; i < nin; ++i) {
+        const uint32_t id = next();
+        if (id != kNone && id >= values.size()) return bad("node " + std::to_string(k) + ": input id out of range");
+        xn.in.push_back(id);
+      }
+      const uint32_t np = next();
+      if (!ok || np > w.size() - pos) return bad("params");
+      for (uint32_t i = 0; i < np; ++i) xn.params.push_back(next());
+      if (!ok) return bad("truncated");
+      auto dims_out = infer(xn.op, xn.in, xn.params, values, *h);
+      if (!dims_out.ok()) return bad("node " + std::to_string(k) + ": " + dims_out.error().message());
+      XValue v;
+      v.dims = std::move(dims_out.value());
+      if (xn.op == kLiteral) v.data = h->owned.back().data();
+      values.push_back(v);
+      nodes.push_back(std::move(xn));
+    }
+    std::vector<uint32_t> outs(no);
+    for (uint32_t o = 0; o < no; ++o) {
+      outs[o] = next();
+      if (!ok || outs[o] < ni + nc || outs[o] >= values.size() || values[outs[o]].external != XNN_INVALID_VALUE_ID) {
+        return bad("output " + std::to_string(o) + " id invalid or repeated");
+      }
+      const TensorType& t = outputs[o];
+      const auto xs = to_xnn(t.sizes);
+      if (t.dtype != DType::Float32 || std::vector<size_t>(xs.begin(), xs.end()) != values[outs[o]].dims) {
+        return bad("output " + std::to_string(o) + " shape differs from the program's " + t.to_string());
+      }
+      values[outs[o]].external = ni + o;
+      values[outs[o]].flags = XNN_VALUE_FLAG_EXTERNAL_OUTPUT;
+      h->out_sizes.push_back(t.sizes);
+      h->out_buf.emplace_back(t.dim() == 4 ? static_cast<size_t>(t.numel()) : 0);
+    }
+    if (pos != w.size()) return bad("trailing bytes");
+    // XNNPACK allocates no memory for a node output nothing reads (and then asserts): every
+    // non-literal node must feed another node or a boundary output.
+    std::vector<bool> used(values.size(), false);
+    for (const XNode& xn : nodes) {
+      for (uint32_t i : xn.in) {
+        if (i != kNone) used[i] = true;
+      }
+    }
+    for (uint32_t o : outs) used[o] = true;
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      if (nodes[k].op != kLiteral && !used[ni + nc + k]) return bad("node " + std::to_string(k) + "'s output is never used");
+    }
+
+    // Constants read as operands (not as conv/FC weights or biases, which XNNPACK packs and reads
+    // exactly) are copied into padded buffers: the file mapping may end right after them.
+    std::vector<bool> copied(values.size(), false);
+    for (const XNode& xn : nodes) {
+      for (size_t i = 0; i < xn.in.size(); ++i) {
+        const uint32_t id = xn.in[i];
+        const bool weight_slot = (xn.op == kConv || xn.op == kFullyConnected) && i > 0;
+        if (weight_slot || id == kNone || id < ni || id >= ni + nc || layout[id] == 1 || copied[id]) continue;
+        copied[id] = true;
+        const auto* src = static_cast<const float*>(values[id].data);
+        const size_t numel = constants[id - ni].size() / sizeof(float);
+        h->owned.emplace_back(numel + kPadFloats);
+        std::memcpy(h->owned.back().data(), src, numel * sizeof(float));
+        values[id].data = h->owned.back().data();
+      }
+    }
+
+    // Build the XNNPACK subgraph.
+    xnn_subgraph_t sub = nullptr;
+    xnn_status st = xnn_create_subgraph(ni + no, 0, &sub);
+    if (st != xnn_status_success) return Error(ErrorCode::MemoryAllocationFailed, xnn_error("xnn_create_subgraph", st));
+    struct SubgraphGuard {
+      xnn_subgraph_t s;
+      ~SubgraphGuard() { xnn_delete_subgraph(s); }
+    } guard{sub};
+    std::vector<uint32_t> xid(values.size());
+    for (size_t i = 0; i < values.size(); ++i) {
+      const XValue& v = values[i];
+      st = xnn_define_tensor_value(sub, xnn_datatype_fp32, v.dims.size(), v.dims.data(), v.data, v.external, v.flags, &xid[i]);
+      if (st != xnn_status_success) return bad(xnn_error("xnn_define_tensor_value", st));
+    }
+    for (size_t k = 0; k < nodes.size(); ++k) {
+      const XNode& xn = nodes[k];
+      const uint32_t out = xid[ni + nc + k];
+      auto id = [&](size_t i) { return xn.in[i] == kNone ? XNN_INVALID_VALUE_ID : xid[xn.in[i]]; };
+      const auto& p = xn.params;
+      switch (xn.op) {
+        case kLiteral: st = xnn_status_success; break;
+        case kConv: {
+          const auto& wd = values[xn.in[1]].dims;  // [Cout, kh, kw, gin]
+          const uint32_t groups = p[8];
+          st = xnn_define_convolution_2d(sub, p[0], p[1], p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7], groups, wd[3],
+                                         wd[0] / groups, -kInf, kInf, id(0), id(1), id(2), out, 0);
+          break;
+        }
+        case kClamp: st = xnn_define_clamp(sub, bitsf(p[0]), bitsf(p[1]), id(0), out, 0); break;
+        case kHardswish: st = xnn_define_hardswish(sub, id(0), out, 0); break;
+        case kAdd: st = xnn_define_add2(sub, -kInf, kInf, id(0), id(1), out, 0); break;
+        case kMul: st = xnn_define_multiply2(sub, -kInf, kInf, id(0), id(1), out, 0); break;
+        case kGlobalAvg: st = xnn_define_global_average_pooling_2d(sub, -kInf, kInf, id(0), out, 0); break;
+        case kMaxPool:
+          st = xnn_define_max_pooling_2d(sub, p[4], p[7], p[6], p[5], p[0], p[1], p[2], p[3], p[8], p[9], -kInf, kInf,
+                                         id(0), out, 0);
+          break;
+        case kAvgPool:
+          st = xnn_define_average_pooling_2d(sub, 0, 0, 0, 0, p[0], p[1], p[2], p[3], -kInf, kInf, id(0), out, 0);
+          break;
+        case kFullyConnected:
+          st = xnn_define_fully_connected(sub, -kInf, kInf, id(0), id(1), id(2), out, p[0] ? XNN_FLAG_TRANSPOSE_WEIGHTS : 0);
+          break;
+        case kReshape: {
+          const std::vector<size_t> shape(values[ni + nc + k].dims);
+          st = xnn_define_static_reshape(sub, shape.size(), shape.data(), id(0), out, 0);
+          break;
+        }
+        default: return bad("opcode");
+      }
+      if (st != xnn_status_success) return bad(xnn_error("xnn_define_* of node", st) + " at node " + std::to_string(k));
+    }
+    // Single-threaded for now (null pool); a shared pool is issue 4's "no oversubscription" item.
+    st = xnn_create_runtime_v2(sub, h->pool, 0, &h->runtime);
+    if (st != xnn_status_success) return Error(ErrorCode::NotSupported, "xnnpack: " + xnn_error("xnn_create_runtime_v2", st));
+    h->externals.resize(ni + no);
+    for (uint32_t i = 0; i < ni + no; ++i) h->externals[i].id = i;
+    return std::unique_ptr<DelegateHandle>(std::move(h));
+  }
+
+  Error execute(DelegateHandle& handle, std::span<const Tensor* const> inputs,
+                std::span<Tensor* const> outputs) const override {
+    auto& h = static_cast<XnnHandle&>(handle);
+    if (inputs.size() != h.in_sizes.size() || outputs.size() != h.out_sizes.size()) {
+      return Error(ErrorCode::InvalidArgument, "xnnpack: wrong number of delegate inputs/outputs");
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      const auto* src = inputs[i]->data_as<const float>();
+      if (h.in_sizes[i].size() == 4) {
+        nchw_to_nhwc(src, h.in_buf[i].data(), h.in_sizes[i]);
+      } else {
+        std::memcpy(h.in_buf[i].data(), src, inputs[i]->nbytes());
+      }
+      h.externals[i].data = h.in_buf[i].data();
+    }
+    const size_t ni = inputs.size();
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      h.externals[ni + o].data = h.out_sizes[o].size() == 4 ? h.out_buf[o].data() : outputs[o]->data;
+    }
+    xnn_status st = xnn_setup_runtime(h.runtime, h.externals.size(), h.externals.data());
+    if (st != xnn_status_success) return Error(ErrorCode::Internal, "xnnpack: " + xnn_error("xnn_setup_runtime", st));
+    st = xnn_invoke_runtime(h.runtime);
+    if (st != xnn_status_success) return Error(ErrorCode::Internal, "xnnpack: " + xnn_error("xnn_invoke_runtime", st));
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      if (h.out_sizes[o].size() == 4) nhwc_to_nchw(h.out_buf[o].data(), outputs[o]->data_as<float>(), h.out_sizes[o]);
+    }
+    return {};
+  }
+
+ private:
+  // Shape of a node's output (XNNPACK order) from its inputs' shapes and params; the formulas
+  // of XNNPACK's operators (src/operators/*.c output size computations). Errors name the check.
+  static Result<std::vector<size_t>> infer(uint32_t op, const std::vector<uint32_t>& in, const std::vector<uint32_t>& p,
+                                           const std::vector<XValue>& values, XnnHandle& h) {
+    auto need = [&](size_t nin, size_t np) { return in.size() == nin && p.size() == np; };
+    auto dims = [&](size_t i) -> const std::vector<size_t>& { return values[in[i]].dims; };
+    auto present = [&](size_t n) {
+      for (size_t i = 0; i < n; ++i) {
+        if (in[i] == kNone) return false;
+      }
+      return true;
+    };
+    auto fail = [](const std::string& m) { return Error(ErrorCode::InvalidProgram, m); };
+    auto pos = [](uint32_t v) { return v >= 1 && v <= (1u << 16); };
+    switch (op) {
+      case kLiteral: {
+        if (!in.empty() || p.empty() || p[0] > 8 || p.size() < 1 + p[0]) return fail("literal header");
+        std::vector<size_t> d(p.begin() + 1, p.begin() + 1 + p[0]);
+        uint64_t numel = 1;
+        for (size_t x : d) {
+          if (x == 0 || x > (1u << 24)) return fail("literal dims");
+          numel *= x;
+        }
+        if (numel > (1u << 24) || p.size() != 1 + p[0] + numel) return fail("literal data size");
+        h.owned.emplace_back(numel + kPadFloats);
+        for (size_t i = 0; i < numel; ++i) h.owned.back()[i] = bitsf(p[1 + p[0] + i]);
+        return d;
+      }
+      case kConv: {
+        if (!need(3, 9) || !present(3)) return fail("conv arity");
+        const auto &x = dims(0), &wd = dims(1), &b = dims(2);
+        if (x.size() != 4 || wd.size() != 4 || b.size() != 1) return fail("conv ranks");
+        const uint32_t groups = p[8];
+        if (!pos(p[2]) || !pos(p[3]) || !pos(p[4]) || !pos(p[5]) || !pos(p[6]) || !pos(p[7]) || !pos(groups) ||
+            p[0] > (1u << 16) || p[1] > (1u << 16)) {
+          return fail("conv params out of range");
+        }
+        if (wd[1] != p[2] || wd[2] != p[3] || wd[3] * groups != x[3] || wd[0] % groups != 0 || b[0] != wd[0]) {
+          return fail("conv weight/bias shape");
+        }
+        const int64_t eh = static_cast<int64_t>(x[1]) + 2 * p[0] - static_cast<int64_t>(p[6]) * (p[2] - 1) - 1;
+        const int64_t ew = static_cast<int64_t>(x[2]) + 2 * p[1] - static_cast<int64_t>(p[7]) * (p[3] - 1) - 1;
+        if (eh < 0 || ew < 0) return fail("conv window larger than the padded input");
+        return std::vector<size_t>{x[0], static_cast<size_t>(eh / p[4] + 1), static_cast<size_t>(ew / p[5] + 1), wd[0]};
+      }
+      case kClamp:
+        if (!need(1, 2) || !present(1)) return fail("clamp arity");
+        return dims(0);
+      case kHardswish:
+        if (!need(1, 0) || !present(1)) return fail("hardswish arity");
+        return dims(0);
+      case kAdd:
+      case kMul: {
+        if (!need(2, 0) || !present(2)) return fail("binary arity");
+        const auto &a = dims(0), &b = dims(1);
+        const size_t r = std::max(a.size(), b.size());
+        std::vector<size_t> out(r);
+        for (size_t i = 0; i < r; ++i) {
+          const size_t da = i < r - a.size() ? 1 : a[i - (r - a.size())];
+          const size_t db = i < r - b.size() ? 1 : b[i - (r - b.size())];
+          if (da != db && da != 1 && db != 1) return fail("binary shapes do not broadcast");
+          out[i] = std::max(da, db);
+        }
+        return out;
+      }
+      case kGlobalAvg: {
+        if (!need(1, 0) || !present(1) || dims(0).size() != 4) return fail("global average pooling input");
+        return std::vector<size_t>{dims(0)[0], 1, 1, dims(0)[3]};
+      }
+      case kMaxPool:
+      case kAvgPool: {
+        const bool mx = op == kMaxPool;
+        if (!need(1, mx ? 10 : 4) || !present(1) || dims(0).size() != 4) return fail("pooling arity");
+        for (size_t i = 0; i < 4; ++i) {
+          if (!pos(p[i])) return fail("pooling params out of range");
+        }
+        uint32_t pt = 0, pl = 0, pb = 0, pr = 0, dh = 1, dw = 1;
+        if (mx) {
+          pt = p[4], pl = p[5], pb = p[6], pr = p[7], dh = p[8], dw = p[9];
+          if (!pos(dh) || !pos(dw) || pt > (1u << 16) || pl > (1u << 16) || pb > (1u << 16) || pr > (1u << 16)) {
+            return fail("pooling params out of range");
+          }
+          if (p[0] * p[1] == 1) return fail("1x1 max pooling");
+        }
+        const auto& x = dims(0);
+        const int64_t eh = static_cast<int64_t>(x[1]) + pt + pb - static_cast<int64_t>(dh) * (p[0] - 1) - 1;
+        const int64_t ew = static_cast<int64_t>(x[2]) + pl + pr - static_cast<int64_t>(dw) * (p[1] - 1) - 1;
+        if (eh < 0 || ew < 0) return fail("pooling window larger than the padded input");
+        return std::vector<size_t>{x[0], static_cast<size_t>(eh / p[2] + 1), static_cast<size_t>(ew / p[3] + 1), x[3]};
+      }
+      case kFullyConnected: {
+        if (!need(3, 1) || in[0] == kNone || in[1] == kNone || p[0] > 1) return fail("fully connected arity");
+        const auto &x = dims(0), &wd = dims(1);
+        if (x.empty() || x.size() == 4 || wd.size() != 2) return fail("fully connected ranks");
+        const size_t k = p[0] ? wd[0] : wd[1], n = p[0] ? wd[1] : wd[0];
+        if (x.back() != k) return fail("fully connected inner dimension");
+        if (in[2] != kNone && dims(2) != std::vector<size_t>{n}) return fail("fully connected bias shape");
+        std::vector<size_t> out = x;
+        out.back() = n;
+        return out;
+      }
+      case kReshape: {
+        if (in.size() != 1 || !present(1) || p.empty() || p[0] > 8 || p.size() != 1 + p[0]) return fail("reshape arity");
+        std::vector<size_t> d(p.begin() + 1, p.end());
+        uint64_t a = 1, b = 1;
+        for (size_t x : dims(0)) a *= x;
+        for (size_t x : d) b *= x;
+        if (a != b) return fail("reshape changes the element count");
+        return d;
+      }
+      default: return fail("opcode");
+    }
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_xnnpack_backend() { return std::make_unique<XnnpackBackend>(); }
+
+}  // namespace kiln
