@@ -5,6 +5,8 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <memory>
+#include <mutex>
 
 #include "backends/backend.h"
 #include "ir/op_registry.h"
@@ -88,9 +90,12 @@ py::dict type_dict(const TensorType& t) {
   return d;
 }
 
+// One Method instance may not run on two threads at once (include/kiln/runtime.h), and its
+// outputs are views into its arena: `mu` serializes execute() plus the copy of the outputs, so
+// Python threads sharing a LoadedProgram get correct results (one at a time per method).
 struct PyMethod {
   Method method;
-  std::vector<py::array> keep;
+  std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
 };
 
 }  // namespace
@@ -233,7 +238,7 @@ PYBIND11_MODULE(_kiln, m) {
       .def("execute", [](PyMethod& pm, std::vector<py::array> inputs) {
         const MethodMeta& meta = pm.method.meta();
         std::vector<Tensor> ts;
-        pm.keep.clear();
+        std::vector<py::array> keep;  // holds the (possibly converted) input arrays alive
         for (size_t i = 0; i < inputs.size(); ++i) {
           py::array a = py::array::ensure(inputs[i], py::array::c_style);
           if (!a) throw py::type_error("input " + std::to_string(i) + " is not an array");
@@ -243,20 +248,31 @@ PYBIND11_MODULE(_kiln, m) {
           if (fmt == "uint16" && want == DType::BFloat16) d = DType::BFloat16;
           if (!d) throw KilnError{Error(ErrorCode::InvalidArgument, "input " + std::to_string(i) + ": unsupported dtype " + fmt)};
           ts.push_back(Tensor{*d, std::vector<int64_t>(a.shape(), a.shape() + a.ndim()), const_cast<void*>(a.data())});
-          pm.keep.push_back(a);
+          keep.push_back(a);
         }
         std::vector<Tensor> outs;
+        std::vector<std::vector<uint8_t>> copies;  // outputs copied while the method is locked
+        Error err;
         {
           py::gil_scoped_release release;
+          std::lock_guard<std::mutex> lock(*pm.mu);
           auto r = pm.method.execute(ts);
-          if (!r.ok()) {
-            py::gil_scoped_acquire acquire;
-            throw KilnError{r.error()};
+          if (r.ok()) {
+            outs = std::move(r).value();
+            for (const Tensor& t : outs) {
+              const auto* p = static_cast<const uint8_t*>(t.data);
+              copies.emplace_back(p, p + t.nbytes());
+            }
+          } else {
+            err = r.error();
           }
-          outs = std::move(r).value();
         }
+        if (!err.ok()) throw KilnError{err};
         py::list result;
-        for (const Tensor& t : outs) result.append(to_numpy(t));
+        for (size_t i = 0; i < outs.size(); ++i) {
+          outs[i].data = copies[i].data();
+          result.append(to_numpy(outs[i]));
+        }
         return result;
       }, "Runs the method on NumPy arrays; returns a list of NumPy arrays (copies).")
       .def_property_readonly("inputs", [](const PyMethod& pm) {
@@ -280,6 +296,6 @@ PYBIND11_MODULE(_kiln, m) {
       .def_property_readonly("constant_bytes", &Program::constant_bytes)
       .def_property_readonly("file_size", &Program::file_size)
       .def("load_method", [](const Program& p, const std::string& name) {
-        return PyMethod{unwrap(p.load_method(name)), {}};
+        return PyMethod{unwrap(p.load_method(name))};
       });
 }

@@ -171,6 +171,38 @@ Result<PlannedInstruction> plan_delegate(const fb::DelegateCall* d, const std::s
   return pi;
 }
 
+// Kernels and delegates assume that an instruction's outputs share no bytes with its inputs or
+// with each other (the memory planner never does that: their lifetimes overlap). A hostile file
+// could place them on the same arena bytes; reject it instead of letting a kernel read what it
+// is overwriting.
+Error check_no_aliasing(const MethodPlan& plan, const PlannedInstruction& pi, const std::string& iw) {
+  auto range = [&](int32_t v) -> std::pair<uint64_t, uint64_t> {
+    const auto i = static_cast<size_t>(v);
+    if (plan.arena_offsets[i] < 0) return {0, 0};  // constant: read-only, never written
+    const auto off = static_cast<uint64_t>(plan.arena_offsets[i]);
+    return {off, off + plan.value_types[i].nbytes()};
+  };
+  auto overlap = [](std::pair<uint64_t, uint64_t> a, std::pair<uint64_t, uint64_t> b) {
+    return a.first < a.second && b.first < b.second && a.first < b.second && b.first < a.second;
+  };
+  for (size_t o = 0; o < pi.outputs.size(); ++o) {
+    const auto ro = range(pi.outputs[o]);
+    for (int32_t a : pi.args) {
+      if (a >= 0 && (a == pi.outputs[o] || overlap(ro, range(a)))) {
+        return bad(iw + ": output value " + std::to_string(pi.outputs[o]) + " overlaps input value " + std::to_string(a) +
+                   " in the arena");
+      }
+    }
+    for (size_t p = 0; p < o; ++p) {
+      if (pi.outputs[p] == pi.outputs[o] || overlap(ro, range(pi.outputs[p]))) {
+        return bad(iw + ": output values " + std::to_string(pi.outputs[p]) + " and " + std::to_string(pi.outputs[o]) +
+                   " overlap in the arena");
+      }
+    }
+  }
+  return {};
+}
+
 Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpan>& segments,
                                const std::vector<ConstantSpan>& constants) {
   MethodPlan plan;
@@ -232,6 +264,7 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     if (const fb::DelegateCall* d = e->instr_as_DelegateCall()) {
       auto pi = plan_delegate(d, iw, nv, segments, constants, plan, defined);
       if (!pi.ok()) return pi.error();
+      KILN_RETURN_IF_ERROR(check_no_aliasing(plan, pi.value(), iw));
       plan.instructions.push_back(std::move(pi.value()));
       continue;
     }
@@ -273,6 +306,7 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
       defined[ov] = true;
     }
     if (def->num_outputs != static_cast<int>(pi.outputs.size())) return bad(iw + ": wrong number of outputs");
+    KILN_RETURN_IF_ERROR(check_no_aliasing(plan, pi, iw));
     plan.instructions.push_back(std::move(pi));
   }
   for (int32_t o : plan.outputs) {
@@ -313,7 +347,8 @@ Result<std::unique_ptr<FileBytes>> FileBytes::copy(std::span<const uint8_t> byte
 }
 
 Result<std::unique_ptr<FileBytes>> FileBytes::map(const std::string& path, bool use_mmap) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: opening a FIFO must not wait for a writer (it is rejected below as not regular).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Error(ErrorCode::NotFound, "cannot open '" + path + "': " + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -371,6 +371,22 @@ TEST_F(EditedProgram, OpsAndAttributes) {
 namespace kiln {
 namespace {
 
+TEST_F(EditedProgram, InstructionOutputsOverlappingInputsAreRejected) {
+  // All activations placed on the same arena bytes: aten.add would write over the input it
+  // reads (found by the fuzzer as a memcpy-param-overlap in aten.cat).
+  expect_error("every value at offset 0",
+               [&](fb::Program* p) {
+                 bool ok = true;
+                 auto* values = method(p)->mutable_values();
+                 for (flatbuffers::uoffset_t i = 0; i < values->size(); ++i) {
+                   auto* v = values->GetMutableObject(i);
+                   if (v->arena_offset() >= 0) ok = ok && v->mutate_arena_offset(0);
+                 }
+                 return ok;
+               },
+               "overlaps");
+}
+
 TEST(MalformedProgram, HugeSizesBesideAZeroSizeAreRejected) {
   // relu on float32[0, 4], then both tensors edited to [0, 2^62]: zero elements, but a kernel
   // multiplying the other sizes would overflow, so the loader bounds the non-zero sizes too.
