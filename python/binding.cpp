@@ -246,7 +246,14 @@ PYBIND11_MODULE(_kiln, m) {
           std::string fmt = py::str(a.dtype()).cast<std::string>();
           auto d = dtype_from_name(fmt);
           if (fmt == "uint16" && want == DType::BFloat16) d = DType::BFloat16;
-          if (!d) throw KilnError{Error(ErrorCode::InvalidArgument, "input " + std::to_string(i) + ": unsupported dtype " + fmt)};
+          if (!d) {
+            const std::string label = i < meta.input_names.size() && !meta.input_names[i].empty()
+                                          ? " '" + meta.input_names[i] + "'" : "";
+            const std::string want_s = i < meta.inputs.size() ? meta.inputs[i].to_string() : "no such input";
+            throw KilnError{Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' input " + std::to_string(i) +
+                                                              label + ": expected " + want_s + ", got a NumPy array of dtype " +
+                                                              fmt + " (not a Kiln dtype)")};
+          }
           ts.push_back(Tensor{*d, std::vector<int64_t>(a.shape(), a.shape() + a.ndim()), const_cast<void*>(a.data())});
           keep.push_back(a);
         }

@@ -10,6 +10,7 @@ Exit status: 0 on success, 1 when the export failed (the error is printed in one
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -34,8 +35,9 @@ def build_model(name: str, weights: str | None, *, log=print):
     import torch
     import torchvision
 
-    ctor = getattr(torchvision.models, name, None)
-    if ctor is None or not callable(ctor) or name.startswith("_"):
+    models = set(torchvision.models.list_models(module=torchvision.models))
+    ctor = getattr(torchvision.models, name, None) if name in models else None
+    if ctor is None:
         known = ", ".join(sorted(torchvision.models.list_models(module=torchvision.models)))
         raise ValueError(f"unknown torchvision model '{name}'. Known models: {known}")
     if weights is None:
@@ -45,7 +47,11 @@ def build_model(name: str, weights: str | None, *, log=print):
             "the program's labels are meaningless")
     else:
         model = ctor(weights=None)
-        state = torch.load(weights, map_location="cpu", weights_only=True)
+        try:
+            state = torch.load(weights, map_location="cpu", weights_only=True)
+        except Exception as ex:
+            raise ValueError(f"cannot read --weights {weights} as a state dict saved with torch.save "
+                             f"({type(ex).__name__}: {ex})") from None
         if isinstance(state, dict):
             for key in ("state_dict", "model"):
                 if key in state and isinstance(state[key], dict):
@@ -67,8 +73,11 @@ def cmd_export(args) -> int:
         return 2
     try:
         model = build_model(args.model, args.weights, log=lambda s: print(s, file=sys.stderr))
-    except (ValueError, OSError, RuntimeError) as ex:  # unknown name, unreadable or mismatched weights
-        print(f"error: {ex}", file=sys.stderr)
+    except Exception as ex:  # unknown name; unreadable, non-state-dict or mismatched weights
+        print(f"error: cannot build {args.model}: {type(ex).__name__}: {ex}", file=sys.stderr)
+        return 2
+    if os.path.isdir(args.output):
+        print(f"error: -o {args.output} is a directory; give the path of the .kiln file to write", file=sys.stderr)
         return 2
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
     if dtype != torch.float32:
@@ -87,16 +96,19 @@ def cmd_export(args) -> int:
 
 def cmd_ops(args) -> int:
     from . import op_names
-    for n in sorted(op_names()):
-        print(n)
+    try:
+        for n in sorted(op_names()):
+            print(n)
+    except BrokenPipeError:  # e.g. `python -m kiln ops | head`
+        sys.stderr.close()
     return 0
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m kiln",
-        description="Kiln: export PyTorch models to .kiln programs (the C++ `kiln` tool compiles ONNX, "
-                    "runs and inspects programs).")
+        description="Kiln: export PyTorch models to .kiln programs (the C++ `kiln` tool runs and inspects "
+                    "programs).")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     e = sub.add_parser(

@@ -64,3 +64,33 @@ def test_loading_a_fifo_is_an_error_not_a_hang(tmp_path):
     with pytest.raises(kiln.KilnError) as e:
         kiln.load(fifo)
     assert "not a regular file" in e.value.args[0]
+
+
+def test_float64_input_error_names_the_input_and_the_expected_type(tmp_path):
+    path, _ = _program(tmp_path)
+    with pytest.raises(kiln.KilnError) as e:
+        kiln.load(path).run(np.zeros((64, 64)))  # float64
+    msg, code = e.value.args
+    assert code == "InvalidArgument"
+    assert "input 0 'x'" in msg and "float32[64, 64]" in msg and "float64" in msg
+
+
+def test_export_cli_errors_are_one_line(tmp_path):
+    import subprocess
+    import sys
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=os.path.join(root, "python"))
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a state dict")
+    cases = [
+        (["--model", "get_model"], "unknown torchvision model"),
+        (["--model", "resnet18", "--weights", str(bad)], "cannot read --weights"),
+    ]
+    for extra, want in cases:
+        p = subprocess.run([sys.executable, "-m", "kiln", "export", *extra, "-o", str(tmp_path / "x.kiln")],
+                           capture_output=True, text=True, env=env, timeout=300)
+        assert p.returncode == 2, p.stderr
+        assert want in p.stderr and "Traceback" not in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-m", "kiln", "export", "--model", "resnet18", "-o", str(tmp_path)],
+                       capture_output=True, text=True, env=env, timeout=300)
+    assert p.returncode == 2 and "is a directory" in p.stderr and "Traceback" not in p.stderr, p.stderr
