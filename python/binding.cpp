@@ -94,6 +94,7 @@ py::dict type_dict(const TensorType& t) {
 // outputs are views into its arena: `mu` serializes execute() plus the copy of the outputs, so
 // Python threads sharing a LoadedProgram get correct results (one at a time per method).
 struct PyMethod {
+  std::shared_ptr<ThreadPool> pool;  // the method's own pool when num_threads was given (outlives method)
   Method method;
   std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
 };
@@ -302,7 +303,19 @@ PYBIND11_MODULE(_kiln, m) {
       .def_property_readonly("method_names", &Program::method_names)
       .def_property_readonly("constant_bytes", &Program::constant_bytes)
       .def_property_readonly("file_size", &Program::file_size)
-      .def("load_method", [](const Program& p, const std::string& name) {
-        return PyMethod{unwrap(p.load_method(name))};
-      });
+      .def(
+          "load_method",
+          [](const Program& p, const std::string& name, int num_threads, bool portable_kernels_only) {
+            if (num_threads < 0) throw py::value_error("num_threads must be >= 0 (0 = the process-wide pool)");
+            MethodOptions opts;
+            std::shared_ptr<ThreadPool> pool;
+            if (num_threads > 0) pool = std::make_shared<ThreadPool>(num_threads);
+            opts.pool = pool.get();
+            opts.portable_kernels_only = portable_kernels_only;
+            return PyMethod{pool, unwrap(p.load_method(name, opts))};
+          },
+          py::arg("name"), py::arg("num_threads") = 0, py::arg("portable_kernels_only") = false,
+          "Instantiates a method. num_threads: 0 = the process-wide pool (KILN_NUM_THREADS or the core "
+          "count), else a pool of its own with that many threads (kernels and delegates). "
+          "portable_kernels_only: run the reference kernels instead of the optimized cpu kernels.");
 }

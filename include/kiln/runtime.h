@@ -49,8 +49,13 @@ struct MethodOptions {
   /// Caller-supplied arena of at least MethodMeta::arena_bytes bytes, 64-byte aligned;
   /// empty: the method allocates its own.
   std::span<uint8_t> arena;
-  /// Pool for kernels; null uses ThreadPool::default_pool().
+  /// Pool for kernels; null uses ThreadPool::default_pool(). Delegates run with as many
+  /// threads as this pool has (their own pools sleep while Kiln's kernels run, and Kiln's
+  /// pool sleeps while a delegate runs, so the two never compete for cores).
   ThreadPool* pool = nullptr;
+  /// Portable: run the portable reference kernels only (no optimized cpu kernels); the
+  /// default picks an optimized kernel wherever one accepts the call.
+  bool portable_kernels_only = false;
 };
 
 /// An executable instance of one method. Owns its activation state: separate Method

@@ -28,11 +28,17 @@ class LoadedProgram:
     ``run(*inputs, method="forward")`` takes NumPy arrays (or torch tensors) whose dtype and
     shape match the method's inputs exactly and returns a list of NumPy arrays. Errors are
     raised as ``kiln.KilnError(message, code)``.
+
+    ``num_threads``: 0 = the process-wide pool (KILN_NUM_THREADS or the core count), else each
+    method gets a pool of that many threads (kernels and delegates). ``portable_kernels_only``:
+    run Kiln's reference kernels instead of the optimized cpu kernels (the numerical oracle).
     """
 
-    def __init__(self, program: "_kiln.Program"):
+    def __init__(self, program: "_kiln.Program", *, num_threads: int = 0, portable_kernels_only: bool = False):
         self._program = program
         self._methods: dict[str, object] = {}
+        self._num_threads = int(num_threads)
+        self._portable = bool(portable_kernels_only)
 
     @property
     def method_names(self) -> list[str]:
@@ -48,7 +54,7 @@ class LoadedProgram:
 
     def method(self, name: str = "forward"):
         if name not in self._methods:
-            self._methods[name] = self._program.load_method(name)
+            self._methods[name] = self._program.load_method(name, self._num_threads, self._portable)
         return self._methods[name]
 
     def run(self, *inputs, method: str = "forward") -> list[np.ndarray]:
@@ -60,14 +66,17 @@ class LoadedProgram:
         return list(self.method(method).execute(arrays))
 
 
-def load(path: str | os.PathLike) -> LoadedProgram:
-    """Loads and verifies a .kiln file (memory-mapped). Raises KilnError on any problem."""
-    return LoadedProgram(_kiln.Program.load(os.fspath(path)))
+def load(path: str | os.PathLike, *, num_threads: int = 0, portable_kernels_only: bool = False) -> LoadedProgram:
+    """Loads and verifies a .kiln file (memory-mapped). Raises KilnError on any problem.
+    Options as for LoadedProgram."""
+    return LoadedProgram(_kiln.Program.load(os.fspath(path)), num_threads=num_threads,
+                         portable_kernels_only=portable_kernels_only)
 
 
-def load_bytes(data: bytes) -> LoadedProgram:
-    """Loads and verifies a program held in memory."""
-    return LoadedProgram(_kiln.Program.from_bytes(data))
+def load_bytes(data: bytes, *, num_threads: int = 0, portable_kernels_only: bool = False) -> LoadedProgram:
+    """Loads and verifies a program held in memory. Options as for LoadedProgram."""
+    return LoadedProgram(_kiln.Program.from_bytes(data), num_threads=num_threads,
+                         portable_kernels_only=portable_kernels_only)
 
 
 def _lazy_capture():

@@ -38,6 +38,13 @@ class DelegateHandle {
   virtual ~DelegateHandle() = default;
 };
 
+/// Run-time settings for one delegate handle, from the method's load options.
+struct DelegateOptions {
+  /// Threads the delegate may use (Kiln's pool for this method has as many; it sleeps while
+  /// the delegate runs). 1 = run on the calling thread only.
+  int num_threads = 1;
+};
+
 /// One delegate backend. Implementations must be thread-safe for concurrent calls on
 /// different handles; one handle is used by one thread at a time.
 class Backend {
@@ -63,7 +70,8 @@ class Backend {
   virtual Result<std::unique_ptr<DelegateHandle>> init(std::span<const uint8_t> payload,
                                                        std::span<const std::span<const uint8_t>> constants,
                                                        std::span<const TensorType> inputs,
-                                                       std::span<const TensorType> outputs) const = 0;
+                                                       std::span<const TensorType> outputs,
+                                                       const DelegateOptions& options) const = 0;
   /// Runs the handle: inputs/outputs are contiguous tensors of the types given to init.
   virtual Error execute(DelegateHandle& handle, std::span<const Tensor* const> inputs,
                         std::span<Tensor* const> outputs) const = 0;

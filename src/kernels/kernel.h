@@ -25,17 +25,51 @@ struct KernelArgs {
 /// Runs the op. Returns NotSupported for a dtype or configuration the kernel lacks.
 using KernelFn = Error (*)(const KernelArgs&);
 
-/// A named set of kernels ("portable", "cpu"). Later sets override earlier ones by op name.
+/// The types and attributes of one kernel call, known at load time (before any data exists).
+/// `inputs[i]` is null for a None argument.
+struct KernelSignature {
+  std::span<const TensorType* const> inputs;
+  std::span<const TensorType* const> outputs;
+  const Attributes& attrs;
+};
+
+/// True when an optimized kernel handles this call (dtype, rank, attributes); a kernel that
+/// accepts a call must run it correctly for every tensor of those types.
+using KernelAccepts = bool (*)(const KernelSignature&);
+
+/// Which kernels a method runs: the optimized cpu kernels where one accepts the call (the
+/// default), or the portable reference kernels only (the numerical oracle; benchmarks).
+enum class KernelSet { Optimized, Portable };
+
+/// Every kernel compiled into this build. Each op has one portable kernel (every dtype and
+/// configuration the op allows, simple and exact) and any number of optimized "cpu" kernels,
+/// each with an accepts() predicate; select() takes the first optimized kernel that accepts
+/// the call, else the portable one. Selection happens once per instruction at load time.
 class KernelRegistry {
  public:
-  /// The registry with every kernel compiled into this build (portable, then cpu overrides).
+  /// The registry with every kernel compiled into this build (portable, then cpu).
   static const KernelRegistry& get();
+  /// The portable kernel of `op`, or null.
   KernelFn find(std::string_view op) const;
-  void add(std::string op, KernelFn fn);  ///< used only while building
+  /// The kernel that runs a call of `op` with `sig` under `set`, or null when `op` has none.
+  KernelFn select(std::string_view op, const KernelSignature& sig, KernelSet set) const;
+  /// Name of the set the kernel select() returns belongs to: "cpu" or "portable".
+  const char* set_name(KernelFn fn) const;
+  void add(std::string op, KernelFn fn);  ///< portable kernel; used only while building
+  /// Optimized kernel, tried in registration order; used only while building.
+  void add_optimized(std::string op, KernelFn fn, KernelAccepts accepts);
   std::vector<std::string> ops() const;
+  /// Ops with at least one optimized kernel.
+  std::vector<std::string> optimized_ops() const;
 
  private:
+  struct Optimized {
+    std::string op;
+    KernelFn fn;
+    KernelAccepts accepts;
+  };
   std::vector<std::pair<std::string, KernelFn>> kernels_;
+  std::vector<Optimized> optimized_;
 };
 
 // Registration functions, one per kernel family (src/kernels/portable/*.cpp).
@@ -47,5 +81,8 @@ void register_portable_pool(KernelRegistry& r);
 void register_portable_upsample(KernelRegistry& r);
 void register_portable_reduction(KernelRegistry& r);
 void register_portable_shape(KernelRegistry& r);
+
+// Optimized cpu kernels (src/kernels/cpu/*.cpp); registered after the portable ones.
+void register_cpu_kernels(KernelRegistry& r);
 
 }  // namespace kiln

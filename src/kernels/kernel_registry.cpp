@@ -16,6 +16,7 @@ const KernelRegistry& KernelRegistry::get() {
     register_portable_upsample(r);
     register_portable_reduction(r);
     register_portable_shape(r);
+    register_cpu_kernels(r);
     return r;
   }();
   return registry;
@@ -33,6 +34,34 @@ void KernelRegistry::add(std::string op, KernelFn fn) {
     if (name == op) { f = fn; return; }  // later sets override
   }
   kernels_.emplace_back(std::move(op), fn);
+}
+
+void KernelRegistry::add_optimized(std::string op, KernelFn fn, KernelAccepts accepts) {
+  optimized_.push_back(Optimized{std::move(op), fn, accepts});
+}
+
+KernelFn KernelRegistry::select(std::string_view op, const KernelSignature& sig, KernelSet set) const {
+  if (set == KernelSet::Optimized) {
+    for (const auto& k : optimized_) {
+      if (k.op == op && (k.accepts == nullptr || k.accepts(sig))) return k.fn;
+    }
+  }
+  return find(op);
+}
+
+const char* KernelRegistry::set_name(KernelFn fn) const {
+  for (const auto& k : optimized_) {
+    if (k.fn == fn) return "cpu";
+  }
+  return "portable";
+}
+
+std::vector<std::string> KernelRegistry::optimized_ops() const {
+  std::vector<std::string> out;
+  for (const auto& k : optimized_) {
+    if (std::find(out.begin(), out.end(), k.op) == out.end()) out.push_back(k.op);
+  }
+  return out;
 }
 
 std::vector<std::string> KernelRegistry::ops() const {

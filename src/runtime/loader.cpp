@@ -275,8 +275,8 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     if (call->debug_name()) pi.debug_name = call->debug_name()->str();
     const OpDef* def = OpRegistry::get().find(pi.op);
     if (def == nullptr) return Error(ErrorCode::OperatorMissing, iw + ": op '" + pi.op + "' is unknown to this runtime");
-    pi.kernel = KernelRegistry::get().find(pi.op);
-    if (pi.kernel == nullptr) return Error(ErrorCode::OperatorMissing, iw + ": no kernel for op '" + pi.op + "'");
+    pi.portable_kernel = KernelRegistry::get().find(pi.op);
+    if (pi.portable_kernel == nullptr) return Error(ErrorCode::OperatorMissing, iw + ": no kernel for op '" + pi.op + "'");
     auto attrs = read_attributes(call->attributes());
     if (!attrs.ok()) return bad(iw + ": " + attrs.error().message());
     auto norm = def->normalize_attributes(attrs.value());
@@ -306,6 +306,12 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
       defined[ov] = true;
     }
     if (def->num_outputs != static_cast<int>(pi.outputs.size())) return bad(iw + ": wrong number of outputs");
+    {
+      std::vector<const TensorType*> out_types;
+      for (int32_t o : pi.outputs) out_types.push_back(&plan.value_types[static_cast<size_t>(o)]);
+      const KernelSignature sig{types, out_types, pi.attrs};
+      pi.kernel = KernelRegistry::get().select(pi.op, sig, KernelSet::Optimized);
+    }
     KILN_RETURN_IF_ERROR(check_no_aliasing(plan, pi, iw));
     plan.instructions.push_back(std::move(pi));
   }

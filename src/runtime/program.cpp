@@ -59,6 +59,9 @@ struct Method::Impl {
   std::vector<std::vector<Tensor*>> outs;
   // Per instruction: the delegate's handle (null for kernel calls), built at load_method.
   std::vector<std::unique_ptr<DelegateHandle>> handles;
+  // Per instruction: the kernel to call (null for delegate calls), from the kernel set chosen
+  // at load_method.
+  std::vector<KernelFn> kernels;
 
   ~Impl() {
     for (size_t k = 0; k < handles.size(); ++k) {
@@ -120,7 +123,14 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
     im.args.push_back(std::move(a));
     im.outs.push_back(std::move(o));
   }
+  im.kernels.resize(plan->instructions.size());
+  for (size_t k = 0; k < plan->instructions.size(); ++k) {
+    const auto& ins = plan->instructions[k];
+    im.kernels[k] = options.portable_kernels_only ? ins.portable_kernel : ins.kernel;
+  }
   // Delegates: each payload is initialized once per method instance (weights packed here).
+  DelegateOptions dopts;
+  dopts.num_threads = im.pool->num_threads();
   im.handles.resize(plan->instructions.size());
   for (size_t k = 0; k < plan->instructions.size(); ++k) {
     const auto& ins = plan->instructions[k];
@@ -128,7 +138,7 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
     std::vector<TensorType> in_types, out_types;
     for (int32_t v : ins.args) in_types.push_back(plan->value_types[static_cast<size_t>(v)]);
     for (int32_t v : ins.outputs) out_types.push_back(plan->value_types[static_cast<size_t>(v)]);
-    auto handle = ins.backend->init(ins.payload, ins.delegate_constants, in_types, out_types);
+    auto handle = ins.backend->init(ins.payload, ins.delegate_constants, in_types, out_types, dopts);
     if (!handle.ok()) {
       return Error(handle.error().code(), "method '" + name + "' instruction " + std::to_string(k) + ": backend '" +
                                               ins.backend->name() + "' init failed: " + handle.error().message());
@@ -195,7 +205,7 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
   for (size_t k = 0; k < im.plan->instructions.size(); ++k) {
     const auto& ins = im.plan->instructions[k];
     Error err = ins.backend ? ins.backend->execute(*im.handles[k], im.args[k], im.outs[k])
-                            : ins.kernel(KernelArgs{im.args[k], im.outs[k], ins.attrs, im.pool});
+                            : im.kernels[k](KernelArgs{im.args[k], im.outs[k], ins.attrs, im.pool});
     if (!err.ok()) {
       return Error(err.code(), "instruction " + std::to_string(k) + " (" + ins.op +
                                    (ins.debug_name.empty() ? "" : " at " + ins.debug_name) + "): " + err.message());

@@ -29,7 +29,8 @@ class FileBytes {
 
 /// One instruction, resolved at load: a kernel call (kernel set) or a delegate call (backend set).
 struct PlannedInstruction {
-  KernelFn kernel = nullptr;
+  KernelFn kernel = nullptr;            // the best kernel (an optimized one where it accepts the call)
+  KernelFn portable_kernel = nullptr;   // the reference kernel (MethodOptions::portable_kernels_only)
   const Backend* backend = nullptr;                          // delegate calls only
   std::span<const uint8_t> payload;                          // delegate payload segment (in the file)
   std::vector<std::span<const uint8_t>> delegate_constants;  // by position, as the payload refers to them

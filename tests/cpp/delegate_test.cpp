@@ -81,7 +81,8 @@ class EwBackend : public Backend {
   Result<std::unique_ptr<DelegateHandle>> init(std::span<const uint8_t> payload,
                                                std::span<const std::span<const uint8_t>> constants,
                                                std::span<const TensorType> inputs,
-                                               std::span<const TensorType> outputs) const override {
+                                               std::span<const TensorType> outputs,
+                                               const DelegateOptions& /*options*/) const override {
     if (fail_init_) return Error(ErrorCode::InvalidProgram, "payload rejected by the test backend");
     size_t pos = 0;
     auto next = [&](uint32_t& v) {

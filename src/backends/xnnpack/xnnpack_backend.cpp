@@ -427,7 +427,8 @@ class XnnpackBackend : public Backend {
   Result<std::unique_ptr<DelegateHandle>> init(std::span<const uint8_t> payload,
                                                std::span<const std::span<const uint8_t>> constants,
                                                std::span<const TensorType> inputs,
-                                               std::span<const TensorType> outputs) const override {
+                                               std::span<const TensorType> outputs,
+                                               const DelegateOptions& options) const override {
     KILN_RETURN_IF_ERROR(is_available());
     if (payload.size() % 4 != 0) return bad("size is not a multiple of 4");
     std::vector<uint32_t> w(payload.size() / 4);
@@ -621,7 +622,12 @@ class XnnpackBackend : public Backend {
       }
       if (st != xnn_status_success) return bad(xnn_error("xnn_define_* of node", st) + " at node " + std::to_string(k));
     }
-    // Single-threaded for now (null pool); a shared pool is issue 4's "no oversubscription" item.
+    // XNNPACK parallelizes over a pthreadpool of the method's thread count; Kiln's own pool
+    // sleeps (condition variable) while a delegate call runs, so the two never compete.
+    if (options.num_threads > 1) {
+      h->pool = pthreadpool_create(static_cast<size_t>(options.num_threads));
+      if (h->pool == nullptr) return Error(ErrorCode::MemoryAllocationFailed, "xnnpack: pthreadpool_create failed");
+    }
     st = xnn_create_runtime_v2(sub, h->pool, 0, &h->runtime);
     if (st != xnn_status_success) return Error(ErrorCode::NotSupported, "xnnpack: " + xnn_error("xnn_create_runtime_v2", st));
     h->externals.resize(ni + no);
