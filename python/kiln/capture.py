@@ -365,13 +365,16 @@ class _Builder:
         if op not in self._kiln_ops:
             raise self.unsupported(f"needs Kiln op {op}, which this build of Kiln does not have")
         ids = [-1 if x is None else self.tensor(x).id for x in inputs]
+        # debug_name: the module path; for calls in the top-level forward, the FX node's name
+        # (delegation reports and require_delegation list nodes by it).
+        dn = self.path or (self.node.name if self.node is not None else "")
         try:
-            outs = self.g.add_node(op, ids, dict(attrs or {}), self.path)
+            outs = self.g.add_node(op, ids, dict(attrs or {}), dn)
         except KilnError as e:
             code = e.args[1] if len(e.args) > 1 else None
             reason = str(e.args[0]) if e.args else str(e)
-            if self.path and reason.endswith(f" (at {self.path})"):  # the module path is added below
-                reason = reason[: -len(f" (at {self.path})")]
+            if dn and reason.endswith(f" (at {dn})"):  # the module path is added below
+                reason = reason[: -len(f" (at {dn})")]
             todo = ("Kiln does not support this configuration yet; change it, exclude it from the exported "
                     f"module, or open an issue (op set: {OP_SET_DOC})") if code == "NotSupported" else \
                 "Check the op's arguments against " + OP_SET_DOC
@@ -1349,16 +1352,19 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     report["backends"] = list(delegates)
     report["require_delegation"] = require
     path = None
-    if out is not None:
-        path = os.fspath(out)
-        d = os.path.dirname(path)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-    report["path"] = path
-    if report_json is not None:
-        _write_json(report_json, report)
+    try:
+        if out is not None:
+            path = os.fspath(out)
+            d = os.path.dirname(path)
+            if d:
+                os.makedirs(d, exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        report["path"] = path
+        if report_json is not None:
+            _write_json(report_json, report)
+    except OSError as e:
+        raise ExportError(f"cannot write {e.filename or path}: {e.strerror or e}") from None
     secs = time.perf_counter() - t0
     lines = [f"[kiln] {'wrote ' + path if path else 'compiled'}: {_fmt_bytes(len(data))} "
              f"(constants {_fmt_bytes(report['constant_bytes'])}), {secs:.1f} s, backends: "
