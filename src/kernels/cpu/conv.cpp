@@ -1,0 +1,300 @@
+// Optimized cpu kernel for aten.convolution (float32, non-transposed, 1-D and 2-D; NCHW).
+//
+// Three paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
+//   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernel over output rows;
+//   1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
+//   everything else: im2col of a tile of output columns into a bounded scratch + GEMM, per group.
+// Transposed convolutions stay on the portable kernel (accepts() is false).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "ir/ops/conv.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/kernel.h"
+
+namespace kiln {
+namespace {
+
+/// im2col scratch per thread: at most this many floats, or 16 columns when one column is larger.
+constexpr int64_t kColBudget = int64_t{1} << 19;  // 2 MiB
+
+Result<ConvGeometry> geometry_of(const TensorType& x, const TensorType& w, const TensorType* b, const Attributes& attrs) {
+  return conv_geometry(x, w, b, attrs);
+}
+
+bool is_depthwise(const ConvGeometry& g) { return g.groups > 1 && g.in_channels == g.groups; }
+
+bool conv_accepts(const KernelSignature& sig) {
+  if (!cpu::has_avx2_fma()) return false;
+  if (sig.inputs.size() != 3 || sig.inputs[0] == nullptr || sig.inputs[1] == nullptr) return false;
+  auto g = geometry_of(*sig.inputs[0], *sig.inputs[1], sig.inputs[2], sig.attrs);
+  return g.ok() && !g->transposed;
+}
+
+/// Depthwise convolution of one input plane x [IH, IW] into `mult` output planes out [mult, OH, OW]
+/// with weights w [mult, KH, KW] and bias [mult] (or null):
+///   out[m, oh, ow] = bias[m] + sum_{kh, kw} w[m, kh, kw] * x[oh*SH - PH + kh*DH, ow*SW - PW + kw*DW]
+/// (zero outside x). The plane is first copied into `buf` with its horizontal padding and split
+/// into SW phases per row (phase r holds padded columns r, r + SW, ...), so that every tap reads
+/// consecutive output columns from consecutive memory for any stride and dilation.
+__attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, const float* x, const float* w,
+                                                         const float* bias, float* out, int64_t mult,
+                                                         std::vector<float>& buf) {
+  const int64_t IH = g.in_size[0], IW = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1];
+  const int64_t KH = g.kernel[0], KW = g.kernel[1], SH = g.stride[0], SW = g.stride[1];
+  const int64_t PH = g.padding[0], PW = g.padding[1], DH = g.dilation[0], DW = g.dilation[1];
+  const int64_t Wp = IW + 2 * PW;
+  const int64_t L = (Wp + SW - 1) / SW;  // entries per phase
+  const int64_t row_len = SW * L;
+  buf.assign(static_cast<size_t>(IH * row_len), 0.0f);
+  for (int64_t ih = 0; ih < IH; ++ih) {
+    float* row = buf.data() + ih * row_len;
+    const float* src = x + ih * IW;
+    if (SW == 1) {
+      std::memcpy(row + PW, src, sizeof(float) * static_cast<size_t>(IW));
+    } else {
+      for (int64_t iw = 0; iw < IW; ++iw) {
+        const int64_t t = iw + PW;
+        row[(t % SW) * L + t / SW] = src[iw];
+      }
+    }
+  }
+  // Tap offsets within a row: phase * L + shift.
+  std::vector<int64_t> tap(static_cast<size_t>(KW));
+  for (int64_t kw = 0; kw < KW; ++kw) tap[static_cast<size_t>(kw)] = ((kw * DW) % SW) * L + (kw * DW) / SW;
+
+  for (int64_t m = 0; m < mult; ++m) {
+    const float* wk = w + m * KH * KW;
+    const float b0 = bias != nullptr ? bias[m] : 0.0f;
+    float* oplane = out + m * OH * OW;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      // kh range whose input row is inside the image
+      const int64_t base = oh * SH - PH;
+      int64_t kh0 = 0, kh1 = KH;
+      while (kh0 < KH && base + kh0 * DH < 0) ++kh0;
+      while (kh1 > kh0 && base + (kh1 - 1) * DH >= IH) --kh1;
+      float* orow = oplane + oh * OW;
+      int64_t ow = 0;
+      for (; ow + 32 <= OW; ow += 32) {
+        __m256 a0 = _mm256_set1_ps(b0), a1 = a0, a2 = a0, a3 = a0;
+        for (int64_t kh = kh0; kh < kh1; ++kh) {
+          const float* row = buf.data() + (base + kh * DH) * row_len + ow;
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            const __m256 wv = _mm256_set1_ps(wk[kh * KW + kw]);
+            const float* p = row + tap[static_cast<size_t>(kw)];
+            a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p), a0);
+            a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 8), a1);
+            a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 16), a2);
+            a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 24), a3);
+          }
+        }
+        _mm256_storeu_ps(orow + ow, a0);
+        _mm256_storeu_ps(orow + ow + 8, a1);
+        _mm256_storeu_ps(orow + ow + 16, a2);
+        _mm256_storeu_ps(orow + ow + 24, a3);
+      }
+      for (; ow + 8 <= OW; ow += 8) {
+        __m256 a0 = _mm256_set1_ps(b0);
+        for (int64_t kh = kh0; kh < kh1; ++kh) {
+          const float* row = buf.data() + (base + kh * DH) * row_len + ow;
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            a0 = _mm256_fmadd_ps(_mm256_set1_ps(wk[kh * KW + kw]), _mm256_loadu_ps(row + tap[static_cast<size_t>(kw)]),
+                                 a0);
+          }
+        }
+        _mm256_storeu_ps(orow + ow, a0);
+      }
+      for (; ow < OW; ++ow) {
+        float acc = b0;
+        for (int64_t kh = kh0; kh < kh1; ++kh) {
+          const float* row = buf.data() + (base + kh * DH) * row_len + ow;
+          for (int64_t kw = 0; kw < KW; ++kw) acc += wk[kh * KW + kw] * row[tap[static_cast<size_t>(kw)]];
+        }
+        orow[ow] = acc;
+      }
+    }
+  }
+}
+
+void depthwise(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool) {
+  const int64_t C = g.in_channels;
+  const int64_t mult = g.out_channels / g.groups;
+  const int64_t in_plane = g.in_size[0] * g.in_size[1];
+  const int64_t out_plane = g.out_size[0] * g.out_size[1];
+  const int64_t kk = g.kernel[0] * g.kernel[1];
+  auto run = [&](int64_t begin, int64_t end) {
+    std::vector<float> buf;
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n = t / C, c = t % C;
+      depthwise_plane(g, px + (n * C + c) * in_plane, pw + c * mult * kk, pb != nullptr ? pb + c * mult : nullptr,
+                      po + (n * g.out_channels + c * mult) * out_plane, mult, buf);
+    }
+  };
+  const int64_t tasks = g.batch * C;
+  const double work = static_cast<double>(tasks) * static_cast<double>(mult * out_plane * kk);
+  if (pool != nullptr && pool->num_threads() > 1 && work >= 5e4) {
+    pool->parallel_for(tasks, 1, run);
+  } else {
+    run(0, tasks);
+  }
+}
+
+/// Columns [j0, j1) of the im2col matrix of one group of one image: col[(c*KH + kh)*KW + kw, j - j0]
+/// = x[c, oh*SH - PH + kh*DH, ow*SW - PW + kw*DW] (0 outside), j = oh*OW + ow; row stride j1 - j0.
+void im2col(const ConvGeometry& g, const float* x, int64_t cin, int64_t j0, int64_t j1, float* col) {
+  const int64_t IH = g.in_size[0], IW = g.in_size[1], OW = g.out_size[1];
+  const int64_t KH = g.kernel[0], KW = g.kernel[1], SH = g.stride[0], SW = g.stride[1];
+  const int64_t PH = g.padding[0], PW = g.padding[1], DH = g.dilation[0], DW = g.dilation[1];
+  const int64_t width = j1 - j0;
+  for (int64_t c = 0; c < cin; ++c) {
+    const float* plane = x + c * IH * IW;
+    for (int64_t kh = 0; kh < KH; ++kh) {
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        float* dst = col + ((c * KH + kh) * KW + kw) * width;
+        int64_t j = j0;
+        while (j < j1) {
+          const int64_t oh = j / OW, ow0 = j % OW;
+          const int64_t run = std::min(OW - ow0, j1 - j);
+          float* d = dst + (j - j0);
+          const int64_t ih = oh * SH - PH + kh * DH;
+          if (ih < 0 || ih >= IH) {
+            std::fill(d, d + run, 0.0f);
+          } else {
+            const float* src = plane + ih * IW;
+            // ow in [lo, hi) has iw = ow*SW - PW + kw*DW inside [0, IW)
+            const int64_t off = kw * DW - PW;
+            int64_t lo = off >= 0 ? 0 : (-off + SW - 1) / SW;
+            int64_t hi = IW - off <= 0 ? 0 : (IW - off + SW - 1) / SW;
+            lo = std::clamp(lo - ow0, int64_t{0}, run);
+            hi = std::clamp(hi - ow0, lo, run);
+            std::fill(d, d + lo, 0.0f);
+            if (SW == 1) {
+              std::memcpy(d + lo, src + (ow0 + lo) + off, sizeof(float) * static_cast<size_t>(hi - lo));
+            } else {
+              for (int64_t t = lo; t < hi; ++t) d[t] = src[(ow0 + t) * SW + off];
+            }
+            std::fill(d + hi, d + run, 0.0f);
+          }
+          j += run;
+        }
+      }
+    }
+  }
+}
+
+std::vector<float>& col_scratch() {
+  thread_local std::vector<float> buf;
+  return buf;
+}
+
+/// General convolution: per (image, group, column tile): im2col + GEMM (bias per output channel).
+void conv_im2col(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool) {
+  const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
+  const int64_t KK = g.kernel[0] * g.kernel[1];
+  const int64_t Kdim = cin_g * KK;
+  const int64_t OHW = g.out_size[0] * g.out_size[1];
+  const int64_t IHW = g.in_size[0] * g.in_size[1];
+  const int threads = pool != nullptr ? pool->num_threads() : 1;
+  int64_t tile = std::max<int64_t>(16, kColBudget / std::max<int64_t>(Kdim, 1));
+  tile = std::min(tile, OHW);
+  int64_t ntiles = (OHW + tile - 1) / tile;
+  const int64_t images = g.batch * g.groups;
+  if (threads > 1 && images * ntiles < threads && OHW >= 64 * threads) {
+    ntiles = threads;  // give every thread a tile
+  }
+  tile = (OHW + ntiles - 1) / ntiles;
+  if (tile < OHW) tile = std::min(OHW, (tile + 15) / 16 * 16);
+  ntiles = (OHW + tile - 1) / tile;
+  const int64_t tasks = images * ntiles;
+  const bool parallel_tasks = threads > 1 && tasks >= threads;
+
+  auto run_task = [&](int64_t t, ThreadPool* gemm_pool) {
+    const int64_t img = t / ntiles, tl = t % ntiles;
+    const int64_t n = img / g.groups, grp = img % g.groups;
+    const int64_t j0 = tl * tile, j1 = std::min(OHW, j0 + tile);
+    std::vector<float>& col = col_scratch();
+    const size_t need = static_cast<size_t>(Kdim * (j1 - j0));
+    if (col.size() < need) col.resize(need);
+    im2col(g, px + (n * g.in_channels + grp * cin_g) * IHW, cin_g, j0, j1, col.data());
+    cpu::GemmEpilogue ep;
+    if (pb != nullptr) {
+      ep.bias_kind = cpu::GemmBias::PerRow;
+      ep.bias = pb + grp * cout_g;
+    }
+    float* c = po + (n * g.out_channels + grp * cout_g) * OHW + j0;
+    cpu::sgemm(false, false, cout_g, j1 - j0, Kdim, 1.0f, pw + grp * cout_g * Kdim, Kdim, col.data(), j1 - j0, 0.0f,
+               c, OHW, ep, gemm_pool);
+  };
+  if (parallel_tasks) {
+    pool->parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
+      for (int64_t t = b; t < e; ++t) run_task(t, nullptr);
+    });
+  } else {
+    for (int64_t t = 0; t < tasks; ++t) run_task(t, pool);
+  }
+}
+
+/// 1x1, stride 1, no padding: one GEMM per (image, group) directly on the NCHW planes.
+void conv_1x1(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool) {
+  const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
+  const int64_t HW = g.in_size[0] * g.in_size[1];
+  for (int64_t n = 0; n < g.batch; ++n) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      cpu::GemmEpilogue ep;
+      if (pb != nullptr) {
+        ep.bias_kind = cpu::GemmBias::PerRow;
+        ep.bias = pb + grp * cout_g;
+      }
+      cpu::sgemm(false, false, cout_g, HW, cin_g, 1.0f, pw + grp * cout_g * cin_g, cin_g,
+                 px + (n * g.in_channels + grp * cin_g) * HW, HW, 0.0f, po + (n * g.out_channels + grp * cout_g) * HW,
+                 HW, ep, pool);
+    }
+  }
+}
+
+/// aten.convolution, float32, non-transposed; shapes and formula as src/kernels/portable/conv.cpp.
+/// Errors: the geometry's InvalidArgument; NotSupported for a transposed convolution.
+Error convolution(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  const Tensor& w = *a.inputs[1];
+  const Tensor* b = a.inputs[2];
+  TensorType bias_type;
+  if (b != nullptr) bias_type = b->type();
+  auto geo = geometry_of(x.type(), w.type(), b != nullptr ? &bias_type : nullptr, a.attrs);
+  if (!geo.ok()) return Error(geo.error().code(), "aten.convolution: " + geo.error().message());
+  const ConvGeometry& g = geo.value();
+  if (g.transposed) return Error(ErrorCode::NotSupported, "aten.convolution (cpu): transposed convolution");
+  if (g.batch == 0 || g.out_channels == 0) return {};
+  const float* px = x.data_as<float>();
+  const float* pw = w.data_as<float>();
+  const float* pb = b != nullptr ? b->data_as<float>() : nullptr;
+  float* po = a.outputs[0]->data_as<float>();
+  if (g.in_channels == 0) {  // empty sum: bias only
+    const int64_t plane = g.out_size[0] * g.out_size[1];
+    for (int64_t n = 0; n < g.batch; ++n) {
+      for (int64_t c = 0; c < g.out_channels; ++c) {
+        std::fill(po + (n * g.out_channels + c) * plane, po + (n * g.out_channels + c + 1) * plane,
+                  pb != nullptr ? pb[c] : 0.0f);
+      }
+    }
+    return {};
+  }
+  if (is_depthwise(g)) {
+    depthwise(g, px, pw, pb, po, a.pool);
+  } else if (g.kernel[0] == 1 && g.kernel[1] == 1 && g.stride[0] == 1 && g.stride[1] == 1 && g.padding[0] == 0 &&
+             g.padding[1] == 0) {
+    conv_1x1(g, px, pw, pb, po, a.pool);
+  } else {
+    conv_im2col(g, px, pw, pb, po, a.pool);
+  }
+  return {};
+}
+
+}  // namespace
+
+void register_cpu_conv(KernelRegistry& r) { r.add_optimized("aten.convolution", convolution, conv_accepts); }
+
+}  // namespace kiln

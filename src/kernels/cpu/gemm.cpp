@@ -1,0 +1,438 @@
+// fp32 GEMM: cache blocking + packing + a 6x16 AVX2/FMA microkernel (see gemm.h).
+//
+// Loop nest (Goto & van de Geijn 2008; BLIS's five loops), for one rectangle of C:
+//   for jc in N step NC:           B block  [KC x NC] packed into NR-column panels (L3)
+//     for pc in K step KC:
+//       for ic in M step MC:       A block  [MC x KC] packed into MR-row panels (L2), alpha folded in
+//         for jr in NC step NR:    one B micro-panel [KC x NR] (L1)
+//           for ir in MC step MR:  microkernel: MR x NR tile of C in registers over KC
+// The first K block applies beta (C = acc + beta*C, C unread when beta == 0), later ones add,
+// the last one adds the bias and clamps.
+#include "kernels/cpu/gemm.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int MR = 6;
+constexpr int NR = 16;
+constexpr int64_t KC = 256;
+constexpr int64_t MC = 144;   // multiple of MR; A block 144 x 256 x 4 B = 144 KiB (L2 is 1 MiB)
+constexpr int64_t NC = 4096;  // multiple of NR; B block 256 x 4096 x 4 B = 4 MiB (L3)
+
+struct GemmArgs {
+  bool trans_a, trans_b;
+  int64_t M, N, K;
+  float alpha;
+  const float* A;
+  int64_t lda;
+  const float* B;
+  int64_t ldb;
+  float beta;
+  float* C;
+  int64_t ldc;
+  const GemmEpilogue* ep;
+};
+
+/// What the microkernel does when it stores a tile: which K block this is and where the tile
+/// sits in C (for the bias index).
+struct TileStore {
+  float beta;
+  bool first;  // first K block: C = acc + beta * C
+  bool last;   // last K block: + bias, clamp
+  int64_t row0, col0;
+  const GemmEpilogue* ep;
+};
+
+/// Scalar store of an mr x nr tile `t` (row stride NR) into C with the epilogue.
+inline void store_tile_scalar(const float* t, float* c, int64_t ldc, int mr, int nr, const TileStore& s) {
+  const GemmEpilogue& ep = *s.ep;
+  for (int i = 0; i < mr; ++i) {
+    float* row = c + i * ldc;
+    for (int j = 0; j < nr; ++j) {
+      float v = t[i * NR + j];
+      if (!s.first) {
+        v = row[j] + v;
+      } else if (s.beta != 0.0f) {
+        v = v + s.beta * row[j];
+      }
+      if (s.last) {
+        if (ep.bias_kind == GemmBias::PerRow) v += ep.bias[s.row0 + i];
+        if (ep.bias_kind == GemmBias::PerCol) v += ep.bias[s.col0 + j];
+        if (ep.clamp) {
+          v = v < ep.clamp_min ? ep.clamp_min : v;  // NaN compares false: passes through
+          v = v > ep.clamp_max ? ep.clamp_max : v;
+        }
+      }
+      row[j] = v;
+    }
+  }
+}
+
+/// Portable microkernel: same packed layout, plain loops (the compiler vectorizes with SSE2).
+void kernel_generic(int64_t kc, const float* ap, const float* bp, float* c, int64_t ldc, int mr, int nr,
+                    const TileStore& s) {
+  float acc[MR * NR] = {};
+  for (int64_t p = 0; p < kc; ++p) {
+    for (int i = 0; i < MR; ++i) {
+      const float a = ap[i];
+      for (int j = 0; j < NR; ++j) acc[i * NR + j] += a * bp[j];
+    }
+    ap += MR;
+    bp += NR;
+  }
+  store_tile_scalar(acc, c, ldc, mr, nr, s);
+}
+
+/// AVX2+FMA microkernel: a 6 x 16 tile in 12 ymm accumulators; per k: 2 loads of B,
+/// 6 broadcasts of A, 12 FMAs.
+__attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* ap, const float* bp, float* c,
+                                                     int64_t ldc, int mr, int nr, const TileStore& s) {
+  __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
+  __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
+  __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
+  __m256 c30 = _mm256_setzero_ps(), c31 = _mm256_setzero_ps();
+  __m256 c40 = _mm256_setzero_ps(), c41 = _mm256_setzero_ps();
+  __m256 c50 = _mm256_setzero_ps(), c51 = _mm256_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p) {
+    const __m256 b0 = _mm256_loadu_ps(bp);
+    const __m256 b1 = _mm256_loadu_ps(bp + 8);
+    __m256 a = _mm256_broadcast_ss(ap + 0);
+    c00 = _mm256_fmadd_ps(a, b0, c00);
+    c01 = _mm256_fmadd_ps(a, b1, c01);
+    a = _mm256_broadcast_ss(ap + 1);
+    c10 = _mm256_fmadd_ps(a, b0, c10);
+    c11 = _mm256_fmadd_ps(a, b1, c11);
+    a = _mm256_broadcast_ss(ap + 2);
+    c20 = _mm256_fmadd_ps(a, b0, c20);
+    c21 = _mm256_fmadd_ps(a, b1, c21);
+    a = _mm256_broadcast_ss(ap + 3);
+    c30 = _mm256_fmadd_ps(a, b0, c30);
+    c31 = _mm256_fmadd_ps(a, b1, c31);
+    a = _mm256_broadcast_ss(ap + 4);
+    c40 = _mm256_fmadd_ps(a, b0, c40);
+    c41 = _mm256_fmadd_ps(a, b1, c41);
+    a = _mm256_broadcast_ss(ap + 5);
+    c50 = _mm256_fmadd_ps(a, b0, c50);
+    c51 = _mm256_fmadd_ps(a, b1, c51);
+    ap += MR;
+    bp += NR;
+  }
+  const __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  if (mr != MR || nr != NR) {
+    alignas(32) float t[MR * NR];
+    for (int i = 0; i < MR; ++i) {
+      _mm256_store_ps(t + i * NR, acc[i][0]);
+      _mm256_store_ps(t + i * NR + 8, acc[i][1]);
+    }
+    store_tile_scalar(t, c, ldc, mr, nr, s);
+    return;
+  }
+  const GemmEpilogue& ep = *s.ep;
+  const __m256 vbeta = _mm256_set1_ps(s.beta);
+  const __m256 vlo = _mm256_set1_ps(ep.clamp_min), vhi = _mm256_set1_ps(ep.clamp_max);
+  __m256 cb0 = _mm256_setzero_ps(), cb1 = _mm256_setzero_ps();
+  if (s.last && ep.bias_kind == GemmBias::PerCol) {
+    cb0 = _mm256_loadu_ps(ep.bias + s.col0);
+    cb1 = _mm256_loadu_ps(ep.bias + s.col0 + 8);
+  }
+  for (int i = 0; i < MR; ++i) {
+    float* row = c + i * ldc;
+    __m256 v0 = acc[i][0], v1 = acc[i][1];
+    if (!s.first) {
+      v0 = _mm256_add_ps(_mm256_loadu_ps(row), v0);
+      v1 = _mm256_add_ps(_mm256_loadu_ps(row + 8), v1);
+    } else if (s.beta != 0.0f) {
+      v0 = _mm256_fmadd_ps(vbeta, _mm256_loadu_ps(row), v0);
+      v1 = _mm256_fmadd_ps(vbeta, _mm256_loadu_ps(row + 8), v1);
+    }
+    if (s.last) {
+      if (ep.bias_kind == GemmBias::PerRow) {
+        const __m256 rb = _mm256_set1_ps(ep.bias[s.row0 + i]);
+        v0 = _mm256_add_ps(v0, rb);
+        v1 = _mm256_add_ps(v1, rb);
+      } else if (ep.bias_kind == GemmBias::PerCol) {
+        v0 = _mm256_add_ps(v0, cb0);
+        v1 = _mm256_add_ps(v1, cb1);
+      }
+      if (ep.clamp) {
+        // max/min return the second operand when either is NaN: NaN in v passes through.
+        v0 = _mm256_min_ps(vhi, _mm256_max_ps(vlo, v0));
+        v1 = _mm256_min_ps(vhi, _mm256_max_ps(vlo, v1));
+      }
+    }
+    _mm256_storeu_ps(row, v0);
+    _mm256_storeu_ps(row + 8, v1);
+  }
+}
+
+using MicroKernel = void (*)(int64_t, const float*, const float*, float*, int64_t, int, int, const TileStore&);
+
+/// Packs op(A)[i0 : i0+mc, p0 : p0+kc] * alpha into MR-row panels: panel r holds, for each p,
+/// MR consecutive values (rows past mc are zero).
+void pack_a(const GemmArgs& g, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* out) {
+  for (int64_t ir = 0; ir < mc; ir += MR) {
+    const int m = static_cast<int>(std::min<int64_t>(MR, mc - ir));
+    float* dst = out + ir * kc;
+    if (!g.trans_a) {
+      for (int i = 0; i < m; ++i) {
+        const float* src = g.A + (i0 + ir + i) * g.lda + p0;
+        for (int64_t p = 0; p < kc; ++p) dst[p * MR + i] = g.alpha * src[p];
+      }
+      for (int i = m; i < MR; ++i) {
+        for (int64_t p = 0; p < kc; ++p) dst[p * MR + i] = 0.0f;
+      }
+    } else {
+      for (int64_t p = 0; p < kc; ++p) {
+        const float* src = g.A + (p0 + p) * g.lda + i0 + ir;
+        float* d = dst + p * MR;
+        int i = 0;
+        for (; i < m; ++i) d[i] = g.alpha * src[i];
+        for (; i < MR; ++i) d[i] = 0.0f;
+      }
+    }
+  }
+}
+
+/// Packs op(B)[p0 : p0+kc, j0 : j0+nc] into NR-column panels: panel q holds, for each p, NR
+/// consecutive values (columns past nc are zero).
+void pack_b(const GemmArgs& g, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
+  for (int64_t jr = 0; jr < nc; jr += NR) {
+    const int n = static_cast<int>(std::min<int64_t>(NR, nc - jr));
+    float* dst = out + jr * kc;
+    if (!g.trans_b) {
+      for (int64_t p = 0; p < kc; ++p) {
+        const float* src = g.B + (p0 + p) * g.ldb + j0 + jr;
+        float* d = dst + p * NR;
+        if (n == NR) {
+          std::memcpy(d, src, sizeof(float) * NR);
+        } else {
+          int j = 0;
+          for (; j < n; ++j) d[j] = src[j];
+          for (; j < NR; ++j) d[j] = 0.0f;
+        }
+      }
+    } else {
+      for (int j = 0; j < n; ++j) {
+        const float* src = g.B + (j0 + jr + j) * g.ldb + p0;
+        for (int64_t p = 0; p < kc; ++p) dst[p * NR + j] = src[p];
+      }
+      for (int j = n; j < NR; ++j) {
+        for (int64_t p = 0; p < kc; ++p) dst[p * NR + j] = 0.0f;
+      }
+    }
+  }
+}
+
+/// Per-thread packing buffers, bounded by the block sizes (MC*KC + KC*NC floats, ~4.1 MiB),
+/// 64-byte aligned.
+struct PackBuffers {
+  std::vector<float> storage;
+  float* a = nullptr;
+  float* b = nullptr;
+  void ensure() {
+    if (a != nullptr) return;
+    const size_t na = static_cast<size_t>(MC * KC), nb = static_cast<size_t>(KC * NC);
+    storage.resize(na + nb + 32);
+    auto addr = reinterpret_cast<uintptr_t>(storage.data());
+    a = reinterpret_cast<float*>((addr + 63) & ~uintptr_t{63});
+    b = a + na;  // na is a multiple of 16 floats: b stays 64-byte aligned
+  }
+};
+
+PackBuffers& pack_buffers() {
+  thread_local PackBuffers buf;
+  buf.ensure();
+  return buf;
+}
+
+/// C[m0:m1, n0:n1] on the calling thread.
+void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
+  PackBuffers& buf = pack_buffers();
+  for (int64_t jc = n0; jc < n1; jc += NC) {
+    const int64_t nc = std::min(NC, n1 - jc);
+    for (int64_t pc = 0; pc < g.K; pc += KC) {
+      const int64_t kc = std::min(KC, g.K - pc);
+      pack_b(g, jc, nc, pc, kc, buf.b);
+      TileStore s{g.beta, pc == 0, pc + kc >= g.K, 0, 0, g.ep};
+      for (int64_t ic = m0; ic < m1; ic += MC) {
+        const int64_t mc = std::min(MC, m1 - ic);
+        pack_a(g, ic, mc, pc, kc, buf.a);
+        for (int64_t jr = 0; jr < nc; jr += NR) {
+          const int nr = static_cast<int>(std::min<int64_t>(NR, nc - jr));
+          const float* bp = buf.b + jr * kc;
+          for (int64_t ir = 0; ir < mc; ir += MR) {
+            const int mr = static_cast<int>(std::min<int64_t>(MR, mc - ir));
+            s.row0 = ic + ir;
+            s.col0 = jc + jr;
+            kernel(kc, buf.a + ir * kc, bp, g.C + (ic + ir) * g.ldc + jc + jr, g.ldc, mr, nr, s);
+          }
+        }
+      }
+    }
+  }
+}
+
+/// Epilogue on one value of C given the product value `acc` (K == 0 and the M == 1 path).
+inline float finish(const GemmArgs& g, float acc, float cold, int64_t i, int64_t j) {
+  float v = acc;
+  if (g.beta != 0.0f) v += g.beta * cold;
+  const GemmEpilogue& ep = *g.ep;
+  if (ep.bias_kind == GemmBias::PerRow) v += ep.bias[i];
+  if (ep.bias_kind == GemmBias::PerCol) v += ep.bias[j];
+  if (ep.clamp) {
+    v = v < ep.clamp_min ? ep.clamp_min : v;
+    v = v > ep.clamp_max ? ep.clamp_max : v;
+  }
+  return v;
+}
+
+/// M == 1 (a row vector times a matrix; memory-bound): c[j] for j in [n0, n1), portable.
+void gemv_generic(const GemmArgs& g, int64_t n0, int64_t n1) {
+  for (int64_t j = n0; j < n1; ++j) {
+    float acc = 0.0f;
+    for (int64_t p = 0; p < g.K; ++p) {
+      const float a = g.trans_a ? g.A[p * g.lda] : g.A[p];
+      const float b = g.trans_b ? g.B[j * g.ldb + p] : g.B[p * g.ldb + j];
+      acc += a * b;
+    }
+    g.C[j] = finish(g, g.alpha * acc, g.beta != 0.0f ? g.C[j] : 0.0f, 0, j);
+  }
+}
+
+__attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+  return _mm_cvtss_f32(s);
+}
+
+/// M == 1 with AVX2: trans_b -> one dot product per column (rows of B contiguous); otherwise
+/// 64-column strips of c accumulated in registers over the rows of B.
+__attribute__((target("avx2,fma"))) void gemv_avx2(const GemmArgs& g, int64_t n0, int64_t n1) {
+  const int64_t K = g.K;
+  std::vector<float> a_copy;
+  const float* a = g.A;
+  if (g.trans_a && g.lda != 1) {
+    a_copy.resize(static_cast<size_t>(K));
+    for (int64_t p = 0; p < K; ++p) a_copy[static_cast<size_t>(p)] = g.A[p * g.lda];
+    a = a_copy.data();
+  }
+  if (g.trans_b) {
+    for (int64_t j = n0; j < n1; ++j) {
+      const float* b = g.B + j * g.ldb;
+      __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+      int64_t p = 0;
+      for (; p + 16 <= K; p += 16) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + p), _mm256_loadu_ps(b + p), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + p + 8), _mm256_loadu_ps(b + p + 8), s1);
+      }
+      float acc = hsum(_mm256_add_ps(s0, s1));
+      for (; p < K; ++p) acc += a[p] * b[p];
+      g.C[j] = finish(g, g.alpha * acc, g.beta != 0.0f ? g.C[j] : 0.0f, 0, j);
+    }
+    return;
+  }
+  int64_t j = n0;
+  for (; j + 32 <= n1; j += 32) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+    for (int64_t p = 0; p < K; ++p) {
+      const __m256 av = _mm256_broadcast_ss(a + p);
+      const float* b = g.B + p * g.ldb + j;
+      s0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b), s0);
+      s1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + 8), s1);
+      s2 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + 16), s2);
+      s3 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + 24), s3);
+    }
+    alignas(32) float t[32];
+    _mm256_store_ps(t, s0);
+    _mm256_store_ps(t + 8, s1);
+    _mm256_store_ps(t + 16, s2);
+    _mm256_store_ps(t + 24, s3);
+    for (int q = 0; q < 32; ++q) g.C[j + q] = finish(g, g.alpha * t[q], g.beta != 0.0f ? g.C[j + q] : 0.0f, 0, j + q);
+  }
+  for (; j < n1; ++j) {
+    float acc = 0.0f;
+    for (int64_t p = 0; p < K; ++p) acc += a[p] * g.B[p * g.ldb + j];
+    g.C[j] = finish(g, g.alpha * acc, g.beta != 0.0f ? g.C[j] : 0.0f, 0, j);
+  }
+}
+
+bool detect_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
+}  // namespace
+
+bool has_avx2_fma() {
+  static const bool yes = detect_avx2_fma();
+  return yes;
+}
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool) {
+  if (M <= 0 || N <= 0) return;
+  const GemmArgs g{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &ep};
+  if (K <= 0) {
+    for (int64_t i = 0; i < M; ++i) {
+      for (int64_t j = 0; j < N; ++j) {
+        float* c = C + i * ldc + j;
+        *c = finish(g, 0.0f, beta != 0.0f ? *c : 0.0f, i, j);
+      }
+    }
+    return;
+  }
+  const int threads = pool != nullptr ? pool->num_threads() : 1;
+  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  const bool parallel = threads > 1 && flops >= 2e5;
+  const bool avx2 = has_avx2_fma();
+
+  if (M == 1) {
+    auto run = [&](int64_t n0, int64_t n1) { avx2 ? gemv_avx2(g, n0, n1) : gemv_generic(g, n0, n1); };
+    if (!parallel) {
+      run(0, N);
+    } else {
+      pool->parallel_for(N, 64, run);
+    }
+    return;
+  }
+
+  const MicroKernel kernel = avx2 ? kernel_avx2 : kernel_generic;
+  if (!parallel) {
+    gemm_rect(g, kernel, 0, M, 0, N);
+    return;
+  }
+  // One rectangle per thread along the larger dimension, in whole micro-tiles.
+  const bool split_n = N >= M;
+  const int64_t unit = split_n ? NR : MR;
+  const int64_t dim = split_n ? N : M;
+  const int64_t units = (dim + unit - 1) / unit;
+  const int64_t parts = std::min<int64_t>(threads, units);
+  if (parts <= 1) {
+    gemm_rect(g, kernel, 0, M, 0, N);
+    return;
+  }
+  const int64_t per = (units + parts - 1) / parts;  // units per part
+  pool->parallel_for(parts, 1, [&](int64_t b, int64_t e) {
+    for (int64_t t = b; t < e; ++t) {
+      const int64_t lo = std::min(dim, t * per * unit);
+      const int64_t hi = std::min(dim, (t + 1) * per * unit);
+      if (lo >= hi) continue;
+      if (split_n) {
+        gemm_rect(g, kernel, 0, M, lo, hi);
+      } else {
+        gemm_rect(g, kernel, lo, hi, 0, N);
+      }
+    }
+  });
+}
+
+}  // namespace kiln::cpu
