@@ -34,86 +34,114 @@ bool conv_accepts(const KernelSignature& sig) {
   return g.ok() && !g->transposed;
 }
 
+/// Layout of one depthwise input plane after padding and splitting by stride: the padded plane
+/// (Hp = IH + 2 PH rows, Wp = IW + 2 PW columns) becomes SH * SW phase planes; phase (r, c) holds
+/// padded rows r, r + SH, ... and columns c, c + SW, ..., as Lh x Lw rows with pitch Lw, plus
+/// `tail` zeros so that vector reads past the last row stay inside the buffer.
+/// Then for every tap (kh, kw) the input of output (oh, ow) sits at phase (a % SH, b % SW),
+/// index (oh + a / SH) * Lw + ow + b / SW with a = kh*DH, b = kw*DW: the output plane, laid out
+/// with pitch Lw, is a 1-D correlation over a flat array, which vectorizes for any size, stride
+/// and dilation (columns ow >= OW of that layout are computed and dropped).
+struct DwLayout {
+  int64_t Lh, Lw, plane, tail, total;
+  explicit DwLayout(const ConvGeometry& g) {
+    const int64_t Hp = g.in_size[0] + 2 * g.padding[0], Wp = g.in_size[1] + 2 * g.padding[1];
+    Lh = (Hp + g.stride[0] - 1) / g.stride[0];
+    Lw = (Wp + g.stride[1] - 1) / g.stride[1];
+    tail = Lw + 16;
+    plane = Lh * Lw + tail;
+    total = g.stride[0] * g.stride[1] * plane;
+  }
+};
+
+/// Copies input row `src` [IW] into padded row r of `buf` (phase planes as DwLayout).
+__attribute__((target("avx2,fma"))) void dw_scatter_row(const ConvGeometry& g, const DwLayout& L, const float* src,
+                                                        int64_t r, float* buf) {
+  const int64_t IW = g.in_size[1], SH = g.stride[0], SW = g.stride[1], PW = g.padding[1];
+  float* rowbase = buf + (r % SH) * SW * L.plane + (r / SH) * L.Lw;  // phase (r % SH, 0)
+  if (SW == 1) {
+    std::memcpy(rowbase + PW, src, sizeof(float) * static_cast<size_t>(IW));
+    return;
+  }
+  if (SW == 2) {
+    // x[2t] -> padded column 2t + PW, x[2t + 1] -> 2t + 1 + PW
+    float* ev = rowbase + (PW % 2) * L.plane + PW / 2;
+    float* od = rowbase + ((PW + 1) % 2) * L.plane + (PW + 1) / 2;
+    int64_t t = 0;
+    for (; 2 * t + 16 <= IW; t += 8) {
+      const __m256 a = _mm256_loadu_ps(src + 2 * t), b = _mm256_loadu_ps(src + 2 * t + 8);
+      // shuffle gives [a0 a2 b0 b2 | a4 a6 b4 b6]; permute 64-bit lanes 0,2,1,3 -> a0 a2 a4 a6 b0 b2 b4 b6
+      const __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+      const __m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+      _mm256_storeu_ps(ev + t, e);
+      _mm256_storeu_ps(od + t, o);
+    }
+    for (int64_t iw = 2 * t; iw < IW; ++iw) (iw % 2 == 0 ? ev : od)[iw / 2] = src[iw];
+    return;
+  }
+  for (int64_t iw = 0; iw < IW; ++iw) {
+    const int64_t c = iw + PW;
+    rowbase[(c % SW) * L.plane + c / SW] = src[iw];
+  }
+}
+
 /// Depthwise convolution of one input plane x [IH, IW] into `mult` output planes out [mult, OH, OW]
 /// with weights w [mult, KH, KW] and bias [mult] (or null):
 ///   out[m, oh, ow] = bias[m] + sum_{kh, kw} w[m, kh, kw] * x[oh*SH - PH + kh*DH, ow*SW - PW + kw*DW]
-/// (zero outside x). The plane is first copied into `buf` with its horizontal padding and split
-/// into SW phases per row (phase r holds padded columns r, r + SW, ...), so that every tap reads
-/// consecutive output columns from consecutive memory for any stride and dilation.
-__attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, const float* x, const float* w,
-                                                         const float* bias, float* out, int64_t mult,
-                                                         std::vector<float>& buf) {
+/// (zero outside x), computed on the DwLayout of the plane (`buf`, `tmp`: per-thread scratch).
+__attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, const DwLayout& L, const float* x,
+                                                         const float* w, const float* bias, float* out, int64_t mult,
+                                                         std::vector<float>& buf, std::vector<float>& tmp,
+                                                         std::vector<int64_t>& tap) {
   const int64_t IH = g.in_size[0], IW = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1];
   const int64_t KH = g.kernel[0], KW = g.kernel[1], SH = g.stride[0], SW = g.stride[1];
-  const int64_t PH = g.padding[0], PW = g.padding[1], DH = g.dilation[0], DW = g.dilation[1];
-  const int64_t Wp = IW + 2 * PW;
-  const int64_t L = (Wp + SW - 1) / SW;  // entries per phase
-  const int64_t row_len = SW * L;
-  buf.assign(static_cast<size_t>(IH * row_len), 0.0f);
-  for (int64_t ih = 0; ih < IH; ++ih) {
-    float* row = buf.data() + ih * row_len;
-    const float* src = x + ih * IW;
-    if (SW == 1) {
-      std::memcpy(row + PW, src, sizeof(float) * static_cast<size_t>(IW));
-    } else {
-      for (int64_t iw = 0; iw < IW; ++iw) {
-        const int64_t t = iw + PW;
-        row[(t % SW) * L + t / SW] = src[iw];
-      }
+  const int64_t PH = g.padding[0], DH = g.dilation[0], DW = g.dilation[1];
+  std::fill(buf.begin(), buf.end(), 0.0f);
+  for (int64_t ih = 0; ih < IH; ++ih) dw_scatter_row(g, L, x + ih * IW, ih + PH, buf.data());
+  for (int64_t kh = 0; kh < KH; ++kh) {
+    for (int64_t kw = 0; kw < KW; ++kw) {
+      const int64_t a = kh * DH, b = kw * DW;
+      tap[static_cast<size_t>(kh * KW + kw)] = ((a % SH) * SW + b % SW) * L.plane + (a / SH) * L.Lw + b / SW;
     }
   }
-  // Tap offsets within a row: phase * L + shift.
-  std::vector<int64_t> tap(static_cast<size_t>(KW));
-  for (int64_t kw = 0; kw < KW; ++kw) tap[static_cast<size_t>(kw)] = ((kw * DW) % SW) * L + (kw * DW) / SW;
-
+  const int64_t KK = KH * KW;
+  const int64_t count = OH * L.Lw;  // flat outputs with pitch Lw
+  const bool direct = L.Lw == OW;   // the flat layout is the output layout
+  const float* base = buf.data();
   for (int64_t m = 0; m < mult; ++m) {
-    const float* wk = w + m * KH * KW;
-    const float b0 = bias != nullptr ? bias[m] : 0.0f;
-    float* oplane = out + m * OH * OW;
-    for (int64_t oh = 0; oh < OH; ++oh) {
-      // kh range whose input row is inside the image
-      const int64_t base = oh * SH - PH;
-      int64_t kh0 = 0, kh1 = KH;
-      while (kh0 < KH && base + kh0 * DH < 0) ++kh0;
-      while (kh1 > kh0 && base + (kh1 - 1) * DH >= IH) --kh1;
-      float* orow = oplane + oh * OW;
-      int64_t ow = 0;
-      for (; ow + 32 <= OW; ow += 32) {
-        __m256 a0 = _mm256_set1_ps(b0), a1 = a0, a2 = a0, a3 = a0;
-        for (int64_t kh = kh0; kh < kh1; ++kh) {
-          const float* row = buf.data() + (base + kh * DH) * row_len + ow;
-          for (int64_t kw = 0; kw < KW; ++kw) {
-            const __m256 wv = _mm256_set1_ps(wk[kh * KW + kw]);
-            const float* p = row + tap[static_cast<size_t>(kw)];
-            a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p), a0);
-            a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 8), a1);
-            a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 16), a2);
-            a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 24), a3);
-          }
-        }
-        _mm256_storeu_ps(orow + ow, a0);
-        _mm256_storeu_ps(orow + ow + 8, a1);
-        _mm256_storeu_ps(orow + ow + 16, a2);
-        _mm256_storeu_ps(orow + ow + 24, a3);
+    const float* wk = w + m * KK;
+    float* dst = direct ? out + m * OH * OW : tmp.data();
+    const __m256 b0 = _mm256_set1_ps(bias != nullptr ? bias[m] : 0.0f);
+    int64_t q = 0;
+    for (; q + 32 <= count; q += 32) {
+      __m256 a0 = b0, a1 = b0, a2 = b0, a3 = b0;
+      for (int64_t t = 0; t < KK; ++t) {
+        const __m256 wv = _mm256_broadcast_ss(wk + t);
+        const float* p = base + tap[static_cast<size_t>(t)] + q;
+        a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p), a0);
+        a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 8), a1);
+        a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 16), a2);
+        a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 24), a3);
       }
-      for (; ow + 8 <= OW; ow += 8) {
-        __m256 a0 = _mm256_set1_ps(b0);
-        for (int64_t kh = kh0; kh < kh1; ++kh) {
-          const float* row = buf.data() + (base + kh * DH) * row_len + ow;
-          for (int64_t kw = 0; kw < KW; ++kw) {
-            a0 = _mm256_fmadd_ps(_mm256_set1_ps(wk[kh * KW + kw]), _mm256_loadu_ps(row + tap[static_cast<size_t>(kw)]),
-                                 a0);
-          }
-        }
-        _mm256_storeu_ps(orow + ow, a0);
+      _mm256_storeu_ps(dst + q, a0);
+      _mm256_storeu_ps(dst + q + 8, a1);
+      _mm256_storeu_ps(dst + q + 16, a2);
+      _mm256_storeu_ps(dst + q + 24, a3);
+    }
+    for (; q < count; q += 8) {  // reads stay inside the tail; stores go through a temporary
+      __m256 a0 = b0;
+      for (int64_t t = 0; t < KK; ++t) {
+        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(wk + t), _mm256_loadu_ps(base + tap[static_cast<size_t>(t)] + q), a0);
       }
-      for (; ow < OW; ++ow) {
-        float acc = b0;
-        for (int64_t kh = kh0; kh < kh1; ++kh) {
-          const float* row = buf.data() + (base + kh * DH) * row_len + ow;
-          for (int64_t kw = 0; kw < KW; ++kw) acc += wk[kh * KW + kw] * row[tap[static_cast<size_t>(kw)]];
-        }
-        orow[ow] = acc;
+      alignas(32) float v[8];
+      _mm256_store_ps(v, a0);
+      const int64_t n = std::min<int64_t>(8, count - q);
+      std::memcpy(dst + q, v, sizeof(float) * static_cast<size_t>(n));
+    }
+    if (!direct) {
+      float* o = out + m * OH * OW;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        std::memcpy(o + oh * OW, dst + oh * L.Lw, sizeof(float) * static_cast<size_t>(OW));
       }
     }
   }
@@ -125,12 +153,15 @@ void depthwise(const ConvGeometry& g, const float* px, const float* pw, const fl
   const int64_t in_plane = g.in_size[0] * g.in_size[1];
   const int64_t out_plane = g.out_size[0] * g.out_size[1];
   const int64_t kk = g.kernel[0] * g.kernel[1];
+  const DwLayout L(g);
   auto run = [&](int64_t begin, int64_t end) {
-    std::vector<float> buf;
+    std::vector<float> buf(static_cast<size_t>(L.total));
+    std::vector<float> tmp(static_cast<size_t>(g.out_size[0] * L.Lw));
+    std::vector<int64_t> tap(static_cast<size_t>(kk));
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = t / C, c = t % C;
-      depthwise_plane(g, px + (n * C + c) * in_plane, pw + c * mult * kk, pb != nullptr ? pb + c * mult : nullptr,
-                      po + (n * g.out_channels + c * mult) * out_plane, mult, buf);
+      depthwise_plane(g, L, px + (n * C + c) * in_plane, pw + c * mult * kk, pb != nullptr ? pb + c * mult : nullptr,
+                      po + (n * g.out_channels + c * mult) * out_plane, mult, buf, tmp, tap);
     }
   };
   const int64_t tasks = g.batch * C;

@@ -204,28 +204,108 @@ void pack_a(const GemmArgs& g, int64_t i0, int64_t mc, int64_t p0, int64_t kc, f
 /// Packs op(B)[p0 : p0+kc, j0 : j0+nc] into NR-column panels: panel q holds, for each p, NR
 /// consecutive values (columns past nc are zero).
 void pack_b(const GemmArgs& g, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
+  if (!g.trans_b) {
+    // Row by row (sequential reads of B); full panels get one 64-byte copy per row.
+    const int64_t full = nc / NR * NR;
+    for (int64_t p = 0; p < kc; ++p) {
+      const float* src = g.B + (p0 + p) * g.ldb + j0;
+      for (int64_t jr = 0; jr < full; jr += NR) std::memcpy(out + jr * kc + p * NR, src + jr, sizeof(float) * NR);
+      if (full < nc) {
+        float* d = out + full * kc + p * NR;
+        const int n = static_cast<int>(nc - full);
+        int j = 0;
+        for (; j < n; ++j) d[j] = src[full + j];
+        for (; j < NR; ++j) d[j] = 0.0f;
+      }
+    }
+    return;
+  }
   for (int64_t jr = 0; jr < nc; jr += NR) {
     const int n = static_cast<int>(std::min<int64_t>(NR, nc - jr));
     float* dst = out + jr * kc;
-    if (!g.trans_b) {
-      for (int64_t p = 0; p < kc; ++p) {
-        const float* src = g.B + (p0 + p) * g.ldb + j0 + jr;
-        float* d = dst + p * NR;
-        if (n == NR) {
-          std::memcpy(d, src, sizeof(float) * NR);
-        } else {
-          int j = 0;
-          for (; j < n; ++j) d[j] = src[j];
-          for (; j < NR; ++j) d[j] = 0.0f;
-        }
+    for (int j = 0; j < n; ++j) {
+      const float* src = g.B + (j0 + jr + j) * g.ldb + p0;
+      for (int64_t p = 0; p < kc; ++p) dst[p * NR + j] = src[p];
+    }
+    for (int j = n; j < NR; ++j) {
+      for (int64_t p = 0; p < kc; ++p) dst[p * NR + j] = 0.0f;
+    }
+  }
+}
+
+/// In-register transpose of an 8 x 8 block: r[i][k] -> r[k][i].
+__attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
+  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/// pack_a for row-major A (no transpose) with AVX2: 8 k-steps of a 6-row panel per 8x8
+/// transpose (rows 6, 7 are dummies). Each 8-float store overlaps the next one's first 2 floats;
+/// the last one writes 2 floats past the panel (the buffer has slack). Same result as pack_a.
+__attribute__((target("avx2,fma"))) void pack_a_avx2(const GemmArgs& g, int64_t i0, int64_t mc, int64_t p0,
+                                                     int64_t kc, float* out) {
+  const __m256 valpha = _mm256_set1_ps(g.alpha);
+  const bool scale = g.alpha != 1.0f;
+  for (int64_t ir = 0; ir < mc; ir += MR) {
+    const int m = static_cast<int>(std::min<int64_t>(MR, mc - ir));
+    float* dst = out + ir * kc;
+    const float* src[MR];
+    for (int i = 0; i < MR; ++i) src[i] = g.A + (i0 + ir + std::min(i, m - 1)) * g.lda + p0;
+    int64_t p = 0;
+    for (; p + 8 <= kc; p += 8) {
+      __m256 r[8];
+      for (int i = 0; i < MR; ++i) {
+        r[i] = i < m ? _mm256_loadu_ps(src[i] + p) : _mm256_setzero_ps();
+        if (scale) r[i] = _mm256_mul_ps(r[i], valpha);
       }
-    } else {
-      for (int j = 0; j < n; ++j) {
-        const float* src = g.B + (j0 + jr + j) * g.ldb + p0;
-        for (int64_t p = 0; p < kc; ++p) dst[p * NR + j] = src[p];
+      r[6] = _mm256_setzero_ps();
+      r[7] = _mm256_setzero_ps();
+      transpose8(r);
+      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(dst + (p + k) * MR, r[k]);
+    }
+    for (; p < kc; ++p) {
+      for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < m ? g.alpha * src[i][p] : 0.0f;
+    }
+  }
+}
+
+/// pack_b for transposed B (rows of B are columns of op(B)) with AVX2: 8 x 8 transposes.
+__attribute__((target("avx2,fma"))) void pack_b_trans_avx2(const GemmArgs& g, int64_t j0, int64_t nc, int64_t p0,
+                                                           int64_t kc, float* out) {
+  for (int64_t jr = 0; jr < nc; jr += NR) {
+    const int n = static_cast<int>(std::min<int64_t>(NR, nc - jr));
+    float* dst = out + jr * kc;
+    for (int half = 0; half < 2; ++half) {
+      const float* src[8];
+      int valid = 0;
+      for (int j = 0; j < 8; ++j) {
+        const int col = half * 8 + j;
+        if (col < n) ++valid;
+        src[j] = g.B + (j0 + jr + std::min(col, n - 1)) * g.ldb + p0;
       }
-      for (int j = n; j < NR; ++j) {
-        for (int64_t p = 0; p < kc; ++p) dst[p * NR + j] = 0.0f;
+      int64_t p = 0;
+      for (; p + 8 <= kc; p += 8) {
+        __m256 r[8];
+        for (int j = 0; j < 8; ++j) r[j] = j < valid ? _mm256_loadu_ps(src[j] + p) : _mm256_setzero_ps();
+        transpose8(r);
+        for (int k = 0; k < 8; ++k) _mm256_storeu_ps(dst + (p + k) * NR + half * 8, r[k]);
+      }
+      for (; p < kc; ++p) {
+        for (int j = 0; j < 8; ++j) dst[p * NR + half * 8 + j] = j < valid ? src[j][p] : 0.0f;
       }
     }
   }
@@ -240,10 +320,10 @@ struct PackBuffers {
   void ensure() {
     if (a != nullptr) return;
     const size_t na = static_cast<size_t>(MC * KC), nb = static_cast<size_t>(KC * NC);
-    storage.resize(na + nb + 32);
+    storage.resize(na + 16 + nb + 16 + 16);
     auto addr = reinterpret_cast<uintptr_t>(storage.data());
     a = reinterpret_cast<float*>((addr + 63) & ~uintptr_t{63});
-    b = a + na;  // na is a multiple of 16 floats: b stays 64-byte aligned
+    b = a + na + 16;  // 16 floats of slack after each block (pack_a_avx2 overshoots by 2); 64-byte aligned
   }
 };
 
@@ -256,15 +336,24 @@ PackBuffers& pack_buffers() {
 /// C[m0:m1, n0:n1] on the calling thread.
 void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, int64_t n0, int64_t n1) {
   PackBuffers& buf = pack_buffers();
+  const bool avx2 = kernel == kernel_avx2;
   for (int64_t jc = n0; jc < n1; jc += NC) {
     const int64_t nc = std::min(NC, n1 - jc);
     for (int64_t pc = 0; pc < g.K; pc += KC) {
       const int64_t kc = std::min(KC, g.K - pc);
-      pack_b(g, jc, nc, pc, kc, buf.b);
+      if (avx2 && g.trans_b) {
+        pack_b_trans_avx2(g, jc, nc, pc, kc, buf.b);
+      } else {
+        pack_b(g, jc, nc, pc, kc, buf.b);
+      }
       TileStore s{g.beta, pc == 0, pc + kc >= g.K, 0, 0, g.ep};
       for (int64_t ic = m0; ic < m1; ic += MC) {
         const int64_t mc = std::min(MC, m1 - ic);
-        pack_a(g, ic, mc, pc, kc, buf.a);
+        if (avx2 && !g.trans_a) {
+          pack_a_avx2(g, ic, mc, pc, kc, buf.a);
+        } else {
+          pack_a(g, ic, mc, pc, kc, buf.a);
+        }
         for (int64_t jr = 0; jr < nc; jr += NR) {
           const int nr = static_cast<int>(std::min<int64_t>(NR, nc - jr));
           const float* bp = buf.b + jr * kc;
