@@ -134,6 +134,8 @@ TEST(CpuConv, OneByOne) {
   check_conv({1, 1, 1, 1, 1, 1, 1, V{1}, V{0}, V{1}, 1, true});        // 1 everywhere
   check_conv({1, 8, 9, 9, 5, 1, 1, V{2}, V{0}, V{1}, 1, true});        // 1x1 stride 2 (im2col path)
   check_conv({1, 8, 9, 9, 5, 1, 1, V{1}, V{1}, V{1}, 1, false});       // 1x1 padded
+  check_conv({1, 96, 1, 1, 24, 1, 1, V{1}, V{0}, V{1}, 1, true});      // squeeze-excite: N == 1 (gemv)
+  check_conv({2, 130, 1, 1, 300, 1, 1, V{1}, V{0}, V{1}, 1, true});
 }
 
 TEST(CpuConv, Im2col) {
@@ -160,6 +162,8 @@ TEST(CpuConv, Depthwise) {
   check_conv({1, 3, 9, 9, 6, 3, 3, V{1}, V{0}, V{1}, 3, false});        // no padding, multiplier 2
   check_conv({3, 2, 1, 1, 2, 1, 1, V{1}, V{0}, V{1}, 2, true});
   check_conv({1, 8, 10, 10, 8, 3, 3, V{4}, V{5}, V{1}, 8, true});       // padding larger than kernel
+  check_conv({2, 32, 57, 55, 32, 3, 3, V{1}, V{1}, V{1}, 32, true});    // large enough to run on the pool
+  check_conv({1, 24, 56, 56, 48, 5, 5, V{2}, V{2}, V{1}, 24, false});   // pool, stride 2, multiplier 2
 }
 
 TEST(CpuConv, OneD) {
@@ -206,6 +210,8 @@ TEST(CpuLinear, Addmm) {
   check_op("aten.addmm", {f32({11, 19}), f32({11, 23}), f32({23, 19})}, {{"beta", 3.0}}, 23, "full self");
   check_op("aten.addmm", {f32({}), f32({1, 300}), f32({300, 40})}, {{"alpha", 0.25}}, 300, "scalar self, M=1");
   check_op("aten.addmm", {f32({11, 19}), f32({11, 23}), f32({23, 19})}, {{"beta", 0.0}}, 23, "beta 0");
+  check_op("aten.addmm", {f32({1}), f32({70, 300}), f32({300, 1})}, {}, 300, "N == 1");
+  check_op("aten.addmm", {f32({70, 1}), f32({70, 300}), f32({300, 1})}, {{"beta", -1.5}}, 300, "N == 1, full self");
 }
 
 TEST(CpuLinear, Linear) {
@@ -243,7 +249,7 @@ TEST(CpuGemm, TransposesLeadingDimsEpilogue) {
   struct G {
     int64_t M, N, K;
   };
-  for (G s : {G{1, 1, 1}, G{5, 3, 2}, G{13, 37, 300}, G{150, 17, 29}, G{1, 70, 513}, G{64, 200, 0}, G{300, 290, 50}}) {
+  for (G s : {G{1, 1, 1}, G{5, 3, 2}, G{13, 37, 300}, G{150, 17, 29}, G{1, 70, 513}, G{37, 1, 300}, G{200, 1, 7}, G{64, 200, 0}, G{300, 290, 50}}) {
     for (int t = 0; t < 4; ++t) {
       const bool ta = t & 1, tb = t & 2;
       const int64_t lda = (ta ? s.M : s.K) + 3, ldb = (tb ? s.K : s.N) + 2, ldc = s.N + 5;

@@ -383,16 +383,28 @@ inline float finish(const GemmArgs& g, float acc, float cold, int64_t i, int64_t
   return v;
 }
 
-/// M == 1 (a row vector times a matrix; memory-bound): c[j] for j in [n0, n1), portable.
-void gemv_generic(const GemmArgs& g, int64_t n0, int64_t n1) {
-  for (int64_t j = n0; j < n1; ++j) {
+/// A matrix-vector product (M == 1 or N == 1; memory-bound, no packing). The result vector r
+/// (r[t] for t in [0, len)) is C's row 0 (M == 1) or column 0 (N == 1):
+///   rows:   r[t] = sum_p mat[t * ld + p] * v[p]   (dot with a contiguous row of mat)
+///   !rows:  r[t] = sum_p v[p] * mat[p * ld + t]   (columns of mat, accumulated over its rows)
+struct Gemv {
+  const float* mat;
+  int64_t ld;
+  bool rows;
+  const float* v;  // [K], contiguous
+  bool m_is_one;   // r is row 0 of C (else column 0)
+};
+
+inline void gemv_store(const GemmArgs& g, const Gemv& j, int64_t t, float acc) {
+  float* c = j.m_is_one ? g.C + t : g.C + t * g.ldc;
+  *c = finish(g, g.alpha * acc, g.beta != 0.0f ? *c : 0.0f, j.m_is_one ? 0 : t, j.m_is_one ? t : 0);
+}
+
+void gemv_generic(const GemmArgs& g, const Gemv& j, int64_t t0, int64_t t1) {
+  for (int64_t t = t0; t < t1; ++t) {
     float acc = 0.0f;
-    for (int64_t p = 0; p < g.K; ++p) {
-      const float a = g.trans_a ? g.A[p * g.lda] : g.A[p];
-      const float b = g.trans_b ? g.B[j * g.ldb + p] : g.B[p * g.ldb + j];
-      acc += a * b;
-    }
-    g.C[j] = finish(g, g.alpha * acc, g.beta != 0.0f ? g.C[j] : 0.0f, 0, j);
+    for (int64_t p = 0; p < g.K; ++p) acc += j.v[p] * (j.rows ? j.mat[t * j.ld + p] : j.mat[p * j.ld + t]);
+    gemv_store(g, j, t, acc);
   }
 }
 
@@ -403,54 +415,80 @@ __attribute__((target("avx2,fma"))) inline float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-/// M == 1 with AVX2: trans_b -> one dot product per column (rows of B contiguous); otherwise
-/// 64-column strips of c accumulated in registers over the rows of B.
-__attribute__((target("avx2,fma"))) void gemv_avx2(const GemmArgs& g, int64_t n0, int64_t n1) {
+__attribute__((target("avx2,fma"))) void gemv_avx2(const GemmArgs& g, const Gemv& j, int64_t t0, int64_t t1) {
   const int64_t K = g.K;
-  std::vector<float> a_copy;
-  const float* a = g.A;
-  if (g.trans_a && g.lda != 1) {
-    a_copy.resize(static_cast<size_t>(K));
-    for (int64_t p = 0; p < K; ++p) a_copy[static_cast<size_t>(p)] = g.A[p * g.lda];
-    a = a_copy.data();
-  }
-  if (g.trans_b) {
-    for (int64_t j = n0; j < n1; ++j) {
-      const float* b = g.B + j * g.ldb;
+  const float* v = j.v;
+  if (j.rows) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* b = j.mat + t * j.ld;
       __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
       int64_t p = 0;
       for (; p + 16 <= K; p += 16) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + p), _mm256_loadu_ps(b + p), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + p + 8), _mm256_loadu_ps(b + p + 8), s1);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(v + p), _mm256_loadu_ps(b + p), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(v + p + 8), _mm256_loadu_ps(b + p + 8), s1);
       }
       float acc = hsum(_mm256_add_ps(s0, s1));
-      for (; p < K; ++p) acc += a[p] * b[p];
-      g.C[j] = finish(g, g.alpha * acc, g.beta != 0.0f ? g.C[j] : 0.0f, 0, j);
+      for (; p < K; ++p) acc += v[p] * b[p];
+      gemv_store(g, j, t, acc);
     }
     return;
   }
-  int64_t j = n0;
-  for (; j + 32 <= n1; j += 32) {
+  int64_t t = t0;
+  for (; t + 32 <= t1; t += 32) {
     __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
     for (int64_t p = 0; p < K; ++p) {
-      const __m256 av = _mm256_broadcast_ss(a + p);
-      const float* b = g.B + p * g.ldb + j;
+      const __m256 av = _mm256_broadcast_ss(v + p);
+      const float* b = j.mat + p * j.ld + t;
       s0 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b), s0);
       s1 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + 8), s1);
       s2 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + 16), s2);
       s3 = _mm256_fmadd_ps(av, _mm256_loadu_ps(b + 24), s3);
     }
-    alignas(32) float t[32];
-    _mm256_store_ps(t, s0);
-    _mm256_store_ps(t + 8, s1);
-    _mm256_store_ps(t + 16, s2);
-    _mm256_store_ps(t + 24, s3);
-    for (int q = 0; q < 32; ++q) g.C[j + q] = finish(g, g.alpha * t[q], g.beta != 0.0f ? g.C[j + q] : 0.0f, 0, j + q);
+    alignas(32) float r[32];
+    _mm256_store_ps(r, s0);
+    _mm256_store_ps(r + 8, s1);
+    _mm256_store_ps(r + 16, s2);
+    _mm256_store_ps(r + 24, s3);
+    for (int q = 0; q < 32; ++q) gemv_store(g, j, t + q, r[q]);
   }
-  for (; j < n1; ++j) {
+  for (; t < t1; ++t) {
     float acc = 0.0f;
-    for (int64_t p = 0; p < K; ++p) acc += a[p] * g.B[p * g.ldb + j];
-    g.C[j] = finish(g, g.alpha * acc, g.beta != 0.0f ? g.C[j] : 0.0f, 0, j);
+    for (int64_t p = 0; p < K; ++p) acc += v[p] * j.mat[p * j.ld + t];
+    gemv_store(g, j, t, acc);
+  }
+}
+
+/// M == 1 or N == 1: C's row (column) as a matrix-vector product; parallel over its length.
+void gemv(const GemmArgs& g, bool avx2, bool parallel, ThreadPool* pool) {
+  const bool m_is_one = g.M == 1;
+  std::vector<float> gathered;
+  auto contiguous = [&](const float* base, int64_t stride) {
+    if (stride == 1 || g.K == 1) return base;
+    gathered.resize(static_cast<size_t>(g.K));
+    for (int64_t p = 0; p < g.K; ++p) gathered[static_cast<size_t>(p)] = base[p * stride];
+    return static_cast<const float*>(gathered.data());
+  };
+  Gemv j;
+  j.m_is_one = m_is_one;
+  int64_t len;
+  if (m_is_one) {  // v = op(A) row 0; r[t] = op(B) column t . v
+    j.v = g.trans_a ? contiguous(g.A, g.lda) : g.A;
+    j.mat = g.B;
+    j.ld = g.ldb;
+    j.rows = g.trans_b;
+    len = g.N;
+  } else {  // v = op(B) column 0; r[t] = op(A) row t . v
+    j.v = g.trans_b ? g.B : contiguous(g.B, g.ldb);
+    j.mat = g.A;
+    j.ld = g.lda;
+    j.rows = !g.trans_a;
+    len = g.M;
+  }
+  auto run = [&](int64_t t0, int64_t t1) { avx2 ? gemv_avx2(g, j, t0, t1) : gemv_generic(g, j, t0, t1); };
+  if (parallel) {
+    pool->parallel_for(len, 64, run);
+  } else {
+    run(0, len);
   }
 }
 
@@ -481,16 +519,11 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   }
   const int threads = pool != nullptr ? pool->num_threads() : 1;
   const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  const bool parallel = threads > 1 && flops >= 2e5;
+  const bool parallel = threads > 1 && flops >= 1e6;  // below ~10 us the wake-up costs more
   const bool avx2 = has_avx2_fma();
 
-  if (M == 1) {
-    auto run = [&](int64_t n0, int64_t n1) { avx2 ? gemv_avx2(g, n0, n1) : gemv_generic(g, n0, n1); };
-    if (!parallel) {
-      run(0, N);
-    } else {
-      pool->parallel_for(N, 64, run);
-    }
+  if (M == 1 || N == 1) {
+    gemv(g, avx2, parallel, pool);
     return;
   }
 

@@ -43,11 +43,12 @@ bool has_avx2_fma();
 /// Accumulation is fp32 (fused multiply-add), blocked over K in chunks of 256.
 ///
 /// `pool` (may be null: single-threaded) splits C into one rectangle per thread along the
-/// larger of M and N; small products (< ~0.2 MFLOP) run on the calling thread. Thread-safe:
+/// larger of M and N; small products (< 1 MFLOP) run on the calling thread. Thread-safe:
 /// packing buffers are per thread and bounded (~4.5 MB per thread).
 /// Method: cache blocking, packing of A (MR-row panels) and B (NR-column panels) and a 6x16
 /// AVX2+FMA register-blocked microkernel (Goto & van de Geijn, "Anatomy of high-performance
 /// matrix multiplication", ACM TOMS 2008); without AVX2 a portable microkernel of the same shape.
+/// M == 1 or N == 1 (classifier heads, squeeze-excite) take a matrix-vector path without packing.
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep = {},
            ThreadPool* pool = nullptr);
