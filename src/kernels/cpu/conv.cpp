@@ -3,7 +3,7 @@
 // Three paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
 //   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernel over output rows;
 //   1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
-//   everything else: im2col of a tile of output columns into a bounded scratch + GEMM, per group.
+//   everything else: GEMM per group on the im2col matrix, packed on the fly (no im2col buffer).
 // Transposed convolutions stay on the portable kernel (accepts() is false).
 #include <immintrin.h>
 
@@ -17,9 +17,6 @@
 
 namespace kiln {
 namespace {
-
-/// im2col scratch per thread: at most this many floats, or 16 columns when one column is larger.
-constexpr int64_t kColBudget = int64_t{1} << 19;  // 2 MiB
 
 Result<ConvGeometry> geometry_of(const TensorType& x, const TensorType& w, const TensorType* b, const Attributes& attrs) {
   return conv_geometry(x, w, b, attrs);
@@ -173,98 +170,126 @@ void depthwise(const ConvGeometry& g, const float* px, const float* pw, const fl
   }
 }
 
-/// Columns [j0, j1) of the im2col matrix of one group of one image: col[(c*KH + kh)*KW + kw, j - j0]
-/// = x[c, oh*SH - PH + kh*DH, ow*SW - PW + kw*DW] (0 outside), j = oh*OW + ow; row stride j1 - j0.
-void im2col(const ConvGeometry& g, const float* x, int64_t cin, int64_t j0, int64_t j1, float* col) {
-  const int64_t IH = g.in_size[0], IW = g.in_size[1], OW = g.out_size[1];
-  const int64_t KH = g.kernel[0], KW = g.kernel[1], SH = g.stride[0], SW = g.stride[1];
-  const int64_t PH = g.padding[0], PW = g.padding[1], DH = g.dilation[0], DW = g.dilation[1];
-  const int64_t width = j1 - j0;
-  for (int64_t c = 0; c < cin; ++c) {
-    const float* plane = x + c * IH * IW;
-    for (int64_t kh = 0; kh < KH; ++kh) {
-      for (int64_t kw = 0; kw < KW; ++kw) {
-        float* dst = col + ((c * KH + kh) * KW + kw) * width;
-        int64_t j = j0;
-        while (j < j1) {
-          const int64_t oh = j / OW, ow0 = j % OW;
-          const int64_t run = std::min(OW - ow0, j1 - j);
-          float* d = dst + (j - j0);
-          const int64_t ih = oh * SH - PH + kh * DH;
-          if (ih < 0 || ih >= IH) {
-            std::fill(d, d + run, 0.0f);
-          } else {
-            const float* src = plane + ih * IW;
-            // ow in [lo, hi) has iw = ow*SW - PW + kw*DW inside [0, IW)
-            const int64_t off = kw * DW - PW;
-            int64_t lo = off >= 0 ? 0 : (-off + SW - 1) / SW;
-            int64_t hi = IW - off <= 0 ? 0 : (IW - off + SW - 1) / SW;
-            lo = std::clamp(lo - ow0, int64_t{0}, run);
-            hi = std::clamp(hi - ow0, lo, run);
-            std::fill(d, d + lo, 0.0f);
-            if (SW == 1) {
-              std::memcpy(d + lo, src + (ow0 + lo) + off, sizeof(float) * static_cast<size_t>(hi - lo));
-            } else {
-              for (int64_t t = lo; t < hi; ++t) d[t] = src[(ow0 + t) * SW + off];
-            }
-            std::fill(d + hi, d + run, 0.0f);
-          }
-          j += run;
-        }
-      }
-    }
+/// A run of consecutive output columns j = oh*OW + ow in one output row: ow in [ow0, ow0 + len),
+/// written at dst offset `at`.
+struct Segment {
+  int64_t oh, ow0, len, at;
+};
+
+/// Splits output columns [j0, j1) into per-row segments.
+void segments_of(const ConvGeometry& g, int64_t j0, int64_t j1, std::vector<Segment>& segs) {
+  const int64_t OW = g.out_size[1];
+  segs.clear();
+  for (int64_t j = j0; j < j1;) {
+    const int64_t oh = j / OW, ow0 = j % OW;
+    const int64_t len = std::min(OW - ow0, j1 - j);
+    segs.push_back({oh, ow0, len, j - j0});
+    j += len;
   }
 }
 
-std::vector<float>& col_scratch() {
-  thread_local std::vector<float> buf;
-  return buf;
+/// Row (c, kh, kw) of the im2col matrix of one group over the columns of `segs`:
+///   dst[j - j0] = x[c, oh*SH - PH + kh*DH, ow*SW - PW + kw*DW] (0 outside), j = oh*OW + ow.
+/// `plane` is input channel c [IH, IW].
+__attribute__((target("avx2,fma"))) void im2col_row(const ConvGeometry& g, const float* plane, int64_t kh, int64_t kw, const std::vector<Segment>& segs,
+                float* dst) {
+  const int64_t IH = g.in_size[0], IW = g.in_size[1];
+  const int64_t SH = g.stride[0], SW = g.stride[1], PH = g.padding[0], PW = g.padding[1];
+  const int64_t DH = g.dilation[0], DW = g.dilation[1];
+  // ow in [lo_ow, hi_ow) has iw = ow*SW + off inside [0, IW)
+  const int64_t off = kw * DW - PW;
+  const int64_t lo_ow = off >= 0 ? 0 : (-off + SW - 1) / SW;
+  const int64_t hi_ow = IW - off <= 0 ? 0 : (IW - off + SW - 1) / SW;
+  for (const Segment& s : segs) {
+    float* d = dst + s.at;
+    const int64_t ih = s.oh * SH - PH + kh * DH;
+    if (ih < 0 || ih >= IH) {
+      for (int64_t t = 0; t < s.len; ++t) d[t] = 0.0f;
+      continue;
+    }
+    const float* src = plane + ih * IW + off;
+    const int64_t lo = std::clamp(lo_ow - s.ow0, int64_t{0}, s.len);
+    const int64_t hi = std::clamp(hi_ow - s.ow0, lo, s.len);
+    for (int64_t t = 0; t < lo; ++t) d[t] = 0.0f;
+    if (SW == 1) {
+      const float* sp = src + s.ow0;
+      for (int64_t t = lo; t < hi; ++t) d[t] = sp[t];
+    } else {
+      for (int64_t t = lo; t < hi; ++t) d[t] = src[(s.ow0 + t) * SW];
+    }
+    for (int64_t t = hi; t < s.len; ++t) d[t] = 0.0f;
+  }
 }
 
-/// General convolution: per (image, group, column tile): im2col + GEMM (bias per output channel).
+/// The im2col matrix of one group of one image, [C_in_g * KH * KW, OH * OW], row
+/// (c*KH + kh)*KW + kw, produced panel by panel for the GEMM (cpu::GemmBPacker) instead of
+/// being stored: one row at a time into a small per-thread buffer (<= 16 KiB, stays in L1), then
+/// into the 16-column panels.
+struct Im2col {
+  const ConvGeometry* g;
+  const float* x;  // the group's first input channel
+
+  /// Row p of the K block (`row`, nc floats) into the 16-column panels.
+  __attribute__((target("avx2,fma"))) static void copy_row(float* out, int64_t stride, int64_t full, int64_t nc,
+                                                           int64_t p, const float* row) {
+    constexpr int64_t P = cpu::kGemmPanelCols;
+    for (int64_t jr = 0; jr < full; jr += P) {
+      float* d = out + jr / P * stride + p * P;
+      _mm256_storeu_ps(d, _mm256_loadu_ps(row + jr));
+      _mm256_storeu_ps(d + 8, _mm256_loadu_ps(row + jr + 8));
+    }
+    if (full < nc) {
+      float* d = out + full / P * stride + p * P;
+      const int64_t n = nc - full;
+      for (int64_t t = 0; t < n; ++t) d[t] = row[full + t];
+      for (int64_t t = n; t < P; ++t) d[t] = 0.0f;
+    }
+  }
+
+  __attribute__((target("avx2,fma"))) static void pack(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
+    const Im2col& c = *static_cast<const Im2col*>(ctx);
+    const ConvGeometry& g = *c.g;
+    const int64_t KH = g.kernel[0], KW = g.kernel[1], KK = KH * KW;
+    const int64_t IHW = g.in_size[0] * g.in_size[1];
+    constexpr int64_t P = cpu::kGemmPanelCols;
+    const int64_t stride = cpu::gemm_panel_stride(kc);
+    // Two row buffers: row p is generated while row p - 1 (written a whole row earlier, so no
+    // store-to-load forwarding stalls) is copied into the panels.
+    thread_local std::vector<float> rows;
+    thread_local std::vector<Segment> segs;
+    const size_t cap = static_cast<size_t>(cpu::kGemmMaxPackCols);
+    if (rows.size() < 2 * cap) rows.resize(2 * cap);
+    segments_of(g, j0, j0 + nc, segs);
+    const int64_t full = nc / P * P;
+    for (int64_t p = 0; p <= kc; ++p) {
+      if (p < kc) {
+        const int64_t q = p0 + p;
+        const int64_t ch = q / KK, r = q % KK;
+        im2col_row(g, c.x + ch * IHW, r / KW, r % KW, segs, rows.data() + (p % 2) * cap);
+      }
+      if (p > 0) copy_row(out, stride, full, nc, p - 1, rows.data() + ((p - 1) % 2) * cap);
+    }
+  }
+};
+
+/// General convolution: per (image, group) one GEMM  out[n, group] = W_group [C_out_g x K] *
+/// im2col [K x OH*OW] + bias, K = C_in_g * KH * KW, with the im2col matrix packed on the fly.
 void conv_im2col(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool) {
   const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
-  const int64_t KK = g.kernel[0] * g.kernel[1];
-  const int64_t Kdim = cin_g * KK;
+  const int64_t Kdim = cin_g * g.kernel[0] * g.kernel[1];
   const int64_t OHW = g.out_size[0] * g.out_size[1];
   const int64_t IHW = g.in_size[0] * g.in_size[1];
-  const int threads = pool != nullptr ? pool->num_threads() : 1;
-  int64_t tile = std::max<int64_t>(16, kColBudget / std::max<int64_t>(Kdim, 1));
-  tile = std::min(tile, OHW);
-  int64_t ntiles = (OHW + tile - 1) / tile;
-  const int64_t images = g.batch * g.groups;
-  if (threads > 1 && images * ntiles < threads && OHW >= 64 * threads) {
-    ntiles = threads;  // give every thread a tile
-  }
-  tile = (OHW + ntiles - 1) / ntiles;
-  if (tile < OHW) tile = std::min(OHW, (tile + 15) / 16 * 16);
-  ntiles = (OHW + tile - 1) / tile;
-  const int64_t tasks = images * ntiles;
-  const bool parallel_tasks = threads > 1 && tasks >= threads;
-
-  auto run_task = [&](int64_t t, ThreadPool* gemm_pool) {
-    const int64_t img = t / ntiles, tl = t % ntiles;
-    const int64_t n = img / g.groups, grp = img % g.groups;
-    const int64_t j0 = tl * tile, j1 = std::min(OHW, j0 + tile);
-    std::vector<float>& col = col_scratch();
-    const size_t need = static_cast<size_t>(Kdim * (j1 - j0));
-    if (col.size() < need) col.resize(need);
-    im2col(g, px + (n * g.in_channels + grp * cin_g) * IHW, cin_g, j0, j1, col.data());
-    cpu::GemmEpilogue ep;
-    if (pb != nullptr) {
-      ep.bias_kind = cpu::GemmBias::PerRow;
-      ep.bias = pb + grp * cout_g;
+  for (int64_t n = 0; n < g.batch; ++n) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      const Im2col ctx{&g, px + (n * g.in_channels + grp * cin_g) * IHW};
+      cpu::GemmEpilogue ep;
+      if (pb != nullptr) {
+        ep.bias_kind = cpu::GemmBias::PerRow;
+        ep.bias = pb + grp * cout_g;
+      }
+      cpu::sgemm_packed_b(cout_g, OHW, Kdim, 1.0f, pw + grp * cout_g * Kdim, Kdim, cpu::GemmBPacker{Im2col::pack, &ctx},
+                          0.0f, po + (n * g.out_channels + grp * cout_g) * OHW, OHW, ep, pool);
     }
-    float* c = po + (n * g.out_channels + grp * cout_g) * OHW + j0;
-    cpu::sgemm(false, false, cout_g, j1 - j0, Kdim, 1.0f, pw + grp * cout_g * Kdim, Kdim, col.data(), j1 - j0, 0.0f,
-               c, OHW, ep, gemm_pool);
-  };
-  if (parallel_tasks) {
-    pool->parallel_for(tasks, 1, [&](int64_t b, int64_t e) {
-      for (int64_t t = b; t < e; ++t) run_task(t, nullptr);
-    });
-  } else {
-    for (int64_t t = 0; t < tasks; ++t) run_task(t, pool);
   }
 }
 

@@ -25,7 +25,11 @@ constexpr int MR = 6;
 constexpr int NR = 16;
 constexpr int64_t KC = 256;
 constexpr int64_t MC = 144;   // multiple of MR; A block 144 x 256 x 4 B = 144 KiB (L2 is 1 MiB)
-constexpr int64_t NC = 4096;  // multiple of NR; B block 256 x 4096 x 4 B = 4 MiB (L3)
+constexpr int64_t NC = 1024;  // multiple of NR; B block 256 x 1024 x 4 B (stays in the 1 MiB L2 next to the A block)
+/// Floats from one packed B panel to the next: kc rows of NR plus one cache line, so that the
+/// same row of consecutive panels does not fall into one L1 set (kc * 64 B is a multiple of 4 KiB).
+constexpr int64_t panel_stride(int64_t kc) { return kc * NR + NR; }
+static_assert(NR == kGemmPanelCols && NC == kGemmMaxPackCols, "gemm.h documents the packer's panel layout");
 
 struct GemmArgs {
   bool trans_a, trans_b;
@@ -39,6 +43,7 @@ struct GemmArgs {
   float* C;
   int64_t ldc;
   const GemmEpilogue* ep;
+  const GemmBPacker* packer = nullptr;  // when set, B is produced by the packer (B, ldb unused)
 };
 
 /// What the microkernel does when it stores a tile: which K block this is and where the tile
@@ -209,9 +214,9 @@ void pack_b(const GemmArgs& g, int64_t j0, int64_t nc, int64_t p0, int64_t kc, f
     const int64_t full = nc / NR * NR;
     for (int64_t p = 0; p < kc; ++p) {
       const float* src = g.B + (p0 + p) * g.ldb + j0;
-      for (int64_t jr = 0; jr < full; jr += NR) std::memcpy(out + jr * kc + p * NR, src + jr, sizeof(float) * NR);
+      for (int64_t jr = 0; jr < full; jr += NR) std::memcpy(out + jr / NR * panel_stride(kc) + p * NR, src + jr, sizeof(float) * NR);
       if (full < nc) {
-        float* d = out + full * kc + p * NR;
+        float* d = out + full / NR * panel_stride(kc) + p * NR;
         const int n = static_cast<int>(nc - full);
         int j = 0;
         for (; j < n; ++j) d[j] = src[full + j];
@@ -222,7 +227,7 @@ void pack_b(const GemmArgs& g, int64_t j0, int64_t nc, int64_t p0, int64_t kc, f
   }
   for (int64_t jr = 0; jr < nc; jr += NR) {
     const int n = static_cast<int>(std::min<int64_t>(NR, nc - jr));
-    float* dst = out + jr * kc;
+    float* dst = out + jr / NR * panel_stride(kc);
     for (int j = 0; j < n; ++j) {
       const float* src = g.B + (j0 + jr + j) * g.ldb + p0;
       for (int64_t p = 0; p < kc; ++p) dst[p * NR + j] = src[p];
@@ -288,7 +293,7 @@ __attribute__((target("avx2,fma"))) void pack_b_trans_avx2(const GemmArgs& g, in
                                                            int64_t kc, float* out) {
   for (int64_t jr = 0; jr < nc; jr += NR) {
     const int n = static_cast<int>(std::min<int64_t>(NR, nc - jr));
-    float* dst = out + jr * kc;
+    float* dst = out + jr / NR * panel_stride(kc);
     for (int half = 0; half < 2; ++half) {
       const float* src[8];
       int valid = 0;
@@ -319,7 +324,7 @@ struct PackBuffers {
   float* b = nullptr;
   void ensure() {
     if (a != nullptr) return;
-    const size_t na = static_cast<size_t>(MC * KC), nb = static_cast<size_t>(KC * NC);
+    const size_t na = static_cast<size_t>(MC * KC), nb = static_cast<size_t>(NC / NR * panel_stride(KC));
     storage.resize(na + 16 + nb + 16 + 16);
     auto addr = reinterpret_cast<uintptr_t>(storage.data());
     a = reinterpret_cast<float*>((addr + 63) & ~uintptr_t{63});
@@ -341,7 +346,9 @@ void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, in
     const int64_t nc = std::min(NC, n1 - jc);
     for (int64_t pc = 0; pc < g.K; pc += KC) {
       const int64_t kc = std::min(KC, g.K - pc);
-      if (avx2 && g.trans_b) {
+      if (g.packer != nullptr) {
+        g.packer->fn(g.packer->ctx, jc, nc, pc, kc, buf.b);
+      } else if (avx2 && g.trans_b) {
         pack_b_trans_avx2(g, jc, nc, pc, kc, buf.b);
       } else {
         pack_b(g, jc, nc, pc, kc, buf.b);
@@ -356,7 +363,7 @@ void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, in
         }
         for (int64_t jr = 0; jr < nc; jr += NR) {
           const int nr = static_cast<int>(std::min<int64_t>(NR, nc - jr));
-          const float* bp = buf.b + jr * kc;
+          const float* bp = buf.b + jr / NR * panel_stride(kc);
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int mr = static_cast<int>(std::min<int64_t>(MR, mc - ir));
             s.row0 = ic + ir;
@@ -504,30 +511,12 @@ bool has_avx2_fma() {
   return yes;
 }
 
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool) {
-  if (M <= 0 || N <= 0) return;
-  const GemmArgs g{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &ep};
-  if (K <= 0) {
-    for (int64_t i = 0; i < M; ++i) {
-      for (int64_t j = 0; j < N; ++j) {
-        float* c = C + i * ldc + j;
-        *c = finish(g, 0.0f, beta != 0.0f ? *c : 0.0f, i, j);
-      }
-    }
-    return;
-  }
-  const int threads = pool != nullptr ? pool->num_threads() : 1;
-  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
-  const bool parallel = threads > 1 && flops >= 1e6;  // below ~10 us the wake-up costs more
-  const bool avx2 = has_avx2_fma();
+namespace {
 
-  if (M == 1 || N == 1) {
-    gemv(g, avx2, parallel, pool);
-    return;
-  }
-
-  const MicroKernel kernel = avx2 ? kernel_avx2 : kernel_generic;
+/// The blocked product over all of C, split over the pool (shared by sgemm and sgemm_packed_b).
+void gemm_blocked(const GemmArgs& g, bool parallel, ThreadPool* pool) {
+  const MicroKernel kernel = has_avx2_fma() ? kernel_avx2 : kernel_generic;
+  const int64_t M = g.M, N = g.N;
   if (!parallel) {
     gemm_rect(g, kernel, 0, M, 0, N);
     return;
@@ -537,7 +526,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   const int64_t unit = split_n ? NR : MR;
   const int64_t dim = split_n ? N : M;
   const int64_t units = (dim + unit - 1) / unit;
-  const int64_t parts = std::min<int64_t>(threads, units);
+  const int64_t parts = std::min<int64_t>(pool->num_threads(), units);
   if (parts <= 1) {
     gemm_rect(g, kernel, 0, M, 0, N);
     return;
@@ -555,6 +544,51 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
       }
     }
   });
+}
+
+/// C = beta * C + bias, clamped (K == 0).
+void gemm_k0(const GemmArgs& g) {
+  for (int64_t i = 0; i < g.M; ++i) {
+    for (int64_t j = 0; j < g.N; ++j) {
+      float* c = g.C + i * g.ldc + j;
+      *c = finish(g, 0.0f, g.beta != 0.0f ? *c : 0.0f, i, j);
+    }
+  }
+}
+
+bool use_pool(ThreadPool* pool, int64_t M, int64_t N, int64_t K) {
+  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K);
+  return pool != nullptr && pool->num_threads() > 1 && flops >= 1e6;  // below ~10 us the wake-up costs more
+}
+
+}  // namespace
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool) {
+  if (M <= 0 || N <= 0) return;
+  const GemmArgs g{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &ep};
+  if (K <= 0) {
+    gemm_k0(g);
+    return;
+  }
+  const bool parallel = use_pool(pool, M, N, K);
+  if (M == 1 || N == 1) {
+    gemv(g, has_avx2_fma(), parallel, pool);
+    return;
+  }
+  gemm_blocked(g, parallel, pool);
+}
+
+void sgemm_packed_b(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const GemmBPacker& b,
+                    float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool) {
+  if (M <= 0 || N <= 0) return;
+  GemmArgs g{false, false, M, N, K, alpha, A, lda, nullptr, 0, beta, C, ldc, &ep};
+  g.packer = &b;
+  if (K <= 0) {
+    gemm_k0(g);
+    return;
+  }
+  gemm_blocked(g, use_pool(pool, M, N, K), pool);
 }
 
 }  // namespace kiln::cpu

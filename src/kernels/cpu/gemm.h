@@ -53,4 +53,26 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep = {},
            ThreadPool* pool = nullptr);
 
+/// Width of the column panels that a GemmBPacker writes, and the most columns one call asks for.
+inline constexpr int kGemmPanelCols = 16;
+inline constexpr int64_t kGemmMaxPackCols = 1024;
+
+/// Floats between consecutive packed B panels for a K block of kc rows (kc * 16 plus one cache line).
+constexpr int64_t gemm_panel_stride(int64_t kc) { return kc * kGemmPanelCols + kGemmPanelCols; }
+
+/// Produces B on the fly (implicit GEMM, e.g. convolution without an im2col buffer).
+/// fn(ctx, j0, nc, p0, kc, out) writes op(B)[p0 : p0+kc, j0 : j0+nc] as ceil(nc / 16) panels of
+/// 16 columns: out[jp * gemm_panel_stride(kc) + p * 16 + t] = op(B)[p0 + p, j0 + jp*16 + t], zero
+/// for columns past nc. nc <= kGemmMaxPackCols, kc <= 256. Called concurrently from pool threads
+/// (must be reentrant).
+struct GemmBPacker {
+  void (*fn)(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out);
+  const void* ctx;
+};
+
+/// As sgemm (no transpose of A) with op(B) [K, N] supplied by `b`. Never takes the
+/// matrix-vector path, so any M, N >= 0 work.
+void sgemm_packed_b(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const GemmBPacker& b,
+                    float beta, float* C, int64_t ldc, const GemmEpilogue& ep = {}, ThreadPool* pool = nullptr);
+
 }  // namespace kiln::cpu
