@@ -223,7 +223,7 @@ __attribute__((target("avx2,fma"))) void im2col_row(const ConvGeometry& g, const
 
 /// The im2col matrix of one group of one image, [C_in_g * KH * KW, OH * OW], row
 /// (c*KH + kh)*KW + kw, produced panel by panel for the GEMM (cpu::GemmBPacker) instead of
-/// being stored: one row at a time into a small per-thread buffer (<= 16 KiB, stays in L1), then
+/// being stored: one row at a time into a small per-thread buffer (2 x 4 KiB, stays in L1), then
 /// into the 16-column panels.
 struct Im2col {
   const ConvGeometry* g;
@@ -253,8 +253,8 @@ struct Im2col {
     const int64_t IHW = g.in_size[0] * g.in_size[1];
     constexpr int64_t P = cpu::kGemmPanelCols;
     const int64_t stride = cpu::gemm_panel_stride(kc);
-    // Two row buffers: row p is generated while row p - 1 (written a whole row earlier, so no
-    // store-to-load forwarding stalls) is copied into the panels.
+    // Two row buffers: row p is generated, then row p - 1 (written one row earlier) is copied
+    // into the panels.
     thread_local std::vector<float> rows;
     thread_local std::vector<Segment> segs;
     const size_t cap = static_cast<size_t>(cpu::kGemmMaxPackCols);

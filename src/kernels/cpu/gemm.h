@@ -44,7 +44,7 @@ bool has_avx2_fma();
 ///
 /// `pool` (may be null: single-threaded) splits C into one rectangle per thread along the
 /// larger of M and N; small products (< 1 MFLOP) run on the calling thread. Thread-safe:
-/// packing buffers are per thread and bounded (~4.5 MB per thread).
+/// packing buffers are per thread and bounded (~1.2 MB per thread).
 /// Method: cache blocking, packing of A (MR-row panels) and B (NR-column panels) and a 6x16
 /// AVX2+FMA register-blocked microkernel (Goto & van de Geijn, "Anatomy of high-performance
 /// matrix multiplication", ACM TOMS 2008); without AVX2 a portable microkernel of the same shape.
