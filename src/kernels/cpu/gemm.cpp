@@ -97,10 +97,41 @@ void kernel_generic(int64_t kc, const float* ap, const float* bp, float* c, int6
   store_tile_scalar(acc, c, ldc, mr, nr, s);
 }
 
+/// AVX2+FMA microkernel for a tile at most 8 columns wide (the last panel when N % 16 is in
+/// [1, 8], e.g. N = 49 at 7x7): half the FMAs of the 6 x 16 kernel; same packed layout.
+__attribute__((target("avx2,fma"))) void kernel_avx2_n8(int64_t kc, const float* ap, const float* bp, float* c,
+                                                        int64_t ldc, int mr, int nr, const TileStore& s) {
+  __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps();
+  __m256 c3 = _mm256_setzero_ps(), c4 = _mm256_setzero_ps(), c5 = _mm256_setzero_ps();
+  for (int64_t p = 0; p < kc; ++p) {
+    const __m256 b0 = _mm256_loadu_ps(bp);
+    c0 = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + 0), b0, c0);
+    c1 = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + 1), b0, c1);
+    c2 = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + 2), b0, c2);
+    c3 = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + 3), b0, c3);
+    c4 = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + 4), b0, c4);
+    c5 = _mm256_fmadd_ps(_mm256_broadcast_ss(ap + 5), b0, c5);
+    ap += MR;
+    bp += NR;
+  }
+  alignas(32) float t[MR * NR];
+  _mm256_store_ps(t + 0 * NR, c0);
+  _mm256_store_ps(t + 1 * NR, c1);
+  _mm256_store_ps(t + 2 * NR, c2);
+  _mm256_store_ps(t + 3 * NR, c3);
+  _mm256_store_ps(t + 4 * NR, c4);
+  _mm256_store_ps(t + 5 * NR, c5);
+  store_tile_scalar(t, c, ldc, mr, nr, s);
+}
+
 /// AVX2+FMA microkernel: a 6 x 16 tile in 12 ymm accumulators; per k: 2 loads of B,
 /// 6 broadcasts of A, 12 FMAs.
 __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* ap, const float* bp, float* c,
                                                      int64_t ldc, int mr, int nr, const TileStore& s) {
+  if (nr <= 8) {
+    kernel_avx2_n8(kc, ap, bp, c, ldc, mr, nr, s);
+    return;
+  }
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
   __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
   __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
