@@ -164,6 +164,7 @@ TEST(CpuConv, Depthwise) {
   check_conv({1, 8, 10, 10, 8, 3, 3, V{4}, V{5}, V{1}, 8, true});       // padding larger than kernel
   check_conv({2, 32, 57, 55, 32, 3, 3, V{1}, V{1}, V{1}, 32, true});    // large enough to run on the pool
   check_conv({1, 24, 56, 56, 48, 5, 5, V{2}, V{2}, V{1}, 24, false});   // pool, stride 2, multiplier 2
+  check_conv({1, 3, 4, 5, 3, 2, 2, V{300}, V{200}, V{1}, 3, true});      // huge stride/padding: GEMM path
 }
 
 TEST(CpuConv, OneD) {

@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -22,7 +23,19 @@ Result<ConvGeometry> geometry_of(const TensorType& x, const TensorType& w, const
   return conv_geometry(x, w, b, attrs);
 }
 
-bool is_depthwise(const ConvGeometry& g) { return g.groups > 1 && g.in_channels == g.groups; }
+/// Depthwise (one input channel per group) and the padded, stride-split plane of DwLayout stays
+/// within a small multiple of the input and output planes (huge strides or paddings would make it
+/// much larger: those go through the GEMM path, whose memory is bounded).
+bool use_depthwise_kernel(const ConvGeometry& g) {
+  if (g.groups <= 1 || g.in_channels != g.groups) return false;
+  const double s0 = static_cast<double>(g.stride[0]), s1 = static_cast<double>(g.stride[1]);
+  const double lh = std::ceil((static_cast<double>(g.in_size[0]) + 2.0 * static_cast<double>(g.padding[0])) / s0);
+  const double lw = std::ceil((static_cast<double>(g.in_size[1]) + 2.0 * static_cast<double>(g.padding[1])) / s1);
+  const double total = s0 * s1 * (lh * lw + lw + 16.0);
+  const double planes = static_cast<double>(g.in_size[0]) * static_cast<double>(g.in_size[1]) +
+                        static_cast<double>(g.out_size[0]) * static_cast<double>(g.out_size[1]);
+  return total <= 4.0 * planes + 65536.0;
+}
 
 bool conv_accepts(const KernelSignature& sig) {
   if (!cpu::has_avx2_fma()) return false;
@@ -338,7 +351,7 @@ Error convolution(const KernelArgs& a) {
     }
     return {};
   }
-  if (is_depthwise(g)) {
+  if (use_depthwise_kernel(g)) {
     depthwise(g, px, pw, pb, po, a.pool);
   } else if (g.kernel[0] == 1 && g.kernel[1] == 1 && g.stride[0] == 1 && g.stride[1] == 1 && g.padding[0] == 0 &&
              g.padding[1] == 0) {
