@@ -1,7 +1,8 @@
 // Optimized cpu kernel for aten.convolution (float32, non-transposed, 1-D and 2-D; NCHW).
 //
 // Three paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
-//   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernel over output rows;
+//   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernel, each output plane a flat 1-D
+//     correlation over the padded, stride-split input plane (see DwLayout);
 //   1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
 //   everything else: GEMM per group on the im2col matrix, packed on the fly (no im2col buffer).
 // Transposed convolutions stay on the portable kernel (accepts() is false).
