@@ -244,7 +244,7 @@ void reference_gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alp
   }
 }
 
-TEST(CpuGemm, TransposesLeadingDimsEpilogue) {
+void check_sgemm_contract() {
   std::mt19937 rng(7);
   ThreadPool pool(2);
   struct G {
@@ -306,6 +306,15 @@ TEST(CpuGemm, TransposesLeadingDimsEpilogue) {
       }
     }
   }
+}
+
+TEST(CpuGemm, TransposesLeadingDimsEpilogue) { check_sgemm_contract(); }
+
+/// The fallback for CPUs without AVX2 (portable microkernel, packing and matrix-vector paths).
+TEST(CpuGemm, PortableFallback) {
+  cpu::force_portable_sgemm_for_testing(true);
+  check_sgemm_contract();
+  cpu::force_portable_sgemm_for_testing(false);
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <functional>
@@ -536,6 +537,8 @@ bool detect_avx2_fma() {
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 }
 
+std::atomic<bool> g_force_portable{false};
+
 }  // namespace
 
 bool has_avx2_fma() {
@@ -543,11 +546,16 @@ bool has_avx2_fma() {
   return yes;
 }
 
+void force_portable_sgemm_for_testing(bool on) { g_force_portable.store(on); }
+
 namespace {
+
+/// The AVX2 code paths of sgemm are used (CPU support, not disabled for a test).
+bool use_avx2() { return has_avx2_fma() && !g_force_portable.load(std::memory_order_relaxed); }
 
 /// The blocked product over all of C, split over the pool (shared by sgemm and sgemm_packed_b).
 void gemm_blocked(const GemmArgs& g, bool parallel, ThreadPool* pool) {
-  const MicroKernel kernel = has_avx2_fma() ? kernel_avx2 : kernel_generic;
+  const MicroKernel kernel = use_avx2() ? kernel_avx2 : kernel_generic;
   const int64_t M = g.M, N = g.N;
   if (!parallel) {
     gemm_rect(g, kernel, 0, M, 0, N);
@@ -605,7 +613,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   }
   const bool parallel = use_pool(pool, M, N, K);
   if (M == 1 || N == 1) {
-    gemv(g, has_avx2_fma(), parallel, pool);
+    gemv(g, use_avx2(), parallel, pool);
     return;
   }
   gemm_blocked(g, parallel, pool);

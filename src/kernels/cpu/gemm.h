@@ -32,6 +32,10 @@ struct GemmEpilogue {
 /// True when this CPU has AVX2 and FMA (the fast microkernel); sgemm works either way.
 bool has_avx2_fma();
 
+/// Tests only: makes sgemm / sgemm_packed_b use their portable (non-AVX2) code paths while on,
+/// so that the fallback used on CPUs without AVX2 is tested too. Not for concurrent use.
+void force_portable_sgemm_for_testing(bool on);
+
 /// C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C, then the epilogue's bias and clamp.
 ///
 /// All matrices are fp32, row-major, with leading dimensions (row strides, in elements):
