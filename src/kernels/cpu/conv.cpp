@@ -15,6 +15,7 @@
 
 #include "ir/ops/conv.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel_util.h"
 #include "kernels/kernel.h"
 
 namespace kiln {
@@ -177,11 +178,14 @@ void depthwise(const ConvGeometry& g, const float* px, const float* pw, const fl
   };
   const int64_t tasks = g.batch * C;
   const double work = static_cast<double>(tasks) * static_cast<double>(mult * out_plane * kk);
-  if (pool != nullptr && pool->num_threads() > 1 && work >= 2e5) {
-    pool->parallel_for(tasks, 1, run);
-  } else {
+  if (pool == nullptr || pool->num_threads() <= 1 || work < 2e5) {
     run(0, tasks);
+    return;
   }
+  // Chunks of planes claimed dynamically (up to 4 per thread).
+  const int64_t parts = std::min<int64_t>(tasks, 4 * pool->num_threads());
+  const int64_t per = (tasks + parts - 1) / parts;
+  cpu::parallel_tasks(pool, parts, [&](int64_t t) { run(std::min(tasks, t * per), std::min(tasks, (t + 1) * per)); });
 }
 
 /// A run of consecutive output columns j = oh*OW + ow in one output row: ow in [ow0, ow0 + len),

@@ -9,6 +9,7 @@
 // The first K block applies beta (C = acc + beta*C, C unread when beta == 0), later ones add,
 // the last one adds the bias and clamps.
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel_util.h"
 
 #include <immintrin.h>
 
@@ -525,11 +526,13 @@ void gemv(const GemmArgs& g, bool avx2, bool parallel, ThreadPool* pool) {
     len = g.M;
   }
   auto run = [&](int64_t t0, int64_t t1) { avx2 ? gemv_avx2(g, j, t0, t1) : gemv_generic(g, j, t0, t1); };
-  if (parallel) {
-    pool->parallel_for(len, 64, run);
-  } else {
+  if (!parallel) {
     run(0, len);
+    return;
   }
+  const int64_t parts = std::min<int64_t>(4 * pool->num_threads(), (len + 63) / 64);
+  const int64_t per = (len + parts - 1) / parts;
+  parallel_tasks(pool, parts, [&](int64_t t) { run(std::min(len, t * per), std::min(len, (t + 1) * per)); });
 }
 
 bool detect_avx2_fma() {
@@ -561,27 +564,29 @@ void gemm_blocked(const GemmArgs& g, bool parallel, ThreadPool* pool) {
     gemm_rect(g, kernel, 0, M, 0, N);
     return;
   }
-  // One rectangle per thread along the larger dimension, in whole micro-tiles.
+  // Rectangles along the larger dimension, in whole micro-tiles, claimed dynamically. Along N
+  // (each part repacks only the small A block) up to 4 per thread; along M (each part repacks
+  // all of B) one per thread.
   const bool split_n = N >= M;
   const int64_t unit = split_n ? NR : MR;
   const int64_t dim = split_n ? N : M;
   const int64_t units = (dim + unit - 1) / unit;
-  const int64_t parts = std::min<int64_t>(pool->num_threads(), units);
+  const int64_t threads = pool->num_threads();
+  const int64_t want = split_n ? std::clamp<int64_t>(units / 4, threads, 4 * threads) : threads;
+  const int64_t parts = std::min(want, units);
   if (parts <= 1) {
     gemm_rect(g, kernel, 0, M, 0, N);
     return;
   }
   const int64_t per = (units + parts - 1) / parts;  // units per part
-  pool->parallel_for(parts, 1, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t lo = std::min(dim, t * per * unit);
-      const int64_t hi = std::min(dim, (t + 1) * per * unit);
-      if (lo >= hi) continue;
-      if (split_n) {
-        gemm_rect(g, kernel, 0, M, lo, hi);
-      } else {
-        gemm_rect(g, kernel, lo, hi, 0, N);
-      }
+  parallel_tasks(pool, parts, [&](int64_t t) {
+    const int64_t lo = std::min(dim, t * per * unit);
+    const int64_t hi = std::min(dim, (t + 1) * per * unit);
+    if (lo >= hi) return;
+    if (split_n) {
+      gemm_rect(g, kernel, 0, M, lo, hi);
+    } else {
+      gemm_rect(g, kernel, lo, hi, 0, N);
     }
   });
 }

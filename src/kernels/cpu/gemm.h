@@ -46,9 +46,9 @@ void force_portable_sgemm_for_testing(bool on);
 /// C = beta * C + bias. C must not overlap A or B. M, N, K >= 0.
 /// Accumulation is fp32 (fused multiply-add), blocked over K in chunks of 256.
 ///
-/// `pool` (may be null: single-threaded) splits C into one rectangle per thread along the
-/// larger of M and N; small products (< 1 MFLOP) run on the calling thread. Thread-safe:
-/// packing buffers are per thread and bounded (~1.2 MB per thread).
+/// `pool` (may be null: single-threaded) splits C into rectangles along the larger of M and N
+/// that the threads claim dynamically (cpu::parallel_tasks); small products (< 1 MFLOP) run on
+/// the calling thread. Thread-safe: packing buffers are per thread and bounded (~1.2 MB per thread).
 /// Method: cache blocking, packing of A (MR-row panels) and B (NR-column panels) and a 6x16
 /// AVX2+FMA register-blocked microkernel (Goto & van de Geijn, "Anatomy of high-performance
 /// matrix multiplication", ACM TOMS 2008); without AVX2 a portable microkernel of the same shape.

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel_util.h"
 #include "kernels/kernel.h"
 #include "kernels/portable/util.h"
 
@@ -56,8 +57,8 @@ Error mm(const KernelArgs& a) {
   return {};
 }
 
-/// aten.bmm: self [b, n, k] @ mat2 [b, k, m] -> [b, n, m]. Parallel over the batch when it
-/// splits evenly over the threads (or is large), else over each product.
+/// aten.bmm: self [b, n, k] @ mat2 [b, k, m] -> [b, n, m]. Parallel over the batch (matrices
+/// claimed dynamically) when it splits evenly over the threads or is large, else over each product.
 Error bmm(const KernelArgs& a) {
   const Tensor& x = *a.inputs[0];
   const Tensor& y = *a.inputs[1];
@@ -70,10 +71,8 @@ Error bmm(const KernelArgs& a) {
   };
   const int threads = a.pool != nullptr ? a.pool->num_threads() : 1;
   const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(n * m) * static_cast<double>(k);
-  if (threads > 1 && flops >= 2e5 && (batch % threads == 0 || batch >= 4 * threads)) {
-    a.pool->parallel_for(batch, 1, [&](int64_t b, int64_t e) {
-      for (int64_t i = b; i < e; ++i) one(i, nullptr);
-    });
+  if (threads > 1 && flops >= 1e6 && (batch % threads == 0 || batch >= 2 * threads)) {
+    cpu::parallel_tasks(a.pool, batch, [&](int64_t i) { one(i, nullptr); });
   } else {
     for (int64_t i = 0; i < batch; ++i) one(i, a.pool);
   }
