@@ -150,7 +150,9 @@ TEST(CpuConv, Im2col) {
   check_conv({1, 4, 1, 1, 5, 1, 1, V{1}, V{0}, V{1}, 1, true});
   check_conv({1, 2, 4, 4, 3, 4, 4, V{1}, V{0}, V{1}, 1, true});        // kernel == input
   check_conv({1, 512, 5, 5, 17, 3, 3, V{1}, V{1}, V{1}, 1, true});     // K = 4608, N = 25
-  check_conv({1, 4, 80, 80, 6, 3, 3, V{1}, V{1}, V{1}, 1, true});      // several column tiles
+  check_conv({1, 4, 80, 80, 6, 3, 3, V{1}, V{1}, V{1}, 1, true});      // several column blocks
+  check_conv({1, 32, 30, 30, 64, 3, 3, V{1}, V{1}, V{1}, 1, true});    // large enough for the pool (split N)
+  check_conv({1, 256, 7, 7, 300, 3, 3, V{1}, V{1}, V{1}, 1, false});   // pool, split M, N = 49
 }
 
 TEST(CpuConv, Depthwise) {
@@ -163,7 +165,7 @@ TEST(CpuConv, Depthwise) {
   check_conv({3, 2, 1, 1, 2, 1, 1, V{1}, V{0}, V{1}, 2, true});
   check_conv({1, 8, 10, 10, 8, 3, 3, V{4}, V{5}, V{1}, 8, true});       // padding larger than kernel
   check_conv({2, 32, 57, 55, 32, 3, 3, V{1}, V{1}, V{1}, 32, true});    // large enough to run on the pool
-  check_conv({1, 24, 56, 56, 48, 5, 5, V{2}, V{2}, V{1}, 24, false});   // pool, stride 2, multiplier 2
+  check_conv({1, 32, 56, 56, 64, 5, 5, V{2}, V{2}, V{1}, 32, false});   // pool, stride 2, multiplier 2
   check_conv({1, 3, 4, 5, 3, 2, 2, V{300}, V{200}, V{1}, 3, true});      // huge stride/padding: GEMM path
 }
 
@@ -197,7 +199,8 @@ TEST(CpuLinear, Mm) {
 }
 
 TEST(CpuLinear, Bmm) {
-  for (auto [b, n, k, m] : std::vector<std::array<int64_t, 4>>{{1, 7, 13, 5}, {3, 17, 9, 29}, {4, 64, 40, 50}, {5, 1, 33, 7}}) {
+  for (auto [b, n, k, m] : std::vector<std::array<int64_t, 4>>{
+           {1, 7, 13, 5}, {3, 17, 9, 29}, {4, 64, 40, 50}, {5, 1, 33, 7}, {4, 77, 64, 120}, {3, 200, 100, 70}}) {
     check_op("aten.bmm", {f32({b, n, k}), f32({b, k, m})}, {}, k,
              "b" + std::to_string(b) + " " + std::to_string(n) + "x" + std::to_string(k) + "x" + std::to_string(m));
   }

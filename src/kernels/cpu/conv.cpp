@@ -178,7 +178,7 @@ void depthwise(const ConvGeometry& g, const float* px, const float* pw, const fl
   };
   const int64_t tasks = g.batch * C;
   const double work = static_cast<double>(tasks) * static_cast<double>(mult * out_plane * kk);
-  if (pool == nullptr || pool->num_threads() <= 1 || work < 2e5) {
+  if (pool == nullptr || pool->num_threads() <= 1 || work < 1e6) {  // below ~100 us: one thread
     run(0, tasks);
     return;
   }

@@ -47,7 +47,7 @@ void force_portable_sgemm_for_testing(bool on);
 /// Accumulation is fp32 (fused multiply-add), blocked over K in chunks of 256.
 ///
 /// `pool` (may be null: single-threaded) splits C into rectangles along the larger of M and N
-/// that the threads claim dynamically (cpu::parallel_tasks); small products (< 1 MFLOP) run on
+/// that the threads claim dynamically (cpu::parallel_tasks); small products (< 4 MFLOP) run on
 /// the calling thread. Thread-safe: packing buffers are per thread and bounded (~1.2 MB per thread).
 /// Method: cache blocking, packing of A (MR-row panels) and B (NR-column panels) and a 6x16
 /// AVX2+FMA register-blocked microkernel (Goto & van de Geijn, "Anatomy of high-performance

@@ -71,7 +71,7 @@ Error bmm(const KernelArgs& a) {
   };
   const int threads = a.pool != nullptr ? a.pool->num_threads() : 1;
   const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(n * m) * static_cast<double>(k);
-  if (threads > 1 && flops >= 1e6 && (batch % threads == 0 || batch >= 2 * threads)) {
+  if (threads > 1 && flops >= 4e6 && (batch % threads == 0 || batch >= 2 * threads)) {
     cpu::parallel_tasks(a.pool, batch, [&](int64_t i) { one(i, nullptr); });
   } else {
     for (int64_t i = 0; i < batch; ++i) one(i, a.pool);
