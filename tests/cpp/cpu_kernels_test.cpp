@@ -115,7 +115,7 @@ void check_conv(const ConvCase& c, bool one_d = false) {
   if (c.bias) types[2] = f32({c.cout});
   Attributes attrs{{"stride", c.stride}, {"padding", c.padding}, {"dilation", c.dilation},
                    {"transposed", false}, {"output_padding", std::vector<int64_t>{0}}, {"groups", c.groups}};
-  const std::string what = "N" + std::to_string(c.n) + " Cin" + std::to_string(c.cin) + " " + std::to_string(c.h) +
+  const std::string what = std::string("N") + std::to_string(c.n) + " Cin" + std::to_string(c.cin) + " " + std::to_string(c.h) +
                            "x" + std::to_string(c.w) + " Cout" + std::to_string(c.cout) + " k" + std::to_string(c.kh) +
                            "x" + std::to_string(c.kw) + " s" + attr_to_string(c.stride) + " p" +
                            attr_to_string(c.padding) + " d" + attr_to_string(c.dilation) + " g" +
@@ -202,7 +202,7 @@ TEST(CpuLinear, Bmm) {
   for (auto [b, n, k, m] : std::vector<std::array<int64_t, 4>>{
            {1, 7, 13, 5}, {3, 17, 9, 29}, {4, 64, 40, 50}, {5, 1, 33, 7}, {4, 77, 64, 120}, {3, 200, 100, 70}}) {
     check_op("aten.bmm", {f32({b, n, k}), f32({b, k, m})}, {}, k,
-             "b" + std::to_string(b) + " " + std::to_string(n) + "x" + std::to_string(k) + "x" + std::to_string(m));
+             std::string("b") + std::to_string(b) + " " + std::to_string(n) + "x" + std::to_string(k) + "x" + std::to_string(m));
   }
 }
 
@@ -302,7 +302,7 @@ void check_sgemm_contract() {
             }
           }
           expect_close(got, want, tol_for(s.K),
-                       "sgemm M" + std::to_string(s.M) + " N" + std::to_string(s.N) + " K" + std::to_string(s.K) +
+                       std::string("sgemm M") + std::to_string(s.M) + " N" + std::to_string(s.N) + " K" + std::to_string(s.K) +
                            " ta" + std::to_string(ta) + " tb" + std::to_string(tb) + " variant" +
                            std::to_string(variant) + (p ? " pool" : ""));
         }
