@@ -84,5 +84,7 @@ void register_portable_shape(KernelRegistry& r);
 
 // Optimized cpu kernels (src/kernels/cpu/*.cpp); registered after the portable ones.
 void register_cpu_kernels(KernelRegistry& r);
+void register_cpu_conv(KernelRegistry& r);    // src/kernels/cpu/conv.cpp
+void register_cpu_linear(KernelRegistry& r);  // src/kernels/cpu/linear.cpp (mm, bmm, addmm, linear)
 
 }  // namespace kiln

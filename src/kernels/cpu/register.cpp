@@ -4,7 +4,8 @@
 namespace kiln {
 
 void register_cpu_kernels(KernelRegistry& r) {
-  (void)r;  // families are added here as they land
+  register_cpu_conv(r);
+  register_cpu_linear(r);
 }
 
 }  // namespace kiln

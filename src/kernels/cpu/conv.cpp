@@ -1,0 +1,374 @@
+// Optimized cpu kernel for aten.convolution (float32, non-transposed, 1-D and 2-D; NCHW).
+//
+// Three paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
+//   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernel, each output plane a flat 1-D
+//     correlation over the padded, stride-split input plane (see DwLayout);
+//   1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
+//   everything else: GEMM per group on the im2col matrix, packed on the fly (no im2col buffer).
+// Transposed convolutions stay on the portable kernel (accepts() is false).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "ir/ops/conv.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel_util.h"
+#include "kernels/kernel.h"
+
+namespace kiln {
+namespace {
+
+Result<ConvGeometry> geometry_of(const TensorType& x, const TensorType& w, const TensorType* b, const Attributes& attrs) {
+  return conv_geometry(x, w, b, attrs);
+}
+
+/// Depthwise (one input channel per group) and the padded, stride-split plane of DwLayout stays
+/// within a small multiple of the input and output planes (huge strides or paddings would make it
+/// much larger: those go through the GEMM path, whose memory is bounded).
+bool use_depthwise_kernel(const ConvGeometry& g) {
+  if (g.groups <= 1 || g.in_channels != g.groups) return false;
+  const double s0 = static_cast<double>(g.stride[0]), s1 = static_cast<double>(g.stride[1]);
+  const double lh = std::ceil((static_cast<double>(g.in_size[0]) + 2.0 * static_cast<double>(g.padding[0])) / s0);
+  const double lw = std::ceil((static_cast<double>(g.in_size[1]) + 2.0 * static_cast<double>(g.padding[1])) / s1);
+  const double total = s0 * s1 * (lh * lw + lw + 16.0);
+  const double planes = static_cast<double>(g.in_size[0]) * static_cast<double>(g.in_size[1]) +
+                        static_cast<double>(g.out_size[0]) * static_cast<double>(g.out_size[1]);
+  return total <= 4.0 * planes + 65536.0;
+}
+
+bool conv_accepts(const KernelSignature& sig) {
+  if (!cpu::has_avx2_fma()) return false;
+  if (sig.inputs.size() != 3 || sig.inputs[0] == nullptr || sig.inputs[1] == nullptr) return false;
+  auto g = geometry_of(*sig.inputs[0], *sig.inputs[1], sig.inputs[2], sig.attrs);
+  return g.ok() && !g->transposed;
+}
+
+/// Layout of one depthwise input plane after padding and splitting by stride: the padded plane
+/// (Hp = IH + 2 PH rows, Wp = IW + 2 PW columns) becomes SH * SW phase planes; phase (r, c) holds
+/// padded rows r, r + SH, ... and columns c, c + SW, ..., as Lh x Lw rows with pitch Lw, plus
+/// `tail` zeros so that vector reads past the last row stay inside the buffer.
+/// Then for every tap (kh, kw) the input of output (oh, ow) sits at phase (a % SH, b % SW),
+/// index (oh + a / SH) * Lw + ow + b / SW with a = kh*DH, b = kw*DW: the output plane, laid out
+/// with pitch Lw, is a 1-D correlation over a flat array, which vectorizes for any size, stride
+/// and dilation (columns ow >= OW of that layout are computed and dropped).
+struct DwLayout {
+  int64_t Lh, Lw, plane, tail, total;
+  explicit DwLayout(const ConvGeometry& g) {
+    const int64_t Hp = g.in_size[0] + 2 * g.padding[0], Wp = g.in_size[1] + 2 * g.padding[1];
+    Lh = (Hp + g.stride[0] - 1) / g.stride[0];
+    Lw = (Wp + g.stride[1] - 1) / g.stride[1];
+    tail = Lw + 16;
+    plane = Lh * Lw + tail;
+    total = g.stride[0] * g.stride[1] * plane;
+  }
+};
+
+/// Copies input row `src` [IW] into padded row r of `buf` (phase planes as DwLayout).
+__attribute__((target("avx2,fma"))) void dw_scatter_row(const ConvGeometry& g, const DwLayout& L, const float* src,
+                                                        int64_t r, float* buf) {
+  const int64_t IW = g.in_size[1], SH = g.stride[0], SW = g.stride[1], PW = g.padding[1];
+  float* rowbase = buf + (r % SH) * SW * L.plane + (r / SH) * L.Lw;  // phase (r % SH, 0)
+  if (SW == 1) {
+    std::memcpy(rowbase + PW, src, sizeof(float) * static_cast<size_t>(IW));
+    return;
+  }
+  if (SW == 2) {
+    // x[2t] -> padded column 2t + PW, x[2t + 1] -> 2t + 1 + PW
+    float* ev = rowbase + (PW % 2) * L.plane + PW / 2;
+    float* od = rowbase + ((PW + 1) % 2) * L.plane + (PW + 1) / 2;
+    int64_t t = 0;
+    for (; 2 * t + 16 <= IW; t += 8) {
+      const __m256 a = _mm256_loadu_ps(src + 2 * t), b = _mm256_loadu_ps(src + 2 * t + 8);
+      // shuffle gives [a0 a2 b0 b2 | a4 a6 b4 b6]; permute 64-bit lanes 0,2,1,3 -> a0 a2 a4 a6 b0 b2 b4 b6
+      const __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
+      const __m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
+      _mm256_storeu_ps(ev + t, e);
+      _mm256_storeu_ps(od + t, o);
+    }
+    for (int64_t iw = 2 * t; iw < IW; ++iw) (iw % 2 == 0 ? ev : od)[iw / 2] = src[iw];
+    return;
+  }
+  for (int64_t iw = 0; iw < IW; ++iw) {
+    const int64_t c = iw + PW;
+    rowbase[(c % SW) * L.plane + c / SW] = src[iw];
+  }
+}
+
+/// Depthwise convolution of one input plane x [IH, IW] into `mult` output planes out [mult, OH, OW]
+/// with weights w [mult, KH, KW] and bias [mult] (or null):
+///   out[m, oh, ow] = bias[m] + sum_{kh, kw} w[m, kh, kw] * x[oh*SH - PH + kh*DH, ow*SW - PW + kw*DW]
+/// (zero outside x), computed on the DwLayout of the plane (`buf`, `tmp`: per-thread scratch).
+__attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, const DwLayout& L, const float* x,
+                                                         const float* w, const float* bias, float* out, int64_t mult,
+                                                         std::vector<float>& buf, std::vector<float>& tmp,
+                                                         std::vector<int64_t>& tap) {
+  const int64_t IH = g.in_size[0], IW = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1];
+  const int64_t KH = g.kernel[0], KW = g.kernel[1], SH = g.stride[0], SW = g.stride[1];
+  const int64_t PH = g.padding[0], DH = g.dilation[0], DW = g.dilation[1];
+  std::fill(buf.begin(), buf.end(), 0.0f);
+  for (int64_t ih = 0; ih < IH; ++ih) dw_scatter_row(g, L, x + ih * IW, ih + PH, buf.data());
+  for (int64_t kh = 0; kh < KH; ++kh) {
+    for (int64_t kw = 0; kw < KW; ++kw) {
+      const int64_t a = kh * DH, b = kw * DW;
+      tap[static_cast<size_t>(kh * KW + kw)] = ((a % SH) * SW + b % SW) * L.plane + (a / SH) * L.Lw + b / SW;
+    }
+  }
+  const int64_t KK = KH * KW;
+  const int64_t count = OH * L.Lw;  // flat outputs with pitch Lw
+  const bool direct = L.Lw == OW;   // the flat layout is the output layout
+  const float* base = buf.data();
+  for (int64_t m = 0; m < mult; ++m) {
+    const float* wk = w + m * KK;
+    float* dst = direct ? out + m * OH * OW : tmp.data();
+    const __m256 b0 = _mm256_set1_ps(bias != nullptr ? bias[m] : 0.0f);
+    int64_t q = 0;
+    for (; q + 32 <= count; q += 32) {
+      __m256 a0 = b0, a1 = b0, a2 = b0, a3 = b0;
+      for (int64_t t = 0; t < KK; ++t) {
+        const __m256 wv = _mm256_broadcast_ss(wk + t);
+        const float* p = base + tap[static_cast<size_t>(t)] + q;
+        a0 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p), a0);
+        a1 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 8), a1);
+        a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 16), a2);
+        a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 24), a3);
+      }
+      _mm256_storeu_ps(dst + q, a0);
+      _mm256_storeu_ps(dst + q + 8, a1);
+      _mm256_storeu_ps(dst + q + 16, a2);
+      _mm256_storeu_ps(dst + q + 24, a3);
+    }
+    for (; q < count; q += 8) {  // reads stay inside the tail; stores go through a temporary
+      __m256 a0 = b0;
+      for (int64_t t = 0; t < KK; ++t) {
+        a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(wk + t), _mm256_loadu_ps(base + tap[static_cast<size_t>(t)] + q), a0);
+      }
+      alignas(32) float v[8];
+      _mm256_store_ps(v, a0);
+      const int64_t n = std::min<int64_t>(8, count - q);
+      std::memcpy(dst + q, v, sizeof(float) * static_cast<size_t>(n));
+    }
+    if (!direct) {
+      float* o = out + m * OH * OW;
+      for (int64_t oh = 0; oh < OH; ++oh) {
+        std::memcpy(o + oh * OW, dst + oh * L.Lw, sizeof(float) * static_cast<size_t>(OW));
+      }
+    }
+  }
+}
+
+void depthwise(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool) {
+  const int64_t C = g.in_channels;
+  const int64_t mult = g.out_channels / g.groups;
+  const int64_t in_plane = g.in_size[0] * g.in_size[1];
+  const int64_t out_plane = g.out_size[0] * g.out_size[1];
+  const int64_t kk = g.kernel[0] * g.kernel[1];
+  const DwLayout L(g);
+  auto run = [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(static_cast<size_t>(L.total));
+    std::vector<float> tmp(static_cast<size_t>(g.out_size[0] * L.Lw));
+    std::vector<int64_t> tap(static_cast<size_t>(kk));
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t n = t / C, c = t % C;
+      depthwise_plane(g, L, px + (n * C + c) * in_plane, pw + c * mult * kk, pb != nullptr ? pb + c * mult : nullptr,
+                      po + (n * g.out_channels + c * mult) * out_plane, mult, buf, tmp, tap);
+    }
+  };
+  const int64_t tasks = g.batch * C;
+  const double work = static_cast<double>(tasks) * static_cast<double>(mult * out_plane * kk);
+  if (pool == nullptr || pool->num_threads() <= 1 || work < 1e6) {  // below ~100 us: one thread
+    run(0, tasks);
+    return;
+  }
+  // Chunks of planes claimed dynamically (up to 4 per thread).
+  const int64_t parts = std::min<int64_t>(tasks, 4 * pool->num_threads());
+  const int64_t per = (tasks + parts - 1) / parts;
+  cpu::parallel_tasks(pool, parts, [&](int64_t t) { run(std::min(tasks, t * per), std::min(tasks, (t + 1) * per)); });
+}
+
+/// A run of consecutive output columns j = oh*OW + ow in one output row: ow in [ow0, ow0 + len),
+/// written at dst offset `at`.
+struct Segment {
+  int64_t oh, ow0, len, at;
+};
+
+/// Splits output columns [j0, j1) into per-row segments.
+void segments_of(const ConvGeometry& g, int64_t j0, int64_t j1, std::vector<Segment>& segs) {
+  const int64_t OW = g.out_size[1];
+  segs.clear();
+  for (int64_t j = j0; j < j1;) {
+    const int64_t oh = j / OW, ow0 = j % OW;
+    const int64_t len = std::min(OW - ow0, j1 - j);
+    segs.push_back({oh, ow0, len, j - j0});
+    j += len;
+  }
+}
+
+/// Row (c, kh, kw) of the im2col matrix of one group over the columns of `segs`:
+///   dst[j - j0] = x[c, oh*SH - PH + kh*DH, ow*SW - PW + kw*DW] (0 outside), j = oh*OW + ow.
+/// `plane` is input channel c [IH, IW].
+__attribute__((target("avx2,fma"))) void im2col_row(const ConvGeometry& g, const float* plane, int64_t kh, int64_t kw, const std::vector<Segment>& segs,
+                float* dst) {
+  const int64_t IH = g.in_size[0], IW = g.in_size[1];
+  const int64_t SH = g.stride[0], SW = g.stride[1], PH = g.padding[0], PW = g.padding[1];
+  const int64_t DH = g.dilation[0], DW = g.dilation[1];
+  // ow in [lo_ow, hi_ow) has iw = ow*SW + off inside [0, IW)
+  const int64_t off = kw * DW - PW;
+  const int64_t lo_ow = off >= 0 ? 0 : (-off + SW - 1) / SW;
+  const int64_t hi_ow = IW - off <= 0 ? 0 : (IW - off + SW - 1) / SW;
+  for (const Segment& s : segs) {
+    float* d = dst + s.at;
+    const int64_t ih = s.oh * SH - PH + kh * DH;
+    if (ih < 0 || ih >= IH) {
+      for (int64_t t = 0; t < s.len; ++t) d[t] = 0.0f;
+      continue;
+    }
+    const float* src = plane + ih * IW + off;
+    const int64_t lo = std::clamp(lo_ow - s.ow0, int64_t{0}, s.len);
+    const int64_t hi = std::clamp(hi_ow - s.ow0, lo, s.len);
+    for (int64_t t = 0; t < lo; ++t) d[t] = 0.0f;
+    if (SW == 1) {
+      const float* sp = src + s.ow0;
+      for (int64_t t = lo; t < hi; ++t) d[t] = sp[t];
+    } else {
+      for (int64_t t = lo; t < hi; ++t) d[t] = src[(s.ow0 + t) * SW];
+    }
+    for (int64_t t = hi; t < s.len; ++t) d[t] = 0.0f;
+  }
+}
+
+/// The im2col matrix of one group of one image, [C_in_g * KH * KW, OH * OW], row
+/// (c*KH + kh)*KW + kw, produced panel by panel for the GEMM (cpu::GemmBPacker) instead of
+/// being stored: one row at a time into a small per-thread buffer (2 x 4 KiB, stays in L1), then
+/// into the 16-column panels.
+struct Im2col {
+  const ConvGeometry* g;
+  const float* x;  // the group's first input channel
+
+  /// Row p of the K block (`row`, nc floats) into the 16-column panels.
+  __attribute__((target("avx2,fma"))) static void copy_row(float* out, int64_t stride, int64_t full, int64_t nc,
+                                                           int64_t p, const float* row) {
+    constexpr int64_t P = cpu::kGemmPanelCols;
+    for (int64_t jr = 0; jr < full; jr += P) {
+      float* d = out + jr / P * stride + p * P;
+      _mm256_storeu_ps(d, _mm256_loadu_ps(row + jr));
+      _mm256_storeu_ps(d + 8, _mm256_loadu_ps(row + jr + 8));
+    }
+    if (full < nc) {
+      float* d = out + full / P * stride + p * P;
+      const int64_t n = nc - full;
+      for (int64_t t = 0; t < n; ++t) d[t] = row[full + t];
+      for (int64_t t = n; t < P; ++t) d[t] = 0.0f;
+    }
+  }
+
+  __attribute__((target("avx2,fma"))) static void pack(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
+    const Im2col& c = *static_cast<const Im2col*>(ctx);
+    const ConvGeometry& g = *c.g;
+    const int64_t KH = g.kernel[0], KW = g.kernel[1], KK = KH * KW;
+    const int64_t IHW = g.in_size[0] * g.in_size[1];
+    constexpr int64_t P = cpu::kGemmPanelCols;
+    const int64_t stride = cpu::gemm_panel_stride(kc);
+    // Two row buffers: row p is generated, then row p - 1 (written one row earlier) is copied
+    // into the panels.
+    thread_local std::vector<float> rows;
+    thread_local std::vector<Segment> segs;
+    const size_t cap = static_cast<size_t>(cpu::kGemmMaxPackCols);
+    if (rows.size() < 2 * cap) rows.resize(2 * cap);
+    segments_of(g, j0, j0 + nc, segs);
+    const int64_t full = nc / P * P;
+    for (int64_t p = 0; p <= kc; ++p) {
+      if (p < kc) {
+        const int64_t q = p0 + p;
+        const int64_t ch = q / KK, r = q % KK;
+        im2col_row(g, c.x + ch * IHW, r / KW, r % KW, segs, rows.data() + (p % 2) * cap);
+      }
+      if (p > 0) copy_row(out, stride, full, nc, p - 1, rows.data() + ((p - 1) % 2) * cap);
+    }
+  }
+};
+
+/// General convolution: per (image, group) one GEMM  out[n, group] = W_group [C_out_g x K] *
+/// im2col [K x OH*OW] + bias, K = C_in_g * KH * KW, with the im2col matrix packed on the fly.
+void conv_im2col(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool) {
+  const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
+  const int64_t Kdim = cin_g * g.kernel[0] * g.kernel[1];
+  const int64_t OHW = g.out_size[0] * g.out_size[1];
+  const int64_t IHW = g.in_size[0] * g.in_size[1];
+  for (int64_t n = 0; n < g.batch; ++n) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      const Im2col ctx{&g, px + (n * g.in_channels + grp * cin_g) * IHW};
+      cpu::GemmEpilogue ep;
+      if (pb != nullptr) {
+        ep.bias_kind = cpu::GemmBias::PerRow;
+        ep.bias = pb + grp * cout_g;
+      }
+      cpu::sgemm_packed_b(cout_g, OHW, Kdim, 1.0f, pw + grp * cout_g * Kdim, Kdim, cpu::GemmBPacker{Im2col::pack, &ctx},
+                          0.0f, po + (n * g.out_channels + grp * cout_g) * OHW, OHW, ep, pool);
+    }
+  }
+}
+
+/// 1x1, stride 1, no padding: one GEMM per (image, group) directly on the NCHW planes.
+void conv_1x1(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool) {
+  const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
+  const int64_t HW = g.in_size[0] * g.in_size[1];
+  for (int64_t n = 0; n < g.batch; ++n) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      cpu::GemmEpilogue ep;
+      if (pb != nullptr) {
+        ep.bias_kind = cpu::GemmBias::PerRow;
+        ep.bias = pb + grp * cout_g;
+      }
+      cpu::sgemm(false, false, cout_g, HW, cin_g, 1.0f, pw + grp * cout_g * cin_g, cin_g,
+                 px + (n * g.in_channels + grp * cin_g) * HW, HW, 0.0f, po + (n * g.out_channels + grp * cout_g) * HW,
+                 HW, ep, pool);
+    }
+  }
+}
+
+/// aten.convolution, float32, non-transposed; shapes and formula as src/kernels/portable/conv.cpp.
+/// Errors: the geometry's InvalidArgument; NotSupported for a transposed convolution.
+Error convolution(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  const Tensor& w = *a.inputs[1];
+  const Tensor* b = a.inputs[2];
+  TensorType bias_type;
+  if (b != nullptr) bias_type = b->type();
+  auto geo = geometry_of(x.type(), w.type(), b != nullptr ? &bias_type : nullptr, a.attrs);
+  if (!geo.ok()) return Error(geo.error().code(), "aten.convolution: " + geo.error().message());
+  const ConvGeometry& g = geo.value();
+  if (g.transposed) return Error(ErrorCode::NotSupported, "aten.convolution (cpu): transposed convolution");
+  if (g.batch == 0 || g.out_channels == 0) return {};
+  const float* px = x.data_as<float>();
+  const float* pw = w.data_as<float>();
+  const float* pb = b != nullptr ? b->data_as<float>() : nullptr;
+  float* po = a.outputs[0]->data_as<float>();
+  if (g.in_channels == 0) {  // empty sum: bias only
+    const int64_t plane = g.out_size[0] * g.out_size[1];
+    for (int64_t n = 0; n < g.batch; ++n) {
+      for (int64_t c = 0; c < g.out_channels; ++c) {
+        std::fill(po + (n * g.out_channels + c) * plane, po + (n * g.out_channels + c + 1) * plane,
+                  pb != nullptr ? pb[c] : 0.0f);
+      }
+    }
+    return {};
+  }
+  if (use_depthwise_kernel(g)) {
+    depthwise(g, px, pw, pb, po, a.pool);
+  } else if (g.kernel[0] == 1 && g.kernel[1] == 1 && g.stride[0] == 1 && g.stride[1] == 1 && g.padding[0] == 0 &&
+             g.padding[1] == 0) {
+    conv_1x1(g, px, pw, pb, po, a.pool);
+  } else {
+    conv_im2col(g, px, pw, pb, po, a.pool);
+  }
+  return {};
+}
+
+}  // namespace
+
+void register_cpu_conv(KernelRegistry& r) { r.add_optimized("aten.convolution", convolution, conv_accepts); }
+
+}  // namespace kiln

@@ -1,0 +1,82 @@
+// fp32 GEMM for the optimized cpu kernels (conv, linear, attention, ...).
+//
+// Stable interface for other cpu kernel files: include "kernels/cpu/gemm.h" and call
+// cpu::sgemm(). Row-major, BLAS-like argument order.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#include "kiln/thread_pool.h"
+
+namespace kiln::cpu {
+
+/// Which bias the epilogue adds after alpha * op(A) op(B) + beta * C.
+enum class GemmBias {
+  None,
+  PerRow,  ///< bias[i], i in [0, M)   (e.g. conv: one bias per output channel = row of C)
+  PerCol,  ///< bias[j], j in [0, N)   (e.g. linear: one bias per output feature = column of C)
+};
+
+/// Post-processing fused into the store of C: C = clamp(alpha*op(A)op(B) + beta*C + bias).
+/// The clamp (relu: [0, inf), hardtanh: [lo, hi]) is applied only when `clamp` is true; NaN
+/// passes through the clamp unchanged (as torch.clamp / relu).
+struct GemmEpilogue {
+  GemmBias bias_kind = GemmBias::None;
+  const float* bias = nullptr;  ///< [M] for PerRow, [N] for PerCol; unused for None
+  bool clamp = false;
+  float clamp_min = -std::numeric_limits<float>::infinity();
+  float clamp_max = std::numeric_limits<float>::infinity();
+};
+
+/// True when this CPU has AVX2 and FMA (the fast microkernel); sgemm works either way.
+bool has_avx2_fma();
+
+/// Tests only: makes sgemm / sgemm_packed_b use their portable (non-AVX2) code paths while on,
+/// so that the fallback used on CPUs without AVX2 is tested too. Not for concurrent use.
+void force_portable_sgemm_for_testing(bool on);
+
+/// C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C, then the epilogue's bias and clamp.
+///
+/// All matrices are fp32, row-major, with leading dimensions (row strides, in elements):
+///   op(A)[i, p] = trans_a ? A[p * lda + i] : A[i * lda + p]   (A is K x M when trans_a)
+///   op(B)[p, j] = trans_b ? B[j * ldb + p] : B[p * ldb + j]   (B is N x K when trans_b)
+///   C[i, j] at C[i * ldc + j].
+/// beta == 0 means C is not read (NaN/inf in C do not propagate), as in BLAS. K == 0 gives
+/// C = beta * C + bias. C must not overlap A or B. M, N, K >= 0.
+/// Accumulation is fp32 (fused multiply-add), blocked over K in chunks of 256.
+///
+/// `pool` (may be null: single-threaded) splits C into rectangles along the larger of M and N
+/// that the threads claim dynamically (cpu::parallel_tasks); small products (< 4 MFLOP) run on
+/// the calling thread. Thread-safe: packing buffers are per thread and bounded (~1.2 MB per thread).
+/// Method: cache blocking, packing of A (MR-row panels) and B (NR-column panels) and a 6x16
+/// AVX2+FMA register-blocked microkernel (Goto & van de Geijn, "Anatomy of high-performance
+/// matrix multiplication", ACM TOMS 2008); without AVX2 a portable microkernel of the same shape.
+/// M == 1 or N == 1 (classifier heads, squeeze-excite) take a matrix-vector path without packing.
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep = {},
+           ThreadPool* pool = nullptr);
+
+/// Width of the column panels that a GemmBPacker writes, and the most columns one call asks for.
+inline constexpr int kGemmPanelCols = 16;
+inline constexpr int64_t kGemmMaxPackCols = 1024;
+
+/// Floats between consecutive packed B panels for a K block of kc rows (kc * 16 plus one cache line).
+constexpr int64_t gemm_panel_stride(int64_t kc) { return kc * kGemmPanelCols + kGemmPanelCols; }
+
+/// Produces B on the fly (implicit GEMM, e.g. convolution without an im2col buffer).
+/// fn(ctx, j0, nc, p0, kc, out) writes op(B)[p0 : p0+kc, j0 : j0+nc] as ceil(nc / 16) panels of
+/// 16 columns: out[jp * gemm_panel_stride(kc) + p * 16 + t] = op(B)[p0 + p, j0 + jp*16 + t], zero
+/// for columns past nc. nc <= kGemmMaxPackCols, kc <= 256. Called concurrently from pool threads
+/// (must be reentrant).
+struct GemmBPacker {
+  void (*fn)(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out);
+  const void* ctx;
+};
+
+/// As sgemm (no transpose of A) with op(B) [K, N] supplied by `b`. Never takes the
+/// matrix-vector path, so any M, N >= 0 work.
+void sgemm_packed_b(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const GemmBPacker& b,
+                    float beta, float* C, int64_t ldc, const GemmEpilogue& ep = {}, ThreadPool* pool = nullptr);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,142 @@
+// Optimized cpu kernels for aten.mm, aten.bmm, aten.addmm and aten.linear (float32, contiguous),
+// all on cpu::sgemm. Semantics and shapes: src/ir/ops/linear.cpp, src/kernels/portable/linear.cpp.
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel_util.h"
+#include "kernels/kernel.h"
+#include "kernels/portable/util.h"
+
+namespace kiln {
+namespace {
+
+bool all_float32(const KernelSignature& sig) {
+  for (const TensorType* t : sig.inputs) {
+    if (t != nullptr && t->dtype != DType::Float32) return false;
+  }
+  for (const TensorType* t : sig.outputs) {
+    if (t == nullptr || t->dtype != DType::Float32) return false;
+  }
+  return true;
+}
+
+/// mm / bmm / addmm / linear: float32 with the ranks the op's inference guarantees.
+bool matmul_accepts(const KernelSignature& sig) { return cpu::has_avx2_fma() && all_float32(sig); }
+
+/// True when `t` (broadcasting to [rows, cols]) holds one value per column: sizes [..., 1, cols]
+/// with every leading size 1 (so a per-column bias of the GEMM).
+bool is_per_column(const std::vector<int64_t>& sizes, int64_t cols) {
+  if (sizes.empty() || sizes.back() != cols) return false;
+  for (size_t d = 0; d + 1 < sizes.size(); ++d) {
+    if (sizes[d] != 1) return false;
+  }
+  return true;
+}
+
+/// out = t broadcast to out's shape (NumPy rules; the op's inference checked they broadcast).
+void fill_broadcast(const Tensor& t, Tensor& out) {
+  const float* src = t.data_as<float>();
+  float* dst = out.data_as<float>();
+  const int64_t n = out.numel();
+  if (t.sizes == out.sizes) {
+    std::memcpy(dst, src, sizeof(float) * static_cast<size_t>(n));
+    return;
+  }
+  BroadcastIndex bi(t.sizes, out.sizes);
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[bi(i)];
+}
+
+/// aten.mm: self [n, k] @ mat2 [k, m] -> [n, m].
+Error mm(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  const Tensor& y = *a.inputs[1];
+  const int64_t n = x.sizes[0], k = x.sizes[1], m = y.sizes[1];
+  cpu::sgemm(false, false, n, m, k, 1.0f, x.data_as<float>(), k, y.data_as<float>(), m, 0.0f,
+             a.outputs[0]->data_as<float>(), m, {}, a.pool);
+  return {};
+}
+
+/// aten.bmm: self [b, n, k] @ mat2 [b, k, m] -> [b, n, m]. Parallel over the batch (matrices
+/// claimed dynamically) when it splits evenly over the threads or is large, else over each product.
+Error bmm(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  const Tensor& y = *a.inputs[1];
+  const int64_t batch = x.sizes[0], n = x.sizes[1], k = x.sizes[2], m = y.sizes[2];
+  const float* px = x.data_as<float>();
+  const float* py = y.data_as<float>();
+  float* po = a.outputs[0]->data_as<float>();
+  auto one = [&](int64_t i, ThreadPool* pool) {
+    cpu::sgemm(false, false, n, m, k, 1.0f, px + i * n * k, k, py + i * k * m, m, 0.0f, po + i * n * m, m, {}, pool);
+  };
+  const int threads = a.pool != nullptr ? a.pool->num_threads() : 1;
+  const double flops = 2.0 * static_cast<double>(batch) * static_cast<double>(n * m) * static_cast<double>(k);
+  if (threads > 1 && flops >= 4e6 && (batch % threads == 0 || batch >= 2 * threads)) {
+    cpu::parallel_tasks(a.pool, batch, [&](int64_t i) { one(i, nullptr); });
+  } else {
+    for (int64_t i = 0; i < batch; ++i) one(i, a.pool);
+  }
+  return {};
+}
+
+/// aten.addmm: out [n, m] = beta * self + alpha * (mat1 [n, k] @ mat2 [k, m]); self broadcasts
+/// to [n, m]; beta == 0 ignores self (torch.addmm).
+Error addmm(const KernelArgs& a) {
+  const Tensor& self = *a.inputs[0];
+  const Tensor& x = *a.inputs[1];
+  const Tensor& y = *a.inputs[2];
+  Tensor& out = *a.outputs[0];
+  const float beta = static_cast<float>(a.attrs.get_float("beta", 1.0));
+  const float alpha = static_cast<float>(a.attrs.get_float("alpha", 1.0));
+  const int64_t n = x.sizes[0], k = x.sizes[1], m = y.sizes[1];
+  cpu::GemmEpilogue ep;
+  float gemm_beta = 0.0f;
+  if (beta != 0.0f) {
+    if (beta == 1.0f && is_per_column(self.sizes, m)) {
+      ep.bias_kind = cpu::GemmBias::PerCol;
+      ep.bias = self.data_as<float>();
+    } else {
+      fill_broadcast(self, out);
+      gemm_beta = beta;
+    }
+  }
+  cpu::sgemm(false, false, n, m, k, alpha, x.data_as<float>(), k, y.data_as<float>(), m, gemm_beta,
+             out.data_as<float>(), m, ep, a.pool);
+  return {};
+}
+
+/// aten.linear: out [..., out_f] = input [..., in_f] @ weight [out_f, in_f]^T + bias (bias
+/// broadcasts to the output shape).
+Error linear(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  const Tensor& w = *a.inputs[1];
+  const Tensor* b = a.inputs[2];
+  Tensor& out = *a.outputs[0];
+  const int64_t in_f = w.sizes[1], out_f = w.sizes[0];
+  const int64_t rows = out_f == 0 ? 0 : out.numel() / out_f;
+  cpu::GemmEpilogue ep;
+  float beta = 0.0f;
+  if (b != nullptr) {
+    if (is_per_column(b->sizes, out_f)) {
+      ep.bias_kind = cpu::GemmBias::PerCol;
+      ep.bias = b->data_as<float>();
+    } else {
+      fill_broadcast(*b, out);
+      beta = 1.0f;
+    }
+  }
+  cpu::sgemm(false, true, rows, out_f, in_f, 1.0f, x.data_as<float>(), in_f, w.data_as<float>(), in_f, beta,
+             out.data_as<float>(), out_f, ep, a.pool);
+  return {};
+}
+
+}  // namespace
+
+void register_cpu_linear(KernelRegistry& r) {
+  r.add_optimized("aten.mm", mm, matmul_accepts);
+  r.add_optimized("aten.bmm", bmm, matmul_accepts);
+  r.add_optimized("aten.addmm", addmm, matmul_accepts);
+  r.add_optimized("aten.linear", linear, matmul_accepts);
+}
+
+}  // namespace kiln

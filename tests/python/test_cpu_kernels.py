@@ -1,0 +1,107 @@
+"""The optimized cpu kernels (src/kernels/cpu: GEMM-based / depthwise convolution, linear, mm,
+bmm, addmm) against PyTorch eager, through kiln.export, with the same program loaded with
+portable_kernels_only=True (reference kernels) and False (cpu kernels), at 1 and 2 threads.
+
+fp32 tolerance: max abs error <= 1e-5 * max|expected| (scaled up for long reductions).
+"""
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from oprunner import assert_close
+
+torch.set_num_threads(1)
+
+
+class ConvNet(torch.nn.Module):
+    """Every conv path: 3x3 stride-2 stem (im2col), depthwise 5x5 with dilation, 1x1 (direct
+    GEMM), grouped 3x3, depthwise multiplier 2, then a 1-D conv, linear and bmm/addmm."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 24, 3, stride=2, padding=1)
+        self.dw = torch.nn.Conv2d(24, 24, 5, padding=4, dilation=2, groups=24)
+        self.pw = torch.nn.Conv2d(24, 36, 1)
+        self.grouped = torch.nn.Conv2d(36, 48, 3, stride=(2, 1), padding=(1, 2), groups=3, bias=False)
+        self.dw2 = torch.nn.Conv2d(48, 96, 3, stride=2, padding=1, groups=48)
+        self.conv1d = torch.nn.Conv1d(96, 40, 3, padding=1)
+        self.fc = torch.nn.Linear(40, 29)
+        self.w = torch.nn.Parameter(torch.randn(29, 17) * 0.2)
+        self.b = torch.nn.Parameter(torch.randn(17))
+
+    def forward(self, x):
+        y = torch.relu(self.stem(x))
+        y = self.dw(y)
+        y = torch.relu(self.pw(y))
+        y = self.grouped(y)
+        y = self.dw2(y)                      # [N, 96, h, w]
+        y = y.flatten(2)                     # [N, 96, h*w]
+        y = self.conv1d(y)                   # [N, 40, L]
+        y = self.fc(y.transpose(1, 2))       # [N, L, 29] (linear on a 3-D input)
+        z = torch.bmm(y, y.transpose(1, 2))  # [N, L, L]
+        flat = y.reshape(-1, 29)
+        return z, torch.addmm(self.b, flat, self.w)
+
+
+class Mlp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l1 = torch.nn.Linear(300, 257)
+        self.l2 = torch.nn.Linear(257, 1000)
+
+    def forward(self, x):
+        return self.l2(torch.relu(self.l1(x)))
+
+
+CASES = {
+    "convnet": (ConvNet, lambda: torch.randn(2, 3, 41, 37)),
+    "mlp_batch1": (Mlp, lambda: torch.randn(1, 300)),
+    "mlp_batch5": (Mlp, lambda: torch.randn(5, 300)),
+}
+
+
+@pytest.fixture(scope="module", params=sorted(CASES))
+def exported(request):
+    torch.manual_seed(0)
+    cls, make_input = CASES[request.param]
+    model = cls().eval()
+    x = make_input()
+    with torch.no_grad():
+        expected = model(x)
+    if isinstance(expected, torch.Tensor):
+        expected = (expected,)
+    res = kiln.export(model, (x,), verbose=False)
+    return res.data, x.numpy(), [e.numpy() for e in expected]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("portable", [True, False])
+def test_matches_eager(exported, portable, threads):
+    data, x, expected = exported
+    prog = kiln.load_bytes(data, num_threads=threads, portable_kernels_only=portable)
+    outs = prog.run(x)
+    assert len(outs) == len(expected)
+    for i, (o, e) in enumerate(zip(outs, expected)):
+        assert_close(o, e, rel=3e-5, what=f"output {i} (portable={portable}, threads={threads})")
+
+
+def _has_avx2_fma():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+@pytest.mark.skipif(not _has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
+def test_cpu_and_portable_differ_but_agree(exported):
+    """The cpu kernels really run (fp32 FMA sums differ in the last bits from the portable
+    kernels' double sums) and agree with the portable kernels closely."""
+    data, x, _ = exported
+    a = kiln.load_bytes(data, num_threads=1, portable_kernels_only=True).run(x)
+    b = kiln.load_bytes(data, num_threads=2, portable_kernels_only=False).run(x)
+    assert any(not np.array_equal(o1, o2) for o1, o2 in zip(a, b)), "cpu kernels were not selected"
+    for o1, o2 in zip(a, b):
+        assert_close(o2, o1, rel=3e-5)
