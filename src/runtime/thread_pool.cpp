@@ -1,5 +1,6 @@
 // ThreadPool: fixed workers, one parallel_for at a time per pool.
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 
 #include "kiln/thread_pool.h"
@@ -13,32 +14,57 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads))
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
+    stop_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
   for (auto& t : workers_) t.join();
 }
 
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// How long an idle thread polls before it sleeps on a condition variable. Kernel calls in a
+// method follow each other within microseconds; waking a sleeping thread costs a futex
+// round trip (tens of microseconds on this class of VM), which dominated small kernels.
+constexpr auto kSpin = std::chrono::microseconds(200);
+
+// Polls `done()` for up to kSpin; true when it became true.
+template <typename F>
+bool spin_until(F&& done) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if ((i & 63) == 0 && std::chrono::steady_clock::now() - t0 > kSpin) return done();
+  }
+}
+
+}  // namespace
+
 void ThreadPool::worker(int index) {
   int64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* job;
-    int64_t n, chunk;
-    {
+    auto ready = [&] {
+      return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+    };
+    if (!spin_until(ready)) {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-      n = job_n_;
-      chunk = job_chunk_;
+      cv_.wait(lock, ready);
     }
-    const int64_t begin = index * chunk;
-    const int64_t end = std::min(n, begin + chunk);
-    if (begin < end) (*job)(begin, end);
-    {
+    if (stop_.load(std::memory_order_acquire)) return;
+    seen = generation_.load(std::memory_order_acquire);
+    // job_, job_n_ and job_chunk_ were written before the release increment of generation_.
+    const int64_t begin = index * job_chunk_;
+    const int64_t end = std::min(job_n_, begin + job_chunk_);
+    if (begin < end) (*job_)(begin, end);
+    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
+      done_cv_.notify_one();
     }
   }
 }
@@ -53,18 +79,22 @@ void ThreadPool::parallel_for(int64_t n, int64_t min_chunk, const std::function<
     return;
   }
   const int64_t chunk = (n + num_threads_ - 1) / num_threads_;
+  job_ = &fn;
+  job_n_ = n;
+  job_chunk_ = chunk;
+  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
   {
+    // Under mu_ so that a worker about to sleep on cv_ cannot miss the new generation.
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    job_n_ = n;
-    job_chunk_ = chunk;
-    pending_ = num_threads_ - 1;
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   cv_.notify_all();
   fn(0, std::min(n, chunk));
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(done)) {
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, done);
+  }
 }
 
 ThreadPool* ThreadPool::default_pool() {
