@@ -586,7 +586,9 @@ def test_corrupted_payload_gives_errors_not_crashes():
     (c,) = g.add_node("aten.convolution", [xi, _add_const(g, "w", w), -1],
                       dict(stride=[2, 2], padding=[1, 1], dilation=[1, 1], transposed=False, output_padding=[0, 0],
                            groups=1))
-    (p,) = g.add_node("aten.max_pool2d", [c], dict(kernel_size=[2, 2], stride=[2, 2], ceil_mode=True))
+    # relu, not a chain of elementwise ops: a fused chain makes MLX compile a new CPU kernel (a C++
+    # compiler run) for many corrupted variants, which makes the test slow.
+    (p,) = g.add_node("aten.relu", [c])
     (m,) = g.add_node("aten.mean", [p], {"dim": [2, 3], "keepdim": False})
     (y,) = g.add_node("aten.linear", [m, _add_const(g, "fw", fw), -1])
     g.set_outputs([y])
@@ -599,7 +601,7 @@ def test_corrupted_payload_gives_errors_not_crashes():
     good = kiln.load_bytes(data).run(x)[0]
     end = len(data) if data.find(b"\0" * 64, start) < 0 else data.find(b"\0" * 64, start)
     outcomes = {"error": 0, "ran": 0}
-    for off in range(start, end, 5):
+    for off in range(start, end, 3):
         for value in (b"\x00", b"\xff"):
             bad = bytearray(data)
             bad[off:off + 1] = value
