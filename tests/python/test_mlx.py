@@ -612,3 +612,54 @@ def test_corrupted_payload_gives_errors_not_crashes():
             except kiln.KilnError:
                 outcomes["error"] += 1
     assert outcomes["error"] > 0 and outcomes["ran"] > 0, outcomes
+
+
+def test_non_contiguous_intermediates():
+    # permute / transpose / slice / expand results (MLX views) feeding conv, add, norm, matmul and
+    # a graph output.
+    x = _rand(2, 7, 5, 3, seed=68)                      # NHWC-like input
+    w = _rand(4, 3, 3, 3, seed=69)
+    y = _rand(2, 5, 4, seed=70)
+
+    def build(g, ids):
+        (p,) = g.add_node("aten.permute", [ids[0]], {"dims": [0, 3, 1, 2]})            # [2, 3, 7, 5]
+        (c,) = g.add_node("aten.convolution", [p, _add_const(g, "w", w), -1],
+                          dict(stride=[1, 1], padding=[1, 1], dilation=[1, 1], transposed=False,
+                               output_padding=[0, 0], groups=1))                          # [2, 4, 7, 5]
+        (s,) = g.add_node("aten.slice", [c], {"dim": 2, "start": 1, "end": 7, "step": 2})  # [2, 4, 3, 5]
+        (t,) = g.add_node("aten.transpose", [s], {"dim0": 1, "dim1": 3})                   # [2, 5, 3, 4]
+        (yt,) = g.add_node("aten.unsqueeze", [ids[1]], {"dim": 2})                         # [2, 5, 1, 4]
+        (a,) = g.add_node("aten.add", [t, yt])
+        (n,) = g.add_node("aten.native_layer_norm", [a, -1, -1], {"normalized_shape": [4], "eps": 1e-5})
+        m = n
+        (e,) = g.add_node("aten.expand", [_add_const(g, "e", _rand(1, 1, 1, 4, seed=71))], {"size": [2, 5, 3, 4]})
+        (o,) = g.add_node("aten.mul", [m, e])
+        return [o, t]
+
+    (o, t), dl, _ = compile_run(build, [x, y])
+    check_delegated(dl)
+    c = A.convolution(T(x).permute(0, 3, 1, 2), T(w), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    tt = c[:, :, 1:7:2].transpose(1, 3)
+    n = F.layer_norm(tt + T(y).unsqueeze(2), [4], eps=1e-5)
+    assert_close(t, tt.numpy(), REL, "view output")
+    assert_close(o, (n * T(_rand(1, 1, 1, 4, seed=71))).numpy(), REL, "non-contiguous chain")
+
+
+def test_declined_ops_name_their_reason():
+    x = _rand(3, 4, seed=72) * 5
+    (out,), dl, _ = compile_run(lambda g, ids: g.add_node("aten._to_copy", ids, {"dtype": "int32"}), [x])
+    assert mlx_segment(dl)["segments"] == 0
+    assert any("float32 -> int32" in r for r in reasons(dl, "aten._to_copy")), dl
+    np.testing.assert_array_equal(out, T(x).to(torch.int32).numpy())
+    (out,), dl, _ = compile_run(lambda g, ids: g.add_node("aten.argmax", ids, {"dim": 1}), [x])
+    assert mlx_segment(dl)["segments"] == 0 and reasons(dl, "aten.argmax"), dl
+    g = kiln.Graph()
+    i = g.add_input("x", "float32", [3, 4])
+    (a,) = g.add_node("aten.relu", [i], {}, "act")
+    (b,) = g.add_node("aten.argmax", [a], {"dim": 1}, "pick")
+    g.set_outputs([b])
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    with pytest.raises(kiln.KilnError) as e:
+        pb.compile(require_delegation="mlx")
+    assert "aten.argmax (pick)" in str(e.value) and "act" not in str(e.value).split("mlx")[-1], str(e.value)
