@@ -30,6 +30,9 @@ struct Subgraph {
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
   std::vector<ValueId> constants;
+  /// CompileOptions::compute_dtype: Float32, or Float16/BFloat16 for backends that support
+  /// reduced precision (others ignore it and compute in float32).
+  DType compute_dtype = DType::Float32;
 };
 
 /// Opaque state a backend builds at init from one payload (e.g. an XNNPACK runtime).

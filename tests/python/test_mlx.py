@@ -766,3 +766,97 @@ def test_diffusion_and_clip_blocks_are_one_mlx_segment(name):
     with torch.no_grad():
         ref = m(*args).numpy()
     assert_close(out, ref, REL, name)
+
+
+# ---------------------------------------------------------------- reduced precision (compute_dtype)
+
+HALF_REL = 2e-2  # issue 5: fp16 <= 2e-2 relative to the output's max magnitude
+
+
+def run_half(build, feeds, dtype):
+    g = kiln.Graph()
+    ids = [g.add_input(f"x{i}", kiln_dtype(x), list(x.shape)) for i, x in enumerate(feeds)]
+    g.set_outputs(list(build(g, ids)))
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    data, rep = pb.compile(backends=["mlx"], require_delegation="mlx", fold_constants=False, compute_dtype=dtype)
+    return kiln.load_bytes(data).run(*feeds)
+
+
+HALF_OPS = [
+    ("conv", lambda g, i, c: g.add_node("aten.convolution", [i[0], c("w", _rand(6, 3, 3, 3, seed=80)), -1],
+                                        dict(stride=[2, 2], padding=[1, 1], dilation=[1, 1], transposed=False,
+                                             output_padding=[0, 0], groups=1)),
+     lambda x: A.convolution(x, T(_rand(6, 3, 3, 3, seed=80)), None, [2, 2], [1, 1], [1, 1], False, [0, 0], 1)),
+    ("group_norm", lambda g, i, c: g.add_node("aten.native_group_norm", [i[0], -1, -1],
+                                              {"N": 2, "C": 3, "HxW": 99, "group": 3, "eps": 1e-5}),
+     lambda x: F.group_norm(x, 3, eps=1e-5)),
+    ("softmax", lambda g, i, c: g.add_node("aten._softmax", [i[0]], {"dim": -1}), lambda x: torch.softmax(x * 3, -1)),
+    ("gelu", lambda g, i, c: g.add_node("aten.gelu", [i[0]], {}), F.gelu),
+    ("bilinear", lambda g, i, c: g.add_node("aten.upsample_bilinear2d", [i[0]],
+                                            {"output_size": [15, 17], "align_corners": False}),
+     lambda x: F.interpolate(x, size=[15, 17], mode="bilinear", align_corners=False)),
+    ("mean", lambda g, i, c: g.add_node("aten.mean", [i[0]], {"dim": [2, 3], "keepdim": True}),
+     lambda x: x.mean([2, 3], keepdim=True)),
+]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name,build,ref", HALF_OPS, ids=[h[0] for h in HALF_OPS])
+def test_reduced_precision_ops(dtype, name, build, ref):
+    x = _rand(2, 3, 9, 11, seed=81)
+    if name == "softmax":
+        def b(g, ids):
+            (s,) = g.add_node("aten.mul", [ids[0], _add_const(g, "k", np.array(3.0, np.float32))], {})
+            return g.add_node("aten._softmax", [s], {"dim": -1})
+    else:
+        def b(g, ids):
+            return build(g, ids, lambda n, a: _add_const(g, n, a))
+    (out,) = run_half(b, [x], dtype)
+    assert out.dtype == np.float32
+    rel = HALF_REL
+    assert_close(out, ref(T(x)).numpy(), rel, f"{name} {dtype}")
+
+
+def test_float16_mean_and_sum_of_4096_twenties_are_exact():
+    x = np.full((2, 4096), 20.0, np.float32)
+    (m, s), = [run_half(lambda g, ids: [g.add_node("aten.mean", ids, {"dim": [1]})[0],
+                                        g.add_node("aten.sum", ids, {"dim": [1]})[0]], [x], "float16")]
+    assert (m == 20.0).all(), m
+    assert (s == 81920.0).all(), s  # beyond float16's range: the reduction and its output stay float32
+
+
+def test_float16_layer_norm_near_1e_3_matches_eager():
+    x = (np.sign(_rand(4, 64, seed=82)) * 1e-3 + _rand(4, 64, seed=83) * 1e-5).astype(np.float32)
+    (out,) = run_half(lambda g, ids: g.add_node("aten.native_layer_norm", [ids[0], -1, -1],
+                                                {"normalized_shape": [64], "eps": 1e-12}), [x], "float16")
+    assert_close(out, F.layer_norm(T(x), [64], eps=1e-12).numpy(), HALF_REL, "ln fp16")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_reduced_precision_whole_model(dtype):
+    from kiln.capture import capture
+
+    m = _model("mobilenet_v3_small")
+    x = torch.from_numpy(_rand(1, 3, 224, 224, seed=63))
+    cap = capture(m, (x,), progress=lambda s: None)
+    pb = kiln._kiln.ProgramBuilder()
+    pb.add_method("forward", cap.graph)
+    data, rep = pb.compile(backends=["mlx"], require_delegation="mlx", compute_dtype=dtype)
+    check_delegated(rep["methods"][0]["delegation"])
+    (out,) = kiln.load_bytes(data).run(x.numpy())
+    with torch.no_grad():
+        ref = m(x).numpy()
+    assert_close(out, ref, HALF_REL, f"mv3 {dtype}")
+    assert list(np.argsort(-out[0])[:5]) == list(np.argsort(-ref[0])[:5])
+
+
+def test_compute_dtype_must_be_a_float_type():
+    g = kiln.Graph()
+    i = g.add_input("x", "float32", [2])
+    g.set_outputs([g.add_node("aten.relu", [i])[0]])
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    for bad in ("int32", "float64"):
+        with pytest.raises(kiln.KilnError, match="compute_dtype"):
+            pb.compile(backends=["mlx"], compute_dtype=bad)

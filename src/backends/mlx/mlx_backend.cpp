@@ -3,7 +3,9 @@
 // KILN_MLX_DEVICE=cpu, on MLX's CPU device.
 //
 // Payload (little-endian; version 1):
-//   u32 'KMLX', u32 version, u32 num_inputs, u32 num_outputs, u32 num_constants,
+//   u32 'KMLX', u32 version, u8 compute dtype (Kiln DType: float32, float16 or bfloat16; float32
+//   values are computed in it, boundaries stay as the program says),
+//   u32 num_inputs, u32 num_outputs, u32 num_constants,
 //   per input and per constant: u8 dtype, u8 rank, i64 dims[rank],
 //   u32 num_nodes, per node: str op, u32 num_inputs, i32 value ids (-1 = None),
 //                            u32 num_attrs, per attr: str name, u8 kind, value,
@@ -192,6 +194,8 @@ Result<std::vector<uint8_t>> lower_subgraph(const Subgraph& sg) {
   Writer w;
   w.u32(kMagic);
   w.u32(kVersion);
+  if (!is_floating(sg.compute_dtype)) return Error(ErrorCode::InvalidArgument, "mlx: compute dtype must be a float type");
+  w.u8(static_cast<uint8_t>(sg.compute_dtype));
   w.u32(static_cast<uint32_t>(sg.inputs.size()));
   w.u32(static_cast<uint32_t>(sg.outputs.size()));
   w.u32(static_cast<uint32_t>(sg.constants.size()));
@@ -267,34 +271,52 @@ struct Step {
 /// Everything the traced function needs; shared by the raw and the compiled function.
 struct Plan {
   mx::Device dev = mx::Device(mx::Device::cpu);
+  mx::Dtype compute = mx::float32;  // float32 values are computed in this dtype
   size_t num_inputs = 0;
   std::vector<mx::array> constants;
   std::vector<Step> steps;
   std::vector<int32_t> outputs;
   std::vector<TensorType> value_types;
+  std::vector<bool> is_output;  // per value id: a delegate output
 };
 
 /// Builds the outputs (made contiguous) followed by the runtime-check flags.
 std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inputs, std::vector<std::string>* messages) {
   std::vector<std::optional<mx::array>> vals;
   vals.reserve(p.value_types.size());
-  for (const auto& a : inputs) vals.emplace_back(a);
-  for (const auto& a : p.constants) vals.emplace_back(a);
+  const bool reduced = p.compute != mx::float32;
+  for (const auto& a : inputs) vals.emplace_back(reduced && a.dtype() == mx::float32 ? mx::astype(a, p.compute, p.dev) : a);
+  for (const auto& a : p.constants) vals.emplace_back(a);  // converted at init
   std::vector<mlxb::RuntimeCheck> checks;
-  mlxb::BuildCtx ctx{p.dev, &checks};
+  mlxb::BuildCtx ctx{p.dev, &checks, p.compute};
   for (const Step& s : p.steps) {
     mlxb::Inputs in;
-    for (int32_t id : s.inputs) in.push_back(id < 0 ? std::nullopt : vals[static_cast<size_t>(id)]);
-    mx::array y = s.lowering->build(ctx, s.node, in, s.prepared);
+    const bool up = reduced && s.lowering->float32_inside;
+    for (int32_t id : s.inputs) {
+      std::optional<mx::array> a = id < 0 ? std::nullopt : vals[static_cast<size_t>(id)];
+      if (up && a && a->dtype() == p.compute) a = mx::astype(*a, mx::float32, p.dev);
+      in.push_back(std::move(a));
+    }
+    mlxb::BuildCtx& bc = ctx;
+    if (up) bc.compute = mx::float32;
+    mx::array y = s.lowering->build(bc, s.node, in, s.prepared);
+    bc.compute = p.compute;
     const TensorType& want = s.node.out;
-    if (y.dtype() != mlxb::to_mx(want.dtype)) y = mx::astype(y, mlxb::to_mx(want.dtype), p.dev);
+    // A float32-inside result that is a delegate output stays float32 (e.g. a sum beyond the
+    // float16 range); consumers inside the graph then compute in float32 as MLX promotes.
+    const bool keep32 = up && y.dtype() == mx::float32 && p.is_output[vals.size()];
+    if (!keep32 && y.dtype() != ctx.dtype(want.dtype)) y = mx::astype(y, ctx.dtype(want.dtype), p.dev);
     bool same = y.ndim() == want.sizes.size();
     for (size_t d = 0; same && d < want.sizes.size(); ++d) same = y.shape(static_cast<int>(d)) == want.sizes[d];
     if (!same) throw std::invalid_argument(s.node.op + " built a result of another shape than " + want.to_string());
     vals.emplace_back(std::move(y));
   }
   std::vector<mx::array> out;
-  for (int32_t id : p.outputs) out.push_back(mx::contiguous(*vals[static_cast<size_t>(id)], false, p.dev));
+  for (int32_t id : p.outputs) {
+    const mx::array& v = *vals[static_cast<size_t>(id)];
+    const mx::Dtype dt = mlxb::to_mx(p.value_types[static_cast<size_t>(id)].dtype);
+    out.push_back(mx::contiguous(v.dtype() == dt ? v : mx::astype(v, dt, p.dev), false, p.dev));
+  }
   for (auto& c : checks) {
     out.push_back(c.flag);
     if (messages) messages->push_back(c.message);
@@ -392,12 +414,17 @@ class MlxBackend : public Backend {
     if (r.u32() != kMagic) return bad("wrong magic (not an mlx payload)");
     const uint32_t version = r.u32();
     if (version != kVersion) return bad("version " + std::to_string(version) + " (this runtime reads version 1)");
+    const uint8_t compute = r.u8();
+    if (!r.ok() || !is_valid_dtype(compute) || !is_floating(static_cast<DType>(compute))) {
+      return bad("compute dtype must be float32, float16 or bfloat16");
+    }
     const uint32_t ni = r.u32(), no = r.u32(), nc = r.u32();
     if (!r.ok() || ni != inputs.size() || no != outputs.size() || nc != constants.size() || no == 0) {
       return bad("boundary counts differ from the program's delegate call");
     }
     auto plan = std::make_shared<Plan>();
     plan->dev = dev;
+    plan->compute = mlxb::to_mx(static_cast<DType>(compute));
     plan->num_inputs = ni;
     constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
     auto sane = [&](const TensorType& t) {
@@ -477,6 +504,8 @@ class MlxBackend : public Backend {
       }
       plan->outputs.push_back(id);
     }
+    plan->is_output.assign(plan->value_types.size(), false);
+    for (int32_t id : plan->outputs) plan->is_output[static_cast<size_t>(id)] = true;
     if (!r.done()) return bad("trailing bytes");
 
     // Constant-only work, once: evaluated here so that the traced graph reads it as constants.
@@ -488,8 +517,18 @@ class MlxBackend : public Backend {
         const bool is_const = id >= static_cast<int32_t>(ni) && id < static_cast<int32_t>(ni + nc);
         consts.push_back(is_const ? std::optional<mx::array>(plan->constants[static_cast<size_t>(id) - ni]) : std::nullopt);
       }
-      s.prepared = s.lowering->prepare(s.node, consts, dev);
-      to_eval.insert(to_eval.end(), s.prepared.begin(), s.prepared.end());
+      s.prepared = s.lowering->prepare(s.node, consts, dev);  // in float32, converted below
+    }
+    // Reduced precision: float32 constants and prepared arrays converted once.
+    auto convert = [&](mx::array& a) {
+      if (plan->compute != mx::float32 && a.dtype() == mx::float32) a = mx::astype(a, plan->compute, dev);
+      to_eval.push_back(a);
+    };
+    for (Step& s : plan->steps) {
+      for (mx::array& a : s.prepared) convert(a);
+    }
+    for (mx::array& a : plan->constants) {
+      if (plan->compute != mx::float32 && a.dtype() == mx::float32) convert(a);
     }
     if (!to_eval.empty()) mx::eval(to_eval);
 

@@ -156,14 +156,14 @@ Error check_where(const NodeView& n) {
   return ok();
 }
 mx::array where(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
-  const auto dt = to_mx(n.out.dtype);
+  const auto dt = c.dtype(n.out.dtype);
   return mx::where(*in[0], mx::astype(*in[1], dt, c.dev), mx::astype(*in[2], dt, c.dev), c.dev);
 }
 
 // Comparisons: both operands in PyTorch's result type (at::result_type), bool output.
 template <mx::array (*F)(const mx::array&, const mx::array&, mx::StreamOrDevice)>
 mx::array compare(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
-  const auto dt = to_mx(result_type(in_type(n, 0), in_type(n, 1)));
+  const auto dt = c.dtype(result_type(in_type(n, 0), in_type(n, 1)));
   return F(mx::astype(*in[0], dt, c.dev), mx::astype(*in[1], dt, c.dev), c.dev);
 }
 Error check_compare(const NodeView& n) {
@@ -194,7 +194,7 @@ Error check_to_copy(const NodeView& n) {
   return ok();
 }
 mx::array to_copy(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
-  return mx::astype(*in[0], to_mx(n.out.dtype), c.dev);
+  return mx::astype(*in[0], c.dtype(n.out.dtype), c.dev);
 }
 mx::array identity(BuildCtx&, const NodeView&, const Inputs& in, const std::vector<mx::array>&) { return *in[0]; }
 
@@ -289,7 +289,7 @@ mx::array select(BuildCtx& c, const NodeView& n, const Inputs& in, const std::ve
 }
 mx::array cat(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
   std::vector<mx::array> parts;
-  const auto dt = to_mx(n.out.dtype);
+  const auto dt = c.dtype(n.out.dtype);
   for (const auto& a : in) parts.push_back(mx::astype(*a, dt, c.dev));
   return mx::concatenate(parts, wrap(n.attrs.get_int("dim"), n.out.dim()), c.dev);
 }
@@ -628,7 +628,7 @@ mx::array avg_pool(BuildCtx& c, const NodeView& n, const Inputs& in, const std::
     }
   }
   mx::array dv(div.begin(), {static_cast<int32_t>(g.out_h), static_cast<int32_t>(g.out_w)}, mx::float32);
-  return mx::divide(*acc, dv, c.dev);
+  return mx::divide(*acc, mx::astype(dv, acc->dtype(), c.dev), c.dev);
 }
 // adaptive_avg_pool2d: window [floor(i*in/out), ceil((i+1)*in/out)) per axis (PyTorch
 // aten/src/ATen/native/AdaptiveAveragePooling.cpp start_index/end_index). 1x1 -> mean; sizes
@@ -725,8 +725,9 @@ mx::array upsample_bilinear(BuildCtx& c, const NodeView& n, const Inputs& in, co
     }
     const mx::Shape ws = ax == 1 ? mx::Shape{static_cast<int32_t>(osz)} : mx::Shape{static_cast<int32_t>(osz), 1};
     const mx::array w0(l0.begin(), ws, mx::float32), w1(l1.begin(), ws, mx::float32);
-    x = mx::add(mx::multiply(mx::take(x, index_array(i0), 2 + ax, c.dev), w0, c.dev),
-                mx::multiply(mx::take(x, index_array(i1), 2 + ax, c.dev), w1, c.dev), c.dev);
+    x = mx::add(mx::multiply(mx::take(x, index_array(i0), 2 + ax, c.dev), mx::astype(w0, x.dtype(), c.dev), c.dev),
+                mx::multiply(mx::take(x, index_array(i1), 2 + ax, c.dev), mx::astype(w1, x.dtype(), c.dev), c.dev),
+                c.dev);
   }
   return x;
 }
@@ -776,13 +777,13 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.logical_or", {any_dtype, logical_or}},
       {"aten._to_copy", {check_to_copy, to_copy}},
       {"aten.clone", {any_dtype, identity}},
-      {"aten.sum", {check_reduce, sum_mean}},
-      {"aten.mean", {check_reduce, sum_mean}},
+      {"aten.sum", {check_reduce, sum_mean, nullptr, true}},
+      {"aten.mean", {check_reduce, sum_mean, nullptr, true}},
       {"aten.amax", {check_reduce, amax_amin}},
       {"aten.amin", {check_reduce, amax_amin}},
       {"aten.argmax", {check_argmax, identity}},
-      {"aten._softmax", {check_softmax, softmax}},
-      {"aten._log_softmax", {check_softmax, softmax}},
+      {"aten._softmax", {check_softmax, softmax, nullptr, true}},
+      {"aten._log_softmax", {check_softmax, softmax, nullptr, true}},
       {"aten.view", {any_dtype, reshape_to_out}},
       {"aten.squeeze", {any_dtype, reshape_to_out}},
       {"aten.unsqueeze", {any_dtype, reshape_to_out}},
@@ -800,13 +801,13 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.mm", {float32_inputs, matmul}},
       {"aten.bmm", {float32_inputs, matmul}},
       {"aten.native_batch_norm", {check_norm, batch_norm, prepare_bn}},
-      {"aten.native_layer_norm", {check_norm, layer_norm}},
-      {"aten.native_group_norm", {check_norm, group_norm}},
-      {"aten.rms_norm", {check_norm, rms_norm}},
+      {"aten.native_layer_norm", {check_norm, layer_norm, nullptr, true}},
+      {"aten.native_group_norm", {check_norm, group_norm, nullptr, true}},
+      {"aten.rms_norm", {check_norm, rms_norm, nullptr, true}},
       {"aten.scaled_dot_product_attention", {check_sdpa, sdpa}},
       {"aten.max_pool2d", {check_pool, max_pool}},
       {"aten.avg_pool2d", {check_pool, avg_pool}},
-      {"aten.adaptive_avg_pool2d", {check_adaptive, adaptive_avg}},
+      {"aten.adaptive_avg_pool2d", {check_adaptive, adaptive_avg, nullptr, true}},
       {"aten.upsample_nearest2d", {check_upsample, upsample_nearest}},
       {"aten.upsample_bilinear2d", {check_upsample, upsample_bilinear}},
   };
@@ -826,6 +827,8 @@ std::vector<std::string> lowered_ops() {
   for (const auto& [name, l] : table()) out.push_back(name);
   return out;
 }
+
+mx::Dtype BuildCtx::dtype(DType d) const { return d == DType::Float32 ? compute : to_mx(d); }
 
 mx::Dtype to_mx(DType dtype) {
   switch (dtype) {

@@ -45,6 +45,10 @@ struct RuntimeCheck {
 struct BuildCtx {
   mx::Device dev;
   std::vector<RuntimeCheck>* checks;
+  /// The dtype float32 values are computed in (float32, float16 or bfloat16).
+  mx::Dtype compute = mx::float32;
+  /// The MLX dtype a value of Kiln dtype `d` has inside the computation.
+  mx::Dtype dtype(DType d) const;
 };
 
 using Inputs = std::vector<std::optional<mx::array>>;
@@ -62,6 +66,9 @@ struct OpLowering {
   CheckFn check;
   BuildFn build;
   PrepareFn prepare = nullptr;
+  /// With a reduced compute dtype, run this op in float32 (inputs converted up, the result
+  /// down): norm statistics, softmax, reductions and averaging.
+  bool float32_inside = false;
 };
 
 /// The lowering of `op` ("aten.convolution", ...), or null when the mlx delegate has none.
