@@ -114,7 +114,12 @@ CONV_CASES = [
 
 @pytest.mark.parametrize("case", CONV_CASES, ids=[str(i) for i in range(len(CONV_CASES))])
 @pytest.mark.parametrize("weight_input", [False, True], ids=["wconst", "winput"])
-def test_convolution(case, weight_input):
+@pytest.mark.parametrize("impl", ["taps", "native"])
+def test_convolution(case, weight_input, impl, monkeypatch):
+    # On MLX's CPU device 2-D convolutions (groups 1, depthwise) are built from strided slices;
+    # KILN_MLX_CONV=native uses MLX's convolution (what a GPU runs) for every case.
+    if impl == "native":
+        monkeypatch.setenv("KILN_MLX_CONV", "native")
     shape, cout, k, s, p, d, groups, bias = case
     x = _rand(*shape, seed=1)
     w = _rand(cout, shape[1] // groups, *k, seed=2)

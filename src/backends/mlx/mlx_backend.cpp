@@ -27,6 +27,8 @@
 #include <mlx/compile.h>
 #include <mlx/mlx.h>
 
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -272,6 +274,7 @@ struct Step {
 struct Plan {
   mx::Device dev = mx::Device(mx::Device::cpu);
   mx::Dtype compute = mx::float32;  // float32 values are computed in this dtype
+  bool taps_conv = false;           // BuildCtx::taps_conv
   size_t num_inputs = 0;
   std::vector<mx::array> constants;
   std::vector<Step> steps;
@@ -288,7 +291,7 @@ std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inp
   for (const auto& a : inputs) vals.emplace_back(reduced && a.dtype() == mx::float32 ? mx::astype(a, p.compute, p.dev) : a);
   for (const auto& a : p.constants) vals.emplace_back(a);  // converted at init
   std::vector<mlxb::RuntimeCheck> checks;
-  mlxb::BuildCtx ctx{p.dev, &checks, p.compute};
+  mlxb::BuildCtx ctx{p.dev, &checks, p.compute, p.taps_conv};
   for (const Step& s : p.steps) {
     mlxb::Inputs in;
     const bool up = reduced && s.lowering->float32_inside;
@@ -324,11 +327,32 @@ std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inp
   return out;
 }
 
+/// KILN_MLX_PROFILE=1 at load: per handle, the time of each execute phase, printed to stderr when
+/// the handle is destroyed. wrap = wrapping inputs (a copy on MLX's CPU device), dispatch = calling
+/// the compiled function (replaying its graph), eval = MLX's evaluation (one synchronization),
+/// copy = runtime checks and output copies. Everything but eval is the boundary cost.
+struct Profile {
+  bool on = false;
+  uint64_t runs = 0;
+  double wrap = 0, dispatch = 0, eval = 0, copy = 0;  // seconds
+};
+
 struct MlxHandle : DelegateHandle {
   std::shared_ptr<Plan> plan;
   std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;  // compiled
   std::vector<TensorType> in_types, out_types;
   std::vector<std::string> check_messages;
+  Profile profile;
+  ~MlxHandle() override {
+    const Profile& p = profile;
+    if (!p.on || p.runs == 0) return;
+    const double n = static_cast<double>(p.runs), total = p.wrap + p.dispatch + p.eval + p.copy;
+    std::fprintf(stderr,
+                 "[kiln mlx] %llu executes, per execute: wrap %.3f ms, dispatch %.3f ms, eval %.3f ms, copy %.3f ms; "
+                 "outside eval %.2f%%\n",
+                 static_cast<unsigned long long>(p.runs), 1e3 * p.wrap / n, 1e3 * p.dispatch / n, 1e3 * p.eval / n,
+                 1e3 * p.copy / n, total > 0 ? 100.0 * (total - p.eval) / total : 0.0);
+  }
 };
 
 class MlxBackend : public Backend {
@@ -373,13 +397,32 @@ class MlxBackend : public Backend {
     try {
       // Inputs are wrapped like constants (in place where MLX's allocator allows, else copied);
       // `held` keeps a second reference so that MLX never donates (writes into) their buffers.
+      using clock = std::chrono::steady_clock;
+      const auto t0 = clock::now();
       std::vector<mx::array> in, held;
       for (size_t i = 0; i < inputs.size(); ++i) {
         in.emplace_back(inputs[i]->data, to_shape(h.in_types[i].sizes), mlxb::to_mx(h.in_types[i].dtype), [](void*) {});
       }
       held = in;
+      const auto t1 = clock::now();
       std::vector<mx::array> out = h.fn(in);
+      const auto t2 = clock::now();
       mx::eval(out);
+      const auto t3 = clock::now();
+      struct Finish {  // adds the copy phase when the scope ends (also on an error return)
+        MlxHandle& h;
+        clock::time_point t0, t1, t2, t3;
+        ~Finish() {
+          if (!h.profile.on) return;
+          const auto t4 = clock::now();
+          auto s = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+          h.profile.runs++;
+          h.profile.wrap += s(t0, t1);
+          h.profile.dispatch += s(t1, t2);
+          h.profile.eval += s(t2, t3);
+          h.profile.copy += s(t3, t4);
+        }
+      } finish{h, t0, t1, t2, t3};
       if (out.size() != outputs.size() + h.check_messages.size()) return Error(ErrorCode::Internal, "mlx: output count");
       for (size_t k = 0; k < h.check_messages.size(); ++k) {
         if (out[outputs.size() + k].item<bool>()) return Error(ErrorCode::InvalidArgument, h.check_messages[k]);
@@ -425,6 +468,9 @@ class MlxBackend : public Backend {
     auto plan = std::make_shared<Plan>();
     plan->dev = dev;
     plan->compute = mlxb::to_mx(static_cast<DType>(compute));
+    // KILN_MLX_CONV=native keeps MLX's own convolution on the CPU device too (tests use it).
+    const char* conv_env = std::getenv("KILN_MLX_CONV");
+    plan->taps_conv = dev == mx::Device(mx::Device::cpu) && !(conv_env && std::string(conv_env) == "native");
     plan->num_inputs = ni;
     constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
     auto sane = [&](const TensorType& t) {
@@ -533,6 +579,8 @@ class MlxBackend : public Backend {
     if (!to_eval.empty()) mx::eval(to_eval);
 
     auto h = std::make_unique<MlxHandle>();
+    const char* prof = std::getenv("KILN_MLX_PROFILE");
+    h->profile.on = prof != nullptr && std::string(prof) == "1";
     h->plan = plan;
     h->in_types.assign(inputs.begin(), inputs.end());
     h->out_types.assign(outputs.begin(), outputs.end());

@@ -47,6 +47,9 @@ struct BuildCtx {
   std::vector<RuntimeCheck>* checks;
   /// The dtype float32 values are computed in (float32, float16 or bfloat16).
   mx::Dtype compute = mx::float32;
+  /// 2-D convolutions (groups 1 or depthwise) as im2col + matmul / fused taps instead of MLX's
+  /// convolution (on MLX's CPU device, where MLX's convolution is a direct loop).
+  bool taps_conv = false;
   /// The MLX dtype a value of Kiln dtype `d` has inside the computation.
   mx::Dtype dtype(DType d) const;
 };
