@@ -295,8 +295,10 @@ std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inp
   for (const Step& s : p.steps) {
     mlxb::Inputs in;
     const bool up = reduced && s.lowering->float32_inside;
-    for (int32_t id : s.inputs) {
-      std::optional<mx::array> a = id < 0 ? std::nullopt : vals[static_cast<size_t>(id)];
+    for (size_t k = 0; k < s.inputs.size(); ++k) {
+      const int32_t id = s.inputs[k];
+      const bool replaced = !s.prepared.empty() && ((s.lowering->prepared_replaces >> k) & 1u);
+      std::optional<mx::array> a = id < 0 || replaced ? std::nullopt : vals[static_cast<size_t>(id)];
       if (up && a && a->dtype() == p.compute) a = mx::astype(*a, mx::float32, p.dev);
       in.push_back(std::move(a));
     }
@@ -565,6 +567,18 @@ class MlxBackend : public Backend {
       }
       s.prepared = s.lowering->prepare(s.node, consts, dev);  // in float32, converted below
     }
+    // Constants read only through prepared forms (conv weights, batch-norm statistics) are
+    // released once those are evaluated: a placeholder keeps the value ids.
+    std::vector<bool> still_read(nc, false);
+    for (const Step& s : plan->steps) {
+      for (size_t k = 0; k < s.inputs.size(); ++k) {
+        const int32_t id = s.inputs[k];
+        const bool replaced = !s.prepared.empty() && ((s.lowering->prepared_replaces >> k) & 1u);
+        if (!replaced && id >= static_cast<int32_t>(ni) && id < static_cast<int32_t>(ni + nc)) {
+          still_read[static_cast<size_t>(id) - ni] = true;
+        }
+      }
+    }
     // Reduced precision: float32 constants and prepared arrays converted once.
     auto convert = [&](mx::array& a) {
       if (plan->compute != mx::float32 && a.dtype() == mx::float32) a = mx::astype(a, plan->compute, dev);
@@ -573,10 +587,14 @@ class MlxBackend : public Backend {
     for (Step& s : plan->steps) {
       for (mx::array& a : s.prepared) convert(a);
     }
-    for (mx::array& a : plan->constants) {
-      if (plan->compute != mx::float32 && a.dtype() == mx::float32) convert(a);
+    for (uint32_t c = 0; c < nc; ++c) {
+      mx::array& a = plan->constants[c];
+      if (still_read[c] && plan->compute != mx::float32 && a.dtype() == mx::float32) convert(a);
     }
     if (!to_eval.empty()) mx::eval(to_eval);
+    for (uint32_t c = 0; c < nc; ++c) {
+      if (!still_read[c]) plan->constants[c] = mx::array(0.0f);
+    }
 
     auto h = std::make_unique<MlxHandle>();
     const char* prof = std::getenv("KILN_MLX_PROFILE");

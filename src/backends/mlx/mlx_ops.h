@@ -72,6 +72,9 @@ struct OpLowering {
   /// With a reduced compute dtype, run this op in float32 (inputs converted up, the result
   /// down): norm statistics, softmax, reductions and averaging.
   bool float32_inside = false;
+  /// Bit i set: when `prepare` returned arrays, build does not read input i (it reads the prepared
+  /// form), so a constant used only there is released after init (one copy of conv weights).
+  uint32_t prepared_replaces = 0;
 };
 
 /// The lowering of `op` ("aten.convolution", ...), or null when the mlx delegate has none.
