@@ -865,3 +865,38 @@ def test_compute_dtype_must_be_a_float_type():
     for bad in ("int32", "float64"):
         with pytest.raises(kiln.KilnError, match="compute_dtype"):
             pb.compile(backends=["mlx"], compute_dtype=bad)
+
+
+def test_two_segments_around_a_cpu_node_and_int64_boundaries():
+    # relu -> argmax (declined: CPU) -> _to_copy float -> mul: two mlx segments; the second takes
+    # an int64 boundary input.
+    x = _rand(4, 9, seed=90)
+
+    def build(g, ids):
+        (r,) = g.add_node("aten.relu", ids, {})
+        (a,) = g.add_node("aten.argmax", [r], {"dim": 1, "keepdim": True})
+        (f,) = g.add_node("aten._to_copy", [a], {"dtype": "float32"})
+        (m,) = g.add_node("aten.mul", [f, r], {})
+        return [m]
+
+    (out,), dl, _ = compile_run(build, [x])
+    assert mlx_segment(dl)["segments"] == 2 and [c["op"] for c in dl["cpu_ops"]] == ["aten.argmax"], dl
+    r = torch.relu(T(x))
+    assert_close(out, (r.argmax(1, keepdim=True).float() * r).numpy(), REL, "two segments")
+
+
+def test_two_methods_share_a_weight():
+    w = _rand(6, 8, seed=91)
+    pb = kiln.ProgramBuilder()
+    for name, act in (("a", "aten.relu"), ("b", "aten.sigmoid")):
+        g = kiln.Graph()
+        i = g.add_input("x", "float32", [3, 8])
+        (y,) = g.add_node("aten.linear", [i, _add_const(g, "w", w), -1], {})
+        g.set_outputs([g.add_node(act, [y])[0]])
+        pb.add_method(name, g)
+    data, rep = pb.compile(backends=["mlx"], require_delegation="mlx")
+    assert rep["constant_bytes"] == w.nbytes  # stored once
+    prog = kiln.load_bytes(data)
+    x = _rand(3, 8, seed=92)
+    assert_close(prog.run(x, method="a")[0], torch.relu(F.linear(T(x), T(w))).numpy(), REL, "a")
+    assert_close(prog.run(x, method="b")[0], torch.sigmoid(F.linear(T(x), T(w))).numpy(), REL, "b")
