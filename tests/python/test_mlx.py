@@ -900,3 +900,14 @@ def test_two_methods_share_a_weight():
     x = _rand(3, 8, seed=92)
     assert_close(prog.run(x, method="a")[0], torch.relu(F.linear(T(x), T(w))).numpy(), REL, "a")
     assert_close(prog.run(x, method="b")[0], torch.sigmoid(F.linear(T(x), T(w))).numpy(), REL, "b")
+
+
+def test_kiln_export_with_mlx_backend(tmp_path):
+    m = _model("resnet18")
+    x = torch.from_numpy(_rand(1, 3, 64, 64, seed=93))
+    res = kiln.export(m, (x,), out=tmp_path / "r18_mlx.kiln", backends=("mlx",), require_delegation="mlx",
+                      verbose=False)
+    (out,) = kiln.load(str(tmp_path / "r18_mlx.kiln")).run(x.numpy())
+    with torch.no_grad():
+        assert_close(out, m(x).numpy(), REL, "export mlx")
+    assert res.report["methods"][0]["delegation"]["backends"][0]["segments"] == 1
