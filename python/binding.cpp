@@ -171,8 +171,12 @@ PYBIND11_MODULE(_kiln, m) {
         check(pb.add_method(name, g));
       })
       .def("compile", [](const ProgramBuilder& pb, bool fold_constants, bool eliminate_dead_code,
-                         std::vector<std::string> backends, std::string require_delegation, bool fold_batch_norm) {
+                         std::vector<std::string> backends, std::string require_delegation, bool fold_batch_norm,
+                         const std::string& compute_dtype) {
         CompileOptions o;
+        auto cdt = dtype_from_name(compute_dtype);
+        if (!cdt) check(Error(ErrorCode::InvalidArgument, "compute_dtype: unknown dtype '" + compute_dtype + "'"));
+        o.compute_dtype = *cdt;
         o.fold_constants = fold_constants;
         o.fold_batch_norm = fold_batch_norm;
         o.eliminate_dead_code = eliminate_dead_code;
@@ -230,10 +234,11 @@ PYBIND11_MODULE(_kiln, m) {
         return py::make_tuple(py::bytes(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size()), report);
       }, py::arg("fold_constants") = true, py::arg("eliminate_dead_code") = true,
          py::arg("backends") = std::vector<std::string>{}, py::arg("require_delegation") = "",
-         py::arg("fold_batch_norm") = true,
+         py::arg("fold_batch_norm") = true, py::arg("compute_dtype") = "float32",
          "Compiles; returns (program bytes, report dict). backends: delegate backends in order of "
          "preference; require_delegation: fail unless every node is delegated to that backend; "
-         "fold_batch_norm: fold inference batch norms into the convolution/linear feeding them. "
+         "fold_batch_norm: fold inference batch norms into the convolution/linear feeding them; "
+         "compute_dtype: 'float32', 'float16' or 'bfloat16', the precision delegates that support it (mlx) compute in. "
          "report['methods'][i]['delegation'] = {backends: [{backend, segments, nodes, constant_bytes}], "
          "cpu_ops: [{op, count, reasons: [(backend, reason)]}]}.");
   m.def("backend_names", [] { return BackendRegistry::get().names(); },

@@ -90,6 +90,11 @@ struct CompileOptions {
   /// Delegate backends in order of preference (e.g. {"xnnpack"}); each takes what it supports
   /// of the nodes the earlier ones left. NotFound when one is not compiled into this build.
   std::vector<std::string> backends;
+  /// Element type delegates compute in: Float32 (default), Float16 or BFloat16. Program inputs,
+  /// outputs and constants stay as they are; a delegate that supports reduced precision (mlx)
+  /// converts at its boundary and keeps numerically sensitive steps (norm statistics, softmax,
+  /// reductions) in float32; the others (xnnpack) compute in float32. InvalidArgument otherwise.
+  DType compute_dtype = DType::Float32;
   /// Non-empty: compile fails (NotSupported) listing every node not delegated to this backend
   /// (op, debug_name, reason). Implies `backends` = {it} when `backends` is empty.
   std::string require_delegation;
@@ -178,7 +183,9 @@ Result<size_t> fold_batch_norm(Graph& graph);
 /// whose contraction keeps the graph acyclic, lowers each with the backend and replaces it by
 /// one delegate node (Node::delegate). Errors: NotFound (backend not compiled in), the
 /// backend's lowering error.
-Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>& backends);
+/// `compute_dtype` is handed to the backends' lower() (Subgraph::compute_dtype).
+Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>& backends,
+                                   DType compute_dtype = DType::Float32);
 
 /// One value's place in the arena.
 struct PlannedValue {

@@ -30,6 +30,9 @@ struct Subgraph {
   std::vector<ValueId> inputs;
   std::vector<ValueId> outputs;
   std::vector<ValueId> constants;
+  /// CompileOptions::compute_dtype: Float32, or Float16/BFloat16 for backends that support
+  /// reduced precision (others ignore it and compute in float32).
+  DType compute_dtype = DType::Float32;
 };
 
 /// Opaque state a backend builds at init from one payload (e.g. an XNNPACK runtime).
@@ -99,12 +102,17 @@ class BackendRegistry {
 
 /// Registers a backend in BackendRegistry::get() (applications and tests).
 void register_backend(std::unique_ptr<Backend> backend);
-/// Registers every backend compiled into this build (xnnpack when KILN_HAVE_XNNPACK).
+/// Registers every backend compiled into this build (xnnpack when KILN_HAVE_XNNPACK, mlx when
+/// KILN_HAVE_MLX).
 void register_builtin_backends(BackendRegistry& registry);
 
 #ifdef KILN_HAVE_XNNPACK
 /// src/backends/xnnpack/xnnpack_backend.cpp
 std::unique_ptr<Backend> make_xnnpack_backend();
+#endif
+#ifdef KILN_HAVE_MLX
+/// src/backends/mlx/mlx_backend.cpp
+std::unique_ptr<Backend> make_mlx_backend();
 #endif
 
 }  // namespace kiln

@@ -42,10 +42,12 @@ std::vector<std::string> BackendRegistry::names() const {
 void register_backend(std::unique_ptr<Backend> backend) { BackendRegistry::get().add(std::move(backend)); }
 
 void register_builtin_backends(BackendRegistry& registry) {
+  (void)registry;
 #ifdef KILN_HAVE_XNNPACK
   registry.add(make_xnnpack_backend());
-#else
-  (void)registry;
+#endif
+#ifdef KILN_HAVE_MLX
+  registry.add(make_mlx_backend());
 #endif
 }
 

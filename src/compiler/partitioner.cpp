@@ -111,8 +111,12 @@ Subgraph make_subgraph(const Graph& g, std::vector<size_t> nodes) {
 
 }  // namespace
 
-Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>& backends) {
+Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>& backends, DType compute_dtype) {
   DelegationReport report;
+  if (!is_floating(compute_dtype)) {
+    return Error(ErrorCode::InvalidArgument, std::string("compute_dtype must be float32, float16 or bfloat16, got ") +
+                                                 dtype_name(compute_dtype));
+  }
   if (backends.empty()) return report;
   const size_t n = graph.nodes().size();
   std::vector<const Backend*> bs;
@@ -164,6 +168,7 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
   for (auto& [gid, nodes] : members) {
     const size_t bi = static_cast<size_t>(owner[nodes.front()]);
     Subgraph sg = make_subgraph(graph, nodes);
+    sg.compute_dtype = compute_dtype;
     auto payload = bs[bi]->lower(sg);
     if (!payload.ok()) {
       const Node& first = graph.nodes()[nodes.front()];

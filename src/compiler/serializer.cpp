@@ -104,7 +104,7 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
       return Error(ErrorCode::InvalidArgument, "require_delegation '" + options.require_delegation +
                                                    "' is not among the requested backends");
     }
-    auto delegation = partition(g, backends);
+    auto delegation = partition(g, backends, options.compute_dtype);
     if (!delegation.ok()) return Error(delegation.error().code(), "method '" + name + "': " + delegation.error().message());
     rep.delegation = std::move(delegation.value());
     if (!options.require_delegation.empty()) {

@@ -1,0 +1,634 @@
+// The mlx delegate: lowers subgraphs of Kiln ops to MLX (Apple's array framework; its C++ library
+// from the `mlx` Python package) and runs them on MLX's GPU (Metal or CUDA) or, with
+// KILN_MLX_DEVICE=cpu, on MLX's CPU device.
+//
+// Payload (little-endian; version 1):
+//   u32 'KMLX', u32 version, u8 compute dtype (Kiln DType: float32, float16 or bfloat16; float32
+//   values are computed in it, boundaries stay as the program says),
+//   u32 num_inputs, u32 num_outputs, u32 num_constants,
+//   per input and per constant: u8 dtype, u8 rank, i64 dims[rank],
+//   u32 num_nodes, per node: str op, u32 num_inputs, i32 value ids (-1 = None),
+//                            u32 num_attrs, per attr: str name, u8 kind, value,
+//   i32 output value ids[num_outputs].
+//   str = u32 length + bytes; attr kinds: 0 None, 1 bool (u8), 2 int (i64), 3 float (f64),
+//   4 str, 5 ints (u32 n + i64s), 6 floats (u32 n + f64s).
+//   Value ids: [0, inputs) the delegate inputs, then the constants, then one per node.
+// Nodes carry Kiln op names and Kiln attributes: init re-runs Kiln's own op definitions
+// (OpDef::normalize_attributes + infer_types, which validate every attribute) and the mlx op
+// table's check on every node, so a payload that init accepts is one `lower` could have written.
+//
+// Run time: init builds the computation once (constants wrapped from the mapped program file with
+// mlx::core::array(void*, ..., deleter), which MLX uses in place where its allocator can wrap
+// foreign memory (Metal, page-aligned) and copies once otherwise (MLX's CPU allocator, measured on
+// mlx 0.32.4); conv weights relaid out and batch-norm scales computed once), validates it by
+// tracing it, and fuses it with mlx::core::compile. execute wraps the inputs the same way,
+// evaluates once (one synchronization) and copies the outputs. Each handle has its own compiled
+// function; there is no lock shared between programs.
+#include <mlx/compile.h>
+#include <mlx/mlx.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <set>
+
+#include "backends/backend.h"
+#include "backends/mlx/mlx_ops.h"
+#include "ir/op_registry.h"
+
+namespace kiln {
+namespace {
+
+namespace mx = mlx::core;
+using mlxb::NodeView;
+
+constexpr uint32_t kMagic = 0x584C4D4Bu;  // "KMLX"
+constexpr uint32_t kVersion = 1;
+
+// ---------------------------------------------------------------- payload writer / reader
+
+class Writer {
+ public:
+  void u8(uint8_t v) { bytes_.push_back(v); }
+  void u32(uint32_t v) { raw(&v, 4); }
+  void i32(int32_t v) { raw(&v, 4); }
+  void i64(int64_t v) { raw(&v, 8); }
+  void f64(double v) { raw(&v, 8); }
+  void str(const std::string& s) {
+    u32(static_cast<uint32_t>(s.size()));
+    raw(s.data(), s.size());
+  }
+  void type(const TensorType& t) {
+    u8(static_cast<uint8_t>(t.dtype));
+    u8(static_cast<uint8_t>(t.sizes.size()));
+    for (int64_t d : t.sizes) i64(d);
+  }
+  void attr(const AttrValue& v) {
+    u8(static_cast<uint8_t>(v.index()));
+    if (const bool* b = std::get_if<bool>(&v)) u8(*b ? 1 : 0);
+    if (const int64_t* i = std::get_if<int64_t>(&v)) i64(*i);
+    if (const double* f = std::get_if<double>(&v)) f64(*f);
+    if (const std::string* s = std::get_if<std::string>(&v)) str(*s);
+    if (const auto* is = std::get_if<std::vector<int64_t>>(&v)) {
+      u32(static_cast<uint32_t>(is->size()));
+      for (int64_t x : *is) i64(x);
+    }
+    if (const auto* fs = std::get_if<std::vector<double>>(&v)) {
+      u32(static_cast<uint32_t>(fs->size()));
+      for (double x : *fs) f64(x);
+    }
+  }
+  std::vector<uint8_t> take() { return std::move(bytes_); }
+
+ private:
+  void raw(const void* p, size_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    bytes_.insert(bytes_.end(), b, b + n);
+  }
+  std::vector<uint8_t> bytes_;
+};
+
+/// Bounds-checked reader: after any read past the end, ok() is false and reads return zeros.
+class Reader {
+ public:
+  explicit Reader(std::span<const uint8_t> b) : b_(b) {}
+  bool ok() const { return ok_; }
+  bool done() const { return pos_ == b_.size(); }
+  size_t left() const { return b_.size() - pos_; }
+  uint8_t u8() { uint8_t v = 0; raw(&v, 1); return v; }
+  uint32_t u32() { uint32_t v = 0; raw(&v, 4); return v; }
+  int32_t i32() { int32_t v = 0; raw(&v, 4); return v; }
+  int64_t i64() { int64_t v = 0; raw(&v, 8); return v; }
+  double f64() { double v = 0; raw(&v, 8); return v; }
+  std::string str() {
+    const uint32_t n = u32();
+    if (!ok_ || n > left()) return fail(), std::string();
+    std::string s(reinterpret_cast<const char*>(b_.data() + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  TensorType type() {
+    TensorType t;
+    const uint8_t dt = u8(), rank = u8();
+    if (!is_valid_dtype(dt) || rank > 8) return fail(), t;
+    t.dtype = static_cast<DType>(dt);
+    for (uint8_t i = 0; i < rank; ++i) t.sizes.push_back(i64());
+    return t;
+  }
+  AttrValue attr() {
+    switch (u8()) {
+      case 0: return std::monostate{};
+      case 1: return u8() != 0;
+      case 2: return i64();
+      case 3: return f64();
+      case 4: return str();
+      case 5: {
+        const uint32_t n = u32();
+        if (!ok_ || n > left() / 8) return fail(), AttrValue{};
+        std::vector<int64_t> v(n);
+        for (auto& x : v) x = i64();
+        return v;
+      }
+      case 6: {
+        const uint32_t n = u32();
+        if (!ok_ || n > left() / 8) return fail(), AttrValue{};
+        std::vector<double> v(n);
+        for (auto& x : v) x = f64();
+        return v;
+      }
+      default: return fail(), AttrValue{};
+    }
+  }
+
+ private:
+  void fail() { ok_ = false; }
+  void raw(void* p, size_t n) {
+    if (!ok_ || n > left()) {
+      ok_ = false;
+      return;
+    }
+    std::memcpy(p, b_.data() + pos_, n);
+    pos_ += n;
+  }
+  std::span<const uint8_t> b_;
+  size_t pos_ = 0;
+  bool ok_ = true;
+};
+
+// ---------------------------------------------------------------- compile half
+
+NodeView view_of(const Graph& g, const Node& n) {
+  NodeView v;
+  v.op = n.op;
+  for (ValueId id : n.inputs) {
+    if (id == kNoValue) {
+      v.in.emplace_back(std::nullopt);
+      v.in_const.push_back(false);
+    } else {
+      v.in.emplace_back(g.value(id).type);
+      v.in_const.push_back(g.value(id).constant != nullptr);
+    }
+  }
+  v.attrs = n.attrs;
+  if (!n.outputs.empty()) v.out = g.value(n.outputs[0]).type;
+  return v;
+}
+
+Error support_node(const Graph& g, const Node& n) {
+  if (n.delegate) return Error(ErrorCode::NotSupported, "already delegated");
+  if (n.outputs.size() != 1) {
+    return Error(ErrorCode::NotSupported, "op " + n.op + " has " + std::to_string(n.outputs.size()) + " outputs");
+  }
+  return mlxb::check_node(view_of(g, n));
+}
+
+Result<std::vector<uint8_t>> lower_subgraph(const Subgraph& sg) {
+  const Graph& g = *sg.graph;
+  std::map<ValueId, int32_t> ids;
+  int32_t next = 0;
+  for (ValueId v : sg.inputs) ids[v] = next++;
+  for (ValueId v : sg.constants) ids[v] = next++;
+  Writer w;
+  w.u32(kMagic);
+  w.u32(kVersion);
+  if (!is_floating(sg.compute_dtype)) return Error(ErrorCode::InvalidArgument, "mlx: compute dtype must be a float type");
+  w.u8(static_cast<uint8_t>(sg.compute_dtype));
+  w.u32(static_cast<uint32_t>(sg.inputs.size()));
+  w.u32(static_cast<uint32_t>(sg.outputs.size()));
+  w.u32(static_cast<uint32_t>(sg.constants.size()));
+  for (ValueId v : sg.inputs) w.type(g.value(v).type);
+  for (ValueId v : sg.constants) w.type(g.value(v).type);
+  w.u32(static_cast<uint32_t>(sg.nodes.size()));
+  for (size_t i : sg.nodes) {
+    const Node& n = g.nodes()[i];
+    KILN_RETURN_IF_ERROR(support_node(g, n));
+    w.str(n.op);
+    w.u32(static_cast<uint32_t>(n.inputs.size()));
+    for (ValueId v : n.inputs) {
+      if (v == kNoValue) {
+        w.i32(-1);
+        continue;
+      }
+      auto it = ids.find(v);
+      if (it == ids.end()) return Error(ErrorCode::Internal, "mlx: input of " + n.op + " is not in the subgraph");
+      w.i32(it->second);
+    }
+    w.u32(static_cast<uint32_t>(n.attrs.size()));
+    for (const auto& [name, value] : n.attrs.items()) {
+      w.str(name);
+      w.attr(value);
+    }
+    ids[n.outputs[0]] = next++;
+  }
+  for (ValueId v : sg.outputs) {
+    auto it = ids.find(v);
+    if (it == ids.end()) return Error(ErrorCode::Internal, "mlx: subgraph output not produced");
+    w.i32(it->second);
+  }
+  return w.take();
+}
+
+// ---------------------------------------------------------------- run half
+
+// Messages may quote names read from an untrusted payload: anything but printable ASCII -> '?'.
+Error bad(std::string why) {
+  for (char& ch : why) {
+    if (ch < 0x20 || ch > 0x7e) ch = '?';
+  }
+  if (why.size() > 400) why = why.substr(0, 400) + "...";
+  return Error(ErrorCode::InvalidProgram, "mlx payload: " + why);
+}
+
+/// The device a new handle runs on: MLX's GPU, or its CPU with KILN_MLX_DEVICE=cpu.
+Result<mx::Device> pick_device() {
+  const char* env = std::getenv("KILN_MLX_DEVICE");
+  const std::string want = env ? env : "";
+  if (want == "cpu") return mx::Device(mx::Device::cpu);
+  if (!want.empty() && want != "gpu") {
+    return Error(ErrorCode::NotFound, "mlx: KILN_MLX_DEVICE='" + want + "' is neither 'cpu' nor 'gpu'");
+  }
+  bool gpu = false;
+  try {
+    gpu = mx::is_available(mx::Device(mx::Device::gpu));
+  } catch (const std::exception&) {
+    gpu = false;
+  }
+  if (!gpu) return Error(ErrorCode::NotFound, "mlx: no GPU device (set KILN_MLX_DEVICE=cpu to run on MLX's CPU device)");
+  return mx::Device(mx::Device::gpu);
+}
+
+/// One node of the verified payload, ready to build.
+struct Step {
+  const mlxb::OpLowering* lowering = nullptr;
+  NodeView node;
+  std::vector<int32_t> inputs;       // value ids, -1 = None
+  std::vector<mx::array> prepared;   // from OpLowering::prepare, evaluated at init
+};
+
+/// Everything the traced function needs; shared by the raw and the compiled function.
+struct Plan {
+  mx::Device dev = mx::Device(mx::Device::cpu);
+  mx::Dtype compute = mx::float32;  // float32 values are computed in this dtype
+  bool taps_conv = false;           // BuildCtx::taps_conv
+  size_t num_inputs = 0;
+  std::vector<mx::array> constants;
+  std::vector<Step> steps;
+  std::vector<int32_t> outputs;
+  std::vector<TensorType> value_types;
+  std::vector<bool> is_output;  // per value id: a delegate output
+};
+
+/// Builds the outputs (made contiguous) followed by the runtime-check flags.
+std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inputs, std::vector<std::string>* messages) {
+  std::vector<std::optional<mx::array>> vals;
+  vals.reserve(p.value_types.size());
+  const bool reduced = p.compute != mx::float32;
+  for (const auto& a : inputs) vals.emplace_back(reduced && a.dtype() == mx::float32 ? mx::astype(a, p.compute, p.dev) : a);
+  for (const auto& a : p.constants) vals.emplace_back(a);  // converted at init
+  std::vector<mlxb::RuntimeCheck> checks;
+  mlxb::BuildCtx ctx{p.dev, &checks, p.compute, p.taps_conv};
+  for (const Step& s : p.steps) {
+    mlxb::Inputs in;
+    const bool up = reduced && s.lowering->float32_inside;
+    for (size_t k = 0; k < s.inputs.size(); ++k) {
+      const int32_t id = s.inputs[k];
+      const bool replaced = !s.prepared.empty() && ((s.lowering->prepared_replaces >> k) & 1u);
+      std::optional<mx::array> a = id < 0 || replaced ? std::nullopt : vals[static_cast<size_t>(id)];
+      if (up && a && a->dtype() == p.compute) a = mx::astype(*a, mx::float32, p.dev);
+      in.push_back(std::move(a));
+    }
+    mlxb::BuildCtx& bc = ctx;
+    if (up) bc.compute = mx::float32;
+    mx::array y = s.lowering->build(bc, s.node, in, s.prepared);
+    bc.compute = p.compute;
+    const TensorType& want = s.node.out;
+    // A float32-inside result that is a delegate output stays float32 (e.g. a sum beyond the
+    // float16 range); consumers inside the graph then compute in float32 as MLX promotes.
+    const bool keep32 = up && y.dtype() == mx::float32 && p.is_output[vals.size()];
+    if (!keep32 && y.dtype() != ctx.dtype(want.dtype)) y = mx::astype(y, ctx.dtype(want.dtype), p.dev);
+    bool same = y.ndim() == want.sizes.size();
+    for (size_t d = 0; same && d < want.sizes.size(); ++d) same = y.shape(static_cast<int>(d)) == want.sizes[d];
+    if (!same) throw std::invalid_argument(s.node.op + " built a result of another shape than " + want.to_string());
+    vals.emplace_back(std::move(y));
+  }
+  std::vector<mx::array> out;
+  for (int32_t id : p.outputs) {
+    const mx::array& v = *vals[static_cast<size_t>(id)];
+    const mx::Dtype dt = mlxb::to_mx(p.value_types[static_cast<size_t>(id)].dtype);
+    out.push_back(mx::contiguous(v.dtype() == dt ? v : mx::astype(v, dt, p.dev), false, p.dev));
+  }
+  for (auto& c : checks) {
+    out.push_back(c.flag);
+    if (messages) messages->push_back(c.message);
+  }
+  return out;
+}
+
+/// KILN_MLX_PROFILE=1 at load: per handle, the time of each execute phase, printed to stderr when
+/// the handle is destroyed. wrap = wrapping inputs (a copy on MLX's CPU device), dispatch = calling
+/// the compiled function (replaying its graph), eval = MLX's evaluation (one synchronization),
+/// copy = runtime checks and output copies. Everything but eval is the boundary cost.
+struct Profile {
+  bool on = false;
+  uint64_t runs = 0;
+  double wrap = 0, dispatch = 0, eval = 0, copy = 0;  // seconds
+};
+
+struct MlxHandle : DelegateHandle {
+  std::shared_ptr<Plan> plan;
+  std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;  // compiled
+  std::vector<TensorType> in_types, out_types;
+  std::vector<std::string> check_messages;
+  Profile profile;
+  ~MlxHandle() override {
+    const Profile& p = profile;
+    if (!p.on || p.runs == 0) return;
+    const double n = static_cast<double>(p.runs), total = p.wrap + p.dispatch + p.eval + p.copy;
+    std::fprintf(stderr,
+                 "[kiln mlx] %llu executes, per execute: wrap %.3f ms, dispatch %.3f ms, eval %.3f ms, copy %.3f ms; "
+                 "outside eval %.2f%%\n",
+                 static_cast<unsigned long long>(p.runs), 1e3 * p.wrap / n, 1e3 * p.dispatch / n, 1e3 * p.eval / n,
+                 1e3 * p.copy / n, total > 0 ? 100.0 * (total - p.eval) / total : 0.0);
+  }
+};
+
+class MlxBackend : public Backend {
+ public:
+  std::string name() const override { return "mlx"; }
+
+  Error support(size_t node, const Graph& graph) const override { return support_node(graph, graph.nodes()[node]); }
+
+  Result<std::vector<uint8_t>> lower(const Subgraph& subgraph) const override { return lower_subgraph(subgraph); }
+
+  Error is_available() const override {
+    auto d = pick_device();
+    return d.ok() ? Error() : d.error();
+  }
+
+  Result<std::unique_ptr<DelegateHandle>> init(std::span<const uint8_t> payload,
+                                               std::span<const std::span<const uint8_t>> constants,
+                                               std::span<const TensorType> inputs,
+                                               std::span<const TensorType> outputs,
+                                               const DelegateOptions&) const override {
+    auto dev = pick_device();
+    if (!dev.ok()) return dev.error();
+    try {
+      return init_on(dev.value(), payload, constants, inputs, outputs);
+    } catch (const std::exception& e) {
+      return Error(ErrorCode::InvalidProgram, std::string("mlx: building the computation failed: ") + e.what());
+    }
+  }
+
+  Error execute(DelegateHandle& handle, std::span<const Tensor* const> inputs,
+                std::span<Tensor* const> outputs) const override {
+    auto& h = static_cast<MlxHandle&>(handle);
+    if (inputs.size() != h.in_types.size() || outputs.size() != h.out_types.size()) {
+      return Error(ErrorCode::InvalidArgument, "mlx: wrong number of delegate inputs/outputs");
+    }
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      if (inputs[i]->type() != h.in_types[i]) return Error(ErrorCode::InvalidArgument, "mlx: input " + std::to_string(i) + " type");
+    }
+    for (size_t o = 0; o < outputs.size(); ++o) {
+      if (outputs[o]->type() != h.out_types[o]) return Error(ErrorCode::InvalidArgument, "mlx: output " + std::to_string(o) + " type");
+    }
+    try {
+      // Inputs are wrapped like constants (in place where MLX's allocator allows, else copied);
+      // `held` keeps a second reference so that MLX never donates (writes into) their buffers.
+      using clock = std::chrono::steady_clock;
+      const auto t0 = clock::now();
+      std::vector<mx::array> in, held;
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        in.emplace_back(inputs[i]->data, to_shape(h.in_types[i].sizes), mlxb::to_mx(h.in_types[i].dtype), [](void*) {});
+      }
+      held = in;
+      const auto t1 = clock::now();
+      std::vector<mx::array> out = h.fn(in);
+      const auto t2 = clock::now();
+      mx::eval(out);
+      const auto t3 = clock::now();
+      struct Finish {  // adds the copy phase when the scope ends (also on an error return)
+        MlxHandle& h;
+        clock::time_point t0, t1, t2, t3;
+        ~Finish() {
+          if (!h.profile.on) return;
+          const auto t4 = clock::now();
+          auto s = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
+          h.profile.runs++;
+          h.profile.wrap += s(t0, t1);
+          h.profile.dispatch += s(t1, t2);
+          h.profile.eval += s(t2, t3);
+          h.profile.copy += s(t3, t4);
+        }
+      } finish{h, t0, t1, t2, t3};
+      if (out.size() != outputs.size() + h.check_messages.size()) return Error(ErrorCode::Internal, "mlx: output count");
+      for (size_t k = 0; k < h.check_messages.size(); ++k) {
+        if (out[outputs.size() + k].item<bool>()) return Error(ErrorCode::InvalidArgument, h.check_messages[k]);
+      }
+      for (size_t o = 0; o < outputs.size(); ++o) {
+        const mx::array& a = out[o];
+        const size_t nbytes = outputs[o]->nbytes();
+        if (!a.flags().row_contiguous || a.nbytes() != nbytes) {
+          return Error(ErrorCode::Internal, "mlx: output " + std::to_string(o) + " is not a contiguous " +
+                                                h.out_types[o].to_string());
+        }
+        std::memcpy(outputs[o]->data, a.data<uint8_t>(), nbytes);
+      }
+    } catch (const std::exception& e) {
+      return Error(ErrorCode::Internal, std::string("mlx: execute failed: ") + e.what());
+    }
+    return {};
+  }
+
+ private:
+  static mx::Shape to_shape(const std::vector<int64_t>& s) {
+    mx::Shape out;
+    for (int64_t d : s) out.push_back(static_cast<int32_t>(d));
+    return out;
+  }
+
+  static Result<std::unique_ptr<DelegateHandle>> init_on(mx::Device dev, std::span<const uint8_t> payload,
+                                                         std::span<const std::span<const uint8_t>> constants,
+                                                         std::span<const TensorType> inputs,
+                                                         std::span<const TensorType> outputs) {
+    Reader r(payload);
+    if (r.u32() != kMagic) return bad("wrong magic (not an mlx payload)");
+    const uint32_t version = r.u32();
+    if (version != kVersion) return bad("version " + std::to_string(version) + " (this runtime reads version 1)");
+    const uint8_t compute = r.u8();
+    if (!r.ok() || !is_valid_dtype(compute) || !is_floating(static_cast<DType>(compute))) {
+      return bad("compute dtype must be float32, float16 or bfloat16");
+    }
+    const uint32_t ni = r.u32(), no = r.u32(), nc = r.u32();
+    if (!r.ok() || ni != inputs.size() || no != outputs.size() || nc != constants.size() || no == 0) {
+      return bad("boundary counts differ from the program's delegate call");
+    }
+    auto plan = std::make_shared<Plan>();
+    plan->dev = dev;
+    plan->compute = mlxb::to_mx(static_cast<DType>(compute));
+    // KILN_MLX_CONV=native keeps MLX's own convolution on the CPU device too (tests use it).
+    const char* conv_env = std::getenv("KILN_MLX_CONV");
+    plan->taps_conv = dev == mx::Device(mx::Device::cpu) && !(conv_env && std::string(conv_env) == "native");
+    plan->num_inputs = ni;
+    constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+    auto sane = [&](const TensorType& t) {
+      for (int64_t d : t.sizes) {
+        if (d <= 0 || d > kMaxDim) return false;
+      }
+      return true;
+    };
+    for (uint32_t i = 0; i < ni; ++i) {
+      const TensorType t = r.type();
+      if (!r.ok() || t != inputs[i] || !sane(t)) return bad("input " + std::to_string(i) + " type differs from the program's");
+      plan->value_types.push_back(t);
+    }
+    for (uint32_t c = 0; c < nc; ++c) {
+      const TensorType t = r.type();
+      if (!r.ok() || !sane(t)) return bad("constant " + std::to_string(c) + " type");
+      if (shape_rules_numel(t) * dtype_size(t.dtype) != constants[c].size()) {
+        return bad("constant " + std::to_string(c) + " byte size differs from " + t.to_string());
+      }
+      // MLX uses the mapped program file in place where its allocator can wrap it (else one copy,
+      // here, once). The program outlives the handle; the plan holds a reference, so MLX never
+      // donates (writes into) it.
+      plan->constants.emplace_back(const_cast<uint8_t*>(constants[c].data()), to_shape(t.sizes), mlxb::to_mx(t.dtype),
+                                   [](void*) {});
+      plan->value_types.push_back(t);
+    }
+    const uint32_t nn = r.u32();
+    if (!r.ok() || nn > r.left()) return bad("node count");
+    for (uint32_t k = 0; k < nn; ++k) {
+      const std::string where = "node " + std::to_string(k);
+      Step s;
+      s.node.op = r.str();
+      const uint32_t nin = r.u32();
+      if (!r.ok() || nin > r.left() / 4) return bad(where + ": truncated");
+      std::vector<const TensorType*> types;
+      for (uint32_t i = 0; i < nin; ++i) {
+        const int32_t id = r.i32();
+        if (id < -1 || id >= static_cast<int32_t>(plan->value_types.size())) return bad(where + ": input id out of range");
+        s.inputs.push_back(id);
+        types.push_back(id < 0 ? nullptr : &plan->value_types[static_cast<size_t>(id)]);
+        s.node.in.emplace_back(id < 0 ? std::nullopt : std::optional<TensorType>(plan->value_types[static_cast<size_t>(id)]));
+        s.node.in_const.push_back(id >= static_cast<int32_t>(ni) && id < static_cast<int32_t>(ni + nc));
+      }
+      const uint32_t na = r.u32();
+      if (!r.ok() || na > r.left()) return bad(where + ": truncated");
+      Attributes given;
+      for (uint32_t a = 0; a < na; ++a) {
+        std::string name = r.str();
+        AttrValue v = r.attr();
+        if (!r.ok()) return bad(where + ": truncated attribute");
+        given.set(std::move(name), std::move(v));
+      }
+      const OpDef* def = OpRegistry::get().find(s.node.op);
+      s.lowering = mlxb::find_lowering(s.node.op);
+      if (def == nullptr || s.lowering == nullptr) return bad(where + ": op '" + s.node.op + "' has no mlx lowering");
+      auto attrs = def->normalize_attributes(given);
+      if (!attrs.ok()) return bad(where + ": " + attrs.error().message());
+      auto out = def->infer_types(types, attrs.value());
+      if (!out.ok()) return bad(where + " (" + s.node.op + "): " + out.error().message());
+      if (out.value().size() != 1) return bad(where + ": ops with several outputs are not lowered");
+      s.node.attrs = std::move(attrs.value());
+      s.node.out = out.value()[0];
+      if (Error e = mlxb::check_node(s.node); !e.ok()) return bad(where + " (" + s.node.op + "): " + e.message());
+      plan->value_types.push_back(s.node.out);
+      plan->steps.push_back(std::move(s));
+    }
+    std::set<int32_t> seen;
+    for (uint32_t o = 0; o < no; ++o) {
+      const int32_t id = r.i32();
+      if (!r.ok() || id < static_cast<int32_t>(ni + nc) || id >= static_cast<int32_t>(plan->value_types.size()) ||
+          !seen.insert(id).second) {
+        return bad("output " + std::to_string(o) + " id invalid or repeated");
+      }
+      if (plan->value_types[static_cast<size_t>(id)] != outputs[o]) {
+        return bad("output " + std::to_string(o) + " is " + plan->value_types[static_cast<size_t>(id)].to_string() +
+                   ", the program expects " + outputs[o].to_string());
+      }
+      plan->outputs.push_back(id);
+    }
+    plan->is_output.assign(plan->value_types.size(), false);
+    for (int32_t id : plan->outputs) plan->is_output[static_cast<size_t>(id)] = true;
+    if (!r.done()) return bad("trailing bytes");
+
+    // Constant-only work, once: evaluated here so that the traced graph reads it as constants.
+    std::vector<mx::array> to_eval;
+    for (Step& s : plan->steps) {
+      if (s.lowering->prepare == nullptr) continue;
+      mlxb::Inputs consts;
+      for (int32_t id : s.inputs) {
+        const bool is_const = id >= static_cast<int32_t>(ni) && id < static_cast<int32_t>(ni + nc);
+        consts.push_back(is_const ? std::optional<mx::array>(plan->constants[static_cast<size_t>(id) - ni]) : std::nullopt);
+      }
+      s.prepared = s.lowering->prepare(s.node, consts, dev);  // in float32, converted below
+    }
+    // Constants read only through prepared forms (conv weights, batch-norm statistics) are
+    // released once those are evaluated: a placeholder keeps the value ids.
+    std::vector<bool> still_read(nc, false);
+    for (const Step& s : plan->steps) {
+      for (size_t k = 0; k < s.inputs.size(); ++k) {
+        const int32_t id = s.inputs[k];
+        const bool replaced = !s.prepared.empty() && ((s.lowering->prepared_replaces >> k) & 1u);
+        if (!replaced && id >= static_cast<int32_t>(ni) && id < static_cast<int32_t>(ni + nc)) {
+          still_read[static_cast<size_t>(id) - ni] = true;
+        }
+      }
+    }
+    // Reduced precision: float32 constants and prepared arrays converted once.
+    auto convert = [&](mx::array& a) {
+      if (plan->compute != mx::float32 && a.dtype() == mx::float32) a = mx::astype(a, plan->compute, dev);
+      to_eval.push_back(a);
+    };
+    for (Step& s : plan->steps) {
+      for (mx::array& a : s.prepared) convert(a);
+    }
+    for (uint32_t c = 0; c < nc; ++c) {
+      mx::array& a = plan->constants[c];
+      if (still_read[c] && plan->compute != mx::float32 && a.dtype() == mx::float32) convert(a);
+    }
+    if (!to_eval.empty()) mx::eval(to_eval);
+    for (uint32_t c = 0; c < nc; ++c) {
+      if (!still_read[c]) plan->constants[c] = mx::array(0.0f);
+    }
+
+    auto h = std::make_unique<MlxHandle>();
+    const char* prof = std::getenv("KILN_MLX_PROFILE");
+    h->profile.on = prof != nullptr && std::string(prof) == "1";
+    h->plan = plan;
+    h->in_types.assign(inputs.begin(), inputs.end());
+    h->out_types.assign(outputs.begin(), outputs.end());
+    // Validate by tracing once (lazy: nothing is evaluated), then compile; the first compiled
+    // call traces and fuses (per thread: MLX's compile cache is thread-local).
+    std::vector<mx::array> probe;
+    for (const TensorType& t : h->in_types) probe.push_back(mx::zeros(to_shape(t.sizes), mlxb::to_mx(t.dtype), dev));
+    const auto traced = run_plan(*plan, probe, &h->check_messages);
+    for (size_t o = 0; o < no; ++o) {
+      if (!(traced[o].shape() == to_shape(outputs[o].sizes)) || traced[o].dtype() != mlxb::to_mx(outputs[o].dtype)) {
+        return bad("output " + std::to_string(o) + " does not build to " + outputs[o].to_string());
+      }
+    }
+    h->fn = mx::compile([plan](const std::vector<mx::array>& in) { return run_plan(*plan, in, nullptr); });
+    (void)h->fn(probe);
+    return std::unique_ptr<DelegateHandle>(std::move(h));
+  }
+
+  static uint64_t shape_rules_numel(const TensorType& t) {
+    uint64_t n = 1;
+    for (int64_t d : t.sizes) {
+      if (n > (1ull << 40) / static_cast<uint64_t>(d)) return ~0ull / 16;
+      n *= static_cast<uint64_t>(d);
+    }
+    return n;
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_mlx_backend() { return std::make_unique<MlxBackend>(); }
+
+}  // namespace kiln
