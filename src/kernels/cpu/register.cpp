@@ -4,7 +4,11 @@
 namespace kiln {
 
 void register_cpu_kernels(KernelRegistry& r) {
-  (void)r;  // families are added here as they land
+  register_cpu_attention(r);
+  register_cpu_norm(r);
+  register_cpu_softmax(r);
+  register_cpu_activation(r);
+  register_cpu_elementwise(r);
 }
 
 }  // namespace kiln
