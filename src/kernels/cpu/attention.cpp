@@ -37,7 +37,7 @@ using cpu::exp8;
 using cpu::load_tail;
 using cpu::store_tail;
 
-constexpr int64_t kBlockQ = 64;   ///< query rows per task
+constexpr int64_t kBlockQ = 128;   ///< query rows per task
 constexpr int64_t kBlockK = 128;  ///< keys per streamed block
 constexpr int kMR = 6;            ///< micro-kernel rows
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
@@ -110,6 +110,7 @@ KILN_AVX2 void qk_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk
   __m256 acc[MR][2];
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+#pragma GCC unroll 4
   for (int64_t e = 0; e < E; ++e) {
     const __m256 k0 = _mm256_loadu_ps(kt + e * ldk);
     const __m256 k1 = _mm256_loadu_ps(kt + e * ldk + 8);
@@ -136,6 +137,7 @@ KILN_AVX2 void pv_tile(const float* p, int64_t ldp, const float* v, int64_t ldv,
 #pragma GCC unroll 2
     for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_loadu_ps(o + r * ldo + 8 * c);
   }
+#pragma GCC unroll 4
   for (int64_t j = 0; j < n; ++j) {
     __m256 vv[NV];
 #pragma GCC unroll 2
@@ -187,6 +189,44 @@ struct PV {
     pv_rows<MR>(p, ldp, v, ldv, n, evp, o, ldo);
   }
 };
+
+/// kt[e][c] = k[c][e] for c < n, e < E (k: n rows of E floats), zero for n <= c < npad.
+/// Full 8 x 8 tiles are transposed in registers (unpack / shuffle / permute2f128).
+KILN_AVX2 void pack_kt(const float* k, int64_t E, int64_t n, int64_t npad, float* kt, int64_t ldk) {
+  const int64_t n8 = n / 8 * 8, e8 = E / 8 * 8;
+  for (int64_t c = 0; c < n8; c += 8) {
+    for (int64_t e = 0; e < e8; e += 8) {
+      const float* src = k + c * E + e;
+      const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + E), r2 = _mm256_loadu_ps(src + 2 * E),
+                   r3 = _mm256_loadu_ps(src + 3 * E), r4 = _mm256_loadu_ps(src + 4 * E), r5 = _mm256_loadu_ps(src + 5 * E),
+                   r6 = _mm256_loadu_ps(src + 6 * E), r7 = _mm256_loadu_ps(src + 7 * E);
+      const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
+      const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+      const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+      const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+      const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+      const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+      const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+      const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+      float* dst = kt + e * ldk + c;
+      _mm256_storeu_ps(dst, _mm256_permute2f128_ps(s0, s4, 0x20));
+      _mm256_storeu_ps(dst + ldk, _mm256_permute2f128_ps(s1, s5, 0x20));
+      _mm256_storeu_ps(dst + 2 * ldk, _mm256_permute2f128_ps(s2, s6, 0x20));
+      _mm256_storeu_ps(dst + 3 * ldk, _mm256_permute2f128_ps(s3, s7, 0x20));
+      _mm256_storeu_ps(dst + 4 * ldk, _mm256_permute2f128_ps(s0, s4, 0x31));
+      _mm256_storeu_ps(dst + 5 * ldk, _mm256_permute2f128_ps(s1, s5, 0x31));
+      _mm256_storeu_ps(dst + 6 * ldk, _mm256_permute2f128_ps(s2, s6, 0x31));
+      _mm256_storeu_ps(dst + 7 * ldk, _mm256_permute2f128_ps(s3, s7, 0x31));
+    }
+    for (int64_t e = e8; e < E; ++e) {
+      for (int64_t r = 0; r < 8; ++r) kt[e * ldk + c + r] = k[(c + r) * E + e];
+    }
+  }
+  for (int64_t c = n8; c < n; ++c) {
+    for (int64_t e = 0; e < E; ++e) kt[e * ldk + c] = k[c * E + e];
+  }
+  for (int64_t e = 0; e < E; ++e) std::fill(kt + e * ldk + n, kt + e * ldk + npad, 0.0f);
+}
 
 /// Everything one call needs, shared read-only by the tasks.
 struct Problem {
@@ -297,12 +337,7 @@ KILN_AVX2 void attention_block(const Problem& P, Scratch& W, int64_t b, int64_t 
   for (int64_t j0 = 0; j0 < s_end; j0 += kBlockK) {
     const int64_t n = std::min(kBlockK, s_end - j0);
     const int64_t npad = round_up(n, 16);
-    // Pack K^T: kt[e][c] = k[j0 + c][e], zero columns up to npad.
-    for (int64_t c = 0; c < n; ++c) {
-      const float* kr = kb + (j0 + c) * E;
-      for (int64_t e = 0; e < E; ++e) W.kt[e * W.ldk + c] = kr[e];
-    }
-    for (int64_t e = 0; e < E; ++e) std::fill(W.kt + e * W.ldk + n, W.kt + e * W.ldk + npad, 0.0f);
+    pack_kt(kb + j0 * E, E, n, npad, W.kt, W.ldk);
     // V: used in place when its rows are whole vectors, else packed with zero padding.
     const float* v = vb + j0 * Ev;
     int64_t ldv = Ev;
