@@ -14,6 +14,8 @@
 #include "kernels/kernel.h"
 
 namespace kiln {
+
+#if KILN_CPU_AVX2_KERNELS
 namespace {
 
 using cpu::erf8;
@@ -221,5 +223,11 @@ void register_cpu_activation(KernelRegistry& r) {
   add_unary<Clamp>(r, "aten.hardtanh");
   add_unary<Clamp>(r, "aten.clamp");
 }
+
+#else
+
+void register_cpu_activation(KernelRegistry&) {}  // no AVX2 kernels on this target
+
+#endif  // KILN_CPU_AVX2_KERNELS
 
 }  // namespace kiln

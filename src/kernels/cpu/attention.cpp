@@ -31,6 +31,8 @@
 #include "kernels/kernel.h"
 
 namespace kiln {
+
+#if KILN_CPU_AVX2_KERNELS
 namespace {
 
 using cpu::exp8;
@@ -471,5 +473,11 @@ Error sdpa(const KernelArgs& a) {
 void register_cpu_attention(KernelRegistry& r) {
   r.add_optimized("aten.scaled_dot_product_attention", sdpa, sdpa_accepts);
 }
+
+#else
+
+void register_cpu_attention(KernelRegistry&) {}  // no AVX2 kernels on this target
+
+#endif  // KILN_CPU_AVX2_KERNELS
 
 }  // namespace kiln

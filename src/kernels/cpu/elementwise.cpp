@@ -20,6 +20,8 @@
 #include "kernels/kernel.h"
 
 namespace kiln {
+
+#if KILN_CPU_AVX2_KERNELS
 namespace {
 
 using cpu::load_tail;
@@ -190,5 +192,11 @@ void register_cpu_elementwise(KernelRegistry& r) {
   r.add_optimized("aten.mul", binary_kernel<Kind::Mul>, binary_accepts<Kind::Mul>);
   r.add_optimized("aten.div", binary_kernel<Kind::Div>, binary_accepts<Kind::Div>);
 }
+
+#else
+
+void register_cpu_elementwise(KernelRegistry&) {}  // no AVX2 kernels on this target
+
+#endif  // KILN_CPU_AVX2_KERNELS
 
 }  // namespace kiln

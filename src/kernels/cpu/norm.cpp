@@ -21,6 +21,8 @@
 #include "kernels/kernel.h"
 
 namespace kiln {
+
+#if KILN_CPU_AVX2_KERNELS
 namespace {
 
 using cpu::load_tail;
@@ -248,5 +250,11 @@ void register_cpu_norm(KernelRegistry& r) {
   r.add_optimized("aten.native_batch_norm", batch_norm, batch_norm_accepts);
   r.add_optimized("aten.rms_norm", rms_norm, all_f32);
 }
+
+#else
+
+void register_cpu_norm(KernelRegistry&) {}  // no AVX2 kernels on this target
+
+#endif  // KILN_CPU_AVX2_KERNELS
 
 }  // namespace kiln

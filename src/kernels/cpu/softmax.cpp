@@ -17,6 +17,8 @@
 #include "kernels/kernel.h"
 
 namespace kiln {
+
+#if KILN_CPU_AVX2_KERNELS
 namespace {
 
 using cpu::exp8;
@@ -165,5 +167,11 @@ void register_cpu_softmax(KernelRegistry& r) {
   r.add_optimized("aten._softmax", softmax, softmax_accepts);
   r.add_optimized("aten._log_softmax", log_softmax, softmax_accepts);
 }
+
+#else
+
+void register_cpu_softmax(KernelRegistry&) {}  // no AVX2 kernels on this target
+
+#endif  // KILN_CPU_AVX2_KERNELS
 
 }  // namespace kiln
