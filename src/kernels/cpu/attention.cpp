@@ -11,8 +11,10 @@
 // and as the portable kernel (src/kernels/portable/norm.cpp) does.
 //
 // q.k^T and p.V run as register-tiled AVX2/FMA micro-kernels (6 rows x 16 columns) on a packed
-// K^T block (and a packed, zero-padded V block when Ev is not a multiple of 8). Scratch is per
-// thread, bounded by the block sizes and the head dims (never by L or S), and reused across calls.
+// K^T block (and a packed, zero-padded V block when Ev is not a multiple of 8); scores and sums
+// are float32 (the portable kernel uses double), e^x is cpu::exp8. Scratch is thread_local,
+// (E + Ev') * kBlockK + kBlockQ * (kBlockK + Ev') floats (Ev' = Ev rounded up to 8), so bounded by
+// the block sizes and head dims (never by L or S), and reused across calls.
 // Tasks (batch*heads x query blocks) are handed out dynamically to the pool's threads, so causal
 // attention (later query blocks see more keys) stays balanced.
 //
