@@ -255,3 +255,25 @@ def test_binary(sa, sb, op):
     fn = {"add": lambda x, y: torch.add(x, y, alpha=2.5), "sub": lambda x, y: torch.sub(x, y, alpha=2.5),
           "mul": torch.mul, "div": torch.div}[op]
     check_all(f"aten.{op}", [a, b], attrs, fn(T(a), T(b)).numpy(), rel=1e-6, what=f"{op} {sa} {sb}")
+
+
+@pytest.mark.parametrize("approximate,rel", [("none", 1e-6), ("tanh", 2e-5)])
+def test_gelu_negative_tail_matches_float64_eager(approximate, rel):
+    """Each element of the cpu kernel's gelu on x in [-9, 0) within `rel` of float64 eager (float32
+    eager and the portable kernel cancel in 1 + erf / 1 + tanh there, ~1e-4 relative). The erf
+    form rounds x / sqrt(2) to float32 first, as float32 eager does, so the reference does too;
+    tanh's bound covers float32 rounding of u = sqrt(2/pi) (x + 0.044715 x^3)."""
+    x = -np.linspace(9.0, 1e-3, 20001).astype(np.float32)
+    data, feeds = compile_op("aten.gelu", [x], {"approximate": approximate})
+    (out,) = kiln.load_bytes(data, num_threads=1).run(*feeds)
+    xd = torch.from_numpy(x).double()
+    if approximate == "none":
+        z = (torch.from_numpy(x) * np.float32(0.7071067811865476)).double()
+        ref = 0.5 * xd * torch.special.erfc(-z)
+    else:
+        u = 0.7978845608028654 * (xd + 0.044715 * xd ** 3)
+        ref = xd / (1 + torch.exp(-2 * u))
+    ref = ref.numpy()
+    keep = np.abs(ref) > 1e-30
+    err = np.abs(out[keep] - ref[keep]) / np.abs(ref[keep])
+    assert err.max() <= rel, f"max relative error {err.max():.3e} at x={x[keep][err.argmax()]}"

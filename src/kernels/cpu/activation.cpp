@@ -4,7 +4,7 @@
 // for large tensors only.
 //
 // Formulas (and NaN behaviour) are the portable kernels' (src/kernels/portable/elementwise.cpp,
-// which cites PyTorch's Activation.cpp / UnaryOpsKernel.cpp); exp, tanh and erf come from
+// which cites PyTorch's Activation.cpp / UnaryOpsKernel.cpp); exp, tanh and erfc come from
 // cpu/vec_math.h (error bounds there). Ops built only from IEEE +, -, *, /, sqrt, min and max
 // give the portable kernel's results bit for bit (relu/clamp may differ in the sign of a zero).
 #include <cmath>
@@ -18,12 +18,12 @@ namespace kiln {
 #if KILN_CPU_AVX2_KERNELS
 namespace {
 
-using cpu::erf8;
+using cpu::erfc8;
 using cpu::exp8;
 using cpu::tanh8;
 
-constexpr int64_t kCheapGrain = 1 << 15;   ///< elements per thread, at least: memory-bound ops
-constexpr int64_t kCostlyGrain = 1 << 13;  ///< elements per thread, at least: exp/tanh/erf ops
+constexpr int64_t kCheapGrain = 1 << 17;   ///< elements per thread, at least: memory-bound ops
+constexpr int64_t kCostlyGrain = 1 << 13;  ///< elements per thread, at least: exp/tanh/erfc ops
 
 KILN_AVX2 inline __m256 sign_mask() { return _mm256_set1_ps(-0.0f); }
 
@@ -77,23 +77,30 @@ struct Silu {
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_xor_ps(x, sign_mask()))));
   }
 };
-/// approximate "none": x * 0.5 * (1 + erf(x / sqrt(2)));
-/// "tanh": 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))) (PyTorch Activation.cpp).
+/// approximate "none": x * 0.5 * (1 + erf(x / sqrt(2))), evaluated as x * 0.5 * erfc(|z|) for
+/// x < 0 and x * 0.5 * (2 - erfc(z)) otherwise (z = x / sqrt(2)), so the negative tail keeps its
+/// relative accuracy (1 + erf(z) would cancel);
+/// "tanh": 0.5 * x * (1 + tanh(u)), u = sqrt(2 / pi) * (x + 0.044715 x^3) (PyTorch
+/// Activation.cpp), evaluated as x / (1 + e^(-2u)) for the same reason.
 struct Gelu {
   static constexpr int64_t kGrain = kCostlyGrain;
   bool tanh_mode;
   explicit Gelu(const Attributes& at) : tanh_mode(at.get_string("approximate", "none") == "tanh") {}
   KILN_AVX2 __m256 operator()(__m256 x) const {
     const __m256 half = _mm256_set1_ps(0.5f);
-    const __m256 one = _mm256_set1_ps(1.0f);
     if (tanh_mode) {
+      const __m256 one = _mm256_set1_ps(1.0f);
       const __m256 x3 = _mm256_mul_ps(_mm256_mul_ps(x, x), x);
       const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(0.79788456080286535588f),
                                          _mm256_fmadd_ps(_mm256_set1_ps(0.044715f), x3, x));
-      return _mm256_mul_ps(_mm256_mul_ps(half, x), _mm256_add_ps(one, tanh8(inner)));
+      // 0.5 x (1 + tanh(u)) = x / (1 + e^(-2u)): the same value without 1 + tanh cancelling.
+      return _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_mul_ps(_mm256_set1_ps(-2.0f), inner))));
     }
-    const __m256 e = erf8(_mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752440f)));
-    return _mm256_mul_ps(_mm256_mul_ps(x, half), _mm256_add_ps(one, e));
+    const __m256 z = _mm256_mul_ps(x, _mm256_set1_ps(0.70710678118654752440f));
+    const __m256 c = erfc8(_mm256_andnot_ps(sign_mask(), z));
+    const __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+    const __m256 one_plus_erf = _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(2.0f), c), c, neg);
+    return _mm256_mul_ps(_mm256_mul_ps(x, half), one_plus_erf);
   }
 };
 /// x * min(max(x + 3, 0), 6) / 6.

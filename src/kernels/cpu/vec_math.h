@@ -1,5 +1,5 @@
 // AVX2/FMA helpers shared by the optimized cpu kernels (src/kernels/cpu/*.cpp): 8-lane float
-// exp, tanh and erf, partial loads/stores for loop tails, horizontal reductions, and
+// exp, tanh and erfc, partial loads/stores for loop tails, horizontal reductions, and
 // parallel_range (the pool policy of these kernels).
 //
 // Everything here is compiled for AVX2+FMA through a function target attribute (the rest of the
@@ -13,8 +13,8 @@
 // - exp8:  max relative error 1.2e-7 (2 ulp) over [-87.3, 88.7] [2e-7]; overflow -> +inf
 //          (x > 88.7228), underflow -> 0 (x < -104), denormal results kept; NaN propagates.
 // - tanh8: max relative error 1.5e-7 over [-10, 10] [2e-7]; NaN propagates; +-inf -> +-1.
-// - erf8:  max absolute error 2.3e-7 over [-6, 6] [3e-7] (A&S 7.1.26's 1.5e-7 plus float
-//          rounding); relative error near 0 [4e-7].
+// - erfc8: max relative error 4.3e-7 over [0, 9.1] [5e-7] (Numerical Recipes' 1.2e-7 plus float
+//          rounding).
 #pragma once
 
 #include <cstdint>
@@ -93,20 +93,24 @@ KILN_AVX2 inline float hmax(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
-/// e^x per lane.
-/// Range reduction x = n ln2 + r, |r| <= ln2/2, with ln2 split in two (Cody-Waite constants
-/// C1 = 0.693359375, C2 = -2.12194440e-4) and the degree-7 polynomial
+/// e^(hi + lo) per lane, for a float hi and a small correction lo (|lo| <= ~4; 0 for plain e^x):
+/// lo enters the reduced argument after the exact Cody-Waite step, so it is not rounded away
+/// against a large hi (erfc8 passes the rounding residual of -z^2 this way).
+/// Range reduction hi + lo = n ln2 + r, |r| <= ln2/2 (+ |lo| rounding), with ln2 split in two
+/// (Cody-Waite constants C1 = 0.693359375, C2 = -2.12194440e-4) and the degree-7 polynomial
 /// e^r ~ 1 + r + r^2 (p0 r^5 + ... + p5) of the Cephes Math Library expf.c (S. Moshier,
 /// coefficients 1.9875691500E-4 ... 5.0000001201E-1). 2^n is applied as two exact power-of-two
 /// factors so that results from 2^-149 (denormal) to FLT_MAX need no special path.
-KILN_AVX2 inline __m256 exp8(__m256 x) {
-  const __m256 hi = _mm256_set1_ps(88.72283935546875f);  // above: +inf
-  const __m256 lo = _mm256_set1_ps(-104.0f);               // below: 0
-  __m256 xc = _mm256_min_ps(_mm256_max_ps(x, lo), hi);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+KILN_AVX2 inline __m256 exp8_hl(__m256 hi, __m256 lo) {
+  const __m256 max_x = _mm256_set1_ps(88.72283935546875f);  // above: +inf
+  const __m256 min_x = _mm256_set1_ps(-104.0f);             // below: 0
+  const __m256 x = _mm256_add_ps(hi, lo);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(_mm256_min_ps(_mm256_max_ps(x, min_x), max_x),
+                                                 _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), hi);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  r = _mm256_add_ps(r, lo);
   __m256 p = _mm256_set1_ps(1.9875691500E-4f);
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
@@ -122,10 +126,13 @@ KILN_AVX2 inline __m256 exp8(__m256 x) {
   const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
   const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
   __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, hi, _CMP_GT_OQ));
-  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, lo, _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, max_x, _CMP_GT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, min_x, _CMP_LT_OQ));
   return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));  // NaN in, NaN out
 }
+
+/// e^x per lane (exp8_hl with lo = 0).
+KILN_AVX2 inline __m256 exp8(__m256 x) { return exp8_hl(x, _mm256_setzero_ps()); }
 
 /// tanh per lane. |x| < 0.625: x + x^3 P(x^2), the odd polynomial of the Cephes Math Library
 /// tanhf.c (coefficients -5.70498872745E-3 ... -3.33332819422E-1); otherwise
@@ -147,37 +154,30 @@ KILN_AVX2 inline __m256 tanh8(__m256 x) {
   return _mm256_blendv_ps(big, small, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_LT_OQ));
 }
 
-/// erf per lane. |x| >= 0.75: Abramowitz & Stegun, Handbook of Mathematical Functions, formula
-/// 7.1.26: erf(a) = 1 - (a1 t + a2 t^2 + a3 t^3 + a4 t^4 + a5 t^5) e^{-a^2}, t = 1 / (1 + p a),
-/// a = |x|, |error| <= 1.5e-7, sign restored (erf is odd); the formula PyTorch's vectorized CPU
-/// erf uses (aten/src/ATen/cpu/vec/vec256/vec256_float.h). |x| < 0.75, where evaluating that
-/// formula in float loses up to ~5e-7 to cancellation: the Maclaurin series
-/// erf(x) = 2/sqrt(pi) sum_n (-1)^n x^(2n+1) / (n! (2n+1)) to n = 8 (truncation < 1e-9).
-KILN_AVX2 inline __m256 erf8(__m256 x) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  const __m256 a = _mm256_andnot_ps(sign, x);
+/// erfc(z) per lane for z >= 0 (callers pass |x|): the Chebyshev-fitted formula of Numerical
+/// Recipes (Press et al., 2nd ed., section 6.2, erfcc), fractional error < 1.2e-7 everywhere:
+/// erfc(z) = t exp(-z^2 - 1.26551223 + t (1.00002368 + ... + t 0.17087277)), t = 1 / (1 + z / 2).
+/// -z^2 goes to exp8_hl as a float plus its exact FMA residual, so the result keeps its relative
+/// accuracy deep in the tail (no 1 - erf cancellation anywhere). +inf -> 0, NaN -> NaN.
+KILN_AVX2 inline __m256 erfc8(__m256 z) {
   const __m256 one = _mm256_set1_ps(1.0f);
-  const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.3275911f), a, one));
-  __m256 p = _mm256_set1_ps(1.061405429f);
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.453152027f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.421413741f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.284496736f));
-  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.254829592f));
-  p = _mm256_mul_ps(p, t);
-  const __m256 e = exp8(_mm256_xor_ps(_mm256_mul_ps(a, a), sign));  // e^{-a^2}
-  const __m256 y = _mm256_or_ps(_mm256_fnmadd_ps(p, e, one), _mm256_and_ps(x, sign));
-  const __m256 z = _mm256_mul_ps(x, x);
-  __m256 s = _mm256_set1_ps(1.6462114365889246e-06f);
-  s = _mm256_fmadd_ps(s, z, _mm256_set1_ps(-1.492565035840625e-05f));
-  s = _mm256_fmadd_ps(s, z, _mm256_set1_ps(1.2055332981789664e-04f));
-  s = _mm256_fmadd_ps(s, z, _mm256_set1_ps(-8.548327023450852e-04f));
-  s = _mm256_fmadd_ps(s, z, _mm256_set1_ps(5.223977625442188e-03f));
-  s = _mm256_fmadd_ps(s, z, _mm256_set1_ps(-2.6866170645131252e-02f));
-  s = _mm256_fmadd_ps(s, z, _mm256_set1_ps(1.1283791670955126e-01f));
-  s = _mm256_fmadd_ps(s, z, _mm256_set1_ps(-3.7612638903183754e-01f));
-  s = _mm256_fmadd_ps(s, z, _mm256_set1_ps(1.1283791670955126f));
-  const __m256 small = _mm256_mul_ps(s, x);
-  return _mm256_blendv_ps(y, small, _mm256_cmp_ps(a, _mm256_set1_ps(0.75f), _CMP_LT_OQ));
+  const __m256 t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(0.5f), z, one));
+  __m256 p = _mm256_set1_ps(0.17087277f);
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.82215223f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.48851587f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.13520398f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.27886807f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-0.18628806f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.09678418f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(0.37409196f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(1.00002368f));
+  p = _mm256_fmadd_ps(p, t, _mm256_set1_ps(-1.26551223f));
+  const __m256 zz = _mm256_mul_ps(z, z);
+  const __m256 zz_lo = _mm256_fmsub_ps(z, z, zz);  // z^2 = zz + zz_lo exactly
+  const __m256 e = exp8_hl(_mm256_sub_ps(_mm256_setzero_ps(), zz), _mm256_sub_ps(p, zz_lo));
+  // erfc(10) = 2e-45 is below the smallest float; cutting there also maps +inf (whose residual
+  // would be NaN) to 0. NaN compares false and stays NaN.
+  return _mm256_blendv_ps(_mm256_mul_ps(t, e), _mm256_setzero_ps(), _mm256_cmp_ps(z, _mm256_set1_ps(10.0f), _CMP_GT_OQ));
 }
 
 #endif  // KILN_CPU_AVX2_KERNELS
