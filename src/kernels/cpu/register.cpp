@@ -6,6 +6,11 @@ namespace kiln {
 void register_cpu_kernels(KernelRegistry& r) {
   register_cpu_conv(r);
   register_cpu_linear(r);
+  register_cpu_attention(r);
+  register_cpu_norm(r);
+  register_cpu_softmax(r);
+  register_cpu_activation(r);
+  register_cpu_elementwise(r);
 }
 
 }  // namespace kiln
