@@ -43,7 +43,7 @@ def main() -> int:
     for n in gm.graph.nodes:
         if n.op != "call_function":
             continue
-        name = str(n.target)
+        name = getattr(n.target, "__name__", None) or str(n.target).split(":")[0]
         if "executorch_call_delegate" in name:
             delegates += 1
         elif "getitem" not in name:

@@ -6,7 +6,8 @@ the virtualenvs and sets up ExecuTorch's); run directly only with the paths it n
     python bench/run.py --kiln-cli build/tools/kiln --et-python ~/.local/share/kiln/bench-et-venv-X/bin/python
 
 Models: torchvision mobilenet_v3_small, mobilenet_v3_large, resnet18, input 1x3x224x224 fp32, seeded
-random weights (torch.manual_seed(0)), eval mode; one input from numpy's default_rng(0).
+random weights (torch.manual_seed(0), BatchNorm statistics randomized too), eval mode; one input
+from numpy's default_rng(0).
 
 Engines (each measurement in its own subprocess, so no thread setting leaks):
   kiln-portable  `kiln bench --kernels portable` on a program compiled without delegates
@@ -111,10 +112,23 @@ def kiln_commit() -> str:
 # ---- preparing the models ----
 
 def build_model(name: str):
+    """torchvision `name` with seeded random weights, eval mode. BatchNorm statistics and affine
+    parameters are randomized too (seeded): with torchvision's own init (mean 0, var 1, weight 1,
+    bias 0) the mobilenets' logits are ~1e-9, too small for the output check to mean anything."""
     import torch
     import torchvision
     torch.manual_seed(0)
-    return getattr(torchvision.models, name)(weights=None).eval()
+    model = getattr(torchvision.models, name)(weights=None).eval()
+    g = torch.Generator().manual_seed(1)
+    for mod in model.modules():
+        if isinstance(mod, torch.nn.BatchNorm2d):
+            n = mod.num_features
+            with torch.no_grad():
+                mod.weight.copy_(torch.rand(n, generator=g) + 0.5)
+                mod.bias.copy_(torch.randn(n, generator=g) * 0.1)
+                mod.running_mean.copy_(torch.randn(n, generator=g) * 0.1)
+                mod.running_var.copy_(torch.rand(n, generator=g) + 0.5)
+    return model
 
 
 def kiln_inspect(cli: str, path: Path) -> dict:
@@ -158,7 +172,7 @@ def prepare(args, name: str, work: Path, et_python: str | None) -> dict:
     with torch.inference_mode():
         ref = model(x).numpy()
     np.save(d / "eager.npy", ref)
-    p = {"dir": d, "errors": {}, "notes": {}}
+    p = {"dir": d, "errors": {}, "notes": {}, "ref_max": float(np.max(np.abs(ref)))}
 
     for engine, file, backends in (("kiln-cpu", "model.kiln", ()), ("kiln-xnnpack", "model_xnnpack.kiln", ("xnnpack",))):
         t0 = time.perf_counter()
@@ -187,8 +201,19 @@ def prepare(args, name: str, work: Path, et_python: str | None) -> dict:
     except Exception as e:  # noqa: BLE001
         p["errors"]["ort"] = f"torch.onnx.export: {type(e).__name__}: {e}"
 
+    # The .pte depends only on the weights, the export script and the ExecuTorch venv: reuse it
+    # when none changed (ExecuTorch's export takes a minute or more per model here).
+    import hashlib
+    h = hashlib.sha256((HERE / "et_export.py").read_bytes() + str(et_python).encode())
+    for k, v in model.state_dict().items():
+        h.update(k.encode() + v.detach().contiguous().numpy().tobytes())
+    key = h.hexdigest()
+    cached = d / "model.pte.json"
     if et_python is None:
         p["errors"]["executorch"] = args.et_error or "no ExecuTorch virtualenv (bench/setup_executorch.sh)"
+    elif cached.is_file() and (d / "model.pte").is_file() and json.loads(cached.read_text()).get("key") == key:
+        p["notes"]["executorch"] = json.loads(cached.read_text())
+        log(f"{name}: executorch .pte: reused (same weights, export script and venv)")
     else:
         r = subprocess.run([et_python, str(HERE / "et_export.py"), "--model", name, "--weights", str(d / "weights.pt"),
                             "--shape", "x".join(map(str, SHAPE)), "--out", str(d / "model.pte")],
@@ -197,6 +222,7 @@ def prepare(args, name: str, work: Path, et_python: str | None) -> dict:
             p["errors"]["executorch"] = "export failed: " + last_error_line(r.stderr)
         else:
             p["notes"]["executorch"] = json.loads(r.stdout.strip().splitlines()[-1])
+            cached.write_text(json.dumps(dict(p["notes"]["executorch"], key=key)))
             log(f"{name}: executorch .pte: {p['notes']['executorch']['delegate_calls']} delegate call(s)")
     return p
 
@@ -276,9 +302,11 @@ def run_all(args, preps: dict, et_python: str | None) -> dict:
             if r["error"]:
                 continue
             runs, warmup = args.runs.get(m, 50), args.warmup
-            if e == "kiln-portable":  # reference kernels: seconds per run; cap by a time budget
-                est = max(r.get("run_ms") or 1000.0, 1e-3)
-                runs, warmup = int(max(3, min(runs, args.portable_budget_s * 1e3 / est))), 1
+            est = r.get("run_ms") or 0.0
+            if e in KILN_ENGINES and est * runs > args.portable_budget_s * 1e3:
+                # reference kernels (where no optimized kernel took the call): ~0.5 s per run; cap
+                # the runs by a time budget
+                runs, warmup = int(max(3, args.portable_budget_s * 1e3 / est)), 1
             busy = wait_idle(args.idle_threshold, args.idle_wait_s)
             try:
                 out = measure(args, preps[m], m, e, t, runs, warmup, et_python)
@@ -317,11 +345,12 @@ def fmt(v, digits=2) -> str:
     return f"{v:.{digits}f}"
 
 
-def write_markdown(args, res: dict, preps: dict, info: dict, versions: dict, started: float, path: Path) -> None:
+def write_markdown(args, res: dict, preps: dict, info: dict, versions: dict, started: float, path: Path,
+                   finished: str | None = None) -> None:
     elapsed = time.time() - started
     L = []
     L.append("# Benchmarks: Kiln vs ONNX Runtime vs ExecuTorch vs PyTorch (CPU, fp32)\n")
-    L.append(f"Generated by `bash bench/run.sh` on {_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M} UTC "
+    L.append(f"Generated by `bash bench/run.sh` on {finished} UTC "
              f"(one run: {elapsed / 60:.1f} min). Regenerate with the same command; figures, not assertions "
              "(CI does not run it). Raw numbers: `build/bench/results.json`.\n")
     L.append("## Machine and versions\n")
@@ -340,7 +369,8 @@ def write_markdown(args, res: dict, preps: dict, info: dict, versions: dict, sta
     L.append("")
     L.append("## Method\n")
     L.append(f"- Models: torchvision {', '.join(args.models)}; input {'x'.join(map(str, SHAPE))} fp32; seeded random "
-             "weights (`torch.manual_seed(0)`), eval mode; the same weights (saved state_dict) and the same input for "
+             "weights (`torch.manual_seed(0)`; BatchNorm statistics and affine parameters seeded random too, so that "
+             "the logits are not ~1e-9), eval mode; the same weights (saved state_dict) and the same input for "
              "every engine.")
     L.append("- Kiln: `kiln bench --json` (the C++ runtime, timed inside the process): *portable* = reference "
              "kernels only; *cpu* = optimized cpu kernels wherever one accepts the call; *xnnpack* = program compiled "
@@ -353,8 +383,8 @@ def write_markdown(args, res: dict, preps: dict, info: dict, versions: dict, sta
              "(checked with `_threadpool_get_thread_count()`).")
     L.append("- PyTorch eager: `torch.set_num_threads(N)`, `torch.inference_mode()`.")
     L.append(f"- Each measurement runs in its own process (OMP_NUM_THREADS=N): warm-up ({args.warmup} runs), then R "
-             f"timed runs (R = {', '.join(f'{m} {args.runs.get(m, 50)}' for m in args.models)}; Kiln portable: as many "
-             f"as fit in {args.portable_budget_s:.0f} s, at least 3). {args.rounds} interleaved rounds (every "
+             f"timed runs (R = {', '.join(f'{m} {args.runs.get(m, 50)}' for m in args.models)}; a Kiln configuration "
+             f"slower than that in {args.portable_budget_s:.0f} s (reference kernels): as many as fit, at least 3). {args.rounds} interleaved rounds (every "
              "configuration once per round); the figure is the lowest round median. Python engines time their run "
              "call with `time.perf_counter` (binding overhead of a few µs included).")
     L.append("- Kiln-best = the fastest of the three Kiln configurations. Ratios < 1.0 mean Kiln is faster.\n")
@@ -393,12 +423,12 @@ def write_markdown(args, res: dict, preps: dict, info: dict, versions: dict, sta
     L.append("## Spread, load time, memory\n")
     L.append("min / p90 of the best round, ms; load = program load (Kiln: `Program::load`, ORT: session creation, "
              "ExecuTorch: load_program + load_method, torch: model construction + weights); Kiln init = "
-             "`load_method` (arena, delegate init: XNNPACK packs weights here). Peak RSS = getrusage ru_maxrss of "
-             "the measuring process, MiB; for the Python engines it includes the interpreter and the engine's "
+             "`load_method` (arena, delegate init: XNNPACK packs weights here). Peak RSS = VmHWM of the measuring "
+             "process (peak resident set), MiB; for the Python engines it includes the interpreter and the engine's "
              "libraries (torch alone is several hundred MiB), so the second figure (peak - RSS after imports) is the "
              "fairer comparison.\n")
-    hdr = ["model", "engine", "threads", "min", "median", "p90", "load ms", "Kiln init ms", "peak RSS MiB",
-           "peak - after-imports MiB", "max abs diff vs eager"]
+    hdr = ["model", "engine", "threads (engine says)", "min", "median", "p90", "load ms", "Kiln init ms", "peak RSS MiB",
+           "peak - after-imports MiB", "max abs diff vs eager (/ max abs eager)"]
     L.append("| " + " | ".join(hdr) + " |")
     L.append("|" + "---|" * len(hdr))
     for m in args.models:
@@ -409,9 +439,12 @@ def write_markdown(args, res: dict, preps: dict, info: dict, versions: dict, sta
                     continue
                 added = r["peak_rss_mib"] - r["base_rss_mib"] if e not in KILN_ENGINES else None
                 diff = r.get("max_abs_diff")
-                L.append("| " + " | ".join([m, LABEL[e], str(t), fmt(r["min_ms"]), fmt(r["median_ms"]), fmt(r["p90_ms"]),
+                scale = preps[m].get("ref_max")
+                said = r.get("threads_reported")
+                L.append("| " + " | ".join([m, LABEL[e], f"{t} ({'?' if said is None else said})", fmt(r["min_ms"]), fmt(r["median_ms"]), fmt(r["p90_ms"]),
                                             fmt(r["load_ms"], 1), fmt(r.get("init_ms"), 1), fmt(r["peak_rss_mib"], 0),
-                                            fmt(added, 0), "–" if diff is None else f"{diff:.1e}"]) + " |")
+                                            fmt(added, 0),
+                                            "–" if diff is None else f"{diff:.1e} ({diff / scale:.1e})"]) + " |")
     L.append("")
 
     L.append("## Compiled programs\n")
@@ -421,14 +454,15 @@ def write_markdown(args, res: dict, preps: dict, info: dict, versions: dict, sta
         for e in ("kiln-cpu", "kiln-xnnpack"):
             n = p["notes"].get(e)
             if n:
-                seg = ", ".join(f"{b}: {k}" for b, k in n["delegate_segments"].items()) or "no delegate"
+                seg = ", ".join(f"{k} {b} segment{'s' if k != 1 else ''}"
+                                for b, k in n["delegate_segments"].items()) or "no delegate"
                 parts.append(f"{LABEL[e]}: {n['kernel_calls']} kernel calls ({n.get('cpu_kernel_calls')} on optimized "
                              f"cpu kernels), {seg}; built with {n['how']}")
         et = p["notes"].get("executorch")
         if et:
             rest = ", ".join(f"{k} x{v}" for k, v in sorted(et["non_delegated_ops"].items())) or "none"
             parts.append(f"ExecuTorch: {et['delegate_calls']} XNNPACK delegate call(s); ops outside the delegate: {rest}")
-        L.append(f"- **{m}**: " + "; ".join(parts))
+        L.append(f"- **{m}** (max |eager logit| {p['ref_max']:.2g}): " + "; ".join(parts))
     L.append("")
     L.append("## Reading the table\n")
     L.append("The issue's targets (Kiln-best / ORT and Kiln-best / ExecuTorch <= 1.0 for mobilenet_v3_large at 1 and 2 "
@@ -461,15 +495,29 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--portable-budget-s", type=float, default=6.0)
     ap.add_argument("--idle-threshold", type=float, default=0.25)
-    ap.add_argument("--idle-wait-s", type=float, default=15.0)
+    ap.add_argument("--idle-wait-s", type=float, default=5.0)
     ap.add_argument("--work", default=str(ROOT / "build" / "bench"))
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    ap.add_argument("--report-only", action="store_true",
+                    help="rewrite --out from <work>/results.json of an earlier run (no measuring)")
     args = ap.parse_args()
     args.models = [m for m in args.models.split(",") if m]
     args.threads = [int(t) for t in args.threads.split(",") if t]
     args.runs = {m: args.runs for m in args.models} if args.runs else {"mobilenet_v3_small": 50,
                                                                           "mobilenet_v3_large": 50, "resnet18": 30}
     started = time.time()
+    work = Path(args.work)
+    if args.report_only:
+        saved = json.loads((work / "results.json").read_text())
+        for k, v in saved["args"].items():
+            if k not in ("out", "work"):
+                setattr(args, k, v)
+        preps = {m: {"notes": saved["programs"][m], "errors": saved["errors"][m], "ref_max": saved["ref_max"][m]}
+                 for m in args.models}
+        write_markdown(args, saved["results"], preps, saved["machine"], saved["versions"],
+                       time.time() - saved["elapsed_s"], Path(args.out), saved.get("finished"))
+        log(f"wrote {args.out} from {work / 'results.json'}")
+        return 0
     if not os.path.isfile(args.kiln_cli):
         log(f"{args.kiln_cli} not found: build Kiln first (bash bench/run.sh does)")
         return 1
@@ -491,18 +539,20 @@ def main() -> int:
     else:
         versions["ExecuTorch"] = f"not available: {args.et_error or 'no --et-python'}"
     info = machine_info()
-    work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     preps = {}
     for m in args.models:
         log(f"preparing {m}")
         preps[m] = prepare(args, m, work, et_python)
     res = run_all(args, preps, et_python)
+    finished = f"{_dt.datetime.now(_dt.timezone.utc):%Y-%m-%d %H:%M}"
     with open(work / "results.json", "w") as f:
-        json.dump({"machine": info, "versions": versions, "results": res,
+        json.dump({"machine": info, "versions": versions, "results": res, "elapsed_s": time.time() - started,
+                   "finished": finished, "args": {k: v for k, v in vars(args).items()},
                    "programs": {m: p["notes"] for m, p in preps.items()},
+                   "ref_max": {m: p["ref_max"] for m, p in preps.items()},
                    "errors": {m: p["errors"] for m, p in preps.items()}}, f, indent=1, default=str)
-    write_markdown(args, res, preps, info, versions, started, Path(args.out))
+    write_markdown(args, res, preps, info, versions, started, Path(args.out), finished)
     log(f"wrote {args.out} and {work / 'results.json'} in {(time.time() - started) / 60:.1f} min")
     return 0
 

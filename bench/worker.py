@@ -6,8 +6,9 @@ so that thread settings never leak from one engine to another).
     python bench/worker.py --engine et    --model m.pte  --input x.npy ...   (run with the ExecuTorch venv)
 
 Prints one JSON object on stdout: load_ms, min/median/p90/max/mean_ms, times_ms, peak_rss_mib
-(getrusage ru_maxrss of this process: includes the Python interpreter and the engine's
-libraries), base_rss_mib (resident set size after the imports, before the model is loaded),
+(VmHWM of this process: includes the Python interpreter and the engine's libraries),
+base_rss_mib (resident set size after the imports, before the model is loaded; load_ms does not
+include the imports either),
 threads (what the engine reports it uses, where it can say) and notes. Writes the first output
 (logits) of the last run to --out. Errors: a non-zero exit with the exception on stderr.
 """
@@ -16,16 +17,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import sys
 import time
 
 
-def rss_now_mib() -> float:
-    """Current resident set size (VmRSS from /proc/self/status), MiB."""
+def status_mib(field: str) -> float:
+    """A size field of /proc/self/status ("VmRSS": resident now, "VmHWM": peak resident), MiB.
+    VmHWM rather than getrusage ru_maxrss: Linux carries ru_maxrss over fork and exec, so a
+    worker would report the size of the (large) parent that started it."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmRSS:"):
+            if line.startswith(field + ":"):
                 return int(line.split()[1]) / 1024.0
     return 0.0
 
@@ -102,7 +104,11 @@ def main() -> int:
     import numpy as np
 
     make = {"ort": make_ort, "torch": make_torch, "et": make_et}[args.engine]
-    base_rss = rss_now_mib()
+    # Import the engine's modules first: load_ms and base_rss_mib then cover the model only.
+    for mod in {"ort": ["onnxruntime"], "torch": ["torch", "torchvision"],
+                "et": ["torch", "executorch.runtime", "executorch.extension.pybindings.portable_lib"]}[args.engine]:
+        __import__(mod)
+    base_rss = status_mib("VmRSS")
     t0 = time.perf_counter()
     run, threads, notes = make(args, np)
     load_ms = (time.perf_counter() - t0) * 1e3
@@ -121,7 +127,7 @@ def main() -> int:
         "engine": args.engine, "threads": threads, "runs": args.runs, "warmup": args.warmup,
         "load_ms": load_ms, "min_ms": st[0], "median_ms": quantile(st, 0.5), "p90_ms": quantile(st, 0.9),
         "max_ms": st[-1], "mean_ms": sum(st) / len(st), "times_ms": times,
-        "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
+        "peak_rss_mib": status_mib("VmHWM"),
         "base_rss_mib": base_rss, "notes": notes, "python": sys.version.split()[0], "pid": os.getpid(),
     }))
     return 0

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <random>
@@ -417,8 +418,21 @@ double quantile(const std::vector<double>& sorted, double q) {
   return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
 }
 
-/// Peak resident set size of this process so far, in MiB (getrusage ru_maxrss: KiB on Linux).
+/// Peak resident set size of this process so far, in MiB: VmHWM of /proc/self/status where it
+/// exists (the high-water mark of this program's own address space), else getrusage ru_maxrss
+/// (KiB on Linux). ru_maxrss alone is not enough: Linux carries it over fork and exec, so a
+/// `kiln bench` started by a large parent (a Python script holding torch) would report the
+/// parent's size.
 double peak_rss_mib() {
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long kib = -1;
+    while (std::fgets(line, sizeof(line), f)) {
+      if (std::strncmp(line, "VmHWM:", 6) == 0) kib = std::strtol(line + 6, nullptr, 10);
+    }
+    std::fclose(f);
+    if (kib > 0) return static_cast<double>(kib) / 1024.0;
+  }
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return static_cast<double>(ru.ru_maxrss) / 1024.0;
@@ -543,12 +557,15 @@ int main(int argc, char** argv) {
 
   InspectArgs ia;
   CLI::App* inspect = app.add_subcommand(
-      "inspect", "Show a program's format version, sizes and, per method, its inputs, outputs, instruction and op counts "
-                 "and planned arena.");
+      "inspect", "Show a program's format version, sizes and, per method, its inputs, outputs, instruction and op counts, "
+                 "how many kernel calls get an optimized cpu kernel (the rest run portable kernels), its delegate "
+                 "segments per backend and planned arena.");
   inspect->add_option("file", ia.file, "Program file (.kiln)")->required();
   inspect->add_flag("--json", ia.json, "Print JSON instead of text (keys: file, format_version, file_size, "
                                        "constant_bytes, methods[name, inputs, outputs, num_instructions, "
-                                       "num_kernel_calls, num_delegate_calls, arena_bytes, op_counts])");
+                                       "num_kernel_calls, num_delegate_calls, num_cpu_kernel_calls, "
+                                       "num_portable_kernel_calls, arena_bytes, op_counts, cpu_op_counts, "
+                                       "delegate_segments])");
   inspect->footer("Example: kiln inspect model.kiln --json");
 
   RunArgs ra;
@@ -571,7 +588,7 @@ int main(int argc, char** argv) {
   CLI::App* bench = app.add_subcommand(
       "bench", "Time one method: load the program, instantiate the method on a pool of --threads threads, run "
                "--warmup untimed and --runs timed executions, and print min / median / p90 / max latency, load and "
-               "method-init time and peak RSS.");
+               "method-init time and peak RSS (VmHWM).");
   bench->add_option("file", ba.file, "Program file (.kiln)")->required();
   bench->add_option("--method,-m", ba.method, "Method to time")->capture_default_str();
   bench->add_option("--runs,-r", ba.runs, "Timed executions")->capture_default_str();
