@@ -479,6 +479,16 @@ def write_markdown(args, res: dict, preps: dict, info: dict, versions: dict, sta
                              f"{'met' if kb <= o else 'not met'}")
                 else:
                     L.append(f"- {m}, {t} thread(s), vs {LABEL[other]}: no figure")
+    if len(args.threads) > 1:
+        lo, hi = min(args.threads), max(args.threads)
+        slower = [f"{LABEL[e]} on {m} ({fmt(res[f'{m}|{e}|{lo}']['median_ms'])} -> {fmt(res[f'{m}|{e}|{hi}']['median_ms'])} ms)"
+                  for m in args.models for e in ENGINES
+                  if res[f"{m}|{e}|{lo}"].get("median_ms") and res[f"{m}|{e}|{hi}"].get("median_ms")
+                  and res[f"{m}|{e}|{hi}"]["median_ms"] > 1.1 * res[f"{m}|{e}|{lo}"]["median_ms"]]
+        if slower:
+            L.append(f"\nSlower with {hi} threads than with {lo} (by more than 10%): {'; '.join(slower)}. On a box "
+                     "whose cores are taken by other work, thread pools that spin-wait for each other lose their time "
+                     "slices; such figures say more about the load than about the engine.")
     L.append("")
     path.write_text("\n".join(L) + "\n")
 
