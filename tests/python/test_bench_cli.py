@@ -222,3 +222,17 @@ def test_inspect_and_bench_xnnpack_program(cli, tmp_path):
     assert p.returncode == 0, p.stderr
     want = reference(x)
     assert np.max(np.abs(np.load(tmp_path / "output_0.npy") - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def test_bench_random_inputs_of_every_dtype(cli, tmp_path):
+    """Seeded random inputs are made for every input dtype (identity method: outputs = inputs)."""
+    dtypes = ["float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"]
+    g = kiln.Graph()
+    g.set_outputs([g.add_input(f"in_{d}", d, [3, 5]) for d in dtypes])
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    data, _ = pb.compile()
+    (tmp_path / "id.kiln").write_bytes(data)
+    r = bench_json(cli, tmp_path / "id.kiln", "--runs", 3, "--threads", 1)
+    assert r["kernel_calls"] == 0 and r["inputs"] == "random(seed=0)"
+    assert 0 <= r["min_ms"] <= r["median_ms"] <= r["p90_ms"] <= r["max_ms"]
