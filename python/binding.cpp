@@ -171,9 +171,10 @@ PYBIND11_MODULE(_kiln, m) {
         check(pb.add_method(name, g));
       })
       .def("compile", [](const ProgramBuilder& pb, bool fold_constants, bool eliminate_dead_code,
-                         std::vector<std::string> backends, std::string require_delegation) {
+                         std::vector<std::string> backends, std::string require_delegation, bool fold_batch_norm) {
         CompileOptions o;
         o.fold_constants = fold_constants;
+        o.fold_batch_norm = fold_batch_norm;
         o.eliminate_dead_code = eliminate_dead_code;
         o.backends = std::move(backends);
         o.require_delegation = std::move(require_delegation);
@@ -193,6 +194,7 @@ PYBIND11_MODULE(_kiln, m) {
           d["name"] = mr.name;
           d["num_nodes"] = mr.num_nodes;
           d["num_folded"] = mr.num_folded;
+          d["num_bn_folded"] = mr.num_bn_folded;
           d["num_dead"] = mr.num_dead;
           d["arena_bytes"] = mr.arena_bytes;
           d["activation_bytes"] = mr.activation_bytes;
@@ -228,8 +230,10 @@ PYBIND11_MODULE(_kiln, m) {
         return py::make_tuple(py::bytes(reinterpret_cast<const char*>(c.bytes.data()), c.bytes.size()), report);
       }, py::arg("fold_constants") = true, py::arg("eliminate_dead_code") = true,
          py::arg("backends") = std::vector<std::string>{}, py::arg("require_delegation") = "",
+         py::arg("fold_batch_norm") = true,
          "Compiles; returns (program bytes, report dict). backends: delegate backends in order of "
-         "preference; require_delegation: fail unless every node is delegated to that backend. "
+         "preference; require_delegation: fail unless every node is delegated to that backend; "
+         "fold_batch_norm: fold inference batch norms into the convolution/linear feeding them. "
          "report['methods'][i]['delegation'] = {backends: [{backend, segments, nodes, constant_bytes}], "
          "cpu_ops: [{op, count, reasons: [(backend, reason)]}]}.");
   m.def("backend_names", [] { return BackendRegistry::get().names(); },

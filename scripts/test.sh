@@ -66,11 +66,16 @@ rm -rf build/install
 cmake --install build --prefix build/install
 PYTHONPATH=python "$python" examples/app/test_app.py --prefix build/install --work build/app-test
 # The mv3 classifier built out of tree against the installed package (find_package(kiln)), run on
-# scikit-image's photos with mobilenet_v3_small (mv3_portable.kiln) and checked against PyTorch eager.
+# scikit-image's photos with mobilenet_v3_small and checked against PyTorch eager: mv3_portable.kiln
+# and, when the xnnpack delegate is built, mv3_xnnpack.kiln (the whole model as one XNNPACK segment).
 rm -rf build/mv3-out-of-tree
 cmake -S examples/mv3 -B build/mv3-out-of-tree -G Ninja -DCMAKE_PREFIX_PATH="$root/build/install"
 cmake --build build/mv3-out-of-tree
-PYTHONPATH=python "$python" examples/mv3/demo.py --models mobilenet_v3_small --runs 1 \
+mv3_backends=$(PYTHONPATH=python "$python" -c \
+  'import kiln; print(" ".join(["portable"] + [b for b in kiln._kiln.backend_names() if b == "xnnpack"]))')
+echo "mv3 out-of-tree backends: $mv3_backends"
+# shellcheck disable=SC2086  # one word per backend
+PYTHONPATH=python "$python" examples/mv3/demo.py --models mobilenet_v3_small --runs 1 --backends $mv3_backends \
   --classify build/mv3-out-of-tree/classify --out-dir build/mv3-out-of-tree/out
 section_done
 

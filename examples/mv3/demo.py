@@ -12,12 +12,15 @@ Steps:
      weights. Random weights make the class names meaningless: only the numbers are checked.
   2. Export every model with examples/mv3/export.py into OUT (default out/mv3/): one file per model
      and backend (--backends, default every backend this build has), OUT/<model>_<backend>.kiln
-     (see export()).
+     (see export()): <model>_portable.kiln runs on Kiln's CPU kernels, <model>_xnnpack.kiln (when the
+     xnnpack delegate is built) is compiled with require_delegation="xnnpack", i.e. the whole model
+     is one XNNPACK segment.
   3. Write the ImageNet class names (shipped inside torchvision) to OUT/imagenet_classes.txt.
   4. For every exported file and each photo (chelsea.png, coffee.png, astronaut.png from
      scikit-image's data folder; nothing is downloaded), run the C++ `classify` binary with
      --save-input/--save-logits, run the same model in PyTorch eager on the saved input, and print
-     one table row: model | backend | photo | top-1 class | max |logit - eager| | top-5 same | latency.
+     one table row: model | backend | photo | top-1 class | max |logit - eager| | top-5 same | latency
+     (the rows of every backend for one model and photo are printed together).
 
 Exit status: 0 when every row passed; 1 when an export or a classify run failed, a model is missing
 a program file, any max |logit - eager| > --tolerance (default 1e-4, absolute), or the top-5 class
@@ -232,8 +235,8 @@ def main(argv=None) -> int:
             rows.append((model_name, "-", "-", "NO PROGRAM", "-", "-", "-"))
             continue
         model = build_model(model_name, os.path.join(weights_dir, f"{model_name}.pth"))
-        for backend, program in programs:
-            for photo, photo_path in photos.items():
+        for photo, photo_path in photos.items():  # one row per backend for each photo, side by side
+            for backend, program in programs:
                 stem = f"{model_name}_{backend}_{os.path.splitext(photo)[0]}"
                 x_path, y_path = os.path.join(io_dir, stem + ".x.npy"), os.path.join(io_dir, stem + ".y.npy")
                 for p in (x_path, y_path):

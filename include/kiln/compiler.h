@@ -85,6 +85,8 @@ class Graph {
 struct CompileOptions {
   bool fold_constants = true;
   bool eliminate_dead_code = true;
+  /// Fold inference batch norms into the convolution / linear that feeds them (fold_batch_norm).
+  bool fold_batch_norm = true;
   /// Delegate backends in order of preference (e.g. {"xnnpack"}); each takes what it supports
   /// of the nodes the earlier ones left. NotFound when one is not compiled into this build.
   std::vector<std::string> backends;
@@ -121,6 +123,7 @@ struct MethodReport {
   std::string name;
   size_t num_nodes = 0;            ///< after passes
   size_t num_folded = 0;           ///< nodes removed by constant folding
+  size_t num_bn_folded = 0;        ///< batch norms folded into their convolution / linear
   size_t num_dead = 0;             ///< nodes removed by dead-code elimination
   uint64_t arena_bytes = 0;        ///< planned arena size
   uint64_t activation_bytes = 0;   ///< sum of all planned values' sizes (arena without reuse)
@@ -159,6 +162,16 @@ size_t eliminate_dead_code(Graph& graph);
 /// Evaluates nodes whose inputs are all constants with the portable kernels and replaces
 /// their outputs by constants. Returns the count, or the kernel's error.
 Result<size_t> fold_constants(Graph& graph);
+/// Folds an inference aten.native_batch_norm (training=False; constant float32 running_mean,
+/// running_var and, when present, weight/bias of size [C]) into the aten.convolution (not
+/// transposed; any groups, dilation, 1-D or 2-D) or rank-2 aten.linear producing its input, when
+/// that producer has a constant weight (and constant or absent bias) and its output is read by the
+/// batch norm alone. The producer then gets new constants (PyTorch torch/nn/utils/fusion.py
+/// fuse_conv_bn_weights, computed in double): scale[o] = gamma[o] / sqrt(var[o] + eps),
+/// w'[o, ...] = w[o, ...] * scale[o], b'[o] = (b[o] - mean[o]) * scale[o] + beta[o] (gamma = 1,
+/// beta = 0, b = 0 when absent), writes the batch norm's output and the batch norm is removed.
+/// Returns the number of batch norms folded.
+Result<size_t> fold_batch_norm(Graph& graph);
 
 /// The partitioner (src/compiler/partitioner.cpp): for each backend in order, asks its
 /// support() for every node not yet delegated, grows maximal connected sets of supported nodes

@@ -1,7 +1,9 @@
-"""Command line of the Python side of Kiln: ``python -m kiln export ...``.
+"""Command line of the Python side of Kiln: ``python -m kiln export|compile|ops ...``.
 
-    python -m kiln export --model mobilenet_v3_small --input-shape 1x3x224x224 -o mv3.kiln
-    python -m kiln export --model resnet18 --weights resnet18.pt --backends portable -o r18.kiln
+    python -m kiln export mobilenet_v3_small --input-shape 1x3x224x224 -o mv3.kiln
+    python -m kiln export resnet18 --weights resnet18.pt --backends xnnpack \
+        --require-delegation xnnpack --report-json r18.json -o r18.kiln
+    python -m kiln compile model.pt2 -o model.kiln --backends xnnpack   # torch.export.save output
     python -m kiln ops            # list Kiln's op set (this build)
 
 Exit status: 0 on success, 1 when the export failed (the error is printed in one paragraph),
@@ -61,23 +63,45 @@ def build_model(name: str, weights: str | None, *, log=print):
     return model.eval()
 
 
+def _check_delegation_args(args):
+    """(backends, require) from --backends / --require-delegation; ExportError for bad names."""
+    from .capture import check_backends, check_require_delegation
+    backends = check_backends(tuple(args.backends))
+    require = check_require_delegation(args.require_delegation, backends)
+    return backends, require
+
+
+def _check_output(path: str) -> bool:
+    if os.path.isdir(path):
+        print(f"error: -o {path} is a directory; give the path of the .kiln file to write", file=sys.stderr)
+        return False
+    return True
+
+
 def cmd_export(args) -> int:
     import torch
 
-    from .capture import ExportError, check_backends, export
+    from .capture import ExportError, export
 
+    if args.model_pos and args.model and args.model_pos != args.model:
+        print(f"error: two different models given ({args.model_pos} and --model {args.model})", file=sys.stderr)
+        return 2
+    name = args.model_pos or args.model
+    if not name:
+        print("error: give the model to export, e.g. `python -m kiln export mobilenet_v3_small -o mv3.kiln`",
+              file=sys.stderr)
+        return 2
     try:
-        backends = check_backends(tuple(args.backends))
+        backends, require = _check_delegation_args(args)
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    try:
-        model = build_model(args.model, args.weights, log=lambda s: print(s, file=sys.stderr))
-    except Exception as ex:  # unknown name; unreadable, non-state-dict or mismatched weights
-        print(f"error: cannot build {args.model}: {type(ex).__name__}: {ex}", file=sys.stderr)
+    if not _check_output(args.output):
         return 2
-    if os.path.isdir(args.output):
-        print(f"error: -o {args.output} is a directory; give the path of the .kiln file to write", file=sys.stderr)
+    try:
+        model = build_model(name, args.weights, log=lambda s: print(s, file=sys.stderr))
+    except Exception as ex:  # unknown name; unreadable, non-state-dict or mismatched weights
+        print(f"error: cannot build {name}: {type(ex).__name__}: {ex}", file=sys.stderr)
         return 2
     dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
     if dtype != torch.float32:
@@ -85,13 +109,55 @@ def cmd_export(args) -> int:
     torch.manual_seed(1)
     example = torch.randn(*args.input_shape, dtype=dtype)
     try:
-        result = export(model, (example,), out=args.output, backends=backends, verbose=not args.quiet)
+        result = export(model, (example,), out=args.output, backends=backends, require_delegation=require,
+                        report_json=args.report_json, verbose=not args.quiet)
     except ExportError as e:
-        print(f"error: export of {args.model} failed: {e}", file=sys.stderr)
+        print(f"error: export of {name} failed: {e}", file=sys.stderr)
         return 1
     if args.quiet:
         print(result.path)
     return 0
+
+
+def cmd_compile(args) -> int:
+    from .capture import ExportError, compile_exported_file
+
+    try:
+        backends, require = _check_delegation_args(args)
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not os.path.isfile(args.file):
+        print(f"error: no such file: {args.file}", file=sys.stderr)
+        return 2
+    if not _check_output(args.output):
+        return 2
+    try:
+        result = compile_exported_file(args.file, method=args.method, out=args.output, backends=backends,
+                                       require_delegation=require, report_json=args.report_json,
+                                       verbose=not args.quiet)
+    except ExportError as e:
+        print(f"error: compile of {args.file} failed: {e}", file=sys.stderr)
+        return 1
+    if args.quiet:
+        print(result.path)
+    return 0
+
+
+def _add_delegation_args(p, built: str):
+    p.add_argument("--backends", nargs="+", default=[], metavar="NAME",
+                   help="delegate backends in order of preference, e.g. --backends xnnpack (built here: "
+                        f"{built}); each takes the nodes it supports, the rest runs on Kiln's CPU kernels. "
+                        "Default: Kiln's CPU kernels only")
+    p.add_argument("--require-delegation", metavar="BACKEND",
+                   help="fail (exit 1, listing every node not delegated and why) unless BACKEND takes every "
+                        "node, instead of writing a program that silently runs elsewhere; implies "
+                        "--backends BACKEND when --backends is not given")
+    p.add_argument("--report-json", metavar="PATH",
+                   help="also write the compile report (per method: nodes, arena, constants, delegate segments "
+                        "per backend, nodes left to CPU kernels by op with each backend's reason) as JSON")
+    p.add_argument("-o", "--output", required=True, metavar="OUT.kiln", help="program file to write")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only the written path")
 
 
 def cmd_ops(args) -> int:
@@ -111,16 +177,29 @@ def main(argv=None) -> int:
                     "programs).")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    try:
+        from . import _kiln
+        built = ", ".join(["portable"] + [b for b in _kiln.backend_names() if b != "portable"])
+    except Exception:  # noqa: BLE001 (help still works without the binding)
+        built = "portable"
+
     e = sub.add_parser(
         "export", help="export a torchvision model to a .kiln program",
         description="Captures a torchvision model with torch.export, maps it onto Kiln's op set "
-                    "(docs/op-set.md), compiles it and writes one .kiln file.",
+                    "(docs/op-set.md), compiles it (optionally delegating to backends such as xnnpack) and "
+                    "writes one .kiln file. Prints a report: nodes, arena and constant sizes, and with "
+                    "--backends how the graph was split between delegates and Kiln's CPU kernels, and why.",
         epilog="examples:\n"
-               "  python -m kiln export --model mobilenet_v3_small --input-shape 1x3x224x224 -o mv3.kiln\n"
-               "  python -m kiln export --model resnet18 --weights r18.pt -o r18.kiln",
+               "  python -m kiln export mobilenet_v3_small --input-shape 1x3x224x224 -o mv3.kiln\n"
+               "  python -m kiln export resnet18 --weights r18.pt -o r18.kiln\n"
+               "  python -m kiln export mobilenet_v3_large --backends xnnpack --require-delegation xnnpack \\\n"
+               "      --report-json mv3l.json -o mv3l_xnnpack.kiln\n\n"
+               "exit status: 0 written, 1 export/compile failed (e.g. a node not delegated with "
+               "--require-delegation), 2 bad arguments",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    e.add_argument("--model", required=True,
+    e.add_argument("model_pos", nargs="?", metavar="MODEL",
                    help="torchvision.models name, e.g. mobilenet_v3_small, mobilenet_v3_large, resnet18")
+    e.add_argument("--model", help="the same as MODEL (kept for older scripts)")
     e.add_argument("--input-shape", type=parse_shape, default=(1, 3, 224, 224), metavar="NxCxHxW",
                    help="shape of the single input tensor the program will take (default 1x3x224x224)")
     e.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
@@ -129,12 +208,25 @@ def main(argv=None) -> int:
     e.add_argument("--weights", metavar="PATH",
                    help="state_dict saved with torch.save(model.state_dict(), PATH); without it the model "
                         "gets seeded random weights (torch.manual_seed(0)) and its labels are meaningless")
-    e.add_argument("--backends", nargs="*", default=[], metavar="NAME",
-                   help="backends to lower to, in order of preference (built now: portable; the default "
-                        "is Kiln's portable kernels)")
-    e.add_argument("-o", "--output", required=True, metavar="OUT.kiln", help="program file to write")
-    e.add_argument("-q", "--quiet", action="store_true", help="print only the written path")
+    _add_delegation_args(e, built)
     e.set_defaults(func=cmd_export)
+
+    c = sub.add_parser(
+        "compile", help="compile an ExportedProgram saved with torch.export.save (.pt2) to a .kiln program",
+        description="Reads FILE.pt2 (torch.export.save(torch.export.export(model, example_inputs), FILE)), maps "
+                    "it onto Kiln's op set, compiles it and writes one .kiln file. The program's inputs have "
+                    "the shapes and dtypes of the saved program's example inputs. Export the model in eval "
+                    "mode (training-mode batch norm is refused).",
+        epilog="examples:\n"
+               "  python -m kiln compile model.pt2 -o model.kiln\n"
+               "  python -m kiln compile model.pt2 -o model_xnnpack.kiln --backends xnnpack \\\n"
+               "      --require-delegation xnnpack --report-json report.json\n\n"
+               "exit status: 0 written, 1 compile failed, 2 bad arguments or missing file",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("file", metavar="FILE.pt2", help="ExportedProgram saved with torch.export.save")
+    c.add_argument("--method", default="forward", help="name of the program's method (default forward)")
+    _add_delegation_args(c, built)
+    c.set_defaults(func=cmd_compile)
 
     o = sub.add_parser("ops", help="list Kiln's op set (ops built into this Kiln)")
     o.set_defaults(func=cmd_ops)

@@ -40,14 +40,17 @@ import torch
 from . import _kiln
 from ._kiln import KilnError
 
-__all__ = ["ExportError", "ExportResult", "decomposition_table", "capture", "export", "export_program",
-           "KNOWN_BACKENDS", "BUILT_BACKENDS"]
+__all__ = ["ExportError", "ExportResult", "decomposition_table", "capture", "capture_exported", "export",
+           "export_program", "compile_exported_file", "compile_captures", "format_delegation", "KNOWN_BACKENDS",
+           "BUILT_BACKENDS"]
 
 OP_SET_DOC = "docs/op-set.md"
 
 #: Backends a program can target (DESIGN.md); only those in BUILT_BACKENDS exist in this build.
 KNOWN_BACKENDS = ("portable", "cpu", "xnnpack", "mlx", "vulkan")
-BUILT_BACKENDS = ("portable",)
+#: "portable" (Kiln's own kernels, always there) plus the delegate backends compiled into this
+#: build (``kiln._kiln.backend_names()``, e.g. "xnnpack").
+BUILT_BACKENDS = ("portable",) + tuple(n for n in _kiln.backend_names() if n != "portable")
 
 
 class ExportError(RuntimeError):
@@ -362,13 +365,16 @@ class _Builder:
         if op not in self._kiln_ops:
             raise self.unsupported(f"needs Kiln op {op}, which this build of Kiln does not have")
         ids = [-1 if x is None else self.tensor(x).id for x in inputs]
+        # debug_name: the module path; for calls in the top-level forward, the FX node's name
+        # (delegation reports and require_delegation list nodes by it).
+        dn = self.path or (self.node.name if self.node is not None else "")
         try:
-            outs = self.g.add_node(op, ids, dict(attrs or {}), self.path)
+            outs = self.g.add_node(op, ids, dict(attrs or {}), dn)
         except KilnError as e:
             code = e.args[1] if len(e.args) > 1 else None
             reason = str(e.args[0]) if e.args else str(e)
-            if self.path and reason.endswith(f" (at {self.path})"):  # the module path is added below
-                reason = reason[: -len(f" (at {self.path})")]
+            if dn and reason.endswith(f" (at {dn})"):  # the module path is added below
+                reason = reason[: -len(f" (at {dn})")]
             todo = ("Kiln does not support this configuration yet; change it, exclude it from the exported "
                     f"module, or open an issue (op set: {OP_SET_DOC})") if code == "NotSupported" else \
                 "Check the op's arguments against " + OP_SET_DOC
@@ -1163,14 +1169,30 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}\n"
                               "Kiln captures with torch.export; make the module exportable "
                               "(https://pytorch.org/docs/stable/export.html)") from e
-        log("[kiln] decomposing to Kiln's op set ...")
-        ep = ep.run_decompositions(decomposition_table())
-        n_calls = sum(1 for n in ep.graph.nodes if n.op == "call_function")
-        log(f"[kiln] building graph from {n_calls} ATen nodes ...")
-        b = _Builder(ep, strip=strip, progress=log, collect_errors=collect_errors)
-        graph, names = b.run()
+        res = capture_exported(ep, strip=strip, progress=log, collect_errors=collect_errors)
     finally:
         module.train(was_training)
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+def capture_exported(ep, *, strip: str = "", progress: Callable[[str], None] | None = None,
+                     collect_errors: bool = False) -> CaptureResult:
+    """Builds a kiln.Graph from an ``torch.export.ExportedProgram`` (e.g. one read with
+    ``torch.export.load`` from a .pt2 file): runs Kiln's decompositions, then maps every node. The
+    program's inputs take the shapes and dtypes of its placeholders (the example inputs it was
+    exported with). `strip`: a module-path prefix to drop from error locations. Raises ExportError."""
+    t0 = time.perf_counter()
+    log = progress or (lambda s: None)
+    log("[kiln] decomposing to Kiln's op set ...")
+    try:
+        ep = ep.run_decompositions(decomposition_table())
+    except Exception as e:  # noqa: BLE001
+        raise ExportError(f"torch's decompositions failed: {type(e).__name__}: {str(e).strip()[:500]}") from e
+    n_calls = sum(1 for n in ep.graph.nodes if n.op == "call_function")
+    log(f"[kiln] building graph from {n_calls} ATen nodes ...")
+    b = _Builder(ep, strip=strip, progress=log, collect_errors=collect_errors)
+    graph, names = b.run()
     return CaptureResult(graph, names, n_calls, b.notes, time.perf_counter() - t0, b.output_index, b.output_errors,
                          b.input_index)
 
@@ -1202,19 +1224,72 @@ class ExportResult:
 
 
 def check_backends(backends: Sequence[str]) -> tuple:
-    """Validates backend names; ExportError for unknown ones or ones not built yet."""
+    """Validates backend names (order of preference kept, duplicates refused); returns them as a
+    tuple. "portable" is Kiln's own kernels (what no delegate takes runs there anyway); the others
+    must be delegate backends compiled into this build (``kiln._kiln.backend_names()``). ExportError
+    names an unknown backend, or one this build lacks, and lists the built ones."""
     if isinstance(backends, str):
         backends = (backends,)
     out = []
+    built = ", ".join(BUILT_BACKENDS)
     for name in backends:
+        if not isinstance(name, str):
+            raise ExportError(f"backend names are strings, got {name!r}")
+        if name in out:
+            raise ExportError(f"backend '{name}' is given twice")
         if name in BUILT_BACKENDS:
             out.append(name)
+        elif name == "cpu":
+            raise ExportError("'cpu' is not a delegate backend: Kiln's optimized CPU kernels run whatever no "
+                              f"delegate takes, with no option needed (built: {built})")
         elif name in KNOWN_BACKENDS:
-            raise ExportError(f"backend {name} is not built yet (available: {', '.join(BUILT_BACKENDS)})")
+            raise ExportError(f"backend {name} is not built into this Kiln (built: {built}); rebuild Kiln with "
+                              f"its dependencies installed (see README.md)")
         else:
-            raise ExportError(f"unknown backend '{name}' (known: {', '.join(KNOWN_BACKENDS)}; "
-                              f"built: {', '.join(BUILT_BACKENDS)})")
+            raise ExportError(f"unknown backend '{name}' (known: {', '.join(KNOWN_BACKENDS)}; built: {built})")
     return tuple(out)
+
+
+def check_require_delegation(require: str | None, backends: Sequence[str]) -> str:
+    """Validates `require_delegation`: "" / None (no requirement) or a built delegate backend that
+    is among `backends` (or `backends` is empty: it is then the one backend requested). Returns the
+    name ("" for none). ExportError otherwise."""
+    if not require:
+        return ""
+    if require == "portable" or require not in BUILT_BACKENDS:
+        check_backends((require,))  # unknown / not built: the same message as for --backends
+        raise ExportError(f"require_delegation='{require}': only a delegate backend can be required "
+                          f"(built: {', '.join(b for b in BUILT_BACKENDS if b != 'portable') or 'none'})")
+    if backends and require not in backends:
+        raise ExportError(f"require_delegation='{require}' is not among the requested backends "
+                          f"({', '.join(backends)})")
+    return require
+
+
+def format_delegation(report: dict) -> list[str]:
+    """Human-readable lines of a compile report's delegation (per method: segments, nodes and
+    constant bytes per delegate backend; the nodes left to Kiln's CPU kernels grouped by op, with
+    each backend's reason for declining them). Empty when no backend was requested."""
+    lines = []
+    for m in report.get("methods", []):
+        d = m.get("delegation") or {}
+        if not d.get("backends"):
+            continue
+        lines.append(f"[kiln]   {m['name']}: delegation")
+        for b in d["backends"]:
+            lines.append(f"[kiln]     {b['backend']}: {b['segments']} segment(s), {b['nodes']} node(s), "
+                         f"constants {_fmt_bytes(b['constant_bytes'])}")
+        cpu = d.get("cpu_ops", [])
+        if not cpu:
+            lines.append("[kiln]     CPU kernels: none (every node is delegated)")
+            continue
+        total = sum(c["count"] for c in cpu)
+        lines.append(f"[kiln]     CPU kernels: {total} node(s)")
+        for c in cpu:
+            lines.append(f"[kiln]       {c['op']} x{c['count']}")
+            for backend, reason in c["reasons"]:
+                lines.append(f"[kiln]         {backend}: {reason}")
+    return lines
 
 
 def _fmt_bytes(n: int) -> str:
@@ -1228,20 +1303,103 @@ def _default_progress(msg: str):
     print(msg, file=sys.stderr, flush=True)
 
 
+def _write_json(path, report: dict):
+    import json
+    path = os.fspath(path)
+    d = os.path.dirname(path)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=2)
+        f.write("\n")
+
+
+def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.PathLike | None = None,
+                     backends: Sequence[str] = (), require_delegation: str | None = None,
+                     fold_constants: bool = True, fold_batch_norm: bool = True,
+                     report_json: str | os.PathLike | None = None, verbose: bool = True,
+                     t0: float | None = None) -> ExportResult:
+    """Compiles captured methods ({name: CaptureResult}) into one program with the C++ compiler,
+    writes `out` (and the report as JSON to `report_json`) when given and prints the report unless
+    verbose=False. `backends`/`require_delegation`: see export(). Raises ExportError (code = the
+    Kiln error code name when the compiler refused, e.g. "NotSupported" for require_delegation)."""
+    backends = check_backends(backends)
+    require = check_require_delegation(require_delegation, backends)
+    delegates = [b for b in backends if b != "portable"]
+    if require and not delegates:
+        delegates = [require]  # require_delegation alone means "this backend"
+    log = _default_progress if verbose else (lambda s: None)
+    t0 = time.perf_counter() if t0 is None else t0
+    pb = _kiln.ProgramBuilder()
+    notes = []
+    for name, cap in captures.items():
+        notes += [f"{name}: {n}" for n in cap.notes]
+        try:
+            pb.add_method(name, cap.graph)
+        except KilnError as e:
+            raise ExportError(f"method '{name}': {e.args[0]}") from None
+    log("[kiln] compiling" + (f" (delegating to {', '.join(delegates)})" if delegates else "") + " ...")
+    try:
+        data, report = pb.compile(fold_constants=fold_constants, backends=delegates, require_delegation=require,
+                                  fold_batch_norm=fold_batch_norm)
+    except KilnError as e:
+        code = e.args[1] if len(e.args) > 1 else None
+        if require and code == "NotSupported" and "not delegated to required backend" in e.args[0]:
+            raise ExportError(f"require_delegation='{require}' failed; nothing was written. {e.args[0]}",
+                              code=code) from None
+        raise ExportError(f"compilation failed: {e.args[0]}", code=code) from None
+    report = dict(report)
+    report["backends"] = list(delegates)
+    report["require_delegation"] = require
+    path = None
+    try:
+        if out is not None:
+            path = os.fspath(out)
+            d = os.path.dirname(path)
+            if d:
+                os.makedirs(d, exist_ok=True)
+            with open(path, "wb") as f:
+                f.write(data)
+        report["path"] = path
+        if report_json is not None:
+            _write_json(report_json, report)
+    except OSError as e:
+        raise ExportError(f"cannot write {e.filename or path}: {e.strerror or e}") from None
+    secs = time.perf_counter() - t0
+    lines = [f"[kiln] {'wrote ' + path if path else 'compiled'}: {_fmt_bytes(len(data))} "
+             f"(constants {_fmt_bytes(report['constant_bytes'])}), {secs:.1f} s, backends: "
+             f"{', '.join(delegates) + ' + portable/cpu kernels' if delegates else 'portable/cpu kernels'}"]
+    for m in report["methods"]:
+        cap = captures[m["name"]]
+        bn = f", {m['num_bn_folded']} batch norms folded" if m.get("num_bn_folded") else ""
+        lines.append(f"[kiln]   {m['name']}: {cap.aten_nodes} ATen nodes -> {m['num_nodes']} Kiln nodes "
+                     f"({m['num_folded']} folded{bn}, {m['num_dead']} dead), arena {_fmt_bytes(m['arena_bytes'])}, "
+                     f"constants {_fmt_bytes(m['constant_bytes'])}")
+    lines += format_delegation(report)
+    if report_json is not None:
+        lines.append(f"[kiln]   report: {os.fspath(report_json)}")
+    lines += [f"[kiln]   note: {n}" for n in notes]
+    text = "\n".join(lines)
+    log(text)
+    return ExportResult(path, data, report, text, secs, [m["name"] for m in report["methods"]], notes)
+
+
 def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | None = None,
-                   backends: Sequence[str] = (), fold_constants: bool = True, strict: bool = False,
-                   verbose: bool = True) -> ExportResult:
+                   backends: Sequence[str] = (), require_delegation: str | None = None,
+                   fold_constants: bool = True, fold_batch_norm: bool = True, strict: bool = False,
+                   report_json: str | os.PathLike | None = None, verbose: bool = True) -> ExportResult:
     """Exports several methods into one program: ``{"encode": (module, args), "decode": (module2,
     args2, "decode_method"), ...}`` (an optional third item names the module method; default
     "forward"). Constants with identical bytes are stored once across methods. Writes `out` when
-    given. Prints progress and a report unless verbose=False. Raises ExportError."""
-    check_backends(backends)
+    given. Options as for export(). Prints progress and a report unless verbose=False. Raises
+    ExportError."""
+    backends = check_backends(backends)
+    check_require_delegation(require_delegation, backends)
     if not methods:
         raise ExportError("export_program needs at least one method")
     log = _default_progress if verbose else (lambda s: None)
     t0 = time.perf_counter()
-    pb = _kiln.ProgramBuilder()
-    notes, captures = [], {}
+    captures = {}
     for name, spec in methods.items():
         if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
             raise ExportError(f"method '{name}': expected (module, example_inputs[, module_method])")
@@ -1249,47 +1407,58 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
         mname = spec[2] if len(spec) == 3 else "forward"
         if len(methods) > 1:
             log(f"[kiln] method '{name}':")
-        cap = capture(module, args, method=mname, strict=strict, progress=log)
-        captures[name] = cap
-        notes += [f"{name}: {n}" for n in cap.notes]
-        try:
-            pb.add_method(name, cap.graph)
-        except KilnError as e:
-            raise ExportError(f"method '{name}': {e.args[0]}") from None
-    log("[kiln] compiling ...")
-    try:
-        data, report = pb.compile(fold_constants=fold_constants)
-    except KilnError as e:
-        raise ExportError(f"compilation failed: {e.args[0]}", code=e.args[1] if len(e.args) > 1 else None) from None
-    path = None
-    if out is not None:
-        path = os.fspath(out)
-        d = os.path.dirname(path)
-        if d:
-            os.makedirs(d, exist_ok=True)
-        with open(path, "wb") as f:
-            f.write(data)
-    secs = time.perf_counter() - t0
-    lines = [f"[kiln] {'wrote ' + path if path else 'compiled'}: {_fmt_bytes(len(data))} "
-             f"(constants {_fmt_bytes(report['constant_bytes'])}), {secs:.1f} s, backends: "
-             f"{', '.join(backends) if backends else 'portable'}"]
-    for m in report["methods"]:
-        cap = captures[m["name"]]
-        lines.append(f"[kiln]   {m['name']}: {cap.aten_nodes} ATen nodes -> {m['num_nodes']} Kiln nodes "
-                     f"({m['num_folded']} folded, {m['num_dead']} dead), arena {_fmt_bytes(m['arena_bytes'])}, "
-                     f"constants {_fmt_bytes(m['constant_bytes'])}")
-    lines += [f"[kiln]   note: {n}" for n in notes]
-    text = "\n".join(lines)
-    log(text)
-    return ExportResult(path, data, report, text, secs, [m["name"] for m in report["methods"]], notes)
+        captures[name] = capture(module, args, method=mname, strict=strict, progress=log)
+    return compile_captures(captures, out=out, backends=backends, require_delegation=require_delegation,
+                            fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
+                            report_json=report_json, verbose=verbose, t0=t0)
 
 
 def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", out: str | os.PathLike | None = None,
-           backends: Sequence[str] = (), fold_constants: bool = True, strict: bool = False,
+           backends: Sequence[str] = (), require_delegation: str | None = None, fold_constants: bool = True,
+           fold_batch_norm: bool = True, strict: bool = False, report_json: str | os.PathLike | None = None,
            verbose: bool = True) -> ExportResult:
     """Exports ``module.<method>`` (default forward) for `example_inputs` (a tensor or tuple; the
     program takes exactly these shapes and dtypes) into a program with one method named `method`,
-    written to `out` when given. `backends`: () or ("portable",) for now. Prints progress and a
-    report unless verbose=False. Returns an ExportResult; raises ExportError."""
+    written to `out` when given.
+
+    backends: delegate backends in order of preference, e.g. ("xnnpack",) (valid: "portable" plus
+    ``kiln._kiln.backend_names()``); each takes the nodes it supports, the rest runs on Kiln's CPU
+    kernels. require_delegation: a backend name; the export then fails (ExportError, code
+    "NotSupported", listing every node not delegated with the backend's reason) unless that backend
+    takes every node. fold_batch_norm: fold inference batch norms into the preceding convolution /
+    linear (on by default). report_json: path to write the compile report (a dict: per method
+    nodes, arena, constants and "delegation" = {backends: [{backend, segments, nodes,
+    constant_bytes}], cpu_ops: [{op, count, reasons: [[backend, reason]]}]}) as JSON.
+    Prints progress and a report unless verbose=False. Returns an ExportResult; raises ExportError."""
     return export_program({method: (module, example_inputs, method)}, out=out, backends=backends,
-                          fold_constants=fold_constants, strict=strict, verbose=verbose)
+                          require_delegation=require_delegation, fold_constants=fold_constants,
+                          fold_batch_norm=fold_batch_norm, strict=strict, report_json=report_json,
+                          verbose=verbose)
+
+
+def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", out: str | os.PathLike | None = None,
+                          backends: Sequence[str] = (), require_delegation: str | None = None,
+                          fold_constants: bool = True, fold_batch_norm: bool = True,
+                          report_json: str | os.PathLike | None = None, verbose: bool = True) -> ExportResult:
+    """Compiles an ExportedProgram saved with ``torch.export.save(ep, path)`` (a .pt2 file) into a
+    program with one method named `method`. Its inputs take the shapes and dtypes of the saved
+    program's placeholders (its example inputs). Options as for export(). Raises ExportError
+    (also for a file torch.export.load cannot read)."""
+    backends = check_backends(backends)
+    check_require_delegation(require_delegation, backends)
+    log = _default_progress if verbose else (lambda s: None)
+    t0 = time.perf_counter()
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ExportError(f"no such file: {path}")
+    log(f"[kiln] loading {path} with torch.export.load ...")
+    try:
+        ep = torch.export.load(path)
+    except Exception as e:  # noqa: BLE001
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise ExportError(f"cannot read {path} as an ExportedProgram saved with torch.export.save: "
+                          f"{type(e).__name__}: {first}") from None
+    cap = capture_exported(ep, progress=log)
+    return compile_captures({method: cap}, out=out, backends=backends, require_delegation=require_delegation,
+                            fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
+                            report_json=report_json, verbose=verbose, t0=t0)

@@ -90,6 +90,11 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
       if (!folded.ok()) return Error(folded.error().code(), "method '" + name + "': " + folded.error().message());
       rep.num_folded = folded.value();
     }
+    if (options.fold_batch_norm) {
+      auto bn = fold_batch_norm(g);
+      if (!bn.ok()) return Error(bn.error().code(), "method '" + name + "': batch-norm folding: " + bn.error().message());
+      rep.num_bn_folded = bn.value();
+    }
     if (options.eliminate_dead_code) rep.num_dead = eliminate_dead_code(g);
     rep.num_nodes = g.nodes().size();
     std::vector<std::string> backends = options.backends;
@@ -247,7 +252,7 @@ std::string CompiledProgram::report() const {
   os << "program: " << bytes.size() << " bytes, " << constant_bytes << " constant bytes (deduplicated)\n";
   for (const MethodReport& m : methods) {
     os << "  method '" << m.name << "': " << m.num_nodes << " kernel calls (" << m.num_folded << " folded, "
-       << m.num_dead << " dead removed), arena " << m.arena_bytes << " bytes (activations " << m.activation_bytes
+       << m.num_bn_folded << " batch norms folded, " << m.num_dead << " dead removed), arena " << m.arena_bytes << " bytes (activations " << m.activation_bytes
        << " bytes without reuse), constants " << m.constant_bytes << " bytes\n";
     const DelegationReport& d = m.delegation;
     if (d.backends.empty()) continue;

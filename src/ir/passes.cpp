@@ -1,4 +1,6 @@
-// Graph passes: dead-code elimination and constant folding.
+// Graph passes: dead-code elimination, constant folding, conv/linear + batch-norm folding.
+#include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "kernels/kernel.h"
@@ -75,6 +77,127 @@ Result<size_t> fold_constants(Graph& graph) {
     ++folded;
   }
   nodes = std::move(kept);
+  return folded;
+}
+
+namespace {
+
+// The float32 data of a constant value, or nullptr when `id` is absent / not a float32 constant.
+const float* const_f32(const Graph& g, ValueId id) {
+  if (id == kNoValue) return nullptr;
+  const Value& v = g.value(id);
+  if (!v.constant || v.type.dtype != DType::Float32) return nullptr;
+  return reinterpret_cast<const float*>(v.constant->data());
+}
+
+// Whether `bn` (an aten.native_batch_norm node) can be folded into a producer whose output has
+// `channels` channels on dim 1: inference mode, constant float32 running statistics (and
+// weight/bias when present), each of size [channels].
+bool foldable_batch_norm(const Graph& g, const Node& bn, int64_t channels) {
+  if (bn.attrs.get_bool("training")) return false;
+  if (bn.inputs.size() != 5 || bn.outputs.size() != 1) return false;
+  for (size_t i = 1; i < 5; ++i) {
+    const ValueId id = bn.inputs[i];
+    if (id == kNoValue) {
+      if (i >= 3) return false;  // running statistics are required in inference
+      continue;
+    }
+    if (const_f32(g, id) == nullptr) return false;
+    if (g.value(id).type.sizes != std::vector<int64_t>{channels}) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+Result<size_t> fold_batch_norm(Graph& graph) {
+  const auto& nodes = graph.nodes();
+  // Readers of every value (graph outputs count as a reader that is not a node).
+  std::vector<int> readers(graph.values().size(), 0);
+  std::vector<int> producer(graph.values().size(), -1);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (ValueId in : nodes[i].inputs) {
+      if (in != kNoValue) ++readers[static_cast<size_t>(in)];
+    }
+    for (ValueId o : nodes[i].outputs) producer[static_cast<size_t>(o)] = static_cast<int>(i);
+  }
+  for (ValueId o : graph.outputs()) ++readers[static_cast<size_t>(o)];
+
+  std::vector<bool> drop(nodes.size(), false);
+  size_t folded = 0;
+  for (size_t bi = 0; bi < nodes.size(); ++bi) {
+    const Node& bn = graph.nodes()[bi];
+    if (bn.op != "aten.native_batch_norm" || bn.inputs.empty() || bn.inputs[0] == kNoValue) continue;
+    const ValueId y = bn.inputs[0];
+    const int pi = producer[static_cast<size_t>(y)];
+    // The producer's output must be read by this batch norm alone (not by another node, not
+    // returned), else the unnormalized value would be lost.
+    if (pi < 0 || readers[static_cast<size_t>(y)] != 1 || drop[static_cast<size_t>(pi)]) continue;
+    const Node& prod = graph.nodes()[static_cast<size_t>(pi)];
+    if (prod.outputs.size() != 1 || prod.delegate) continue;
+    const TensorType& yt = graph.value(y).type;
+    if (yt.dtype != DType::Float32 || yt.dim() < 2) continue;
+    const bool conv = prod.op == "aten.convolution";
+    // aten.linear's output features are its last dim: that is batch norm's channel dim (1) only
+    // for rank-2 outputs.
+    const bool linear = prod.op == "aten.linear" && yt.dim() == 2;
+    if (!conv && !linear) continue;
+    // Transposed convolution keeps output channels on weight dim 1 (and per group): not folded.
+    if (conv && prod.attrs.get_bool("transposed")) continue;
+    if (prod.inputs.size() != 3) continue;
+    const float* w = const_f32(graph, prod.inputs[1]);
+    if (w == nullptr) continue;
+    const ValueId bias_id = prod.inputs[2];
+    const float* b = const_f32(graph, bias_id);
+    if (bias_id != kNoValue && b == nullptr) continue;
+    const TensorType wt = graph.value(prod.inputs[1]).type;
+    const int64_t channels = yt.sizes[1];
+    if (wt.dim() < 2 || wt.sizes[0] != channels) continue;
+    if (b != nullptr && graph.value(bias_id).type.sizes != std::vector<int64_t>{channels}) continue;
+    if (!foldable_batch_norm(graph, bn, channels)) continue;
+
+    const float* gamma = const_f32(graph, bn.inputs[1]);
+    const float* beta = const_f32(graph, bn.inputs[2]);
+    const float* mean = const_f32(graph, bn.inputs[3]);
+    const float* var = const_f32(graph, bn.inputs[4]);
+    const double eps = bn.attrs.get_float("eps", 1e-5);
+    // PyTorch torch/nn/utils/fusion.py fuse_conv_bn_weights / fuse_linear_bn_weights:
+    //   scale = gamma / sqrt(var + eps);  w' = w * scale[o];  b' = (b - mean) * scale + beta.
+    const size_t per_out = static_cast<size_t>(wt.numel() / channels);
+    std::vector<uint8_t> wbytes(wt.nbytes()), bbytes(static_cast<size_t>(channels) * sizeof(float));
+    auto* nw = reinterpret_cast<float*>(wbytes.data());
+    auto* nb = reinterpret_cast<float*>(bbytes.data());
+    for (int64_t o = 0; o < channels; ++o) {
+      const double scale = (gamma ? static_cast<double>(gamma[o]) : 1.0) / std::sqrt(static_cast<double>(var[o]) + eps);
+      for (size_t k = 0; k < per_out; ++k) {
+        const size_t idx = static_cast<size_t>(o) * per_out + k;
+        nw[idx] = static_cast<float>(static_cast<double>(w[idx]) * scale);
+      }
+      const double b0 = b ? static_cast<double>(b[o]) : 0.0;
+      nb[o] = static_cast<float>((b0 - static_cast<double>(mean[o])) * scale + (beta ? static_cast<double>(beta[o]) : 0.0));
+    }
+    const std::string base = prod.debug_name.empty() ? prod.op : prod.debug_name;
+    auto new_w = graph.add_constant(base + ".weight(bn folded)", wt, std::move(wbytes));
+    if (!new_w.ok()) return new_w.error();
+    auto new_b = graph.add_constant(base + ".bias(bn folded)", TensorType{DType::Float32, {channels}}, std::move(bbytes));
+    if (!new_b.ok()) return new_b.error();
+    Node& p = graph.mutable_nodes()[static_cast<size_t>(pi)];
+    p.inputs[1] = new_w.value();
+    p.inputs[2] = new_b.value();
+    p.outputs[0] = graph.nodes()[bi].outputs[0];  // same type as y: batch norm keeps the shape
+    producer[static_cast<size_t>(p.outputs[0])] = pi;
+    drop[bi] = true;
+    ++folded;
+  }
+  if (folded > 0) {
+    auto& ns = graph.mutable_nodes();
+    std::vector<Node> kept;
+    kept.reserve(ns.size() - folded);
+    for (size_t i = 0; i < ns.size(); ++i) {
+      if (!drop[i]) kept.push_back(std::move(ns[i]));
+    }
+    ns = std::move(kept);
+  }
   return folded;
 }
 

@@ -10,6 +10,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -315,3 +316,110 @@ def test_usage_errors_and_help(cli):
     assert p.returncode == 0 and "inspect" in p.stdout and "run" in p.stdout and "Exit status" in p.stdout
     p = kiln_cmd(cli, "run", "--help")
     assert p.returncode == 0 and "--input" in p.stdout and "--output-dir" in p.stdout and "--method" in p.stdout
+
+
+# ------------------------------------------------------------------------------------------------
+# python -m kiln export / compile (python/kiln/__main__.py): delegation options and the report
+
+HAS_XNNPACK = "xnnpack" in kiln._kiln.backend_names()
+needs_xnnpack = pytest.mark.skipif(not HAS_XNNPACK, reason="the xnnpack backend is not built")
+
+
+def py_kiln(*args, timeout=300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    return subprocess.run([sys.executable, "-m", "kiln", *map(str, args)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+@needs_xnnpack
+def test_py_export_xnnpack_required_with_json_report(tmp_path):
+    out, rep = tmp_path / "mv3_xnnpack.kiln", tmp_path / "mv3.json"
+    r = py_kiln("export", "mobilenet_v3_small", "--input-shape", "1x3x96x96", "--backends", "xnnpack",
+                "--require-delegation", "xnnpack", "--report-json", rep, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "xnnpack: 1 segment(s)" in r.stderr and "CPU kernels: none" in r.stderr, r.stderr
+    with open(rep) as f:
+        report = json.load(f)
+    d = report["methods"][0]["delegation"]
+    assert report["backends"] == ["xnnpack"] and report["require_delegation"] == "xnnpack"
+    assert d["backends"][0]["backend"] == "xnnpack" and d["backends"][0]["segments"] == 1 and d["cpu_ops"] == []
+    import torchvision
+    torch.manual_seed(0)
+    model = torchvision.models.mobilenet_v3_small(weights=None).eval()
+    x = torch.randn(1, 3, 96, 96)
+    with torch.no_grad():
+        assert float(np.abs(kiln.load(out).run(x)[0] - model(x).numpy()).max()) <= 1e-4
+
+
+class _GN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(8)
+        self.gn = torch.nn.GroupNorm(4, 8)
+
+    def forward(self, x):
+        return torch.relu(self.gn(self.bn(self.conv(x))))
+
+
+@pytest.fixture()
+def saved_pt2(tmp_path):
+    torch.manual_seed(0)
+    model = _GN().eval()
+    with torch.no_grad():
+        model.bn.running_var.uniform_(0.5, 2.0)
+        model.bn.running_mean.uniform_(-0.5, 0.5)
+    x = torch.randn(2, 3, 7, 9)
+    path = tmp_path / "gn.pt2"
+    torch.export.save(torch.export.export(model, (x,)), str(path))
+    with torch.no_grad():
+        return path, x, model(x).numpy()
+
+
+def test_py_compile_pt2(saved_pt2, tmp_path):
+    path, x, ref = saved_pt2
+    out = tmp_path / "gn.kiln"
+    r = py_kiln("compile", path, "-o", out)
+    assert r.returncode == 0, r.stderr
+    assert "1 batch norms folded" in r.stderr, r.stderr
+    prog = kiln.load(out)
+    assert prog.method("forward").inputs[0]["sizes"] == [2, 3, 7, 9]
+    assert float(np.abs(prog.run(x)[0] - ref).max()) <= 1e-5 * float(np.abs(ref).max())
+
+
+@needs_xnnpack
+def test_py_compile_pt2_delegation_report_and_requirement(saved_pt2, tmp_path):
+    path, x, ref = saved_pt2
+    out, rep = tmp_path / "gn_x.kiln", tmp_path / "gn.json"
+    r = py_kiln("compile", path, "-o", out, "--backends", "xnnpack", "--report-json", rep)
+    assert r.returncode == 0, r.stderr
+    assert "aten.native_group_norm x1" in r.stderr and "no xnnpack lowering" in r.stderr, r.stderr
+    with open(rep) as f:
+        d = json.load(f)["methods"][0]["delegation"]
+    (gn,) = [c for c in d["cpu_ops"] if c["op"] == "aten.native_group_norm"]
+    assert gn["count"] == 1 and gn["reasons"][0][0] == "xnnpack" and "no xnnpack lowering" in gn["reasons"][0][1]
+    assert float(np.abs(kiln.load(out).run(x)[0] - ref).max()) <= 1e-5 * float(np.abs(ref).max())
+
+    out2 = tmp_path / "never.kiln"
+    r = py_kiln("compile", path, "-o", out2, "--require-delegation", "xnnpack")
+    assert r.returncode == 1, r.stderr
+    assert "not delegated to required backend 'xnnpack'" in r.stderr and "aten.native_group_norm (gn)" in r.stderr
+    assert not out2.exists()
+
+
+def test_py_cli_help_and_errors(tmp_path):
+    for cmd in ("export", "compile"):
+        r = py_kiln(cmd, "--help", timeout=120)
+        assert r.returncode == 0
+        for flag in ("--backends", "--require-delegation", "--report-json", "-o"):
+            assert flag in r.stdout, (cmd, flag)
+    r = py_kiln("compile", tmp_path / "missing.pt2", "-o", tmp_path / "x.kiln", timeout=120)
+    assert r.returncode == 2 and "no such file" in r.stderr
+    bad = tmp_path / "bad.pt2"
+    bad.write_bytes(b"not a zip file")
+    r = py_kiln("compile", bad, "-o", tmp_path / "x.kiln", timeout=120)
+    assert r.returncode == 1 and "cannot read" in r.stderr and "torch.export.save" in r.stderr, r.stderr
+    r = py_kiln("export", "resnet18", "--backends", "cuda", "-o", tmp_path / "x.kiln", timeout=120)
+    assert r.returncode == 2 and "unknown backend 'cuda'" in r.stderr
+    r = py_kiln("export", "-o", tmp_path / "x.kiln", timeout=120)
+    assert r.returncode == 2 and "give the model" in r.stderr

@@ -108,14 +108,15 @@ def test_transposed_convolution_is_declined_with_reason():
     assert any("transposed" in r for r in reasons(dl, "aten.convolution")), dl
 
 
-@pytest.mark.parametrize("op", ["aten.add", "aten.mul"])
+@pytest.mark.parametrize("op", ["aten.add", "aten.mul", "aten.sub", "aten.div"])
 @pytest.mark.parametrize("shapes", [((2, 3, 4, 5), (2, 3, 4, 5)), ((2, 3, 4, 5), (1, 3, 1, 1)),
                                     ((2, 3, 4, 5), (2, 3, 1, 5)), ((4, 7), (7,)), ((3, 1, 5), (4, 1))])
 def test_binary(op, shapes):
     a, b = _rand(*shapes[0], seed=4), _rand(*shapes[1], seed=5)
     (out,), dl, _ = compile_run(lambda g, ids: g.add_node(op, ids, {}), [a, b])
     check_all_delegated(dl, nodes=1)
-    ref = (A.add if op == "aten.add" else A.mul)(torch.from_numpy(a), torch.from_numpy(b)).numpy()
+    fn = {"aten.add": A.add, "aten.mul": A.mul, "aten.sub": A.sub, "aten.div": A.div}[op]
+    ref = fn(torch.from_numpy(a), torch.from_numpy(b)).numpy()
     assert_close(out, ref, 1e-5, op)
 
 
@@ -147,6 +148,101 @@ def test_add_alpha_is_declined_with_reason():
     assert_close(out, A.add(torch.from_numpy(a), torch.from_numpy(b), alpha=10).numpy(), 1e-6, "add alpha")
 
 
+@pytest.mark.parametrize("op,attrs,want", [("aten.sub", {"alpha": 2.0}, "alpha=2"),
+                                           ("aten.div", {"rounding_mode": "floor"}, "rounding_mode='floor'"),
+                                           ("aten.div", {"rounding_mode": "trunc"}, "rounding_mode='trunc'")])
+def test_sub_div_attributes_declined_with_reason(op, attrs, want):
+    a, b = _rand(2, 3, 4, 5, seed=8), _rand(2, 3, 4, 5, seed=9) + 3
+    (out,), dl, text = compile_run(lambda g, ids: g.add_node(op, ids, attrs), [a, b])
+    assert xnn(dl)["segments"] == 0
+    (r,) = reasons(dl, op)
+    assert want in r and want in text, r
+    ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+    ref = A.sub(ta, tb, alpha=2.0) if op == "aten.sub" else A.div(ta, tb, rounding_mode=attrs["rounding_mode"])
+    assert_close(out, ref.numpy(), 1e-6, op)
+
+
+@pytest.mark.parametrize("shape,dim", [((4, 10), -1), ((4, 10), 1), ((2, 3, 7), 2), ((2, 5, 3, 4), 1),
+                                       ((2, 5, 3, 4), -3), ((9,), 0)])
+def test_softmax(shape, dim):
+    # Rank 4 is NHWC inside the delegate: softmax over the channels (dim 1) is its innermost dim.
+    x = _rand(*shape, seed=40) * 3
+    (out,), dl, _ = compile_run(lambda g, ids: g.add_node("aten._softmax", ids, {"dim": dim}), [x])
+    check_all_delegated(dl, nodes=1)
+    assert_close(out, A._softmax(torch.from_numpy(x), dim, False).numpy(), 1e-5, "softmax")
+
+
+@pytest.mark.parametrize("shape,dim", [((4, 10), 0), ((2, 5, 3, 4), 3), ((2, 3, 7), 1)])
+def test_softmax_over_other_dims_is_declined(shape, dim):
+    x = _rand(*shape, seed=41)
+    (out,), dl, _ = compile_run(lambda g, ids: g.add_node("aten._softmax", ids, {"dim": dim}), [x])
+    assert xnn(dl)["segments"] == 0
+    (r,) = reasons(dl, "aten._softmax")
+    assert "innermost" in r, r
+    assert_close(out, A._softmax(torch.from_numpy(x), dim, False).numpy(), 1e-5, "softmax")
+
+
+@pytest.mark.parametrize("shape,pad,value", [((1, 3, 5, 6), [1, 2], 0.0), ((1, 3, 5, 6), [1, 0, 2, 3], -1.5),
+                                             ((2, 3, 4, 4), [0, 1, 1, 0, 2, 1], 0.25),
+                                             ((2, 3, 4, 4), [1, 1, 1, 1, 0, 0, 1, 0], 0.0),
+                                             ((3, 7), [2, 1], 5.0), ((2, 3, 7), [0, 0, 3, 1], 0.0)])
+def test_constant_pad(shape, pad, value):
+    x = _rand(*shape, seed=42)
+    (out,), dl, _ = compile_run(lambda g, ids: g.add_node("aten.constant_pad_nd", ids, {"pad": pad, "value": value}),
+                                [x])
+    check_all_delegated(dl, nodes=1)
+    assert_close(out, A.constant_pad_nd(torch.from_numpy(x), pad, value).numpy(), 1e-6, "pad")
+
+
+def test_constant_pad_crop_is_declined():
+    x = _rand(1, 3, 5, 6, seed=43)
+    (out,), dl, _ = compile_run(lambda g, ids: g.add_node("aten.constant_pad_nd", ids, {"pad": [1, -2]}), [x])
+    assert xnn(dl)["segments"] == 0
+    assert "negative padding" in reasons(dl, "aten.constant_pad_nd")[0]
+    assert_close(out, A.constant_pad_nd(torch.from_numpy(x), [1, -2]).numpy(), 1e-6, "crop")
+
+
+@pytest.mark.parametrize("op,attrs", [("aten.permute", {"dims": [0, 2, 3, 1]}),
+                                      ("aten.transpose", {"dim0": 1, "dim1": 2})])
+def test_transpose_ops_declined_with_reason(op, attrs):
+    x = _rand(1, 3, 4, 5, seed=44)
+    (out,), dl, _ = compile_run(lambda g, ids: g.add_node(op, ids, attrs), [x])
+    assert xnn(dl)["segments"] == 0
+    assert "no static transpose or concatenate" in reasons(dl, op)[0]
+
+
+def test_cat_declined_with_reason():
+    a, b = _rand(1, 3, 4, 5, seed=45), _rand(1, 2, 4, 5, seed=46)
+    (out,), dl, _ = compile_run(lambda g, ids: g.add_node("aten.cat", ids, {"dim": 1}), [a, b])
+    assert xnn(dl)["segments"] == 0
+    assert "no static transpose or concatenate" in reasons(dl, "aten.cat")[0]
+    assert_close(out, np.concatenate([a, b], 1), 0, "cat")
+
+
+@pytest.mark.parametrize("shape,affine", [((2, 5, 4, 3), True), ((2, 5, 4, 3), False), ((3, 5), True),
+                                          ((2, 5, 7), True)])
+def test_unfolded_batch_norm(shape, affine):
+    # A batch norm after an add (nothing to fold it into) is lowered as a per-channel multiply-add.
+    rng = np.random.default_rng(47)
+    c = shape[1]
+    a, b = _rand(*shape, seed=48), _rand(*shape, seed=49)
+    w, bias = rng.random(c).astype(np.float32) + 0.5, rng.standard_normal(c).astype(np.float32)
+    mean, var = rng.standard_normal(c).astype(np.float32), rng.random(c).astype(np.float32) + 0.1
+
+    def build(g, ids):
+        (s,) = g.add_node("aten.add", ids, {})
+        ins = [s, _const(g, "w", w) if affine else -1, _const(g, "b", bias) if affine else -1,
+               _const(g, "m", mean), _const(g, "v", var)]
+        return g.add_node("aten.native_batch_norm", ins, {"training": False, "eps": 1e-3})
+
+    (out,), dl, _ = compile_run(build, [a, b])
+    check_all_delegated(dl, nodes=2)
+    t = lambda v: torch.from_numpy(v) if v is not None else None  # noqa: E731
+    ref = torch.nn.functional.batch_norm(t(a) + t(b), t(mean), t(var), t(w) if affine else None,
+                                         t(bias) if affine else None, False, 0.1, 1e-3).numpy()
+    assert_close(out, ref, 1e-5, "bn")
+
+
 def test_rank4_broadcast_against_lower_rank_is_declined():
     a, b = _rand(1, 3, 2, 4, seed=10), _rand(4, seed=11)
     (out,), dl, _ = compile_run(lambda g, ids: g.add_node("aten.add", ids, {}), [a, b])
@@ -164,6 +260,11 @@ UNARY = [
     ("aten.clamp", {"max": 0.3}, lambda t: A.clamp(t, max=0.3)),
     ("aten.hardswish", {}, lambda t: A.hardswish(t)),
     ("aten.hardsigmoid", {}, lambda t: A.hardsigmoid(t)),
+    ("aten.sigmoid", {}, lambda t: A.sigmoid(t)),
+    ("aten.silu", {}, lambda t: A.silu(t)),
+    ("aten.leaky_relu", {}, lambda t: A.leaky_relu(t)),
+    ("aten.leaky_relu", {"negative_slope": 0.2}, lambda t: A.leaky_relu(t, 0.2)),
+    ("aten.leaky_relu", {"negative_slope": -1.5}, lambda t: A.leaky_relu(t, -1.5)),
 ]
 
 

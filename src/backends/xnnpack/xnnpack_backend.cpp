@@ -18,12 +18,19 @@
 // XNNPACK's operators use), so an inconsistent or hostile payload is rejected before XNNPACK
 // sees it; outputs must match the program's types exactly.
 //
+// Lowered ops: convolution (2-D, not transposed), relu/hardtanh/clamp, hardswish, hardsigmoid,
+// sigmoid, silu, leaky_relu, add/sub (alpha 1)/mul/div (true division), mean over H, W and
+// adaptive/avg/max pooling, linear/addmm, view, _softmax over the innermost (XNNPACK-order) dim,
+// constant_pad_nd (no cropping) and inference batch norm with constant statistics. Anything else,
+// or an attribute value XNNPACK cannot honour, is declined with the reason.
+//
 // support() and lower() share one function (lower_subgraph): support lowers the node alone.
 #include <xnnpack.h>
 #include <pthreadpool.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <map>
@@ -53,6 +60,12 @@ enum Op : uint32_t {
   kAvgPool = 8,   // in: x; params: kh, kw, sh, sw (no padding)
   kFullyConnected = 9,  // in: x, w, b (b may be kNone); params: transpose_weights
   kReshape = 10,  // in: x; params: rank, dims (XNNPACK order)
+  kSigmoid = 11,  // in: x
+  kSub = 12,      // in: a, b
+  kDiv = 13,      // in: a, b
+  kLeakyRelu = 14,  // in: x; params: negative_slope (float bits)
+  kSoftmax = 15,  // in: x; softmax over the last dim (XNNPACK order)
+  kPad = 16,      // in: x; params: rank, pre[rank], post[rank], value (float bits), XNNPACK order
   kNumOps
 };
 
@@ -114,19 +127,20 @@ class Lowering {
     }
     if (op == "aten.hardswish") return emit(n, kHardswish, {in(n, 0)}, {});
     if (op == "aten.hardsigmoid") return hardsigmoid(n);
-    if (op == "aten.add" || op == "aten.mul") {
-      if (op == "aten.add" && a.get_float("alpha", 1.0) != 1.0) {
-        std::ostringstream os;
-        os << "alpha=" << a.get_float("alpha") << " is not supported (XNNPACK's add has no scale on the second input)";
-        return unsupported(os.str());
-      }
-      const auto& ta = g_.value(n.inputs[0]).type;
-      const auto& tb = g_.value(n.inputs[1]).type;
-      if ((ta.dim() == 4 || tb.dim() == 4) && ta.dim() != tb.dim()) {
-        return unsupported("broadcasting a rank-4 tensor against rank " + std::to_string(std::min(ta.dim(), tb.dim())) +
-                           " would need NCHW broadcasting inside the NHWC delegate");
-      }
-      return emit(n, op == "aten.add" ? kAdd : kMul, {in(n, 0), in(n, 1)}, {});
+    if (op == "aten.add" || op == "aten.mul" || op == "aten.sub" || op == "aten.div") return binary(n);
+    if (op == "aten.sigmoid") return emit(n, kSigmoid, {in(n, 0)}, {});
+    if (op == "aten.silu") return silu(n);
+    if (op == "aten.leaky_relu") {
+      const double slope = a.get_float("negative_slope", 0.01);
+      if (!std::isfinite(slope)) return unsupported("non-finite negative_slope");
+      return emit(n, kLeakyRelu, {in(n, 0)}, {fbits(static_cast<float>(slope))});
+    }
+    if (op == "aten._softmax") return softmax(n);
+    if (op == "aten.constant_pad_nd") return constant_pad(n);
+    if (op == "aten.native_batch_norm") return batch_norm(n);
+    if (op == "aten.permute" || op == "aten.transpose" || op == "aten.cat") {
+      return unsupported("op " + op + " has no xnnpack lowering (Debian's 2022 XNNPACK has no static transpose or "
+                         "concatenate node in its subgraph API)");
     }
     if (op == "aten.mean") return mean(n);
     if (op == "aten.adaptive_avg_pool2d") return adaptive_avg(n);
@@ -221,6 +235,118 @@ class Lowering {
                 {static_cast<uint32_t>(two(pad, 0)), static_cast<uint32_t>(two(pad, 1)), static_cast<uint32_t>(w[2]),
                  static_cast<uint32_t>(w[3]), static_cast<uint32_t>(two(stride, 0)), static_cast<uint32_t>(two(stride, 1)),
                  static_cast<uint32_t>(two(dil, 0)), static_cast<uint32_t>(two(dil, 1)), static_cast<uint32_t>(groups)});
+  }
+
+  // add / mul / sub / div with NumPy broadcasting. alpha (add, sub) must be 1: XNNPACK has no scale
+  // on the second input. div: true division only (rounding_mode None).
+  Error binary(const Node& n) {
+    const std::string& op = n.op;
+    const Attributes& a = n.attrs;
+    if ((op == "aten.add" || op == "aten.sub") && a.get_float("alpha", 1.0) != 1.0) {
+      std::ostringstream os;
+      os << "alpha=" << a.get_float("alpha") << " is not supported (XNNPACK's " << (op == "aten.add" ? "add" : "subtract")
+         << " has no scale on the second input)";
+      return unsupported(os.str());
+    }
+    if (op == "aten.div" && !a.is_none("rounding_mode")) {
+      return unsupported("rounding_mode='" + a.get_string("rounding_mode") + "' is not supported (XNNPACK divides exactly)");
+    }
+    const auto& ta = g_.value(n.inputs[0]).type;
+    const auto& tb = g_.value(n.inputs[1]).type;
+    if ((ta.dim() == 4 || tb.dim() == 4) && ta.dim() != tb.dim()) {
+      return unsupported("broadcasting a rank-4 tensor against rank " + std::to_string(std::min(ta.dim(), tb.dim())) +
+                         " would need NCHW broadcasting inside the NHWC delegate");
+    }
+    const uint32_t code = op == "aten.add" ? kAdd : op == "aten.mul" ? kMul : op == "aten.sub" ? kSub : kDiv;
+    return emit(n, code, {in(n, 0), in(n, 1)}, {});
+  }
+
+  // silu(x) = x * sigmoid(x) (PyTorch torch.nn.functional.silu).
+  Error silu(const Node& n) {
+    const uint32_t x = in(n, 0);
+    if (x == kNone) return Error(ErrorCode::Internal, "xnnpack: input not in subgraph");
+    const uint32_t sg = add_node(kSigmoid, {x}, {});
+    ids_[n.outputs[0]] = add_node(kMul, {x, sg}, {});
+    return {};
+  }
+
+  // Softmax over the innermost dim of the delegate's layout: the last dim for rank != 4, the
+  // channels (dim 1) for rank 4 (NHWC inside).
+  Error softmax(const Node& n) {
+    const int64_t r = type(n, 0).dim();
+    if (n.attrs.get_bool("half_to_float")) return unsupported("half_to_float=True");
+    if (r < 1) return unsupported("softmax of a 0-d tensor is not lowered");
+    int64_t d = n.attrs.get_int("dim");
+    if (d < 0) d += r;
+    const int64_t inner = r == 4 ? 1 : r - 1;
+    if (d != inner) {
+      return unsupported("softmax over dim " + std::to_string(d) + " of a rank-" + std::to_string(r) +
+                         " tensor: XNNPACK normalizes over the innermost dim only (" +
+                         (r == 4 ? std::string("dim 1, channels, in the NHWC delegate)") : "the last dim)"));
+    }
+    return emit(n, kSoftmax, {in(n, 0)}, {});
+  }
+
+  // constant_pad_nd: pad = (before, after) pairs from the last dim backwards; negative pads
+  // (cropping) are declined. Rank <= 6 (XNN_MAX_TENSOR_DIMS).
+  Error constant_pad(const Node& n) {
+    const auto& s = type(n, 0).sizes;
+    const size_t r = s.size();
+    const auto pad = n.attrs.get_ints("pad");
+    if (r < 1 || r > XNN_MAX_TENSOR_DIMS) return unsupported("constant_pad_nd of rank " + std::to_string(r) + " (XNNPACK: 1-6)");
+    if (pad.size() % 2 != 0 || pad.size() / 2 > r) return unsupported("pad list of odd length or longer than 2 * rank");
+    std::vector<int64_t> pre(r, 0), post(r, 0);
+    for (size_t i = 0; i < pad.size() / 2; ++i) {
+      if (pad[2 * i] < 0 || pad[2 * i + 1] < 0) return unsupported("negative padding (cropping) is not lowered");
+      if (pad[2 * i] > (1 << 16) || pad[2 * i + 1] > (1 << 16)) return unsupported("padding larger than 65536");
+      pre[r - 1 - i] = pad[2 * i];
+      post[r - 1 - i] = pad[2 * i + 1];
+    }
+    const auto xpre = to_xnn(pre), xpost = to_xnn(post);
+    std::vector<uint32_t> p = {static_cast<uint32_t>(r)};
+    for (int64_t v : xpre) p.push_back(static_cast<uint32_t>(v));
+    for (int64_t v : xpost) p.push_back(static_cast<uint32_t>(v));
+    p.push_back(fbits(static_cast<float>(n.attrs.get_float("value", 0.0))));
+    return emit(n, kPad, {in(n, 0)}, std::move(p));
+  }
+
+  // An inference batch norm that was not folded into a convolution (e.g. after an add): with
+  // constant statistics it is y = x * scale[c] + shift[c], scale = weight / sqrt(var + eps),
+  // shift = bias - mean * scale (PyTorch aten/src/ATen/native/Normalization.cpp), two broadcast
+  // operators on per-channel literals (computed in double, rounded to float32).
+  Error batch_norm(const Node& n) {
+    if (n.attrs.get_bool("training")) return unsupported("training=True (batch statistics)");
+    const auto& s = type(n, 0).sizes;
+    const size_t r = s.size();
+    if (r < 2 || r > 4) return unsupported("batch norm is lowered for rank 2-4 only");
+    for (size_t i = 1; i < 5; ++i) {
+      if (n.inputs[i] != kNoValue && !is_const(n, i)) return unsupported("weight, bias and running statistics must be constants");
+    }
+    if (n.inputs[3] == kNoValue || n.inputs[4] == kNoValue) return unsupported("running statistics are missing");
+    auto data = [&](size_t i) -> const float* {
+      return n.inputs[i] == kNoValue ? nullptr : reinterpret_cast<const float*>(g_.value(n.inputs[i]).constant->data());
+    };
+    const float *w = data(1), *b = data(2), *mean = data(3), *var = data(4);
+    const int64_t c = s[1];
+    const double eps = n.attrs.get_float("eps", 1e-5);
+    // Literal dims in XNNPACK order: the channel dim is last for rank 4 (NHWC), dim 1 otherwise.
+    std::vector<uint32_t> dims(r, 1);
+    dims[r == 4 ? 3 : 1] = static_cast<uint32_t>(c);
+    std::vector<uint32_t> ps = {static_cast<uint32_t>(r)}, pb = ps;
+    ps.insert(ps.end(), dims.begin(), dims.end());
+    pb.insert(pb.end(), dims.begin(), dims.end());
+    for (int64_t k = 0; k < c; ++k) {
+      const double scale = (w ? static_cast<double>(w[k]) : 1.0) / std::sqrt(static_cast<double>(var[k]) + eps);
+      ps.push_back(fbits(static_cast<float>(scale)));
+      pb.push_back(fbits(static_cast<float>((b ? static_cast<double>(b[k]) : 0.0) - static_cast<double>(mean[k]) * scale)));
+    }
+    const uint32_t x = in(n, 0);
+    if (x == kNone) return Error(ErrorCode::Internal, "xnnpack: input not in subgraph");
+    const uint32_t scale = add_node(kLiteral, {}, std::move(ps));
+    const uint32_t m = add_node(kMul, {x, scale}, {});
+    const uint32_t shift = add_node(kLiteral, {}, std::move(pb));
+    ids_[n.outputs[0]] = add_node(kAdd, {m, shift}, {});
+    return {};
   }
 
   // hardsigmoid(x) = relu6(x + 3) / 6 (PyTorch aten/src/ATen/native/cpu/Activation.cpp): add,
@@ -414,7 +540,12 @@ class XnnpackBackend : public Backend {
 
   Result<std::vector<uint8_t>> lower(const Subgraph& subgraph) const override { return lower_subgraph(subgraph); }
 
+  // Unavailable when XNNPACK cannot initialize on this processor, or when the environment variable
+  // KILN_XNNPACK_DISABLE is set to anything but "" or "0" (to test or force the fallback path).
   Error is_available() const override {
+    if (const char* off = std::getenv("KILN_XNNPACK_DISABLE"); off != nullptr && *off != '\0' && std::string(off) != "0") {
+      return Error(ErrorCode::NotFound, std::string("disabled by the environment (KILN_XNNPACK_DISABLE=") + off + ")");
+    }
     static const xnn_status status = xnn_initialize(nullptr);
     if (status != xnn_status_success) {
       return Error(ErrorCode::NotFound, status == xnn_status_unsupported_hardware
@@ -600,6 +731,17 @@ class XnnpackBackend : public Backend {
         }
         case kClamp: st = xnn_define_clamp(sub, bitsf(p[0]), bitsf(p[1]), id(0), out, 0); break;
         case kHardswish: st = xnn_define_hardswish(sub, id(0), out, 0); break;
+        case kSigmoid: st = xnn_define_sigmoid(sub, id(0), out, 0); break;
+        case kSub: st = xnn_define_subtract(sub, -kInf, kInf, id(0), id(1), out, 0); break;
+        case kDiv: st = xnn_define_divide(sub, -kInf, kInf, id(0), id(1), out, 0); break;
+        case kLeakyRelu: st = xnn_define_leaky_relu(sub, bitsf(p[0]), id(0), out, 0); break;
+        case kSoftmax: st = xnn_define_softmax(sub, id(0), out, 0); break;
+        case kPad: {
+          const uint32_t r = p[0];
+          std::vector<size_t> pre(p.begin() + 1, p.begin() + 1 + r), post(p.begin() + 1 + r, p.begin() + 1 + 2 * r);
+          st = xnn_define_static_constant_pad(sub, pre.data(), post.data(), bitsf(p[1 + 2 * r]), id(0), out, 0);
+          break;
+        }
         case kAdd: st = xnn_define_add2(sub, -kInf, kInf, id(0), id(1), out, 0); break;
         case kMul: st = xnn_define_multiply2(sub, -kInf, kInf, id(0), id(1), out, 0); break;
         case kGlobalAvg: st = xnn_define_global_average_pooling_2d(sub, -kInf, kInf, id(0), out, 0); break;
@@ -714,10 +856,37 @@ class XnnpackBackend : public Backend {
         if (!need(1, 2) || !present(1)) return fail("clamp arity");
         return dims(0);
       case kHardswish:
-        if (!need(1, 0) || !present(1)) return fail("hardswish arity");
+      case kSigmoid:
+        if (!need(1, 0) || !present(1)) return fail("unary arity");
         return dims(0);
+      case kLeakyRelu:
+        if (!need(1, 1) || !present(1) || !std::isfinite(bitsf(p[0]))) return fail("leaky relu arity or slope");
+        return dims(0);
+      case kSoftmax:
+        if (!need(1, 0) || !present(1) || dims(0).empty()) return fail("softmax arity or rank");
+        return dims(0);
+      case kPad: {
+        if (in.size() != 1 || !present(1) || p.empty()) return fail("pad arity");
+        const uint32_t r = p[0];
+        if (r != dims(0).size() || r < 1 || r > XNN_MAX_TENSOR_DIMS || p.size() != 2 + 2 * static_cast<size_t>(r)) {
+          return fail("pad rank");
+        }
+        std::vector<size_t> out = dims(0);
+        for (uint32_t i = 0; i < r; ++i) {
+          if (p[1 + i] > (1u << 16) || p[1 + r + i] > (1u << 16)) return fail("pad out of range");
+          out[i] += p[1 + i] + p[1 + r + i];
+        }
+        uint64_t numel = 1;
+        for (size_t d : out) {
+          numel *= d;
+          if (numel > (1ull << 34)) return fail("padded tensor too large");
+        }
+        return out;
+      }
       case kAdd:
-      case kMul: {
+      case kMul:
+      case kSub:
+      case kDiv: {
         if (!need(2, 0) || !present(2)) return fail("binary arity");
         const auto &a = dims(0), &b = dims(1);
         const size_t r = std::max(a.size(), b.size());
