@@ -2,14 +2,21 @@
 //
 //   kiln inspect model.kiln [--json]       what is in a program file (methods, types, ops, memory)
 //   kiln run model.kiln --input x.npy --output-dir out/    run a method on .npy inputs
+//   kiln bench model.kiln --threads 2 --runs 100 [--json]   time a method (latency, load, RSS)
 //
 // The tool never parses program files itself: everything it shows comes from the runtime's
 // verified loader (kiln::Program::load and MethodMeta). Errors go to stderr as
 // "kiln <command>: <ErrorCode>: <message>"; exit status 0 on success, 1 when Kiln reports an
 // error, 2 for a command-line usage error.
 #include <CLI/CLI.hpp>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <optional>
+#include <random>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -79,6 +86,24 @@ std::string json_tensors(const std::vector<std::string>& names, const std::vecto
   return out + "]";
 }
 
+/// {"name": count, ...} in the given order.
+std::string json_counts(const std::vector<std::pair<std::string, int>>& counts) {
+  std::string out = "{";
+  for (size_t i = 0; i < counts.size(); ++i) {
+    out += (i ? ", " : "") + json_str(counts[i].first) + ": " + std::to_string(counts[i].second);
+  }
+  return out + "}";
+}
+
+/// "xnnpack: 1 segment, mlx: 2 segments", or "none".
+std::string delegate_summary(const MethodMeta& m) {
+  std::string out;
+  for (const auto& [backend, n] : m.delegate_counts) {
+    out += (out.empty() ? "" : ", ") + backend + ": " + std::to_string(n) + (n == 1 ? " segment" : " segments");
+  }
+  return out.empty() ? "none" : out;
+}
+
 // ---- kiln inspect ----
 
 struct InspectArgs {
@@ -110,11 +135,11 @@ int cmd_inspect(const InspectArgs& a) {
         << ",\n      \"num_instructions\": " << m.num_instructions
         << ",\n      \"num_kernel_calls\": " << m.num_kernel_calls
         << ",\n      \"num_delegate_calls\": " << m.num_delegate_calls
-        << ",\n      \"arena_bytes\": " << m.arena_bytes << ",\n      \"op_counts\": {";
-      for (size_t i = 0; i < m.op_counts.size(); ++i) {
-        o << (i ? ", " : "") << json_str(m.op_counts[i].first) << ": " << m.op_counts[i].second;
-      }
-      o << "}\n    }";
+        << ",\n      \"num_cpu_kernel_calls\": " << m.num_cpu_kernel_calls
+        << ",\n      \"num_portable_kernel_calls\": " << m.num_kernel_calls - m.num_cpu_kernel_calls
+        << ",\n      \"arena_bytes\": " << m.arena_bytes << ",\n      \"op_counts\": " << json_counts(m.op_counts)
+        << ",\n      \"cpu_op_counts\": " << json_counts(m.cpu_op_counts)
+        << ",\n      \"delegate_segments\": " << json_counts(m.delegate_counts) << "\n    }";
     }
     o << "\n  ]\n}\n";
     std::cout << o.str();
@@ -140,8 +165,18 @@ int cmd_inspect(const InspectArgs& a) {
     for (size_t i = 0; i < m.outputs.size(); ++i) row(display_name(m.output_names, i), m.outputs[i]);
     o << "  instructions    " << m.num_instructions << " (" << m.num_kernel_calls << " kernel calls, "
       << m.num_delegate_calls << " delegate calls)\n"
-      << "  arena           " << m.arena_bytes << " bytes\n"
-      << "  ops\n";
+      << "  kernel calls    " << m.num_kernel_calls << " (" << m.num_cpu_kernel_calls << " optimized cpu, "
+      << m.num_kernel_calls - m.num_cpu_kernel_calls << " portable)\n"
+      << "  delegates       " << delegate_summary(m) << "\n"
+      << "  arena           " << m.arena_bytes << " bytes\n";
+    if (!m.cpu_op_counts.empty()) {
+      o << "  cpu kernels     ";
+      for (size_t i = 0; i < m.cpu_op_counts.size(); ++i) {
+        o << (i ? ", " : "") << m.cpu_op_counts[i].first << " " << m.cpu_op_counts[i].second;
+      }
+      o << "\n";
+    }
+    o << "  ops\n";
     if (m.op_counts.empty()) o << "    (none)\n";
     size_t width = 0;
     for (const auto& [op, n] : m.op_counts) width = std::max(width, op.size());
@@ -153,14 +188,72 @@ int cmd_inspect(const InspectArgs& a) {
   return 0;
 }
 
-// ---- kiln run ----
+// ---- options shared by kiln run and kiln bench ----
 
-struct RunArgs {
-  std::string file;
-  std::string method = "forward";
-  std::vector<std::string> inputs;
-  std::string output_dir;
+constexpr int kMaxThreads = 1024;
+
+/// How a method is instantiated: its thread pool and kernel set.
+struct ExecOptions {
+  int threads = 0;                 ///< 0: ThreadPool::default_pool() (KILN_NUM_THREADS or the core count)
+  std::string kernels = "cpu";     ///< "cpu" (optimized where one accepts the call) or "portable"
 };
+
+/// Checks --threads and --kernels; InvalidArgument naming the bad value.
+Error check_exec_options(const ExecOptions& e) {
+  if (e.threads < 0 || e.threads > kMaxThreads) {
+    return Error(ErrorCode::InvalidArgument, "--threads must be between 1 and " + std::to_string(kMaxThreads) +
+                                                 " (0: the default pool), got " + std::to_string(e.threads));
+  }
+  if (e.kernels != "cpu" && e.kernels != "portable") {
+    return Error(ErrorCode::InvalidArgument, "--kernels must be 'cpu' or 'portable', got '" + e.kernels + "'");
+  }
+  return Error();
+}
+
+/// Adds --threads and --kernels to a subcommand.
+void add_exec_options(CLI::App* cmd, ExecOptions& e) {
+  cmd->add_option("--threads,-t", e.threads,
+                  "Threads for Kiln's kernels and for delegates (the method's pool); 0 uses the default pool "
+                  "(KILN_NUM_THREADS, else the number of cores)")
+      ->capture_default_str();
+  cmd->add_option("--kernels", e.kernels,
+                  "Kernel set: 'cpu' runs the optimized cpu kernels wherever one accepts the call (portable "
+                  "elsewhere); 'portable' runs the reference kernels only")
+      ->capture_default_str();
+}
+
+/// A loaded method together with the thread pool it runs on (the pool outlives the method).
+struct LoadedMethod {
+  std::unique_ptr<ThreadPool> own_pool;
+  ThreadPool* pool = nullptr;
+  std::optional<Method> method;
+};
+
+Result<LoadedMethod> instantiate(const Program& program, const std::string& name, const ExecOptions& e) {
+  LoadedMethod lm;
+  if (e.threads > 0) {
+    lm.own_pool = std::make_unique<ThreadPool>(e.threads);
+    lm.pool = lm.own_pool.get();
+  } else {
+    lm.pool = ThreadPool::default_pool();
+  }
+  MethodOptions mo;
+  mo.pool = lm.pool;
+  mo.portable_kernels_only = e.kernels == "portable";
+  auto m = program.load_method(name, mo);
+  if (!m.ok()) return m.error();
+  lm.method.emplace(std::move(m.value()));
+  return lm;
+}
+
+/// The method's meta, or NotFound listing the program's methods.
+Result<MethodMeta> find_method(const Program& program, const std::string& name) {
+  auto meta = program.method_meta(name);
+  if (meta.ok()) return meta;
+  std::string names;
+  for (const auto& n : program.method_names()) names += (names.empty() ? "" : ", ") + n;
+  return Error(meta.error().code(), meta.error().message() + " (methods: " + names + ")");
+}
 
 /// Converts a float32 array to bfloat16 in place (NumPy has no bfloat16; the CLI takes float32
 /// .npy files for bfloat16 inputs and writes bfloat16 outputs as float32).
@@ -177,56 +270,71 @@ void float32_to_bfloat16(npy::Array& a) {
   a.dtype = DType::BFloat16;
 }
 
-int cmd_run(const RunArgs& a) {
-  using Clock = std::chrono::steady_clock;
-  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-
-  const auto t0 = Clock::now();
-  auto program = Program::load(a.file);
-  if (!program.ok()) return fail("run", program.error());
-  auto meta = program.value()->method_meta(a.method);
-  if (!meta.ok()) {
-    std::string names;
-    for (const auto& n : program.value()->method_names()) names += (names.empty() ? "" : ", ") + n;
-    return fail("run", Error(meta.error().code(), meta.error().message() + " (methods: " + names + ")"));
-  }
-  const MethodMeta& m = meta.value();
-  if (a.inputs.size() != m.inputs.size()) {
+/// Reads one .npy file per method input; each must match the input's dtype and shape exactly.
+/// Errors name the input and the file.
+Result<std::vector<npy::Array>> read_inputs(const MethodMeta& m, const std::vector<std::string>& files) {
+  if (files.size() != m.inputs.size()) {
     std::string want;
     for (size_t i = 0; i < m.inputs.size(); ++i) {
       want += (i ? ", " : "") + display_name(m.input_names, i) + ": " + m.inputs[i].to_string();
     }
-    return fail("run", Error(ErrorCode::InvalidArgument,
-                             "method '" + m.name + "' takes " + std::to_string(m.inputs.size()) + " input(s) (" + want +
-                                 "), got " + std::to_string(a.inputs.size()) + " --input file(s)"));
+    return Error(ErrorCode::InvalidArgument, "method '" + m.name + "' takes " + std::to_string(m.inputs.size()) +
+                                                 " input(s) (" + want + "), got " + std::to_string(files.size()) +
+                                                 " --input file(s)");
   }
   std::vector<npy::Array> arrays;
-  for (size_t i = 0; i < a.inputs.size(); ++i) {
-    const std::string what = "input '" + display_name(m.input_names, i) + "' (" + a.inputs[i] + ")";
-    auto arr = npy::read_file(a.inputs[i]);  // its errors name the file
+  for (size_t i = 0; i < files.size(); ++i) {
+    const std::string what = "input '" + display_name(m.input_names, i) + "' (" + files[i] + ")";
+    auto arr = npy::read_file(files[i]);  // its errors name the file
     if (!arr.ok()) {
-      return fail("run", Error(arr.error().code(), "input '" + display_name(m.input_names, i) + "': " + arr.error().message()));
+      return Error(arr.error().code(), "input '" + display_name(m.input_names, i) + "': " + arr.error().message());
     }
     const TensorType& want = m.inputs[i];
     if (want.dtype == DType::BFloat16 && arr->dtype == DType::Float32) float32_to_bfloat16(arr.value());
     if (arr->dtype != want.dtype) {
-      return fail("run", Error(ErrorCode::InvalidArgument, what + ": dtype " + dtype_name(arr->dtype) +
-                                                               ", the method expects " + want.to_string()));
+      return Error(ErrorCode::InvalidArgument,
+                   what + ": dtype " + dtype_name(arr->dtype) + ", the method expects " + want.to_string());
     }
     if (arr->shape != want.sizes) {
-      return fail("run", Error(ErrorCode::InvalidArgument, what + ": shape " + sizes_to_string(arr->shape) +
-                                                               ", the method expects " + want.to_string()));
+      return Error(ErrorCode::InvalidArgument,
+                   what + ": shape " + sizes_to_string(arr->shape) + ", the method expects " + want.to_string());
     }
     arrays.push_back(std::move(arr.value()));
   }
-  auto method = program.value()->load_method(a.method);
+  return arrays;
+}
+
+// ---- kiln run ----
+
+struct RunArgs {
+  std::string file;
+  std::string method = "forward";
+  std::vector<std::string> inputs;
+  std::string output_dir;
+  ExecOptions exec;
+};
+
+int cmd_run(const RunArgs& a) {
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+
+  if (Error e = check_exec_options(a.exec); !e.ok()) return fail("run", e);
+  const auto t0 = Clock::now();
+  auto program = Program::load(a.file);
+  if (!program.ok()) return fail("run", program.error());
+  auto meta = find_method(*program.value(), a.method);
+  if (!meta.ok()) return fail("run", meta.error());
+  const MethodMeta& m = meta.value();
+  auto arrays = read_inputs(m, a.inputs);
+  if (!arrays.ok()) return fail("run", arrays.error());
+  auto method = instantiate(*program.value(), a.method, a.exec);
   if (!method.ok()) return fail("run", method.error());
   const auto t1 = Clock::now();
 
   std::vector<Tensor> inputs;
-  for (npy::Array& arr : arrays) inputs.push_back(arr.view());
+  for (npy::Array& arr : arrays.value()) inputs.push_back(arr.view());
   const auto t2 = Clock::now();
-  auto outputs = method->execute(inputs);
+  auto outputs = method->method->execute(inputs);
   const auto t3 = Clock::now();
   if (!outputs.ok()) return fail("run", outputs.error());
 
@@ -262,10 +370,183 @@ int cmd_run(const RunArgs& a) {
   return 0;
 }
 
+
+// ---- kiln bench ----
+
+struct BenchArgs {
+  std::string file;
+  std::string method = "forward";
+  std::vector<std::string> inputs;  ///< .npy files; empty: seeded random data
+  int runs = 50;
+  int warmup = 5;
+  uint64_t seed = 0;
+  bool json = false;
+  ExecOptions exec;
+};
+
+/// Fills `a` (dtype and shape set) with seeded random data: floats from N(0, 1), integers
+/// uniform in [0, 3] (small, so that index inputs such as embedding ids stay in range), bools 0/1.
+void fill_random(npy::Array& a, std::mt19937_64& rng) {
+  int64_t n = 1;
+  for (int64_t d : a.shape) n *= d;
+  a.data.assign(static_cast<size_t>(n) * dtype_size(a.dtype), 0);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::uniform_int_distribution<int> small(0, 3);
+  std::uniform_int_distribution<int> bit(0, 1);
+  uint8_t* p = a.data.data();
+  for (int64_t i = 0; i < n; ++i) {
+    switch (a.dtype) {
+      case DType::Float32: { const float v = normal(rng); std::memcpy(p + 4 * i, &v, 4); break; }
+      case DType::Float16: { const uint16_t v = float_to_half(normal(rng)); std::memcpy(p + 2 * i, &v, 2); break; }
+      case DType::BFloat16: { const uint16_t v = float_to_bfloat16(normal(rng)); std::memcpy(p + 2 * i, &v, 2); break; }
+      case DType::Int64: { const int64_t v = small(rng); std::memcpy(p + 8 * i, &v, 8); break; }
+      case DType::Int32: { const int32_t v = small(rng); std::memcpy(p + 4 * i, &v, 4); break; }
+      case DType::Int8: p[i] = static_cast<uint8_t>(small(rng)); break;
+      case DType::UInt8: p[i] = static_cast<uint8_t>(small(rng)); break;
+      case DType::Bool: p[i] = static_cast<uint8_t>(bit(rng)); break;
+    }
+  }
+}
+
+/// The q-quantile (0 <= q <= 1) of sorted values, linear between the closest ranks (NumPy's
+/// default "linear" method: position q * (n - 1)).
+double quantile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0.0;
+  const double pos = q * static_cast<double>(sorted.size() - 1);
+  const auto lo = static_cast<size_t>(std::floor(pos));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
+}
+
+/// Peak resident set size of this process so far, in MiB: VmHWM of /proc/self/status where it
+/// exists (the high-water mark of this program's own address space), else getrusage ru_maxrss
+/// (KiB on Linux). ru_maxrss alone is not enough: Linux carries it over fork and exec, so a
+/// `kiln bench` started by a large parent (a Python script holding torch) would report the
+/// parent's size.
+double peak_rss_mib() {
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long kib = -1;
+    while (std::fgets(line, sizeof(line), f)) {
+      if (std::strncmp(line, "VmHWM:", 6) == 0) kib = std::strtol(line + 6, nullptr, 10);
+    }
+    std::fclose(f);
+    if (kib > 0) return static_cast<double>(kib) / 1024.0;
+  }
+  struct rusage ru {};
+  getrusage(RUSAGE_SELF, &ru);
+  return static_cast<double>(ru.ru_maxrss) / 1024.0;
+}
+
+int cmd_bench(const BenchArgs& a) {
+  using Clock = std::chrono::steady_clock;
+  auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+
+  if (Error e = check_exec_options(a.exec); !e.ok()) return fail("bench", e);
+  if (a.runs < 1 || a.runs > 1000000) {
+    return fail("bench", Error(ErrorCode::InvalidArgument, "--runs must be between 1 and 1000000, got " + std::to_string(a.runs)));
+  }
+  if (a.warmup < 0 || a.warmup > 1000000) {
+    return fail("bench", Error(ErrorCode::InvalidArgument, "--warmup must be between 0 and 1000000, got " + std::to_string(a.warmup)));
+  }
+
+  const auto t0 = Clock::now();
+  auto program = Program::load(a.file);
+  const auto t1 = Clock::now();
+  if (!program.ok()) return fail("bench", program.error());
+  auto meta = find_method(*program.value(), a.method);
+  if (!meta.ok()) return fail("bench", meta.error());
+  const MethodMeta& m = meta.value();
+
+  std::vector<npy::Array> arrays;
+  if (!a.inputs.empty()) {
+    auto read = read_inputs(m, a.inputs);
+    if (!read.ok()) return fail("bench", read.error());
+    arrays = std::move(read.value());
+  } else {
+    std::mt19937_64 rng(a.seed);
+    for (const TensorType& t : m.inputs) {
+      npy::Array arr;
+      arr.dtype = t.dtype;
+      arr.shape = t.sizes;
+      fill_random(arr, rng);
+      arrays.push_back(std::move(arr));
+    }
+  }
+
+  const auto t2 = Clock::now();
+  auto method = instantiate(*program.value(), a.method, a.exec);
+  const auto t3 = Clock::now();
+  if (!method.ok()) return fail("bench", method.error());
+  std::vector<Tensor> inputs;
+  for (npy::Array& arr : arrays) inputs.push_back(arr.view());
+
+  Method& run = *method->method;
+  for (int i = 0; i < a.warmup; ++i) {
+    auto out = run.execute(inputs);
+    if (!out.ok()) return fail("bench", out.error());
+  }
+  std::vector<double> times;
+  times.reserve(static_cast<size_t>(a.runs));
+  for (int i = 0; i < a.runs; ++i) {
+    const auto s = Clock::now();
+    auto out = run.execute(inputs);
+    const auto e = Clock::now();
+    if (!out.ok()) return fail("bench", out.error());
+    times.push_back(ms(e - s));
+  }
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  double sum = 0;
+  for (double t : times) sum += t;
+  const double mean = sum / static_cast<double>(times.size());
+  const double rss = peak_rss_mib();
+  const int threads = method->pool->num_threads();
+  const size_t cpu_calls = a.exec.kernels == "portable" ? 0 : m.num_cpu_kernel_calls;
+
+  std::ostringstream o;
+  char buf[64];
+  auto num = [&](double v) {
+    std::snprintf(buf, sizeof(buf), "%.4f", v);
+    return std::string(buf);
+  };
+  if (a.json) {
+    o << "{\"file\": " << json_str(a.file) << ", \"method\": " << json_str(m.name) << ", \"threads\": " << threads
+      << ", \"kernels\": " << json_str(a.exec.kernels) << ", \"runs\": " << a.runs << ", \"warmup\": " << a.warmup
+      << ", \"inputs\": " << json_str(a.inputs.empty() ? "random(seed=" + std::to_string(a.seed) + ")" : "npy")
+      << ", \"load_ms\": " << num(ms(t1 - t0)) << ", \"init_ms\": " << num(ms(t3 - t2))
+      << ", \"min_ms\": " << num(sorted.front()) << ", \"median_ms\": " << num(quantile(sorted, 0.5))
+      << ", \"p90_ms\": " << num(quantile(sorted, 0.9)) << ", \"max_ms\": " << num(sorted.back())
+      << ", \"mean_ms\": " << num(mean) << ", \"peak_rss_mib\": " << num(rss)
+      << ", \"kernel_calls\": " << m.num_kernel_calls << ", \"cpu_kernel_calls\": " << cpu_calls
+      << ", \"portable_kernel_calls\": " << m.num_kernel_calls - cpu_calls
+      << ", \"delegate_segments\": " << json_counts(m.delegate_counts) << ", \"times_ms\": [";
+    for (size_t i = 0; i < times.size(); ++i) o << (i ? ", " : "") << num(times[i]);
+    o << "]}\n";
+    std::cout << o.str();
+    return 0;
+  }
+  o << "file            " << a.file << "\n"
+    << "method          " << m.name << "\n"
+    << "threads         " << threads << "\n"
+    << "kernels         " << a.exec.kernels << " (" << cpu_calls << " optimized cpu, " << m.num_kernel_calls - cpu_calls
+    << " portable kernel calls)\n"
+    << "delegates       " << delegate_summary(m) << "\n"
+    << "inputs          " << (a.inputs.empty() ? "random (seed " + std::to_string(a.seed) + ")" : "from .npy files") << "\n"
+    << "load            " << num(ms(t1 - t0)) << " ms\n"
+    << "method init     " << num(ms(t3 - t2)) << " ms\n"
+    << "runs            " << a.runs << " (after " << a.warmup << " warm-up)\n"
+    << "latency ms      min " << num(sorted.front()) << "  median " << num(quantile(sorted, 0.5)) << "  p90 "
+    << num(quantile(sorted, 0.9)) << "  max " << num(sorted.back()) << "  mean " << num(mean) << "\n"
+    << "peak RSS        " << num(rss) << " MiB\n";
+  std::cout << o.str();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"kiln " KILN_VERSION ": inspect and run Kiln program files (.kiln).\n"
+  CLI::App app{"kiln " KILN_VERSION ": inspect, run and benchmark Kiln program files (.kiln).\n"
                "Every file is verified by the runtime's loader before anything is shown or run.",
                "kiln"};
   app.set_version_flag("--version", KILN_VERSION);
@@ -276,12 +557,15 @@ int main(int argc, char** argv) {
 
   InspectArgs ia;
   CLI::App* inspect = app.add_subcommand(
-      "inspect", "Show a program's format version, sizes and, per method, its inputs, outputs, instruction and op counts "
-                 "and planned arena.");
+      "inspect", "Show a program's format version, sizes and, per method, its inputs, outputs, instruction and op counts, "
+                 "how many kernel calls get an optimized cpu kernel (the rest run portable kernels), its delegate "
+                 "segments per backend and planned arena.");
   inspect->add_option("file", ia.file, "Program file (.kiln)")->required();
   inspect->add_flag("--json", ia.json, "Print JSON instead of text (keys: file, format_version, file_size, "
                                        "constant_bytes, methods[name, inputs, outputs, num_instructions, "
-                                       "num_kernel_calls, num_delegate_calls, arena_bytes, op_counts])");
+                                       "num_kernel_calls, num_delegate_calls, num_cpu_kernel_calls, "
+                                       "num_portable_kernel_calls, arena_bytes, op_counts, cpu_op_counts, "
+                                       "delegate_segments])");
   inspect->footer("Example: kiln inspect model.kiln --json");
 
   RunArgs ra;
@@ -296,8 +580,34 @@ int main(int argc, char** argv) {
                   "must match the method's input exactly.");
   run->add_option("--output-dir,-o", ra.output_dir,
                   "Directory (created if missing) for output_0.npy, output_1.npy, ...; without it nothing is written");
+  add_exec_options(run, ra.exec);
   run->footer("Example: kiln run model.kiln --input x.npy --output-dir out/\n"
               "         python -c \"import numpy as np; print(np.load('out/output_0.npy'))\"");
+
+  BenchArgs ba;
+  CLI::App* bench = app.add_subcommand(
+      "bench", "Time one method: load the program, instantiate the method on a pool of --threads threads, run "
+               "--warmup untimed and --runs timed executions, and print min / median / p90 / max latency, load and "
+               "method-init time and peak RSS (VmHWM).");
+  bench->add_option("file", ba.file, "Program file (.kiln)")->required();
+  bench->add_option("--method,-m", ba.method, "Method to time")->capture_default_str();
+  bench->add_option("--runs,-r", ba.runs, "Timed executions")->capture_default_str();
+  bench->add_option("--warmup,-w", ba.warmup, "Untimed executions before timing")->capture_default_str();
+  add_exec_options(bench, ba.exec);
+  bench->add_option("--input,--input-npy,-i", ba.inputs,
+                    "Input .npy file, once per method input in order (as for 'kiln run'); without any, inputs are "
+                    "seeded random data of the method's input types (floats N(0,1), integers in [0, 3])");
+  bench->add_option("--seed", ba.seed, "Seed of the random inputs")->capture_default_str();
+  bench->add_flag("--json", ba.json, "Print one JSON object (keys: file, method, threads, kernels, runs, warmup, "
+                                     "inputs, load_ms, init_ms, min_ms, median_ms, p90_ms, max_ms, mean_ms, "
+                                     "peak_rss_mib, kernel_calls, cpu_kernel_calls, portable_kernel_calls, "
+                                     "delegate_segments, times_ms)");
+  bench->footer("Example: kiln bench mv3.kiln --threads 2 --runs 100 --json\n");
+
+  // Usage errors in one line (the subcommand's --help has the details).
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return std::string("kiln: usage error: ") + e.what() + " (see 'kiln <command> --help')\n";
+  });
 
   if (argc <= 1) {
     std::cerr << app.help();
@@ -311,5 +621,6 @@ int main(int argc, char** argv) {
   }
   if (inspect->parsed()) return cmd_inspect(ia);
   if (run->parsed()) return cmd_run(ra);
+  if (bench->parsed()) return cmd_bench(ba);
   return kExitUsage;
 }

@@ -37,6 +37,14 @@ struct MethodMeta {
   /// How many kernel calls of each op the method makes, sorted by op name
   /// (e.g. {"aten.add", 1}, {"aten.relu", 2}); delegate calls are not included.
   std::vector<std::pair<std::string, int>> op_counts;
+  /// Kernel calls that run an optimized "cpu" kernel by default (the rest run the portable
+  /// reference kernel; MethodOptions::portable_kernels_only makes all of them portable).
+  size_t num_cpu_kernel_calls = 0;
+  /// Per op, how many of its calls get an optimized cpu kernel (ops with none are left out),
+  /// sorted by op name.
+  std::vector<std::pair<std::string, int>> cpu_op_counts;
+  /// Delegate segments per backend (e.g. {"xnnpack", 1}), sorted by backend name.
+  std::vector<std::pair<std::string, int>> delegate_counts;
 };
 
 /// Options for Program::load.

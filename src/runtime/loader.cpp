@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <string_view>
 #include <set>
 
 #include "ir/op_registry.h"
@@ -321,16 +322,23 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     plan.meta.output_names.push_back(names[static_cast<size_t>(o)]);
   }
   plan.meta.num_instructions = plan.instructions.size();
-  std::map<std::string, int> op_counts;
+  std::map<std::string, int> op_counts, cpu_op_counts, delegate_counts;
   for (const PlannedInstruction& pi : plan.instructions) {
     if (pi.backend) {
       ++plan.meta.num_delegate_calls;
+      ++delegate_counts[pi.backend->name()];
       continue;
     }
     ++plan.meta.num_kernel_calls;
     ++op_counts[pi.op];
+    if (std::string_view(KernelRegistry::get().set_name(pi.kernel)) == "cpu") {
+      ++plan.meta.num_cpu_kernel_calls;
+      ++cpu_op_counts[pi.op];
+    }
   }
   plan.meta.op_counts.assign(op_counts.begin(), op_counts.end());
+  plan.meta.cpu_op_counts.assign(cpu_op_counts.begin(), cpu_op_counts.end());
+  plan.meta.delegate_counts.assign(delegate_counts.begin(), delegate_counts.end());
   return plan;
 }
 

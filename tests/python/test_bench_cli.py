@@ -1,0 +1,238 @@
+"""Tests of `kiln bench` (tools/kiln.cpp), the --threads/--kernels options of `kiln run`, and the
+kernel-set / delegate lines of `kiln inspect`.
+
+Programs are written through the Python binding (the C++ compiler); expected outputs come from
+NumPy. Timing figures are checked for consistency only (ordering, positivity), never for speed.
+The binary is build/tools/kiln (override with KILN_CLI).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+import kiln
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KILN_CLI = os.environ.get("KILN_CLI", os.path.join(ROOT, "build", "tools", "kiln"))
+HAS_XNNPACK = "xnnpack" in kiln._kiln.backend_names()
+
+
+@pytest.fixture(scope="module")
+def cli():
+    if not os.path.isfile(KILN_CLI):
+        pytest.fail(f"{KILN_CLI} not built: build with -DKILN_BUILD_TOOLS=ON (the default) or set KILN_CLI")
+    return KILN_CLI
+
+
+def kiln_cmd(cli, *args) -> subprocess.CompletedProcess:
+    return subprocess.run([cli, *map(str, args)], capture_output=True, text=True, timeout=120)
+
+
+W = np.random.default_rng(3).standard_normal((8, 4, 3, 3)).astype(np.float32)
+
+
+def conv_graph() -> "kiln.Graph":
+    """forward(x: f32[1, 4, 10, 10]) -> relu(conv2d(x, W, padding 1)), W: f32[8, 4, 3, 3] constant."""
+    g = kiln.Graph()
+    x = g.add_input("x", "float32", [1, 4, 10, 10])
+    w = g.add_constant("w", "float32", list(W.shape), W.view(np.uint8).reshape(-1))
+    (c,) = g.add_node("aten.convolution", [x, w, -1], {"stride": [1, 1], "padding": [1, 1], "dilation": [1, 1],
+                                                         "transposed": False, "output_padding": [0, 0], "groups": 1})
+    (r,) = g.add_node("aten.relu", [c])
+    g.set_outputs([r])
+    return g
+
+
+def reference(x: np.ndarray) -> np.ndarray:
+    """conv2d(x, W, padding=1) followed by relu, in NumPy (float64 accumulation)."""
+    xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (1, 1), (1, 1)))
+    out = np.zeros((1, 8, 10, 10))
+    for i in range(3):
+        for j in range(3):
+            out += np.einsum("nchw,oc->nohw", xp[:, :, i:i + 10, j:j + 10], W[:, :, i, j].astype(np.float64))
+    return np.maximum(out, 0).astype(np.float32)
+
+
+def compile_to(path, backends=()):
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", conv_graph())
+    data, _ = pb.compile(backends=list(backends))
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture(scope="module")
+def program(tmp_path_factory):
+    return compile_to(tmp_path_factory.mktemp("bench") / "conv.kiln")
+
+
+def bench_json(cli, path, *extra):
+    p = kiln_cmd(cli, "bench", path, "--json", *extra)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr == ""
+    return json.loads(p.stdout)
+
+
+def check_stats(r, runs):
+    assert 0 < r["min_ms"] <= r["median_ms"] <= r["p90_ms"] <= r["max_ms"], r
+    assert r["min_ms"] <= r["mean_ms"] <= r["max_ms"], r
+    assert len(r["times_ms"]) == r["runs"] == runs
+    assert min(r["times_ms"]) == pytest.approx(r["min_ms"], abs=1e-3)
+    assert max(r["times_ms"]) == pytest.approx(r["max_ms"], abs=1e-3)
+    assert sorted(r["times_ms"])[(runs - 1) // 2] <= r["median_ms"] <= sorted(r["times_ms"])[runs // 2]
+    assert r["load_ms"] > 0 and r["init_ms"] >= 0
+    assert 1 < r["peak_rss_mib"] < 4096, r["peak_rss_mib"]  # a real RSS figure, in MiB (not KiB)
+
+
+# ---- kiln bench ----
+
+def test_bench_json_fields(cli, program):
+    r = bench_json(cli, program, "--runs", 7, "--warmup", 2, "--threads", 1)
+    for key in ("file", "method", "threads", "kernels", "runs", "warmup", "inputs", "load_ms", "init_ms", "min_ms",
+                "median_ms", "p90_ms", "max_ms", "mean_ms", "peak_rss_mib", "kernel_calls", "cpu_kernel_calls",
+                "portable_kernel_calls", "delegate_segments", "times_ms"):
+        assert key in r, key
+    assert r["method"] == "forward" and r["threads"] == 1 and r["kernels"] == "cpu" and r["warmup"] == 2
+    assert r["inputs"] == "random(seed=0)"
+    assert r["kernel_calls"] == 2 and r["delegate_segments"] == {}
+    assert r["cpu_kernel_calls"] + r["portable_kernel_calls"] == 2
+    check_stats(r, 7)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("kernels", ["cpu", "portable"])
+def test_bench_threads_and_kernels(cli, program, threads, kernels):
+    r = bench_json(cli, program, "--runs", 5, "--threads", threads, "--kernels", kernels)
+    assert r["threads"] == threads and r["kernels"] == kernels
+    if kernels == "portable":
+        assert r["cpu_kernel_calls"] == 0 and r["portable_kernel_calls"] == 2
+    check_stats(r, 5)
+
+
+def test_bench_text(cli, program):
+    p = kiln_cmd(cli, "bench", program, "-r", 4, "-w", 0, "-t", 2)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    m = re.search(r"^latency ms\s+min (\S+)\s+median (\S+)\s+p90 (\S+)\s+max (\S+)\s+mean (\S+)$", out, re.M)
+    assert m, out
+    mn, med, p90, mx, _ = map(float, m.groups())
+    assert 0 < mn <= med <= p90 <= mx
+    assert re.search(r"^threads\s+2$", out, re.M), out
+    assert re.search(r"^load\s+\d+\.\d+ ms$", out, re.M), out
+    assert re.search(r"^method init\s+\d+\.\d+ ms$", out, re.M), out
+    assert re.search(r"^peak RSS\s+\d+\.\d+ MiB$", out, re.M), out
+    assert re.search(r"^runs\s+4 \(after 0 warm-up\)$", out, re.M), out
+
+
+def test_bench_npy_input_and_seed(cli, program, tmp_path):
+    np.save(tmp_path / "x.npy", np.ones((1, 4, 10, 10), np.float32))
+    r = bench_json(cli, program, "--runs", 2, "--input-npy", tmp_path / "x.npy")
+    assert r["inputs"] == "npy"
+    r = bench_json(cli, program, "--runs", 2, "--seed", 42)
+    assert r["inputs"] == "random(seed=42)"
+
+
+def one_line_error(p, *needles):
+    assert p.returncode != 0
+    assert p.stdout == ""
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1, p.stderr
+    for n in needles:
+        assert n in lines[0], p.stderr
+    return lines[0]
+
+
+def test_bench_errors(cli, program, tmp_path):
+    one_line_error(kiln_cmd(cli, "bench", tmp_path / "nope.kiln"), "kiln bench: NotFound", "nope.kiln")
+    (tmp_path / "junk.kiln").write_bytes(b"not a kiln program at all" * 10)
+    one_line_error(kiln_cmd(cli, "bench", tmp_path / "junk.kiln"), "kiln bench: InvalidProgram")
+    one_line_error(kiln_cmd(cli, "bench", program, "--method", "decode"), "NotFound", "'decode'", "forward")
+    for bad in ("two", "abc", "2.5"):
+        one_line_error(kiln_cmd(cli, "bench", program, "--threads", bad), "--threads")
+    for bad in ("-1", "100000"):
+        one_line_error(kiln_cmd(cli, "bench", program, "--threads", bad), "InvalidArgument", "--threads", bad)
+    one_line_error(kiln_cmd(cli, "bench", program, "--runs", 0), "InvalidArgument", "--runs")
+    one_line_error(kiln_cmd(cli, "bench", program, "--warmup", -2), "InvalidArgument", "--warmup")
+    one_line_error(kiln_cmd(cli, "bench", program, "--kernels", "fast"), "InvalidArgument", "--kernels", "fast")
+    np.save(tmp_path / "bad.npy", np.ones((1, 4, 10, 9), np.float32))
+    one_line_error(kiln_cmd(cli, "bench", program, "-i", tmp_path / "bad.npy"), "InvalidArgument", "shape")
+    one_line_error(kiln_cmd(cli, "bench", program, "-i", tmp_path / "x.npy", "-i", tmp_path / "x.npy"),
+                   "takes 1 input(s)")
+
+
+# ---- kiln run --threads / --kernels ----
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kernels", ["cpu", "portable"])
+def test_run_threads_kernels_match_numpy(cli, program, tmp_path, threads, kernels):
+    x = np.random.default_rng(5).standard_normal((1, 4, 10, 10)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    p = kiln_cmd(cli, "run", program, "-i", tmp_path / "x.npy", "-o", tmp_path, "--threads", threads,
+                 "--kernels", kernels)
+    assert p.returncode == 0, p.stderr
+    got, want = np.load(tmp_path / "output_0.npy"), reference(x)
+    assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def test_run_bad_threads_and_kernels(cli, program):
+    one_line_error(kiln_cmd(cli, "run", program, "--threads", -3), "kiln run: InvalidArgument", "--threads")
+    one_line_error(kiln_cmd(cli, "run", program, "--kernels", "gpu"), "kiln run: InvalidArgument", "--kernels")
+
+
+# ---- kiln inspect: kernel sets and delegate segments ----
+
+def test_inspect_kernel_counts(cli, program):
+    p = kiln_cmd(cli, "inspect", "--json", program)
+    assert p.returncode == 0, p.stderr
+    (m,) = json.loads(p.stdout)["methods"]
+    assert m["num_cpu_kernel_calls"] + m["num_portable_kernel_calls"] == m["num_kernel_calls"] == 2
+    assert sum(m["cpu_op_counts"].values()) == m["num_cpu_kernel_calls"]
+    for op, n in m["cpu_op_counts"].items():
+        assert 0 < n <= m["op_counts"][op]
+    assert m["delegate_segments"] == {}
+    # bench reports the same split for the default kernel set
+    r = bench_json(cli, program, "--runs", 1)
+    assert r["cpu_kernel_calls"] == m["num_cpu_kernel_calls"]
+    text = kiln_cmd(cli, "inspect", program).stdout
+    assert re.search(rf"^\s+kernel calls\s+2 \({m['num_cpu_kernel_calls']} optimized cpu, "
+                     rf"{m['num_portable_kernel_calls']} portable\)$", text, re.M), text
+    assert re.search(r"^\s+delegates\s+none$", text, re.M), text
+
+
+@pytest.mark.skipif(not HAS_XNNPACK, reason="the xnnpack backend is not built")
+def test_inspect_and_bench_xnnpack_program(cli, tmp_path):
+    path = compile_to(tmp_path / "conv_xnn.kiln", backends=("xnnpack",))
+    (m,) = json.loads(kiln_cmd(cli, "inspect", "--json", path).stdout)["methods"]
+    assert m["delegate_segments"] == {"xnnpack": 1} and m["num_delegate_calls"] == 1
+    assert m["num_kernel_calls"] == 0
+    text = kiln_cmd(cli, "inspect", path).stdout
+    assert re.search(r"^\s+delegates\s+xnnpack: 1 segment$", text, re.M), text
+    for threads in (1, 2):
+        r = bench_json(cli, path, "--runs", 5, "--threads", threads)
+        assert r["delegate_segments"] == {"xnnpack": 1} and r["threads"] == threads
+        check_stats(r, 5)
+    x = np.random.default_rng(6).standard_normal((1, 4, 10, 10)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    p = kiln_cmd(cli, "run", path, "-i", tmp_path / "x.npy", "-o", tmp_path, "--threads", 2)
+    assert p.returncode == 0, p.stderr
+    want = reference(x)
+    assert np.max(np.abs(np.load(tmp_path / "output_0.npy") - want)) <= 1e-5 * np.max(np.abs(want))
+
+
+def test_bench_random_inputs_of_every_dtype(cli, tmp_path):
+    """Seeded random inputs are made for every input dtype (identity method: outputs = inputs)."""
+    dtypes = ["float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool"]
+    g = kiln.Graph()
+    g.set_outputs([g.add_input(f"in_{d}", d, [3, 5]) for d in dtypes])
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    data, _ = pb.compile()
+    (tmp_path / "id.kiln").write_bytes(data)
+    r = bench_json(cli, tmp_path / "id.kiln", "--runs", 3, "--threads", 1)
+    assert r["kernel_calls"] == 0 and r["inputs"] == "random(seed=0)"
+    assert 0 <= r["min_ms"] <= r["median_ms"] <= r["p90_ms"] <= r["max_ms"]
