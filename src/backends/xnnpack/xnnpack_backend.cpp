@@ -764,13 +764,15 @@ class XnnpackBackend : public Backend {
       }
       if (st != xnn_status_success) return bad(xnn_error("xnn_define_* of node", st) + " at node " + std::to_string(k));
     }
-    // XNNPACK parallelizes over a pthreadpool of the method's thread count; Kiln's own pool
-    // sleeps (condition variable) while a delegate call runs, so the two never compete.
+    // XNNPACK parallelizes over a pthreadpool of the method's thread count. Its workers are
+    // yielded back to the OS after the last operator (XNN_FLAG_YIELD_WORKERS), so they do not
+    // spin against Kiln's kernels or other segments; Kiln's own pool sleeps while a delegate
+    // call runs (after its short poll, include/kiln/thread_pool.h).
     if (options.num_threads > 1) {
       h->pool = pthreadpool_create(static_cast<size_t>(options.num_threads));
       if (h->pool == nullptr) return Error(ErrorCode::MemoryAllocationFailed, "xnnpack: pthreadpool_create failed");
     }
-    st = xnn_create_runtime_v2(sub, h->pool, 0, &h->runtime);
+    st = xnn_create_runtime_v2(sub, h->pool, h->pool ? XNN_FLAG_YIELD_WORKERS : 0, &h->runtime);
     if (st != xnn_status_success) return Error(ErrorCode::NotSupported, "xnnpack: " + xnn_error("xnn_create_runtime_v2", st));
     h->externals.resize(ni + no);
     for (uint32_t i = 0; i < ni + no; ++i) h->externals[i].id = i;
