@@ -315,7 +315,10 @@ PYBIND11_MODULE(_kiln, m) {
       .def(
           "load_method",
           [](const Program& p, const std::string& name, int num_threads, bool portable_kernels_only) {
-            if (num_threads < 0) throw py::value_error("num_threads must be >= 0 (0 = the process-wide pool)");
+            if (num_threads < 0 || num_threads > ThreadPool::kMaxThreads) {
+              throw py::value_error("num_threads must be between 1 and " + std::to_string(ThreadPool::kMaxThreads) +
+                                    " (0 = the process-wide pool), got " + std::to_string(num_threads));
+            }
             MethodOptions opts;
             std::shared_ptr<ThreadPool> pool;
             if (num_threads > 0) pool = std::make_shared<ThreadPool>(num_threads);

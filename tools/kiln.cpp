@@ -190,7 +190,7 @@ int cmd_inspect(const InspectArgs& a) {
 
 // ---- options shared by kiln run and kiln bench ----
 
-constexpr int kMaxThreads = 1024;
+constexpr int kMaxThreads = ThreadPool::kMaxThreads;
 
 /// How a method is instantiated: its thread pool and kernel set.
 struct ExecOptions {

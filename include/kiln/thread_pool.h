@@ -20,6 +20,10 @@ namespace kiln {
 /// starts after Kiln's workers have gone to sleep or within that window.
 class ThreadPool {
  public:
+  /// Largest pool size; larger requests are clamped (APIs that take a thread count from a
+  /// user reject them with InvalidArgument first).
+  static constexpr int kMaxThreads = 256;
+  /// `num_threads` is clamped to [1, kMaxThreads].
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;

@@ -7,7 +7,7 @@
 
 namespace kiln {
 
-ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
+ThreadPool::ThreadPool(int num_threads) : num_threads_(std::clamp(num_threads, 1, kMaxThreads)) {
   for (int i = 1; i < num_threads_; ++i) workers_.emplace_back([this, i] { worker(i); });
 }
 
@@ -101,7 +101,7 @@ ThreadPool* ThreadPool::default_pool() {
   static ThreadPool pool([] {
     if (const char* env = std::getenv("KILN_NUM_THREADS")) {
       const int n = std::atoi(env);
-      if (n > 0) return n;
+      if (n > 0) return std::min(n, kMaxThreads);
     }
     return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   }());
