@@ -111,8 +111,16 @@ struct InspectArgs {
   bool json = false;
 };
 
+// The CLI loads any verified file: a missing or unavailable delegate backend is reported per
+// method (inspect) or when that method is instantiated (run, bench), not for the whole file.
+LoadOptions cli_load_options() {
+  LoadOptions o;
+  o.defer_backend_errors = true;
+  return o;
+}
+
 int cmd_inspect(const InspectArgs& a) {
-  auto program = Program::load(a.file);
+  auto program = Program::load(a.file, cli_load_options());
   if (!program.ok()) return fail("inspect", program.error());
   const Program& p = *program.value();
   std::vector<MethodMeta> metas;
@@ -139,7 +147,8 @@ int cmd_inspect(const InspectArgs& a) {
         << ",\n      \"num_portable_kernel_calls\": " << m.num_kernel_calls - m.num_cpu_kernel_calls
         << ",\n      \"arena_bytes\": " << m.arena_bytes << ",\n      \"op_counts\": " << json_counts(m.op_counts)
         << ",\n      \"cpu_op_counts\": " << json_counts(m.cpu_op_counts)
-        << ",\n      \"delegate_segments\": " << json_counts(m.delegate_counts) << "\n    }";
+        << ",\n      \"delegate_segments\": " << json_counts(m.delegate_counts)
+        << ",\n      \"unavailable\": " << (m.unavailable.empty() ? std::string("null") : json_str(m.unavailable)) << "\n    }";
     }
     o << "\n  ]\n}\n";
     std::cout << o.str();
@@ -167,8 +176,9 @@ int cmd_inspect(const InspectArgs& a) {
       << m.num_delegate_calls << " delegate calls)\n"
       << "  kernel calls    " << m.num_kernel_calls << " (" << m.num_cpu_kernel_calls << " optimized cpu, "
       << m.num_kernel_calls - m.num_cpu_kernel_calls << " portable)\n"
-      << "  delegates       " << delegate_summary(m) << "\n"
-      << "  arena           " << m.arena_bytes << " bytes\n";
+      << "  delegates       " << delegate_summary(m) << "\n";
+    if (!m.unavailable.empty()) o << "  NOT RUNNABLE    " << m.unavailable << "\n";
+    o << "  arena           " << m.arena_bytes << " bytes\n";
     if (!m.cpu_op_counts.empty()) {
       o << "  cpu kernels     ";
       for (size_t i = 0; i < m.cpu_op_counts.size(); ++i) {
@@ -320,7 +330,7 @@ int cmd_run(const RunArgs& a) {
 
   if (Error e = check_exec_options(a.exec); !e.ok()) return fail("run", e);
   const auto t0 = Clock::now();
-  auto program = Program::load(a.file);
+  auto program = Program::load(a.file, cli_load_options());
   if (!program.ok()) return fail("run", program.error());
   auto meta = find_method(*program.value(), a.method);
   if (!meta.ok()) return fail("run", meta.error());
@@ -451,7 +461,7 @@ int cmd_bench(const BenchArgs& a) {
   }
 
   const auto t0 = Clock::now();
-  auto program = Program::load(a.file);
+  auto program = Program::load(a.file, cli_load_options());
   const auto t1 = Clock::now();
   if (!program.ok()) return fail("bench", program.error());
   auto meta = find_method(*program.value(), a.method);

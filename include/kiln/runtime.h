@@ -45,11 +45,19 @@ struct MethodMeta {
   std::vector<std::pair<std::string, int>> cpu_op_counts;
   /// Delegate segments per backend (e.g. {"xnnpack", 1}), sorted by backend name.
   std::vector<std::pair<std::string, int>> delegate_counts;
+  /// Empty, or why load_method will return NotFound: a delegate backend of this method is not
+  /// compiled in or not available (only with LoadOptions::defer_backend_errors).
+  std::string unavailable;
 };
 
 /// Options for Program::load.
 struct LoadOptions {
   bool use_mmap = true;  ///< map the file (zero copy); false reads it into memory
+  /// false (default): a delegate backend that is not compiled in or not available makes load
+  /// fail with NotFound naming it. true: load verifies everything else and succeeds; the
+  /// affected methods carry the reason in MethodMeta::unavailable and load_method returns
+  /// that NotFound (tools that inspect any file; programs whose other methods run anyway).
+  bool defer_backend_errors = false;
 };
 
 /// Options for Program::load_method.
@@ -101,7 +109,8 @@ class Program : public std::enable_shared_from_this<Program> {
   /// OperatorMissing (an op with no kernel), NotFound (a delegate backend missing).
   static Result<std::shared_ptr<Program>> load(const std::string& path, const LoadOptions& options = {});
   /// Same checks on a buffer in memory (copied).
-  static Result<std::shared_ptr<Program>> load_from_buffer(std::span<const uint8_t> bytes);
+  static Result<std::shared_ptr<Program>> load_from_buffer(std::span<const uint8_t> bytes,
+                                                           const LoadOptions& options = {});
 
   ~Program();
   uint32_t format_version() const;

@@ -988,7 +988,12 @@ def _gather_rows(b: _Builder, x: _V, k: int, idx) -> _V:
     rank = len(x.shape)
     if isinstance(idx, torch.Tensor):  # constant indices: wrap negatives now (PyTorch semantics)
         idx = torch.where(idx < 0, idx + x.shape[k], idx)
-    idx = b.tensor(idx)
+        idx = b.tensor(idx)
+    else:  # run-time indices: wrap negatives the same way, idx < 0 ? idx + size : idx
+        idx = b.tensor(idx)
+        zero = b.const(torch.zeros((), dtype=idx.dtype))
+        size = b.const(torch.full((), x.shape[k], dtype=idx.dtype))
+        idx = b.emit("aten.where", [b.emit("aten.lt", [idx, zero]), b.emit("aten.add", [idx, size]), idx])
     others = [d for d in range(rank) if d != k]
     xp = x if k == 0 else b.emit("aten.permute", [x], {"dims": [k] + others})
     rest = [x.shape[d] for d in others]
@@ -1293,7 +1298,7 @@ def format_delegation(report: dict) -> list[str]:
 
 
 def _fmt_bytes(n: int) -> str:
-    for unit, k in (("GB", 1 << 30), ("MB", 1 << 20), ("KB", 1 << 10)):
+    for unit, k in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= k:
             return f"{n / k:.2f} {unit}"
     return f"{n} B"
@@ -1301,6 +1306,27 @@ def _fmt_bytes(n: int) -> str:
 
 def _default_progress(msg: str):
     print(msg, file=sys.stderr, flush=True)
+
+
+def _write_atomically(path: str, data: bytes):
+    """Writes `data` to a temporary file beside `path` and renames it over `path`, so that a
+    process that has the old program memory-mapped keeps its (unlinked) bytes instead of
+    seeing the file truncated under it (SIGBUS). Raises OSError."""
+    import tempfile
+    d = os.path.dirname(path) or "."
+    os.makedirs(d, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".kiln-", suffix=".tmp", dir=d)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
 
 
 def _write_json(path, report: dict):
@@ -1351,18 +1377,14 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     report = dict(report)
     report["backends"] = list(delegates)
     report["require_delegation"] = require
-    path = None
+    path = None if out is None else os.fspath(out)
+    report["path"] = path
     try:
-        if out is not None:
-            path = os.fspath(out)
-            d = os.path.dirname(path)
-            if d:
-                os.makedirs(d, exist_ok=True)
-            with open(path, "wb") as f:
-                f.write(data)
-        report["path"] = path
+        # The report first: a report that cannot be written leaves no program behind.
         if report_json is not None:
             _write_json(report_json, report)
+        if path is not None:
+            _write_atomically(path, data)
     except OSError as e:
         raise ExportError(f"cannot write {e.filename or path}: {e.strerror or e}") from None
     secs = time.perf_counter() - t0

@@ -81,6 +81,7 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
   std::vector<flatbuffers::Offset<fb::Method>> fb_methods;
   std::vector<std::shared_ptr<const DelegateBlob>> payloads;  // segments 1.. in order
 
+  std::string require_failures;  // require_delegation: the undelegated nodes of every method
   for (const auto& [name, original] : methods_) {
     Graph g = original;
     MethodReport rep;
@@ -116,9 +117,11 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         missing += "\n  " + d.op + (d.debug_name.empty() ? "" : " (" + d.debug_name + ")") + ": " + d.reason;
       }
       if (count > 0) {
-        return Error(ErrorCode::NotSupported, "method '" + name + "': " + std::to_string(count) +
-                                                  " node(s) not delegated to required backend '" +
-                                                  options.require_delegation + "':" + missing);
+        // Keep going: the error lists the nodes of every method, not just the first one's.
+        require_failures += std::string(require_failures.empty() ? "" : "\n") + "method '" + name + "': " +
+                            std::to_string(count) + " node(s) not delegated to required backend '" +
+                            options.require_delegation + "':" + missing;
+        continue;
       }
     }
     MemoryPlan plan = plan_memory(g);
@@ -184,6 +187,7 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
                                           b.CreateVector(outs), b.CreateVector(instrs), plan.arena_bytes));
     result.methods.push_back(rep);
   }
+  if (!require_failures.empty()) return Error(ErrorCode::NotSupported, require_failures);
 
   std::vector<flatbuffers::Offset<fb::ConstantRef>> refs;
   for (size_t i = 0; i < constants.data.size(); ++i) {

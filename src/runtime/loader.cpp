@@ -129,20 +129,24 @@ constexpr uint8_t kPayloadSegment = 1;
 Result<PlannedInstruction> plan_delegate(const fb::DelegateCall* d, const std::string& iw, size_t nv,
                                          const std::vector<SegmentSpan>& segments,
                                          const std::vector<ConstantSpan>& constants, const MethodPlan& plan,
-                                         std::vector<bool>& defined) {
+                                         std::vector<bool>& defined, bool defer_backend_errors) {
   if (d->backend() == nullptr) return bad(iw + ": delegate call without a backend name");
   const std::string name = d->backend()->str();
+  PlannedInstruction pi;
+  pi.backend_name = name;
   const Backend* backend = BackendRegistry::get().find(name);
   if (backend == nullptr) {
-    return Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not compiled into this runtime");
+    pi.backend_error = Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not compiled into this runtime");
+  } else if (Error avail = backend->is_available(); !avail.ok()) {
+    pi.backend_error = Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not available: " + avail.message());
   }
-  if (Error avail = backend->is_available(); !avail.ok()) {
-    return Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not available: " + avail.message());
+  if (!pi.backend_error.ok()) {
+    if (!defer_backend_errors) return pi.backend_error;
+    backend = nullptr;  // never used: load_method returns backend_error first
   }
   if (d->segment() >= segments.size()) return bad(iw + ": delegate payload segment out of range");
   const SegmentSpan& seg = segments[d->segment()];
   if (seg.kind != kPayloadSegment) return bad(iw + ": delegate payload refers to a segment that is not a payload segment");
-  PlannedInstruction pi;
   pi.backend = backend;
   pi.op = "delegate:" + name;
   pi.payload = {seg.data, static_cast<size_t>(seg.size)};
@@ -205,7 +209,7 @@ Error check_no_aliasing(const MethodPlan& plan, const PlannedInstruction& pi, co
 }
 
 Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpan>& segments,
-                               const std::vector<ConstantSpan>& constants) {
+                               const std::vector<ConstantSpan>& constants, bool defer_backend_errors) {
   MethodPlan plan;
   if (m == nullptr || m->name() == nullptr) return bad("method without a name");
   const std::string where = "method '" + m->name()->str() + "'";
@@ -263,7 +267,7 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     const std::string iw = where + " instruction " + std::to_string(k);
     if (e == nullptr) return bad(iw + ": missing");
     if (const fb::DelegateCall* d = e->instr_as_DelegateCall()) {
-      auto pi = plan_delegate(d, iw, nv, segments, constants, plan, defined);
+      auto pi = plan_delegate(d, iw, nv, segments, constants, plan, defined, defer_backend_errors);
       if (!pi.ok()) return pi.error();
       KILN_RETURN_IF_ERROR(check_no_aliasing(plan, pi.value(), iw));
       plan.instructions.push_back(std::move(pi.value()));
@@ -324,9 +328,10 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
   plan.meta.num_instructions = plan.instructions.size();
   std::map<std::string, int> op_counts, cpu_op_counts, delegate_counts;
   for (const PlannedInstruction& pi : plan.instructions) {
-    if (pi.backend) {
+    if (!pi.backend_name.empty()) {
       ++plan.meta.num_delegate_calls;
-      ++delegate_counts[pi.backend->name()];
+      ++delegate_counts[pi.backend_name];
+      if (!pi.backend_error.ok() && plan.meta.unavailable.empty()) plan.meta.unavailable = pi.backend_error.message();
       continue;
     }
     ++plan.meta.num_kernel_calls;
@@ -392,7 +397,7 @@ Result<std::unique_ptr<FileBytes>> FileBytes::map(const std::string& path, bool 
   return copy(buf);
 }
 
-Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> bytes) {
+Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> bytes, bool defer_backend_errors) {
   const uint8_t* base = bytes->data();
   const uint64_t size = bytes->size();
   if (size < sizeof(FileHeader)) return bad("file is " + std::to_string(size) + " bytes, shorter than the 64-byte header");
@@ -444,7 +449,7 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
   if (prog->methods() == nullptr || prog->methods()->size() == 0) return bad("program has no methods");
   std::set<std::string> seen;
   for (const fb::Method* m : *prog->methods()) {
-    auto plan = plan_method(m, segments, constants);
+    auto plan = plan_method(m, segments, constants, defer_backend_errors);
     if (!plan.ok()) return plan.error();
     if (!seen.insert(plan->meta.name).second) return bad("duplicate method '" + plan->meta.name + "'");
     data->methods.push_back(std::move(plan.value()));

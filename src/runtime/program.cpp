@@ -13,17 +13,17 @@ Program::~Program() = default;
 Result<std::shared_ptr<Program>> Program::load(const std::string& path, const LoadOptions& options) {
   auto bytes = detail::FileBytes::map(path, options.use_mmap);
   if (!bytes.ok()) return bytes.error();
-  auto data = detail::verify_and_plan(std::move(bytes.value()));
+  auto data = detail::verify_and_plan(std::move(bytes.value()), options.defer_backend_errors);
   if (!data.ok()) return Error(data.error().code(), path + ": " + data.error().message());
   auto program = std::shared_ptr<Program>(new Program());
   program->data_ = std::move(data.value());
   return program;
 }
 
-Result<std::shared_ptr<Program>> Program::load_from_buffer(std::span<const uint8_t> buffer) {
+Result<std::shared_ptr<Program>> Program::load_from_buffer(std::span<const uint8_t> buffer, const LoadOptions& options) {
   auto bytes = detail::FileBytes::copy(buffer);
   if (!bytes.ok()) return bytes.error();
-  auto data = detail::verify_and_plan(std::move(bytes.value()));
+  auto data = detail::verify_and_plan(std::move(bytes.value()), options.defer_backend_errors);
   if (!data.ok()) return data.error();
   auto program = std::shared_ptr<Program>(new Program());
   program->data_ = std::move(data.value());
@@ -84,6 +84,9 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
     if (m.meta.name == name) plan = &m;
   }
   if (plan == nullptr) return Error(ErrorCode::NotFound, "no method '" + name + "' in program");
+  for (const auto& ins : plan->instructions) {
+    if (!ins.backend_error.ok()) return ins.backend_error;  // LoadOptions::defer_backend_errors
+  }
   Method method;
   Method::Impl& im = *method.impl_;
   im.program = shared_from_this();

@@ -31,7 +31,9 @@ class FileBytes {
 struct PlannedInstruction {
   KernelFn kernel = nullptr;            // the best kernel (an optimized one where it accepts the call)
   KernelFn portable_kernel = nullptr;   // the reference kernel (MethodOptions::portable_kernels_only)
-  const Backend* backend = nullptr;                          // delegate calls only
+  const Backend* backend = nullptr;                          // delegate calls only (null if backend_error)
+  std::string backend_name;                                  // delegate calls only
+  Error backend_error;  // NotFound when the backend is missing/unavailable (LoadOptions::defer_backend_errors)
   std::span<const uint8_t> payload;                          // delegate payload segment (in the file)
   std::vector<std::span<const uint8_t>> delegate_constants;  // by position, as the payload refers to them
   std::vector<int32_t> args;     // value indices, -1 = None
@@ -60,6 +62,8 @@ struct ProgramData {
 };
 
 /// Verifies `bytes` and builds the method plans (the loader: src/runtime/loader.cpp).
-Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> bytes);
+/// `defer_backend_errors`: a missing or unavailable delegate backend is recorded in the plan
+/// (PlannedInstruction::backend_error) instead of failing; load_method then returns it.
+Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> bytes, bool defer_backend_errors);
 
 }  // namespace kiln::detail

@@ -236,3 +236,35 @@ def test_bench_random_inputs_of_every_dtype(cli, tmp_path):
     r = bench_json(cli, tmp_path / "id.kiln", "--runs", 3, "--threads", 1)
     assert r["kernel_calls"] == 0 and r["inputs"] == "random(seed=0)"
     assert 0 <= r["min_ms"] <= r["median_ms"] <= r["p90_ms"] <= r["max_ms"]
+
+
+@pytest.mark.skipif(not HAS_XNNPACK, reason="the xnnpack backend is not built")
+def test_unavailable_backend_is_reported_per_method(cli, tmp_path):
+    # Two methods: 'cpu' (aten.neg, which xnnpack does not take) and 'xnn' (one xnnpack segment);
+    # then xnnpack is made unavailable.
+    g = kiln.Graph()
+    x = g.add_input("x", "float32", [3])
+    (y,) = g.add_node("aten.neg", [x])
+    g.set_outputs([y])
+    pb = kiln.ProgramBuilder()
+    pb.add_method("cpu", g)
+    pb.add_method("xnn", conv_graph())
+    path = tmp_path / "mixed.kiln"
+    data, rep = pb.compile(backends=["xnnpack"])
+    segs = {m["name"]: sum(b["segments"] for b in m["delegation"]["backends"]) for m in rep["methods"]}
+    assert segs == {"cpu": 0, "xnn": 1}
+    path.write_bytes(data)
+    env = dict(os.environ, KILN_XNNPACK_DISABLE="1")
+    p = subprocess.run([cli, "inspect", str(path), "--json"], capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    meta = {m["name"]: m for m in json.loads(p.stdout)["methods"]}
+    assert meta["cpu"]["unavailable"] is None
+    assert "xnnpack" in meta["xnn"]["unavailable"] and "not available" in meta["xnn"]["unavailable"]
+    np.save(tmp_path / "x.npy", np.arange(3, dtype=np.float32))
+    p = subprocess.run([cli, "run", str(path), "-m", "cpu", "-i", str(tmp_path / "x.npy"), "-o", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run([cli, "bench", str(path), "-m", "xnn", "--runs", "1"], capture_output=True, text=True,
+                       timeout=120, env=env)
+    assert p.returncode == 1 and "NotFound" in p.stderr and "xnnpack" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

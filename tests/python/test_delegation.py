@@ -398,3 +398,63 @@ def test_unwritable_report_json_is_an_export_error(tmp_path):
     model, x = WithGroupNorm().eval(), torch.randn(1, 3, 8, 8)
     with pytest.raises(ExportError, match="cannot write"):
         kiln.export(model, (x,), report_json=tmp_path, verbose=False)  # a directory
+
+
+@needs_xnnpack
+def test_empty_batch_is_declined_by_xnnpack_and_runs_on_cpu_kernels():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.ReLU()).eval()
+    x = torch.randn(0, 3, 4, 4)
+    res = kiln.export(model, (x,), backends=("xnnpack",), verbose=False)
+    m = method_report(res)
+    assert any("empty tensor" in r for r in cpu_reasons(m, "aten.convolution")), m["delegation"]
+    (out,) = res.load().run(x)
+    assert out.shape == (0, 4, 4, 4)
+    with pytest.raises(ExportError, match="empty tensor"):
+        kiln.export(model, (x,), backends=("xnnpack",), require_delegation="xnnpack", verbose=False)
+
+
+def test_reexport_over_a_loaded_program_keeps_it_running(tmp_path):
+    # The exporter replaces the file (rename) instead of truncating it under the mapping.
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3)).eval()
+    x = torch.randn(2, 4)
+    path = tmp_path / "m.kiln"
+    kiln.export(model, (x,), out=path, verbose=False)
+    p = kiln.load(path)
+    before = p.run(x)[0]
+    kiln.export(torch.nn.Sequential(torch.nn.Linear(4, 3)).eval(), (x,), out=path, verbose=False)
+    assert max_diff(p.run(x)[0], before) == 0.0
+    assert max_diff(p.run(x)[0], eager(model, x)) < 1e-5
+    assert [f for f in os.listdir(tmp_path) if f != "m.kiln"] == []  # no temporary left behind
+
+
+def test_runtime_negative_indices_wrap_like_eager():
+    class Take(torch.nn.Module):
+        def forward(self, i, x):
+            return x[i] * 2
+
+    x = torch.randn(4, 5)
+    res = kiln.export(Take(), (torch.tensor([0, -1, 2]), x), verbose=False)
+    p = res.load()
+    for i in ([0, -1, 2], [-4, 3, -2]):
+        it = torch.tensor(i)
+        assert max_diff(p.run(it, x)[0], eager(Take(), it, x)) == 0.0
+    with pytest.raises(kiln.KilnError, match="out of range"):
+        p.run(torch.tensor([0, -5, 1]), x)
+
+
+def test_thread_count_above_the_cap_is_a_clear_error():
+    res = kiln.export(torch.nn.Sequential(torch.nn.Linear(4, 3)).eval(), (torch.randn(1, 4),), verbose=False)
+    with pytest.raises(ValueError, match="num_threads must be between 1 and 256"):
+        kiln.load_bytes(res.data, num_threads=10000).run(torch.randn(1, 4))
+
+
+@needs_xnnpack
+def test_require_delegation_lists_the_nodes_of_every_method():
+    enc = torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.GroupNorm(2, 8)).eval()
+    dec = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.LayerNorm(8)).eval()
+    with pytest.raises(ExportError) as e:
+        kiln.export_program({"enc": (enc, (torch.randn(1, 4, 6, 6),)), "dec": (dec, (torch.randn(2, 8),))},
+                            backends=("xnnpack",), require_delegation="xnnpack", verbose=False)
+    msg = str(e.value)
+    assert "method 'enc'" in msg and "aten.native_group_norm" in msg
+    assert "method 'dec'" in msg and "aten.native_layer_norm" in msg

@@ -912,3 +912,17 @@ def test_kiln_export_with_mlx_backend(tmp_path):
     with torch.no_grad():
         assert_close(out, m(x).numpy(), REL, "export mlx")
     assert res.report["methods"][0]["delegation"]["backends"][0]["segments"] == 1
+
+
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("rank", [4, 3])
+def test_sdpa_fully_masked_row_is_zero_like_eager(kind, rank):
+    # PyTorch gives 0 for a query row whose mask excludes every key (not NaN, not mean(V)).
+    shape = (1, 2, 3, 4) if rank == 4 else (2, 3, 4)
+    q, k, v = _rand(*shape, seed=51), _rand(*shape, seed=52), _rand(*shape, seed=53)
+    keep = np.array([[True, True, False], [False, False, False], [True, False, True]])
+    m = keep if kind == "bool" else np.where(keep, 0.0, -np.inf).astype(np.float32)
+    out = run_one("aten.scaled_dot_product_attention", [q, k, v, m], {})
+    ref = F.scaled_dot_product_attention(T(q), T(k), T(v), attn_mask=T(m)).numpy()
+    assert np.isfinite(out).all()
+    assert_close(out, ref, REL, "sdpa fully masked row")

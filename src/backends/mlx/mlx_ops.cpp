@@ -580,9 +580,18 @@ mx::array sdpa(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vect
   const bool fast_ok = rank4 && q.shape(0) == k.shape(0) && k.shape(0) == v.shape(0) && k.shape(1) == v.shape(1) &&
                        (q.shape(1) == k.shape(1) || (gqa && q.shape(1) % k.shape(1) == 0)) && q.shape(-1) == v.shape(-1) &&
                        (!causal || L == S);
+  // A query row whose mask excludes every key gives 0, as PyTorch's SDPA does (its softmax
+  // treats an all -inf row as all zeros), not MLX's NaN or mean of V.
+  auto zero_masked_rows = [&](mx::array out) {
+    if (causal || !in[3]) return out;  // a top-left causal mask always keeps key 0
+    const mx::array& m = *in[3];
+    mx::array keep = m.dtype() == mx::bool_ ? m : mx::greater(m, scalar(-std::numeric_limits<float>::infinity(), m.dtype()), c.dev);
+    mx::array any_key = mx::any(keep, std::vector<int>{-1}, /*keepdims=*/true, c.dev);
+    return mx::where(any_key, out, scalar(0.0f, out.dtype()), c.dev);
+  };
   if (fast_ok) {
     if (causal) return mx::fast::scaled_dot_product_attention(q, k, v, scale, "causal", std::nullopt, {}, false, c.dev);
-    if (in[3]) return mx::fast::scaled_dot_product_attention(q, k, v, scale, "array", *in[3], {}, false, c.dev);
+    if (in[3]) return zero_masked_rows(mx::fast::scaled_dot_product_attention(q, k, v, scale, "array", *in[3], {}, false, c.dev));
     return mx::fast::scaled_dot_product_attention(q, k, v, scale, "", std::nullopt, {}, false, c.dev);
   }
   if (gqa) {
@@ -599,7 +608,7 @@ mx::array sdpa(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vect
   } else if (in[3]) {
     s = in[3]->dtype() == mx::bool_ ? mx::where(*in[3], s, neg_inf, c.dev) : mx::add(s, *in[3], c.dev);
   }
-  return mx::matmul(mx::softmax(s, std::vector<int>{-1}, /*precise=*/true, c.dev), v, c.dev);
+  return zero_masked_rows(mx::matmul(mx::softmax(s, std::vector<int>{-1}, /*precise=*/true, c.dev), v, c.dev));
 }
 
 // ---------------------------------------------------------------- pooling

@@ -472,6 +472,11 @@ Result<std::vector<uint8_t>> lower_subgraph(const Subgraph& sg) {
   for (size_t i : sg.nodes) {
     const Node& n = sg.graph->nodes()[i];
     if (n.outputs.size() != 1) return unsupported("op " + n.op + " has " + std::to_string(n.outputs.size()) + " outputs");
+    // XNNPACK values must be non-empty (init checks the same at the boundary).
+    for (ValueId v : n.inputs) {
+      if (v != kNoValue && sg.graph->value(v).type.numel() == 0) return unsupported("an input of " + n.op + " is an empty tensor");
+    }
+    if (sg.graph->value(n.outputs[0]).type.numel() == 0) return unsupported("the output of " + n.op + " is an empty tensor");
     KILN_RETURN_IF_ERROR(l.node(n));
   }
   return l.finish();
