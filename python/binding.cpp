@@ -172,7 +172,7 @@ PYBIND11_MODULE(_kiln, m) {
       })
       .def("compile", [](const ProgramBuilder& pb, bool fold_constants, bool eliminate_dead_code,
                          std::vector<std::string> backends, std::string require_delegation, bool fold_batch_norm,
-                         const std::string& compute_dtype) {
+                         const std::string& compute_dtype, std::vector<std::vector<std::string>> alternatives) {
         CompileOptions o;
         auto cdt = dtype_from_name(compute_dtype);
         if (!cdt) check(Error(ErrorCode::InvalidArgument, "compute_dtype: unknown dtype '" + compute_dtype + "'"));
@@ -182,6 +182,7 @@ PYBIND11_MODULE(_kiln, m) {
         o.eliminate_dead_code = eliminate_dead_code;
         o.backends = std::move(backends);
         o.require_delegation = std::move(require_delegation);
+        o.alternatives = std::move(alternatives);
         CompiledProgram c;
         {
           py::gil_scoped_release release;
@@ -196,6 +197,7 @@ PYBIND11_MODULE(_kiln, m) {
         for (const auto& mr : c.methods) {
           py::dict d;
           d["name"] = mr.name;
+          d["alternative"] = mr.alternative;
           d["num_nodes"] = mr.num_nodes;
           d["num_folded"] = mr.num_folded;
           d["num_bn_folded"] = mr.num_bn_folded;
@@ -235,12 +237,15 @@ PYBIND11_MODULE(_kiln, m) {
       }, py::arg("fold_constants") = true, py::arg("eliminate_dead_code") = true,
          py::arg("backends") = std::vector<std::string>{}, py::arg("require_delegation") = "",
          py::arg("fold_batch_norm") = true, py::arg("compute_dtype") = "float32",
+         py::arg("alternatives") = std::vector<std::vector<std::string>>{},
          "Compiles; returns (program bytes, report dict). backends: delegate backends in order of "
          "preference; require_delegation: fail unless every node is delegated to that backend; "
          "fold_batch_norm: fold inference batch norms into the convolution/linear feeding them; "
          "compute_dtype: 'float32', 'float16' or 'bfloat16', the precision delegates that support it (mlx) compute in. "
          "report['methods'][i]['delegation'] = {backends: [{backend, segments, nodes, constant_bytes}], "
-         "cpu_ops: [{op, count, reasons: [(backend, reason)]}]}.");
+         "cpu_ops: [{op, count, reasons: [(backend, reason)]}]}. alternatives: e.g. [['mlx'], ['xnnpack']]: every "
+         "method is compiled once per backend list and the loader runs the first whose backends are available "
+         "(replaces backends/require_delegation; report['methods'] then has one entry per alternative).");
   m.def("backend_names", [] { return BackendRegistry::get().names(); },
         "Delegate backends compiled into this build (e.g. ['xnnpack']).");
 
@@ -301,7 +306,19 @@ PYBIND11_MODULE(_kiln, m) {
         py::list l;
         for (const auto& t : pm.method.meta().outputs) l.append(type_dict(t));
         return l;
-      });
+      })
+      .def_property_readonly("alternative", [](const PyMethod& pm) {
+        const MethodMeta& m = pm.method.meta();
+        py::dict d;
+        d["index"] = m.alternative;
+        d["count"] = m.num_alternatives;
+        d["skipped"] = m.skipped_alternatives;
+        py::dict dc;
+        for (const auto& [b, n] : m.delegate_counts) dc[py::str(b)] = n;
+        d["delegate_segments"] = dc;
+        return d;
+      }, "Which of the program's alternatives for this method the loader chose: {index, count, skipped: "
+         "[why each earlier one was skipped], delegate_segments: {backend: n}}.");
 
   py::class_<Program, std::shared_ptr<Program>>(m, "Program", "A loaded, verified .kiln program.")
       .def_static("load", [](const std::string& path) { return unwrap(Program::load(path)); })

@@ -148,6 +148,7 @@ int cmd_inspect(const InspectArgs& a) {
         << ",\n      \"arena_bytes\": " << m.arena_bytes << ",\n      \"op_counts\": " << json_counts(m.op_counts)
         << ",\n      \"cpu_op_counts\": " << json_counts(m.cpu_op_counts)
         << ",\n      \"delegate_segments\": " << json_counts(m.delegate_counts)
+        << ",\n      \"alternative\": " << m.alternative << ",\n      \"num_alternatives\": " << m.num_alternatives
         << ",\n      \"unavailable\": " << (m.unavailable.empty() ? std::string("null") : json_str(m.unavailable)) << "\n    }";
     }
     o << "\n  ]\n}\n";
@@ -177,6 +178,12 @@ int cmd_inspect(const InspectArgs& a) {
       << "  kernel calls    " << m.num_kernel_calls << " (" << m.num_cpu_kernel_calls << " optimized cpu, "
       << m.num_kernel_calls - m.num_cpu_kernel_calls << " portable)\n"
       << "  delegates       " << delegate_summary(m) << "\n";
+    if (m.num_alternatives > 1) {
+      o << "  alternative     " << m.alternative + 1 << " of " << m.num_alternatives << " (the first whose backends are available)\n";
+      for (size_t a = 0; a < m.skipped_alternatives.size(); ++a) {
+        o << "    skipped " << a + 1 << ": " << m.skipped_alternatives[a] << "\n";
+      }
+    }
     if (!m.unavailable.empty()) o << "  NOT RUNNABLE    " << m.unavailable << "\n";
     o << "  arena           " << m.arena_bytes << " bytes\n";
     if (!m.cpu_op_counts.empty()) {

@@ -217,7 +217,10 @@ def main(argv=None) -> int:
         else:
             from kiln import capture
 
-            backends = list(capture.BUILT_BACKENDS)
+            sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+            from export import default_backends  # examples/mv3/export.py
+
+            backends = default_backends(capture.BUILT_BACKENDS)
         print("demo: exporting for backends: " + ", ".join(backends))
         failures += export(args.models, out_dir, weights_dir, backends)
 

@@ -9,6 +9,9 @@ backend this build has, i.e. portable and, when built, xnnpack):
     mobilenet_v3_small -> mv3_<backend>.kiln
     mobilenet_v3_large -> mv3_large_<backend>.kiln
     resnet18           -> resnet18_<backend>.kiln
+<model>_any.kiln (when mlx and xnnpack are both built) holds two alternatives of the model, an mlx
+lowering and an xnnpack lowering: the runtime runs mlx where it is available (a GPU, or
+KILN_MLX_DEVICE=cpu) and the xnnpack one elsewhere.
 <model>_portable.kiln runs on Kiln's own CPU kernels. <model>_xnnpack.kiln is compiled with
 backends=("xnnpack",) and require_delegation="xnnpack": the whole model is one XNNPACK delegate
 segment (batch norms are folded into the convolutions first), or the export fails listing every
@@ -43,6 +46,19 @@ def parse_weights(items: list[str]) -> dict[str, str]:
     return out
 
 
+# "any": one file with an mlx lowering and an xnnpack lowering (the runtime takes the first available).
+ANY = "any"
+ANY_ALTERNATIVES = (("mlx",), ("xnnpack",))
+
+
+def default_backends(built) -> list:
+    """Every built backend, plus "any" when mlx and xnnpack are both built."""
+    out = list(built)
+    if "mlx" in out and "xnnpack" in out:
+        out.append(ANY)
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Export the mv3 demo's .kiln programs (one per model and backend).")
     p.add_argument("--models", nargs="+", default=list(FILES), choices=list(FILES), metavar="MODEL",
@@ -57,7 +73,8 @@ def main(argv=None) -> int:
                         "without a file there use seeded random weights")
     p.add_argument("--backends", nargs="+", metavar="NAME",
                    help="one program per backend (default: every backend built, kiln.capture.BUILT_BACKENDS: "
-                        "portable and, when built, xnnpack); a delegate backend is required to take every node")
+                        "portable and, when built, xnnpack and mlx, plus 'any' = mlx else xnnpack in one file); "
+                        "a delegate backend is required to take every node")
     p.add_argument("--input-shape", default="1x3x224x224", help="input shape (default 1x3x224x224)")
     args = p.parse_args(argv)
 
@@ -69,7 +86,7 @@ def main(argv=None) -> int:
 
     from kiln.capture import BUILT_BACKENDS
 
-    backends = args.backends or list(BUILT_BACKENDS)
+    backends = args.backends or default_backends(BUILT_BACKENDS)
     weights = parse_weights(args.weights)
     if "" in weights:
         if len(args.models) != 1:
@@ -93,9 +110,12 @@ def main(argv=None) -> int:
                     model = build_model(name, weights.get(name), log=lambda s: print(s, file=sys.stderr))
                     torch.manual_seed(1)
                     cap = capture(model, (torch.randn(*shape),))
-                require = backend if backend != "portable" else None
-                res = compile_captures({"forward": cap}, out=out, backends=(backend,), require_delegation=require,
-                                       verbose=False)
+                if backend == ANY:
+                    res = compile_captures({"forward": cap}, out=out, alternatives=ANY_ALTERNATIVES, verbose=False)
+                else:
+                    require = backend if backend != "portable" else None
+                    res = compile_captures({"forward": cap}, out=out, backends=(backend,), require_delegation=require,
+                                           verbose=False)
                 m = res.report["methods"][0]
                 split = ""
                 for b in m["delegation"]["backends"]:

@@ -98,6 +98,12 @@ struct CompileOptions {
   /// Non-empty: compile fails (NotSupported) listing every node not delegated to this backend
   /// (op, debug_name, reason). Implies `backends` = {it} when `backends` is empty.
   std::string require_delegation;
+  /// Non-empty: alternatives for every method, in order of preference, each a list of
+  /// backends (e.g. {{"mlx"}, {"xnnpack"}}; {} = Kiln's CPU kernels only). The file holds
+  /// every alternative; at load the runtime takes the first whose backends are all available
+  /// (MethodMeta::alternative says which). Replaces `backends`; not combined with
+  /// `require_delegation` (InvalidArgument).
+  std::vector<std::vector<std::string>> alternatives;
 };
 
 /// How the partitioner split one method between delegates and Kiln's CPU kernels.
@@ -126,6 +132,7 @@ struct DelegationReport {
 /// What the compiler did with one method.
 struct MethodReport {
   std::string name;
+  size_t alternative = 0;          ///< index into CompileOptions::alternatives (0 without)
   size_t num_nodes = 0;            ///< after passes
   size_t num_folded = 0;           ///< nodes removed by constant folding
   size_t num_bn_folded = 0;        ///< batch norms folded into their convolution / linear

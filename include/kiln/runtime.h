@@ -48,6 +48,12 @@ struct MethodMeta {
   /// Empty, or why load_method will return NotFound: a delegate backend of this method is not
   /// compiled in or not available (only with LoadOptions::defer_backend_errors).
   std::string unavailable;
+  /// The program's alternatives for this method (1 without) and the one the loader chose
+  /// (the first whose delegate backends are all available); skipped_alternatives holds why
+  /// each earlier one was skipped.
+  size_t alternative = 0;
+  size_t num_alternatives = 1;
+  std::vector<std::string> skipped_alternatives;
 };
 
 /// Options for Program::load.

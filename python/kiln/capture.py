@@ -1344,11 +1344,17 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
                      backends: Sequence[str] = (), require_delegation: str | None = None,
                      fold_constants: bool = True, fold_batch_norm: bool = True,
                      report_json: str | os.PathLike | None = None, verbose: bool = True,
-                     t0: float | None = None) -> ExportResult:
+                     t0: float | None = None, alternatives: Sequence[Sequence[str]] = ()) -> ExportResult:
     """Compiles captured methods ({name: CaptureResult}) into one program with the C++ compiler,
     writes `out` (and the report as JSON to `report_json`) when given and prints the report unless
-    verbose=False. `backends`/`require_delegation`: see export(). Raises ExportError (code = the
-    Kiln error code name when the compiler refused, e.g. "NotSupported" for require_delegation)."""
+    verbose=False. `backends`/`require_delegation`/`alternatives`: see export(). Raises ExportError
+    (code = the Kiln error code name when the compiler refused, e.g. "NotSupported" for
+    require_delegation)."""
+    alts = []
+    if alternatives:
+        if backends or require_delegation:
+            raise ExportError("alternatives replace backends and require_delegation: give one or the other")
+        alts = [[b for b in check_backends(a) if b != "portable"] for a in alternatives]
     backends = check_backends(backends)
     require = check_require_delegation(require_delegation, backends)
     delegates = [b for b in backends if b != "portable"]
@@ -1367,7 +1373,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     log("[kiln] compiling" + (f" (delegating to {', '.join(delegates)})" if delegates else "") + " ...")
     try:
         data, report = pb.compile(fold_constants=fold_constants, backends=delegates, require_delegation=require,
-                                  fold_batch_norm=fold_batch_norm)
+                                  fold_batch_norm=fold_batch_norm, alternatives=alts)
     except KilnError as e:
         code = e.args[1] if len(e.args) > 1 else None
         if require and code == "NotSupported" and "not delegated to required backend" in e.args[0]:
@@ -1376,6 +1382,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
         raise ExportError(f"compilation failed: {e.args[0]}", code=code) from None
     report = dict(report)
     report["backends"] = list(delegates)
+    report["alternatives"] = alts
     report["require_delegation"] = require
     path = None if out is None else os.fspath(out)
     report["path"] = path
@@ -1390,11 +1397,13 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     secs = time.perf_counter() - t0
     lines = [f"[kiln] {'wrote ' + path if path else 'compiled'}: {_fmt_bytes(len(data))} "
              f"(constants {_fmt_bytes(report['constant_bytes'])}), {secs:.1f} s, backends: "
-             f"{', '.join(delegates) + ' + portable/cpu kernels' if delegates else 'portable/cpu kernels'}"]
+             f"{', '.join(delegates) + ' + portable/cpu kernels' if delegates else 'portable/cpu kernels'}"
+             + (", alternatives: " + " | ".join(", ".join(a) or "cpu kernels" for a in alts) if alts else "")]
     for m in report["methods"]:
         cap = captures[m["name"]]
         bn = f", {m['num_bn_folded']} batch norms folded" if m.get("num_bn_folded") else ""
-        lines.append(f"[kiln]   {m['name']}: {cap.aten_nodes} ATen nodes -> {m['num_nodes']} Kiln nodes "
+        alt = f" [alternative {m['alternative']}: {', '.join(alts[m['alternative']]) or 'cpu kernels'}]" if alts else ""
+        lines.append(f"[kiln]   {m['name']}{alt}: {cap.aten_nodes} ATen nodes -> {m['num_nodes']} Kiln nodes "
                      f"({m['num_folded']} folded{bn}, {m['num_dead']} dead), arena {_fmt_bytes(m['arena_bytes'])}, "
                      f"constants {_fmt_bytes(m['constant_bytes'])}")
     lines += format_delegation(report)
@@ -1409,7 +1418,8 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
 def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | None = None,
                    backends: Sequence[str] = (), require_delegation: str | None = None,
                    fold_constants: bool = True, fold_batch_norm: bool = True, strict: bool = False,
-                   report_json: str | os.PathLike | None = None, verbose: bool = True) -> ExportResult:
+                   report_json: str | os.PathLike | None = None, verbose: bool = True,
+                   alternatives: Sequence[Sequence[str]] = ()) -> ExportResult:
     """Exports several methods into one program: ``{"encode": (module, args), "decode": (module2,
     args2, "decode_method"), ...}`` (an optional third item names the module method; default
     "forward"). Constants with identical bytes are stored once across methods. Writes `out` when
@@ -1432,13 +1442,13 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
         captures[name] = capture(module, args, method=mname, strict=strict, progress=log)
     return compile_captures(captures, out=out, backends=backends, require_delegation=require_delegation,
                             fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
-                            report_json=report_json, verbose=verbose, t0=t0)
+                            report_json=report_json, verbose=verbose, t0=t0, alternatives=alternatives)
 
 
 def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", out: str | os.PathLike | None = None,
            backends: Sequence[str] = (), require_delegation: str | None = None, fold_constants: bool = True,
            fold_batch_norm: bool = True, strict: bool = False, report_json: str | os.PathLike | None = None,
-           verbose: bool = True) -> ExportResult:
+           verbose: bool = True, alternatives: Sequence[Sequence[str]] = ()) -> ExportResult:
     """Exports ``module.<method>`` (default forward) for `example_inputs` (a tensor or tuple; the
     program takes exactly these shapes and dtypes) into a program with one method named `method`,
     written to `out` when given.
@@ -1451,11 +1461,14 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
     linear (on by default). report_json: path to write the compile report (a dict: per method
     nodes, arena, constants and "delegation" = {backends: [{backend, segments, nodes,
     constant_bytes}], cpu_ops: [{op, count, reasons: [[backend, reason]]}]}) as JSON.
+    alternatives: instead of backends, several backend lists in order of preference, e.g.
+    (("mlx",), ("xnnpack",)): the file holds one lowering per list and the runtime runs the first
+    whose backends are available on the device (LoadedProgram.method().alternative says which).
     Prints progress and a report unless verbose=False. Returns an ExportResult; raises ExportError."""
     return export_program({method: (module, example_inputs, method)}, out=out, backends=backends,
                           require_delegation=require_delegation, fold_constants=fold_constants,
                           fold_batch_norm=fold_batch_norm, strict=strict, report_json=report_json,
-                          verbose=verbose)
+                          verbose=verbose, alternatives=alternatives)
 
 
 def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", out: str | os.PathLike | None = None,

@@ -82,110 +82,122 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
   std::vector<std::shared_ptr<const DelegateBlob>> payloads;  // segments 1.. in order
 
   std::string require_failures;  // require_delegation: the undelegated nodes of every method
+  // Alternatives: each method is compiled once per backend list, in preference order; the file
+  // holds one method entry per alternative (same name), and the loader runs the first whose
+  // backends are all available.
+  std::vector<std::vector<std::string>> alternatives = options.alternatives;
+  if (alternatives.empty()) {
+    alternatives.push_back(options.backends);
+  } else if (!options.backends.empty() || !options.require_delegation.empty()) {
+    return Error(ErrorCode::InvalidArgument, "alternatives replace backends and require_delegation: give one or the other");
+  }
   for (const auto& [name, original] : methods_) {
-    Graph g = original;
-    MethodReport rep;
-    rep.name = name;
-    if (options.fold_constants) {
-      auto folded = fold_constants(g);
-      if (!folded.ok()) return Error(folded.error().code(), "method '" + name + "': " + folded.error().message());
-      rep.num_folded = folded.value();
-    }
-    if (options.fold_batch_norm) {
-      auto bn = fold_batch_norm(g);
-      if (!bn.ok()) return Error(bn.error().code(), "method '" + name + "': batch-norm folding: " + bn.error().message());
-      rep.num_bn_folded = bn.value();
-    }
-    if (options.eliminate_dead_code) rep.num_dead = eliminate_dead_code(g);
-    rep.num_nodes = g.nodes().size();
-    std::vector<std::string> backends = options.backends;
-    if (backends.empty() && !options.require_delegation.empty()) backends.push_back(options.require_delegation);
-    if (!options.require_delegation.empty() &&
-        std::find(backends.begin(), backends.end(), options.require_delegation) == backends.end()) {
-      return Error(ErrorCode::InvalidArgument, "require_delegation '" + options.require_delegation +
-                                                   "' is not among the requested backends");
-    }
-    auto delegation = partition(g, backends, options.compute_dtype);
-    if (!delegation.ok()) return Error(delegation.error().code(), "method '" + name + "': " + delegation.error().message());
-    rep.delegation = std::move(delegation.value());
-    if (!options.require_delegation.empty()) {
-      std::string missing;
-      size_t count = 0;
-      for (const auto& d : rep.delegation.declined) {
-        if (d.backend != options.require_delegation) continue;
-        ++count;
-        missing += "\n  " + d.op + (d.debug_name.empty() ? "" : " (" + d.debug_name + ")") + ": " + d.reason;
+    for (size_t alt = 0; alt < alternatives.size(); ++alt) {
+      Graph g = original;
+      MethodReport rep;
+      rep.name = name;
+      if (options.fold_constants) {
+        auto folded = fold_constants(g);
+        if (!folded.ok()) return Error(folded.error().code(), "method '" + name + "': " + folded.error().message());
+        rep.num_folded = folded.value();
       }
-      if (count > 0) {
-        // Keep going: the error lists the nodes of every method, not just the first one's.
-        require_failures += std::string(require_failures.empty() ? "" : "\n") + "method '" + name + "': " +
-                            std::to_string(count) + " node(s) not delegated to required backend '" +
-                            options.require_delegation + "':" + missing;
-        continue;
+      if (options.fold_batch_norm) {
+        auto bn = fold_batch_norm(g);
+        if (!bn.ok()) return Error(bn.error().code(), "method '" + name + "': batch-norm folding: " + bn.error().message());
+        rep.num_bn_folded = bn.value();
       }
-    }
-    MemoryPlan plan = plan_memory(g);
-    rep.arena_bytes = plan.arena_bytes;
-    rep.activation_bytes = plan.total_bytes;
+      if (options.eliminate_dead_code) rep.num_dead = eliminate_dead_code(g);
+      rep.num_nodes = g.nodes().size();
+      std::vector<std::string> backends = alternatives[alt];
+      rep.alternative = alt;
+      if (backends.empty() && !options.require_delegation.empty()) backends.push_back(options.require_delegation);
+      if (!options.require_delegation.empty() &&
+          std::find(backends.begin(), backends.end(), options.require_delegation) == backends.end()) {
+        return Error(ErrorCode::InvalidArgument, "require_delegation '" + options.require_delegation +
+                                                     "' is not among the requested backends");
+      }
+      auto delegation = partition(g, backends, options.compute_dtype);
+      if (!delegation.ok()) return Error(delegation.error().code(), "method '" + name + "': " + delegation.error().message());
+      rep.delegation = std::move(delegation.value());
+      if (!options.require_delegation.empty()) {
+        std::string missing;
+        size_t count = 0;
+        for (const auto& d : rep.delegation.declined) {
+          if (d.backend != options.require_delegation) continue;
+          ++count;
+          missing += "\n  " + d.op + (d.debug_name.empty() ? "" : " (" + d.debug_name + ")") + ": " + d.reason;
+        }
+        if (count > 0) {
+          // Keep going: the error lists the nodes of every method, not just the first one's.
+          require_failures += std::string(require_failures.empty() ? "" : "\n") + "method '" + name + "': " +
+                              std::to_string(count) + " node(s) not delegated to required backend '" +
+                              options.require_delegation + "':" + missing;
+          continue;
+        }
+      }
+      MemoryPlan plan = plan_memory(g);
+      rep.arena_bytes = plan.arena_bytes;
+      rep.activation_bytes = plan.total_bytes;
 
-    // Only values that are used get a slot in the file; renumber them.
-    const auto& values = g.values();
-    std::vector<int32_t> index(values.size(), -1);
-    std::vector<int64_t> arena_offset(values.size(), -1);
-    for (const PlannedValue& pv : plan.values) arena_offset[static_cast<size_t>(pv.value)] = static_cast<int64_t>(pv.offset);
-    std::vector<flatbuffers::Offset<fb::Tensor>> fb_values;
-    auto use = [&](ValueId id) -> int32_t {
-      if (id == kNoValue) return -1;
-      auto& slot = index[static_cast<size_t>(id)];
-      if (slot >= 0) return slot;
-      const Value& v = values[static_cast<size_t>(id)];
-      int constant = -1;
-      if (v.constant) {
-        constant = constants.add(v.constant);
-        rep.constant_bytes += v.constant->size();
-      }
-      std::vector<uint8_t> dim_order(v.type.sizes.size());
-      for (size_t i = 0; i < dim_order.size(); ++i) dim_order[i] = static_cast<uint8_t>(i);
-      fb_values.push_back(fb::CreateTensor(b, static_cast<fb::DType>(v.type.dtype), b.CreateVector(v.type.sizes),
-                                           b.CreateVector(dim_order), constant,
-                                           v.constant ? -1 : arena_offset[static_cast<size_t>(id)],
-                                           v.name.empty() ? 0 : b.CreateString(v.name)));
-      slot = static_cast<int32_t>(fb_values.size() - 1);
-      return slot;
-    };
-    std::vector<int32_t> ins, outs;
-    for (ValueId id : g.inputs()) ins.push_back(use(id));
-    std::vector<flatbuffers::Offset<fb::InstructionEntry>> instrs;
-    for (const Node& n : g.nodes()) {
-      if (n.delegate) {
-        std::vector<int32_t> args, res, consts;
+      // Only values that are used get a slot in the file; renumber them.
+      const auto& values = g.values();
+      std::vector<int32_t> index(values.size(), -1);
+      std::vector<int64_t> arena_offset(values.size(), -1);
+      for (const PlannedValue& pv : plan.values) arena_offset[static_cast<size_t>(pv.value)] = static_cast<int64_t>(pv.offset);
+      std::vector<flatbuffers::Offset<fb::Tensor>> fb_values;
+      auto use = [&](ValueId id) -> int32_t {
+        if (id == kNoValue) return -1;
+        auto& slot = index[static_cast<size_t>(id)];
+        if (slot >= 0) return slot;
+        const Value& v = values[static_cast<size_t>(id)];
+        int constant = -1;
+        if (v.constant) {
+          constant = constants.add(v.constant);
+          rep.constant_bytes += v.constant->size();
+        }
+        std::vector<uint8_t> dim_order(v.type.sizes.size());
+        for (size_t i = 0; i < dim_order.size(); ++i) dim_order[i] = static_cast<uint8_t>(i);
+        fb_values.push_back(fb::CreateTensor(b, static_cast<fb::DType>(v.type.dtype), b.CreateVector(v.type.sizes),
+                                             b.CreateVector(dim_order), constant,
+                                             v.constant ? -1 : arena_offset[static_cast<size_t>(id)],
+                                             v.name.empty() ? 0 : b.CreateString(v.name)));
+        slot = static_cast<int32_t>(fb_values.size() - 1);
+        return slot;
+      };
+      std::vector<int32_t> ins, outs;
+      for (ValueId id : g.inputs()) ins.push_back(use(id));
+      std::vector<flatbuffers::Offset<fb::InstructionEntry>> instrs;
+      for (const Node& n : g.nodes()) {
+        if (n.delegate) {
+          std::vector<int32_t> args, res, consts;
+          for (ValueId id : n.inputs) args.push_back(use(id));
+          for (ValueId id : n.outputs) res.push_back(use(id));
+          for (ValueId id : n.delegate->constants) {
+            const ConstantBytes& cb = values[static_cast<size_t>(id)].constant;
+            consts.push_back(constants.add(cb));
+            rep.constant_bytes += cb->size();
+          }
+          payloads.push_back(n.delegate);
+          const auto segment = static_cast<uint32_t>(payloads.size());  // segment 0 holds the constants
+          auto call = fb::CreateDelegateCall(b, b.CreateString(n.delegate->backend), segment, b.CreateVector(args),
+                                             b.CreateVector(res), b.CreateVector(consts));
+          instrs.push_back(fb::CreateInstructionEntry(b, fb::Instruction::DelegateCall, call.Union()));
+          continue;
+        }
+        std::vector<int32_t> args, res;
         for (ValueId id : n.inputs) args.push_back(use(id));
         for (ValueId id : n.outputs) res.push_back(use(id));
-        for (ValueId id : n.delegate->constants) {
-          const ConstantBytes& cb = values[static_cast<size_t>(id)].constant;
-          consts.push_back(constants.add(cb));
-          rep.constant_bytes += cb->size();
-        }
-        payloads.push_back(n.delegate);
-        const auto segment = static_cast<uint32_t>(payloads.size());  // segment 0 holds the constants
-        auto call = fb::CreateDelegateCall(b, b.CreateString(n.delegate->backend), segment, b.CreateVector(args),
-                                           b.CreateVector(res), b.CreateVector(consts));
-        instrs.push_back(fb::CreateInstructionEntry(b, fb::Instruction::DelegateCall, call.Union()));
-        continue;
+        std::vector<flatbuffers::Offset<fb::Attribute>> attrs;
+        for (const auto& [an, av] : n.attrs.items()) attrs.push_back(write_attr(b, an, av));
+        auto call = fb::CreateKernelCall(b, b.CreateString(n.op), b.CreateVector(args), b.CreateVector(res),
+                                         b.CreateVector(attrs), n.debug_name.empty() ? 0 : b.CreateString(n.debug_name));
+        instrs.push_back(fb::CreateInstructionEntry(b, fb::Instruction::KernelCall, call.Union()));
       }
-      std::vector<int32_t> args, res;
-      for (ValueId id : n.inputs) args.push_back(use(id));
-      for (ValueId id : n.outputs) res.push_back(use(id));
-      std::vector<flatbuffers::Offset<fb::Attribute>> attrs;
-      for (const auto& [an, av] : n.attrs.items()) attrs.push_back(write_attr(b, an, av));
-      auto call = fb::CreateKernelCall(b, b.CreateString(n.op), b.CreateVector(args), b.CreateVector(res),
-                                       b.CreateVector(attrs), n.debug_name.empty() ? 0 : b.CreateString(n.debug_name));
-      instrs.push_back(fb::CreateInstructionEntry(b, fb::Instruction::KernelCall, call.Union()));
+      for (ValueId id : g.outputs()) outs.push_back(use(id));
+      fb_methods.push_back(fb::CreateMethod(b, b.CreateString(name), b.CreateVector(fb_values), b.CreateVector(ins),
+                                            b.CreateVector(outs), b.CreateVector(instrs), plan.arena_bytes));
+      result.methods.push_back(rep);
     }
-    for (ValueId id : g.outputs()) outs.push_back(use(id));
-    fb_methods.push_back(fb::CreateMethod(b, b.CreateString(name), b.CreateVector(fb_values), b.CreateVector(ins),
-                                          b.CreateVector(outs), b.CreateVector(instrs), plan.arena_bytes));
-    result.methods.push_back(rep);
   }
   if (!require_failures.empty()) return Error(ErrorCode::NotSupported, require_failures);
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -447,12 +448,40 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
     }
   }
   if (prog->methods() == nullptr || prog->methods()->size() == 0) return bad("program has no methods");
-  std::set<std::string> seen;
+  // Entries that share a name are alternatives of one method, in order of preference: every
+  // one is verified, and the first whose delegate backends are all available is kept.
+  std::vector<std::vector<MethodPlan>> groups;
   for (const fb::Method* m : *prog->methods()) {
-    auto plan = plan_method(m, segments, constants, defer_backend_errors);
+    auto plan = plan_method(m, segments, constants, /*defer_backend_errors=*/true);
     if (!plan.ok()) return plan.error();
-    if (!seen.insert(plan->meta.name).second) return bad("duplicate method '" + plan->meta.name + "'");
-    data->methods.push_back(std::move(plan.value()));
+    auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& v) { return v[0].meta.name == plan->meta.name; });
+    if (g == groups.end()) {
+      groups.emplace_back();
+      g = groups.end() - 1;
+    } else if (&*g != &groups.back()) {
+      return bad("alternatives of method '" + plan->meta.name + "' are not adjacent");
+    }
+    g->push_back(std::move(plan.value()));
+  }
+  for (auto& alts : groups) {
+    size_t pick = 0;
+    while (pick < alts.size() && !alts[pick].meta.unavailable.empty()) ++pick;
+    std::vector<std::string> skipped;
+    for (size_t a = 0; a < std::min(pick, alts.size()); ++a) skipped.push_back(alts[a].meta.unavailable);
+    if (pick == alts.size()) {
+      if (!defer_backend_errors) {
+        std::string why = skipped[0];
+        for (size_t a = 1; a < skipped.size(); ++a) why += "; alternative " + std::to_string(a) + ": " + skipped[a];
+        return Error(ErrorCode::NotFound, why);
+      }
+      pick = 0;  // keep the preferred one; load_method returns its NotFound
+    }
+    MethodPlan chosen = std::move(alts[pick]);
+    chosen.meta.alternative = pick;
+    chosen.meta.num_alternatives = alts.size();
+    chosen.meta.skipped_alternatives = std::move(skipped);
+    if (pick < chosen.meta.skipped_alternatives.size()) chosen.meta.skipped_alternatives.resize(pick);
+    data->methods.push_back(std::move(chosen));
   }
   data->bytes = std::move(bytes);
   return data;
