@@ -86,6 +86,7 @@ void register_portable_shape(KernelRegistry& r);
 void register_cpu_kernels(KernelRegistry& r);
 void register_cpu_conv(KernelRegistry& r);    // src/kernels/cpu/conv.cpp
 void register_cpu_linear(KernelRegistry& r);  // src/kernels/cpu/linear.cpp (mm, bmm, addmm, linear)
+void register_cpu_pool(KernelRegistry& r);    // src/kernels/cpu/pool.cpp (global average pooling)
 void register_cpu_attention(KernelRegistry& r);   // cpu/attention.cpp: scaled_dot_product_attention
 void register_cpu_norm(KernelRegistry& r);        // cpu/norm.cpp: layer/group/batch/rms norm
 void register_cpu_softmax(KernelRegistry& r);     // cpu/softmax.cpp: _softmax, _log_softmax

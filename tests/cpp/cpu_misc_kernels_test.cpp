@@ -573,5 +573,20 @@ TEST(CpuAttention, FullyMaskedRowsGiveZero) {
   }
 }
 
+TEST(CpuPool, GlobalAveragePoolMatchesPortable) {
+  std::mt19937 rng(11);
+  // (shape): odd plane sizes (tails of the 32- and 8-float loops), 1x1 planes, 3-D input, many planes.
+  const std::vector<std::vector<int64_t>> shapes = {
+      {1, 72, 56, 56}, {2, 3, 7, 7}, {1, 5, 1, 1}, {3, 1, 33, 9}, {4, 13, 17}, {1, 960, 7, 7}, {1, 2, 1, 31}};
+  for (const auto& shape : shapes) {
+    check("aten.adaptive_avg_pool2d", {rand_f32(rng, shape)}, {{"output_size", std::vector<int64_t>{1, 1}}}, 1e-6);
+    check("aten.adaptive_avg_pool2d", {rand_f32(rng, shape, 99, 101)}, {{"output_size", std::vector<int64_t>{1, 1}}},
+          1e-6);
+  }
+  // Other output sizes stay portable.
+  check("aten.adaptive_avg_pool2d", {rand_f32(rng, {1, 4, 9, 9})}, {{"output_size", std::vector<int64_t>{2, 3}}}, 0,
+        /*expect_cpu=*/false);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -6,6 +6,7 @@ namespace kiln {
 void register_cpu_kernels(KernelRegistry& r) {
   register_cpu_conv(r);
   register_cpu_linear(r);
+  register_cpu_pool(r);
   register_cpu_attention(r);
   register_cpu_norm(r);
   register_cpu_softmax(r);
