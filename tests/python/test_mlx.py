@@ -18,6 +18,7 @@ import torch
 os.environ["KILN_MLX_DEVICE"] = "cpu"
 
 import kiln  # noqa: E402
+from delegate_util import add_const, check_all_delegated, compile_graph, declined_reasons, segment  # noqa: E402
 from oprunner import assert_close, kiln_dtype  # noqa: E402
 
 A = torch.ops.aten
@@ -34,41 +35,26 @@ def _rand(*shape, seed=0, scale=1.0):
 
 
 def _add_const(g, name, arr):
-    arr = np.ascontiguousarray(arr)
-    return g.add_constant(name, kiln_dtype(arr), list(arr.shape), arr.view(np.uint8).reshape(-1))
+    return add_const(g, name, arr)
 
 
 def mlx_segment(delegation):
-    (b,) = [b for b in delegation["backends"] if b["backend"] == "mlx"]
-    return b
+    return segment(delegation, "mlx")
 
 
 def compile_run(build, feeds, backends=("mlx",), **opts):
     """build(g, input_ids) -> output ids. Returns (outputs, delegation report, compiled bytes)."""
-    g = kiln.Graph()
-    ids = [g.add_input(f"x{i}", kiln_dtype(x), list(x.shape)) for i, x in enumerate(feeds)]
-    g.set_outputs(list(build(g, ids)))
-    pb = kiln.ProgramBuilder()
-    pb.add_method("forward", g)
     opts.setdefault("fold_constants", False)
-    data, rep = pb.compile(backends=list(backends), **opts)
-    outs = kiln.load_bytes(data).run(*feeds)
-    return outs, rep["methods"][0]["delegation"], data
+    outs, delegation, data, _ = compile_graph(build, feeds, backends, **opts)
+    return outs, delegation, data
 
 
 def check_delegated(delegation, nodes=None):
-    b = mlx_segment(delegation)
-    assert b["segments"] == 1, delegation
-    assert delegation["cpu_ops"] == [], delegation
-    if nodes is not None:
-        assert b["nodes"] == nodes, delegation
+    check_all_delegated(delegation, "mlx", nodes)
 
 
 def reasons(delegation, op):
-    for c in delegation["cpu_ops"]:
-        if c["op"] == op:
-            return [r for backend, r in c["reasons"] if backend == "mlx"]
-    return []
+    return declined_reasons(delegation, op, "mlx")
 
 
 def run_one(op, inputs, attrs=None, constants=()):

@@ -9,6 +9,8 @@ import pytest
 import torch
 
 import kiln
+from delegate_util import add_const, compile_graph, declined_reasons, segment
+from delegate_util import check_all_delegated as check_all
 from oprunner import assert_close
 
 A = torch.ops.aten
@@ -23,40 +25,25 @@ def _rand(*shape, seed=0):
 
 
 def _const(g, name, arr):
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
-    return g.add_constant(name, "float32", list(arr.shape), arr.view(np.uint8).reshape(-1))
+    return add_const(g, name, arr, np.float32)
 
 
 def compile_run(build, feeds, backends=("xnnpack",), **opts):
     """build(g, input_ids) -> output ids. Returns (outputs, delegation report, report text)."""
-    g = kiln.Graph()
-    ids = [g.add_input(f"x{i}", "float32", list(x.shape)) for i, x in enumerate(feeds)]
-    g.set_outputs(list(build(g, ids)))
-    pb = kiln.ProgramBuilder()
-    pb.add_method("forward", g)
-    data, rep = pb.compile(backends=list(backends), **opts)
-    outs = kiln.load_bytes(data).run(*feeds)
-    return outs, rep["methods"][0]["delegation"], rep["text"]
+    outs, delegation, _, text = compile_graph(build, feeds, backends, **opts)
+    return outs, delegation, text
 
 
 def xnn(delegation):
-    (b,) = [b for b in delegation["backends"] if b["backend"] == "xnnpack"]
-    return b
+    return segment(delegation, "xnnpack")
 
 
 def check_all_delegated(delegation, nodes=None):
-    b = xnn(delegation)
-    assert b["segments"] == 1, delegation
-    assert delegation["cpu_ops"] == [], delegation
-    if nodes is not None:
-        assert b["nodes"] == nodes, delegation
+    check_all(delegation, "xnnpack", nodes)
 
 
 def reasons(delegation, op):
-    for c in delegation["cpu_ops"]:
-        if c["op"] == op:
-            return [r for backend, r in c["reasons"] if backend == "xnnpack"]
-    return []
+    return declined_reasons(delegation, op, "xnnpack")
 
 
 CONV_CASES = [
