@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <memory>
+#include <map>
 #include <mutex>
 
 #include "backends/backend.h"
@@ -321,11 +322,24 @@ PYBIND11_MODULE(_kiln, m) {
          "[why each earlier one was skipped], delegate_segments: {backend: n}}.");
 
   py::class_<Program, std::shared_ptr<Program>>(m, "Program", "A loaded, verified .kiln program.")
-      .def_static("load", [](const std::string& path) { return unwrap(Program::load(path)); })
-      .def_static("from_bytes", [](py::bytes b) {
-        std::string s = b;
-        return unwrap(Program::load_from_buffer({reinterpret_cast<const uint8_t*>(s.data()), s.size()}));
-      })
+      .def_static(
+          "load",
+          [](const std::string& path, const std::map<std::string, std::string>& settings) {
+            LoadOptions o;
+            o.backend_settings.assign(settings.begin(), settings.end());
+            return unwrap(Program::load(path, o));
+          },
+          py::arg("path"), py::arg("backend_settings") = std::map<std::string, std::string>{},
+          "Maps and verifies a program. backend_settings: {'<backend>.<key>': value}, e.g. {'mlx.device': 'cpu'}.")
+      .def_static(
+          "from_bytes",
+          [](py::bytes b, const std::map<std::string, std::string>& settings) {
+            std::string s = b;
+            LoadOptions o;
+            o.backend_settings.assign(settings.begin(), settings.end());
+            return unwrap(Program::load_from_buffer({reinterpret_cast<const uint8_t*>(s.data()), s.size()}, o));
+          },
+          py::arg("data"), py::arg("backend_settings") = std::map<std::string, std::string>{})
       .def_property_readonly("method_names", &Program::method_names)
       .def_property_readonly("constant_bytes", &Program::constant_bytes)
       .def_property_readonly("file_size", &Program::file_size)

@@ -12,6 +12,7 @@
 #include <utility>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kiln/error.h"
@@ -57,6 +58,13 @@ struct MethodMeta {
 };
 
 /// Options for Program::load.
+/// Settings for delegate backends, as ("<backend>.<key>", value) pairs, e.g. ("mlx.device", "cpu").
+/// Each backend reads and validates its own keys (an unknown key of a backend is NotFound at load).
+using BackendSettings = std::vector<std::pair<std::string, std::string>>;
+
+/// The value of `key` in `settings` (the last one given), or null.
+const std::string* find_setting(const BackendSettings& settings, std::string_view key);
+
 struct LoadOptions {
   bool use_mmap = true;  ///< map the file (zero copy); false reads it into memory
   /// false (default): a delegate backend that is not compiled in or not available makes load
@@ -64,6 +72,9 @@ struct LoadOptions {
   /// affected methods carry the reason in MethodMeta::unavailable and load_method returns
   /// that NotFound (tools that inspect any file; programs whose other methods run anyway).
   bool defer_backend_errors = false;
+  /// Backend settings for this program (availability checks and every method's delegates), e.g.
+  /// {{"mlx.device", "cpu"}} runs mlx segments on MLX's CPU device (like KILN_MLX_DEVICE=cpu).
+  BackendSettings backend_settings;
 };
 
 /// Options for Program::load_method.

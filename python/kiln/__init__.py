@@ -66,16 +66,19 @@ class LoadedProgram:
         return list(self.method(method).execute(arrays))
 
 
-def load(path: str | os.PathLike, *, num_threads: int = 0, portable_kernels_only: bool = False) -> LoadedProgram:
+def load(path: str | os.PathLike, *, num_threads: int = 0, portable_kernels_only: bool = False,
+         backend_settings: dict | None = None) -> LoadedProgram:
     """Loads and verifies a .kiln file (memory-mapped). Raises KilnError on any problem.
-    Options as for LoadedProgram."""
-    return LoadedProgram(_kiln.Program.load(os.fspath(path)), num_threads=num_threads,
+    backend_settings: {"<backend>.<key>": value} for delegate backends, e.g. {"mlx.device": "cpu"}
+    (run mlx segments on MLX's CPU device). Other options as for LoadedProgram."""
+    return LoadedProgram(_kiln.Program.load(os.fspath(path), dict(backend_settings or {})), num_threads=num_threads,
                          portable_kernels_only=portable_kernels_only)
 
 
-def load_bytes(data: bytes, *, num_threads: int = 0, portable_kernels_only: bool = False) -> LoadedProgram:
-    """Loads and verifies a program held in memory. Options as for LoadedProgram."""
-    return LoadedProgram(_kiln.Program.from_bytes(data), num_threads=num_threads,
+def load_bytes(data: bytes, *, num_threads: int = 0, portable_kernels_only: bool = False,
+               backend_settings: dict | None = None) -> LoadedProgram:
+    """Loads and verifies a program held in memory. Options as for load()."""
+    return LoadedProgram(_kiln.Program.from_bytes(data, dict(backend_settings or {})), num_threads=num_threads,
                          portable_kernels_only=portable_kernels_only)
 
 

@@ -15,6 +15,7 @@
 
 #include "kiln/compiler.h"
 #include "kiln/error.h"
+#include "kiln/runtime.h"
 #include "kiln/tensor.h"
 
 namespace kiln {
@@ -46,6 +47,8 @@ struct DelegateOptions {
   /// Threads the delegate may use (Kiln's pool for this method has as many; it sleeps while
   /// the delegate runs). 1 = run on the calling thread only.
   int num_threads = 1;
+  /// The program's LoadOptions::backend_settings (never null while init runs).
+  const BackendSettings* settings = nullptr;
 };
 
 /// One delegate backend. Implementations must be thread-safe for concurrent calls on
@@ -66,7 +69,9 @@ class Backend {
 
   // ---- run half ----
   /// Ok, or NotFound with the reason this backend cannot run on this machine.
-  virtual Error is_available() const = 0;
+  /// `settings`: LoadOptions::backend_settings; a backend rejects keys "<name>.*" it does not
+  /// know (NotFound naming the key).
+  virtual Error is_available(const BackendSettings& settings) const = 0;
   /// Builds an executable handle from an untrusted payload. `constants` are the bytes of the
   /// constants the payload refers to by position; `inputs`/`outputs` the boundary types the
   /// program expects (the payload must agree: InvalidProgram otherwise). Never aborts.

@@ -130,7 +130,8 @@ constexpr uint8_t kPayloadSegment = 1;
 Result<PlannedInstruction> plan_delegate(const fb::DelegateCall* d, const std::string& iw, size_t nv,
                                          const std::vector<SegmentSpan>& segments,
                                          const std::vector<ConstantSpan>& constants, const MethodPlan& plan,
-                                         std::vector<bool>& defined, bool defer_backend_errors) {
+                                         std::vector<bool>& defined, bool defer_backend_errors,
+                                         const BackendSettings& settings) {
   if (d->backend() == nullptr) return bad(iw + ": delegate call without a backend name");
   const std::string name = d->backend()->str();
   PlannedInstruction pi;
@@ -138,7 +139,7 @@ Result<PlannedInstruction> plan_delegate(const fb::DelegateCall* d, const std::s
   const Backend* backend = BackendRegistry::get().find(name);
   if (backend == nullptr) {
     pi.backend_error = Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not compiled into this runtime");
-  } else if (Error avail = backend->is_available(); !avail.ok()) {
+  } else if (Error avail = backend->is_available(settings); !avail.ok()) {
     pi.backend_error = Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not available: " + avail.message());
   }
   if (!pi.backend_error.ok()) {
@@ -210,7 +211,8 @@ Error check_no_aliasing(const MethodPlan& plan, const PlannedInstruction& pi, co
 }
 
 Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpan>& segments,
-                               const std::vector<ConstantSpan>& constants, bool defer_backend_errors) {
+                               const std::vector<ConstantSpan>& constants, bool defer_backend_errors,
+                               const BackendSettings& settings) {
   MethodPlan plan;
   if (m == nullptr || m->name() == nullptr) return bad("method without a name");
   const std::string where = "method '" + m->name()->str() + "'";
@@ -268,7 +270,7 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     const std::string iw = where + " instruction " + std::to_string(k);
     if (e == nullptr) return bad(iw + ": missing");
     if (const fb::DelegateCall* d = e->instr_as_DelegateCall()) {
-      auto pi = plan_delegate(d, iw, nv, segments, constants, plan, defined, defer_backend_errors);
+      auto pi = plan_delegate(d, iw, nv, segments, constants, plan, defined, defer_backend_errors, settings);
       if (!pi.ok()) return pi.error();
       KILN_RETURN_IF_ERROR(check_no_aliasing(plan, pi.value(), iw));
       plan.instructions.push_back(std::move(pi.value()));
@@ -398,7 +400,8 @@ Result<std::unique_ptr<FileBytes>> FileBytes::map(const std::string& path, bool 
   return copy(buf);
 }
 
-Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> bytes, bool defer_backend_errors) {
+Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> bytes, bool defer_backend_errors,
+                                                     const BackendSettings& settings) {
   const uint8_t* base = bytes->data();
   const uint64_t size = bytes->size();
   if (size < sizeof(FileHeader)) return bad("file is " + std::to_string(size) + " bytes, shorter than the 64-byte header");
@@ -452,7 +455,7 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
   // one is verified, and the first whose delegate backends are all available is kept.
   std::vector<std::vector<MethodPlan>> groups;
   for (const fb::Method* m : *prog->methods()) {
-    auto plan = plan_method(m, segments, constants, /*defer_backend_errors=*/true);
+    auto plan = plan_method(m, segments, constants, /*defer_backend_errors=*/true, settings);
     if (!plan.ok()) return plan.error();
     auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& v) { return v[0].meta.name == plan->meta.name; });
     if (g == groups.end()) {
@@ -484,6 +487,7 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
     data->methods.push_back(std::move(chosen));
   }
   data->bytes = std::move(bytes);
+  data->backend_settings = settings;
   return data;
 }
 

@@ -13,7 +13,7 @@ Program::~Program() = default;
 Result<std::shared_ptr<Program>> Program::load(const std::string& path, const LoadOptions& options) {
   auto bytes = detail::FileBytes::map(path, options.use_mmap);
   if (!bytes.ok()) return bytes.error();
-  auto data = detail::verify_and_plan(std::move(bytes.value()), options.defer_backend_errors);
+  auto data = detail::verify_and_plan(std::move(bytes.value()), options.defer_backend_errors, options.backend_settings);
   if (!data.ok()) return Error(data.error().code(), path + ": " + data.error().message());
   auto program = std::shared_ptr<Program>(new Program());
   program->data_ = std::move(data.value());
@@ -23,11 +23,19 @@ Result<std::shared_ptr<Program>> Program::load(const std::string& path, const Lo
 Result<std::shared_ptr<Program>> Program::load_from_buffer(std::span<const uint8_t> buffer, const LoadOptions& options) {
   auto bytes = detail::FileBytes::copy(buffer);
   if (!bytes.ok()) return bytes.error();
-  auto data = detail::verify_and_plan(std::move(bytes.value()), options.defer_backend_errors);
+  auto data = detail::verify_and_plan(std::move(bytes.value()), options.defer_backend_errors, options.backend_settings);
   if (!data.ok()) return data.error();
   auto program = std::shared_ptr<Program>(new Program());
   program->data_ = std::move(data.value());
   return program;
+}
+
+const std::string* find_setting(const BackendSettings& settings, std::string_view key) {
+  const std::string* found = nullptr;
+  for (const auto& [k, v] : settings) {
+    if (k == key) found = &v;
+  }
+  return found;
 }
 
 uint32_t Program::format_version() const { return data_->version; }
@@ -134,6 +142,7 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
   // Delegates: each payload is initialized once per method instance (weights packed here).
   DelegateOptions dopts;
   dopts.num_threads = im.pool->num_threads();
+  dopts.settings = &data_->backend_settings;
   im.handles.resize(plan->instructions.size());
   for (size_t k = 0; k < plan->instructions.size(); ++k) {
     const auto& ins = plan->instructions[k];

@@ -58,12 +58,14 @@ struct ProgramData {
   std::unique_ptr<FileBytes> bytes;
   uint32_t version = 0;
   uint64_t constant_bytes = 0;
+  BackendSettings backend_settings;  // LoadOptions::backend_settings, handed to delegate init
   std::vector<MethodPlan> methods;
 };
 
 /// Verifies `bytes` and builds the method plans (the loader: src/runtime/loader.cpp).
 /// `defer_backend_errors`: a missing or unavailable delegate backend is recorded in the plan
 /// (PlannedInstruction::backend_error) instead of failing; load_method then returns it.
-Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> bytes, bool defer_backend_errors);
+Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> bytes, bool defer_backend_errors,
+                                                     const BackendSettings& settings);
 
 }  // namespace kiln::detail

@@ -75,7 +75,7 @@ class EwBackend : public Backend {
     std::memcpy(bytes.data(), w.data(), bytes.size());
     return bytes;
   }
-  Error is_available() const override {
+  Error is_available(const BackendSettings&) const override {
     return unavailable_.empty() ? Error() : Error(ErrorCode::NotFound, unavailable_);
   }
   Result<std::unique_ptr<DelegateHandle>> init(std::span<const uint8_t> payload,

@@ -109,7 +109,7 @@ TEST(MlxDelegate, NoGpuIsNotFoundUnlessCpuRequested) {
   KILN_ASSERT_OK_AND_ASSIGN(compiled, small_cnn());
   {
     ScopedDevice none(nullptr);
-    if (BackendRegistry::get().find("mlx")->is_available().ok()) GTEST_SKIP() << "this machine has an MLX GPU";
+    if (BackendRegistry::get().find("mlx")->is_available({}).ok()) GTEST_SKIP() << "this machine has an MLX GPU";
     auto program = Program::load_from_buffer(compiled.bytes);
     ASSERT_FALSE(program.ok());
     EXPECT_EQ(program.error().code(), ErrorCode::NotFound);

@@ -565,6 +565,25 @@ def test_unavailable_without_cpu_override_is_notfound_naming_mlx(tmp_path):
     env["KILN_MLX_DEVICE"] = "tpu"
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "ERROR" in r.stdout and "KILN_MLX_DEVICE" in r.stdout, r.stdout
+    # The load option does what the environment variable does, and takes precedence over it.
+    env.pop("KILN_MLX_DEVICE")
+    for settings, want in (({"mlx.device": "cpu"}, "OUT"), ({"mlx.device": "tpu"}, "setting mlx.device='tpu'"),
+                           ({"mlx.devcie": "cpu"}, "unknown setting 'mlx.devcie'")):
+        code2 = textwrap.dedent(f"""
+            import numpy as np, kiln
+            try:
+                p = kiln.load({str(path)!r}, backend_settings={settings!r})
+                print("OUT", float(np.abs(p.run(np.load({str(tmp_path / 'x.npy')!r}))[0]).max()))
+            except kiln.KilnError as e:
+                print("ERROR", e)
+        """)
+        np.save(tmp_path / "x.npy", x)
+        r = subprocess.run([sys.executable, "-c", code2], env=env, capture_output=True, text=True, timeout=120)
+        assert want in r.stdout, (settings, r.stdout, r.stderr)
+        if want == "OUT":
+            assert abs(float(r.stdout.split()[-1]) - float(np.maximum(x, 0).max())) < 1e-6
+        else:
+            assert "NotFound" in r.stdout
 
 
 def test_corrupted_payload_gives_errors_not_crashes():

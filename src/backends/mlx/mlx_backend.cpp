@@ -244,13 +244,22 @@ Error bad(std::string why) {
   return Error(ErrorCode::InvalidProgram, "mlx payload: " + why);
 }
 
-/// The device a new handle runs on: MLX's GPU, or its CPU with KILN_MLX_DEVICE=cpu.
-Result<mx::Device> pick_device() {
-  const char* env = std::getenv("KILN_MLX_DEVICE");
-  const std::string want = env ? env : "";
+/// The device a new handle runs on: MLX's GPU, or its CPU with the load setting mlx.device=cpu
+/// (LoadOptions::backend_settings) or, without that setting, KILN_MLX_DEVICE=cpu.
+Result<mx::Device> pick_device(const BackendSettings& settings) {
+  std::string want, from = "KILN_MLX_DEVICE";
+  for (const auto& [k, v] : settings) {
+    if (k.rfind("mlx.", 0) == 0 && k != "mlx.device") return Error(ErrorCode::NotFound, "mlx: unknown setting '" + k + "'");
+  }
+  if (const std::string* s = find_setting(settings, "mlx.device")) {
+    want = *s;
+    from = "setting mlx.device";
+  } else if (const char* env = std::getenv("KILN_MLX_DEVICE")) {
+    want = env;
+  }
   if (want == "cpu") return mx::Device(mx::Device::cpu);
   if (!want.empty() && want != "gpu") {
-    return Error(ErrorCode::NotFound, "mlx: KILN_MLX_DEVICE='" + want + "' is neither 'cpu' nor 'gpu'");
+    return Error(ErrorCode::NotFound, "mlx: " + from + "='" + want + "' is neither 'cpu' nor 'gpu'");
   }
   bool gpu = false;
   try {
@@ -258,7 +267,7 @@ Result<mx::Device> pick_device() {
   } catch (const std::exception&) {
     gpu = false;
   }
-  if (!gpu) return Error(ErrorCode::NotFound, "mlx: no GPU device (set KILN_MLX_DEVICE=cpu to run on MLX's CPU device)");
+  if (!gpu) return Error(ErrorCode::NotFound, "mlx: no GPU device (load with the setting mlx.device=cpu, or set KILN_MLX_DEVICE=cpu, to run on MLX's CPU device)");
   return mx::Device(mx::Device::gpu);
 }
 
@@ -365,8 +374,8 @@ class MlxBackend : public Backend {
 
   Result<std::vector<uint8_t>> lower(const Subgraph& subgraph) const override { return lower_subgraph(subgraph); }
 
-  Error is_available() const override {
-    auto d = pick_device();
+  Error is_available(const BackendSettings& settings) const override {
+    auto d = pick_device(settings);
     return d.ok() ? Error() : d.error();
   }
 
@@ -374,8 +383,8 @@ class MlxBackend : public Backend {
                                                std::span<const std::span<const uint8_t>> constants,
                                                std::span<const TensorType> inputs,
                                                std::span<const TensorType> outputs,
-                                               const DelegateOptions&) const override {
-    auto dev = pick_device();
+                                               const DelegateOptions& options) const override {
+    auto dev = pick_device(options.settings ? *options.settings : BackendSettings{});
     if (!dev.ok()) return dev.error();
     try {
       return init_on(dev.value(), payload, constants, inputs, outputs);

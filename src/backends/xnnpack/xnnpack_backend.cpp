@@ -547,7 +547,10 @@ class XnnpackBackend : public Backend {
 
   // Unavailable when XNNPACK cannot initialize on this processor, or when the environment variable
   // KILN_XNNPACK_DISABLE is set to anything but "" or "0" (to test or force the fallback path).
-  Error is_available() const override {
+  Error is_available(const BackendSettings& settings) const override {
+    for (const auto& [k, v] : settings) {
+      if (k.rfind("xnnpack.", 0) == 0) return Error(ErrorCode::NotFound, "xnnpack: unknown setting '" + k + "'");
+    }
     if (const char* off = std::getenv("KILN_XNNPACK_DISABLE"); off != nullptr && *off != '\0' && std::string(off) != "0") {
       return Error(ErrorCode::NotFound, std::string("disabled by the environment (KILN_XNNPACK_DISABLE=") + off + ")");
     }
@@ -565,7 +568,7 @@ class XnnpackBackend : public Backend {
                                                std::span<const TensorType> inputs,
                                                std::span<const TensorType> outputs,
                                                const DelegateOptions& options) const override {
-    KILN_RETURN_IF_ERROR(is_available());
+    KILN_RETURN_IF_ERROR(is_available(options.settings ? *options.settings : BackendSettings{}));
     if (payload.size() % 4 != 0) return bad("size is not a multiple of 4");
     std::vector<uint32_t> w(payload.size() / 4);
     if (!w.empty()) std::memcpy(w.data(), payload.data(), payload.size());
