@@ -4,9 +4,9 @@
 #      line it prints);
 #   2. configure and build Release into build/ (the classify example and the Python binding);
 #   3. examples/mv3/demo.py with the virtualenv's python and PYTHONPATH=python: export
-#      mobilenet_v3_small, mobilenet_v3_large and resnet18 to out/mv3/ (one portable and, when the
-#      xnnpack delegate is built, one xnnpack program each), classify three photos with the C++
-#      binary and compare every logit with PyTorch eager.
+#      mobilenet_v3_small, mobilenet_v3_large and resnet18 to out/mv3/ (one program per built
+#      backend: portable, xnnpack, mlx, plus "any" = mlx else xnnpack in one file), classify three
+#      photos with the C++ binary and compare every logit with PyTorch eager.
 # Arguments are passed to demo.py (e.g. --weights-dir DIR with torchvision state dicts <model>.pth;
 # without it the weights are random and the class names meaningless). Exit status: demo.py's.
 # KILN_BUILD_DIR overrides the build folder (default build/); KILN_JOBS the build parallelism.
