@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernel.h"
+#include "kernels/portable/util.h"  // data_or_null, check_f32
 
 namespace kiln {
 
@@ -124,8 +125,6 @@ KILN_AVX2 void scale_elementwise(const float* x, float* y, int64_t n, float rstd
   }
 }
 
-const float* data_or_null(const Tensor* t) { return t ? t->data_as<const float>() : nullptr; }
-
 /// Rows per thread chunk for rows of `work` elements: at least ~64K elements per chunk (a
 /// [77, 768] layer norm takes ~20 us: waking a second thread costs about as much).
 int64_t row_grain(int64_t work) { return std::max<int64_t>(1, 65536 / std::max<int64_t>(1, work)); }
@@ -139,13 +138,6 @@ bool all_f32(const KernelSignature& s) {
   return s.outputs[0]->dtype == DType::Float32 && s.outputs[0]->sizes == s.inputs[0]->sizes;
 }
 
-Error check_f32(const KernelArgs& a, const char* op) {
-  for (const Tensor* t : a.inputs) {
-    if (t != nullptr && t->dtype != DType::Float32) return Error(ErrorCode::NotSupported, std::string(op) + ": float32 only");
-  }
-  if (a.outputs[0]->dtype != DType::Float32) return Error(ErrorCode::NotSupported, std::string(op) + ": float32 only");
-  return {};
-}
 
 // aten.native_layer_norm: rows of prod(normalized_shape) elements.
 Error layer_norm(const KernelArgs& a) {

@@ -25,17 +25,6 @@ void parallel_rows(ThreadPool* pool, int64_t n, int64_t work_per_row, F&& fn) {
   pool->parallel_for(n, min_chunk, fn);
 }
 
-const float* data_or_null(const Tensor* t) { return t ? t->data_as<const float>() : nullptr; }
-
-Error check_f32(const KernelArgs& a, const char* op) {
-  for (const Tensor* t : a.inputs) {
-    if (t && t->dtype != DType::Float32 && t->dtype != DType::Bool) {
-      return Error(ErrorCode::NotSupported, std::string(op) + ": float32 only");
-    }
-  }
-  if (a.outputs[0]->dtype != DType::Float32) return Error(ErrorCode::NotSupported, std::string(op) + ": float32 only");
-  return {};
-}
 
 /// Mean and 1/sqrt(biased variance + eps) of x[0..n) (two passes, in double).
 void moments(const float* x, int64_t n, double eps, double& mean, double& rstd) {
@@ -53,7 +42,7 @@ void moments(const float* x, int64_t n, double eps, double& mean, double& rstd) 
 
 // aten.native_batch_norm, inference: y = (x - mean[c]) / sqrt(var[c] + eps) * w[c] + b[c], c = dim 1.
 Error batch_norm(const KernelArgs& a) {
-  KILN_RETURN_IF_ERROR(check_f32(a, "aten.native_batch_norm"));
+  KILN_RETURN_IF_ERROR(check_f32(a, "aten.native_batch_norm", /*allow_bool=*/true));
   const Tensor& x = *a.inputs[0];
   const float* w = data_or_null(a.inputs[1]);
   const float* b = data_or_null(a.inputs[2]);
@@ -80,7 +69,7 @@ Error batch_norm(const KernelArgs& a) {
 
 // aten.native_layer_norm: per row of prod(normalized_shape) elements, y = (x - mean) * rstd * w + b.
 Error layer_norm(const KernelArgs& a) {
-  KILN_RETURN_IF_ERROR(check_f32(a, "aten.native_layer_norm"));
+  KILN_RETURN_IF_ERROR(check_f32(a, "aten.native_layer_norm", /*allow_bool=*/true));
   const Tensor& x = *a.inputs[0];
   const float* w = data_or_null(a.inputs[1]);
   const float* b = data_or_null(a.inputs[2]);
@@ -107,7 +96,7 @@ Error layer_norm(const KernelArgs& a) {
 // aten.native_group_norm: for each (n, g), the C/group channels x HxW elements share one mean and
 // rstd; then y = (x - mean) * rstd * w[c] + b[c].
 Error group_norm(const KernelArgs& a) {
-  KILN_RETURN_IF_ERROR(check_f32(a, "aten.native_group_norm"));
+  KILN_RETURN_IF_ERROR(check_f32(a, "aten.native_group_norm", /*allow_bool=*/true));
   const Tensor& x = *a.inputs[0];
   const float* w = data_or_null(a.inputs[1]);
   const float* b = data_or_null(a.inputs[2]);
@@ -140,7 +129,7 @@ Error group_norm(const KernelArgs& a) {
 // aten.rms_norm: per row, y = x / sqrt(mean(x^2) + eps) * w; eps None = FLT_EPSILON
 // (torch.finfo(torch.float32).eps, as in PyTorch's rms_norm).
 Error rms_norm(const KernelArgs& a) {
-  KILN_RETURN_IF_ERROR(check_f32(a, "aten.rms_norm"));
+  KILN_RETURN_IF_ERROR(check_f32(a, "aten.rms_norm", /*allow_bool=*/true));
   const Tensor& x = *a.inputs[0];
   const float* w = data_or_null(a.inputs[1]);
   const double eps = a.attrs.is_none("eps") ? std::numeric_limits<float>::epsilon() : a.attrs.get_float("eps");
@@ -201,7 +190,7 @@ class BatchOffsets {
 // Bool masks keep True positions; is_causal keeps j <= i (torch.tril). Rows whose scores are all
 // -inf give 0, as PyTorch's _safe_softmax does. dropout_p is 0 (checked by inference).
 Error sdpa(const KernelArgs& a) {
-  KILN_RETURN_IF_ERROR(check_f32(a, "aten.scaled_dot_product_attention"));
+  KILN_RETURN_IF_ERROR(check_f32(a, "aten.scaled_dot_product_attention", /*allow_bool=*/true));
   const Tensor& q = *a.inputs[0];
   const Tensor& k = *a.inputs[1];
   const Tensor& v = *a.inputs[2];

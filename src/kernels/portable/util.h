@@ -1,10 +1,28 @@
-// Small helpers shared by portable kernels.
+// Small helpers shared by the portable kernels (and the cpu kernels that take the same arguments).
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
+#include "kernels/kernel.h"
+
 namespace kiln {
+
+/// The float32 data of an optional tensor argument (None -> null).
+inline const float* data_or_null(const Tensor* t) { return t ? t->data_as<const float>() : nullptr; }
+
+/// Ok when every tensor argument (and allow_bool: or Bool, e.g. masks) and the first output are
+/// float32; NotSupported "<op>: float32 only" otherwise.
+inline Error check_f32(const KernelArgs& a, const char* op, bool allow_bool = false) {
+  for (const Tensor* t : a.inputs) {
+    if (t && t->dtype != DType::Float32 && !(allow_bool && t->dtype == DType::Bool)) {
+      return Error(ErrorCode::NotSupported, std::string(op) + ": float32 only");
+    }
+  }
+  if (a.outputs[0]->dtype != DType::Float32) return Error(ErrorCode::NotSupported, std::string(op) + ": float32 only");
+  return {};
+}
 
 /// Maps a flat index of a contiguous `out` shape to the flat index of an input whose shape
 /// broadcasts to it (NumPy rules: missing leading dims and size-1 dims repeat).
