@@ -4,6 +4,8 @@ Each test builds a small graph with kiln.Graph, compiles it with backends=["xnnp
 the delegation report that the nodes were delegated (or declined with the expected reason) and
 compares the run with torch eager. fp32 tolerance: max abs error <= 1e-5 * max|expected|.
 """
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -236,6 +238,58 @@ def test_rank4_broadcast_against_lower_rank_is_declined():
     assert xnn(dl)["segments"] == 0
     assert any("rank-4" in r for r in reasons(dl, "aten.add")), dl
     assert_close(out, a + b, 1e-6, "add bcast")
+
+
+@pytest.mark.parametrize("scalar_shape,as_input", [((), False), ((1,), False), ((1, 1, 1), False), ((), True)])
+@pytest.mark.parametrize("op", ["aten.add", "aten.mul", "aten.sub", "aten.div"])
+def test_rank4_against_one_element_operand_is_delegated(op, scalar_shape, as_input):
+    # A one-element operand broadcasts the same in NCHW and NHWC, so the delegate takes it (the
+    # scalar constants of ONNX HardSigmoid/Clip decompositions, e.g. PP-OCR's).
+    x = _rand(2, 3, 4, 5, seed=40)
+    c = np.full(scalar_shape, 0.75, np.float32)
+    if as_input:
+        (out,), dl, _ = compile_run(lambda g, ids: g.add_node(op, [ids[0], ids[1]], {}), [x, c])
+    else:
+        (out,), dl, _ = compile_run(lambda g, ids: g.add_node(op, [_const(g, "c", c), ids[0]], {}), [x])
+    check_all_delegated(dl, nodes=1)
+    fn = {"aten.add": A.add, "aten.mul": A.mul, "aten.sub": A.sub, "aten.div": A.div}[op]
+    ref = (fn(torch.from_numpy(x), torch.from_numpy(c)) if as_input else fn(torch.from_numpy(c), torch.from_numpy(x)))
+    assert_close(out, ref.numpy(), 1e-6, op)
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_segments_share_one_thread_pool():
+    # 12 xnnpack segments separated by nodes it declines (add with alpha), run at 2 threads: the
+    # segments share one pthreadpool, so loading adds a handful of threads, not one pool per segment.
+    x = _rand(1, 4, 6, 6, seed=41)
+
+    def build(g, ids):
+        v = ids[0]
+        for _ in range(12):
+            (v,) = g.add_node("aten.relu", [v], {})
+            (v,) = g.add_node("aten.add", [v, ids[0]], {"alpha": 0.5})
+        return [v]
+    g = kiln.Graph()
+    xid = g.add_input("x", "float32", list(x.shape))
+    g.set_outputs(build(g, [xid]))
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    data, rep = pb.compile(backends=["xnnpack"])
+    assert xnn(rep["methods"][0]["delegation"])["segments"] == 12
+    before = _threads()
+    prog = kiln.load_bytes(data, num_threads=2)
+    (out,) = prog.run(x)
+    during = _threads()
+    ref = torch.from_numpy(x)
+    v = ref
+    for _ in range(12):
+        v = A.relu(v) + 0.5 * ref
+    assert_close(out, v.numpy(), 1e-5, "segments")
+    assert during - before <= 4, (before, during)
+    del prog
 
 
 UNARY = [

@@ -34,6 +34,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <sstream>
 
@@ -253,7 +254,11 @@ class Lowering {
     }
     const auto& ta = g_.value(n.inputs[0]).type;
     const auto& tb = g_.value(n.inputs[1]).type;
-    if ((ta.dim() == 4 || tb.dim() == 4) && ta.dim() != tb.dim()) {
+    // A one-element operand broadcasts the same against NCHW and NHWC (a scalar constant from an
+    // ONNX HardSigmoid/Clip decomposition, say); any other rank mismatch with a rank-4 tensor would
+    // need NCHW broadcasting rules inside the NHWC delegate.
+    const bool one_element = ta.numel() == 1 || tb.numel() == 1;
+    if ((ta.dim() == 4 || tb.dim() == 4) && ta.dim() != tb.dim() && !one_element) {
       return unsupported("broadcasting a rank-4 tensor against rank " + std::to_string(std::min(ta.dim(), tb.dim())) +
                          " would need NCHW broadcasting inside the NHWC delegate");
     }
@@ -491,16 +496,42 @@ struct XValue {
   uint32_t flags = 0;
 };
 
+// A pthreadpool shared by every xnnpack segment that runs with the same thread count. A method
+// split into many segments must not own a pool (and its spinning workers) per segment: with 84
+// segments at 2 threads that was 84 extra threads and runs 100x slower on 2 cores. `run` serializes
+// the segments of concurrently running methods on the pool (one parallel computation at a time).
+struct SharedPool {
+  pthreadpool_t pool = nullptr;
+  std::mutex run;
+  ~SharedPool() {
+    if (pool) pthreadpool_destroy(pool);
+  }
+};
+
+// The process's pool of `num_threads` (> 1) threads, created on first use and destroyed with its
+// last segment. Null when pthreadpool_create fails.
+std::shared_ptr<SharedPool> shared_pool(int num_threads) {
+  static std::mutex mu;
+  static std::map<int, std::weak_ptr<SharedPool>> pools;
+  std::lock_guard<std::mutex> lock(mu);
+  std::weak_ptr<SharedPool>& slot = pools[num_threads];
+  if (auto p = slot.lock()) return p;
+  auto p = std::make_shared<SharedPool>();
+  p->pool = pthreadpool_create(static_cast<size_t>(num_threads));
+  if (p->pool == nullptr) return nullptr;
+  slot = p;
+  return p;
+}
+
 struct XnnHandle : DelegateHandle {
   xnn_runtime_t runtime = nullptr;
-  pthreadpool_t pool = nullptr;
+  std::shared_ptr<SharedPool> pool;  // null: run on the calling thread
   std::vector<std::vector<float>> owned;  // permuted constants and literals
   std::vector<std::vector<int64_t>> in_sizes, out_sizes;  // Kiln (NCHW) sizes
   std::vector<std::vector<float>> in_buf, out_buf;        // staging (inputs always; rank-4 outputs)
   std::vector<xnn_external_value> externals;
   ~XnnHandle() override {
-    if (runtime) xnn_delete_runtime(runtime);
-    if (pool) pthreadpool_destroy(pool);
+    if (runtime) xnn_delete_runtime(runtime);  // before `pool`, which it uses
   }
 };
 
@@ -772,15 +803,17 @@ class XnnpackBackend : public Backend {
       }
       if (st != xnn_status_success) return bad(xnn_error("xnn_define_* of node", st) + " at node " + std::to_string(k));
     }
-    // XNNPACK parallelizes over a pthreadpool of the method's thread count. Its workers are
+    // XNNPACK parallelizes over a pthreadpool of the method's thread count, shared by every
+    // segment with that thread count (shared_pool). Its workers are
     // yielded back to the OS after the last operator (XNN_FLAG_YIELD_WORKERS), so they do not
     // spin against Kiln's kernels or other segments; Kiln's own pool sleeps while a delegate
     // call runs (after its short poll, include/kiln/thread_pool.h).
     if (options.num_threads > 1) {
-      h->pool = pthreadpool_create(static_cast<size_t>(options.num_threads));
+      h->pool = shared_pool(options.num_threads);
       if (h->pool == nullptr) return Error(ErrorCode::MemoryAllocationFailed, "xnnpack: pthreadpool_create failed");
     }
-    st = xnn_create_runtime_v2(sub, h->pool, h->pool ? XNN_FLAG_YIELD_WORKERS : 0, &h->runtime);
+    st = xnn_create_runtime_v2(sub, h->pool ? h->pool->pool : nullptr, h->pool ? XNN_FLAG_YIELD_WORKERS : 0,
+                               &h->runtime);
     if (st != xnn_status_success) return Error(ErrorCode::NotSupported, "xnnpack: " + xnn_error("xnn_create_runtime_v2", st));
     h->externals.resize(ni + no);
     for (uint32_t i = 0; i < ni + no; ++i) h->externals[i].id = i;
@@ -808,6 +841,8 @@ class XnnpackBackend : public Backend {
     }
     xnn_status st = xnn_setup_runtime(h.runtime, h.externals.size(), h.externals.data());
     if (st != xnn_status_success) return Error(ErrorCode::Internal, "xnnpack: " + xnn_error("xnn_setup_runtime", st));
+    std::unique_lock<std::mutex> run_lock;
+    if (h.pool) run_lock = std::unique_lock<std::mutex>(h.pool->run);
     st = xnn_invoke_runtime(h.runtime);
     if (st != xnn_status_success) return Error(ErrorCode::Internal, "xnnpack: " + xnn_error("xnn_invoke_runtime", st));
     for (size_t o = 0; o < outputs.size(); ++o) {
