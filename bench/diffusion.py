@@ -114,6 +114,12 @@ def worker(engine: str, method: str, work: str, threads: int, runs: int, warmup:
         base = status_mib("VmRSS")
         t0 = time.perf_counter()
         pipe = models.build("full", seed=seed)
+        # keep only the model this method uses, so that peak RSS counts its weights only
+        for sub, user in (("text", "encode"), ("unet", "denoise"), ("decoder", "decode")):
+            if user != method:
+                setattr(pipe, sub, None)
+        import gc
+        gc.collect()
         tf = [torch.from_numpy(f) for f in feeds]
 
         def run():
@@ -133,6 +139,17 @@ def worker(engine: str, method: str, work: str, threads: int, runs: int, warmup:
     return {"engine": engine, "method": method, "median_ms": st[len(st) // 2] if len(st) % 2 else
             0.5 * (st[len(st) // 2 - 1] + st[len(st) // 2]), "times_ms": times, "load_ms": load_ms,
             "peak_rss_mib": status_mib("VmHWM"), "base_rss_mib": base, "note": note}
+
+
+def kiln_label(path: str, kernels: str) -> str:
+    """"Kiln: <kernels> kernels[ + <delegates>]" from the program's delegate segments (kiln inspect)."""
+    p = subprocess.run([os.path.join(ROOT, "build", "tools", "kiln"), "inspect", path, "--json"], capture_output=True,
+                       text=True)
+    dele = set()
+    if p.returncode == 0:
+        for m in json.loads(p.stdout)["methods"]:
+            dele |= set(m.get("delegate_segments", {}))
+    return f"Kiln {kernels} kernels" + "".join(f" + {d}" for d in sorted(dele)) + ("" if dele else " (no delegate)")
 
 
 def run_kiln(kiln_bin: str, path: str, method: str, work: str, threads: int, runs: int, warmup: int,
@@ -197,7 +214,11 @@ def main(argv=None) -> int:
                [f"{m}.onnx" for m in a.methods] * ("ort" in a.engines)):
         print("[bench] preparing inputs and ONNX files ...", file=sys.stderr, flush=True)
         subprocess.run([sys.executable, __file__, "--prepare", "--work", a.work, "--seed", str(a.seed)], check=True, env=env)
+    # Results of earlier runs for other methods/engines are kept (re-run a part with --methods/--engines).
     results = []
+    if os.path.exists(res_path):
+        with open(res_path) as f:
+            results = [r for r in json.load(f) if not (r["method"] in a.methods and r["engine"] in a.engines)]
     for m in a.methods:
         for e in a.engines:
             specs = a.kiln if e == "kiln" else [None]
@@ -207,7 +228,7 @@ def main(argv=None) -> int:
                     if e == "kiln":
                         path, _, kern = spec.partition(":")
                         r = run_kiln(a.kiln_bin, path, m, a.work, a.threads, runs[m], 1, kern or "cpu")
-                        r.update(engine="kiln", method=m, label=f"kiln {os.path.basename(path)} ({kern or 'cpu'} kernels)")
+                        r.update(engine="kiln", method=m, label=kiln_label(path, kern or "cpu"))
                     else:
                         q = subprocess.run([sys.executable, __file__, "--worker", e, m, "--work", a.work, "--threads",
                                             str(a.threads), "--runs", *map(str, a.runs), "--seed", str(a.seed)],
@@ -253,7 +274,7 @@ def kiln_sizes(kiln_bin: str, path: str) -> dict:
 
 def write_report(path: str, results, a):
     import datetime
-    rows = ["| method | engine | median ms | vs ONNX Runtime | vs eager | peak RSS MiB | weights + arena MiB | "
+    rows = ["| method | engine | median ms (runs) | vs ONNX Runtime | vs eager | peak RSS MiB | weights + arena MiB | "
             "max error vs eager |", "|---|---|---|---|---|---|---|---|"]
     sizes = {}
     import models
@@ -264,7 +285,8 @@ def write_report(path: str, results, a):
               "decode": models.count(pipe.decoder) * 4}
     for m in METHODS:
         base = {r["engine"]: r for r in results if r["method"] == m and "error" not in r and r["engine"] != "kiln"}
-        for r in [r for r in results if r["method"] == m]:
+        order = {"kiln": 0, "ort": 1, "eager": 2}
+        for r in sorted((r for r in results if r["method"] == m), key=lambda r: order.get(r["engine"], 3)):
             if "error" in r:
                 rows.append(f"| {m} | {r['label']} | failed: {r['error'][-120:]} | | | | | |")
                 continue
@@ -277,12 +299,15 @@ def write_report(path: str, results, a):
                 info = sizes[f].get(m, {})
                 wa = f"{(wbytes[m] + info.get('arena_bytes', 0)) / 2**20:.0f}"
             err = r.get("rel_error")
-            rows.append(f"| {m} | {r['label']} | {r['median_ms']:.1f} | {ratio('ort')} | {ratio('eager')} | "
+            if r["engine"] == "kiln":
+                r["label"] = kiln_label(r["file"], r.get("kernels", "cpu"))
+            rows.append(f"| {m} | {r['label']} | {r['median_ms']:.1f} ({len(r['times_ms'])}) | {ratio('ort')} | {ratio('eager')} | "
                         f"{r['peak_rss_mib']:.0f} | {wa} | {'-' if err is None else f'{err:.1e}'} |")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    body = (f"<!-- diffusion-bench -->\n`python bench/diffusion.py` ({when}, {a.threads} threads, median of "
-            f"{'/'.join(map(str, a.runs))} runs (encode/denoise/decode) after 1 warm-up; weights: fp32 parameters "
-            "of the method's model; arena: the method's planned arena from `kiln inspect`):\n\n"
+    body = (f"<!-- diffusion-bench -->\n`python bench/diffusion.py` (table written {when}; {a.threads} threads; "
+            "median of (runs) timed runs after 1 warm-up; weights: the fp32 parameters of the method's model; "
+            "arena: the method's planned arena from `kiln inspect`; error: max abs difference from eager's "
+            "output / max |eager output|):\n\n"
             + "\n".join(rows) + "\n<!-- /diffusion-bench -->")
     text = open(path).read() if os.path.exists(path) else "# Diffusion pipeline\n"
     b, e = "<!-- diffusion-bench -->", "<!-- /diffusion-bench -->"

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.capture import BUILT_BACKENDS, export_program
+from kiln.capture import BUILT_BACKENDS, capture, compile_captures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "examples", "diffusion"))
@@ -51,16 +51,20 @@ def feeds(pipe):
 
 
 _PROGRAMS = {}
+_CAPTURES = {}
 
 
 def program(pipe, name):
-    """The tiny pipeline exported for backend set `name` (cached per session): ExportResult."""
+    """The tiny pipeline compiled for backend set `name` (cached; the three methods are captured
+    once and compiled per set, as export.py's sets): ExportResult."""
+    if not _CAPTURES:
+        ex = pipe.example_inputs()
+        _CAPTURES.update({m: capture(pipe, ex[m], method=m) for m in METHODS})
     if name not in _PROGRAMS:
         sets = {"portable": {}, "xnnpack": dict(backends=("xnnpack",)),
                 "mlx": dict(backends=("mlx",), require_delegation="mlx"),
                 "mlx-fp16": dict(backends=("mlx",), require_delegation="mlx", compute_dtype="float16")}
-        ex = pipe.example_inputs()
-        _PROGRAMS[name] = export_program({m: (pipe, ex[m], m) for m in METHODS}, verbose=False, **sets[name])
+        _PROGRAMS[name] = compile_captures(_CAPTURES, verbose=False, **sets[name])
     return _PROGRAMS[name]
 
 
