@@ -188,6 +188,8 @@ def main(argv=None) -> int:
     p.add_argument("--kiln-bin", default=os.path.join(ROOT, "build", "tools", "kiln"))
     p.add_argument("--report", metavar="FILE.md")
     p.add_argument("--report-only", action="store_true", help="rewrite --report from --work/results.json")
+    p.add_argument("--results", help="with --report-only: the results JSON to read (default --work/results.json)")
+    p.add_argument("--tag", default="", help="section tag: the table goes between <!-- diffusion-bench[:TAG] --> markers")
     p.add_argument("--worker", nargs=2, metavar=("ENGINE", "METHOD"), help=argparse.SUPPRESS)
     p.add_argument("--prepare", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
@@ -203,7 +205,7 @@ def main(argv=None) -> int:
 
     res_path = os.path.join(a.work, "results.json")
     if a.report_only:
-        with open(res_path) as f:
+        with open(a.results or res_path) as f:
             results = json.load(f)
         add_errors(results)
         write_report(a.report, results, a)
@@ -218,7 +220,9 @@ def main(argv=None) -> int:
     results = []
     if os.path.exists(res_path):
         with open(res_path) as f:
-            results = [r for r in json.load(f) if not (r["method"] in a.methods and r["engine"] in a.engines)]
+            new_files = {spec.partition(":")[0] for spec in a.kiln}
+            results = [r for r in json.load(f) if not (r["method"] in a.methods and r["engine"] in a.engines and (
+                r["engine"] != "kiln" or r.get("file") in new_files))]
     for m in a.methods:
         for e in a.engines:
             specs = a.kiln if e == "kiln" else [None]
@@ -304,13 +308,14 @@ def write_report(path: str, results, a):
             rows.append(f"| {m} | {r['label']} | {r['median_ms']:.1f} ({len(r['times_ms'])}) | {ratio('ort')} | {ratio('eager')} | "
                         f"{r['peak_rss_mib']:.0f} | {wa} | {'-' if err is None else f'{err:.1e}'} |")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    body = (f"<!-- diffusion-bench -->\n`python bench/diffusion.py` (table written {when}; {a.threads} threads; "
+    b, e = (f"<!-- diffusion-bench{':' + a.tag if a.tag else ''} -->",
+            f"<!-- /diffusion-bench{':' + a.tag if a.tag else ''} -->")
+    body = (f"{b}\n`python bench/diffusion.py` (table written {when}; {a.threads} threads; "
             "median of (runs) timed runs after 1 warm-up; weights: the fp32 parameters of the method's model; "
             "arena: the method's planned arena from `kiln inspect`; error: max abs difference from eager's "
             "output / max |eager output|):\n\n"
-            + "\n".join(rows) + "\n<!-- /diffusion-bench -->")
+            + "\n".join(rows) + f"\n{e}")
     text = open(path).read() if os.path.exists(path) else "# Diffusion pipeline\n"
-    b, e = "<!-- diffusion-bench -->", "<!-- /diffusion-bench -->"
     if b in text and e in text:
         text = text[:text.index(b)] + body + text[text.index(e) + len(e):]
     else:
