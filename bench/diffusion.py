@@ -32,8 +32,19 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "examples", "diffusion"))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+def load_models():
+    """examples/diffusion/models.py (through export.py's loader: by path, module "kiln_diffusion_models")."""
+    import importlib.util
+    name = "kiln_diffusion_export"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", "diffusion", "export.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name].load_models()
 METHODS = ("encode", "denoise", "decode")
 INPUTS = {"encode": ["ids"], "denoise": ["latent", "timestep", "text"], "decode": ["latent"]}
 
@@ -66,7 +77,7 @@ class _Method:
 def prepare(work: str, seed: int):
     import numpy as np
     import torch
-    import models
+    models = load_models()
     os.makedirs(work, exist_ok=True)
     pipe = models.build("full", seed=seed)
     g = torch.Generator().manual_seed(1234)
@@ -109,7 +120,7 @@ def worker(engine: str, method: str, work: str, threads: int, runs: int, warmup:
         note = f"onnxruntime {ort.__version__}"
     else:
         import torch
-        import models
+        models = load_models()
         torch.set_num_threads(threads)
         base = status_mib("VmRSS")
         t0 = time.perf_counter()
@@ -281,7 +292,7 @@ def write_report(path: str, results, a):
     rows = ["| method | engine | median ms (runs) | vs ONNX Runtime | vs eager | peak RSS MiB | weights + arena MiB | "
             "max error vs eager |", "|---|---|---|---|---|---|---|---|"]
     sizes = {}
-    import models
+    models = load_models()
     import torch
     with torch.device("meta"):
         pipe = models.Pipeline("full")

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib.util
 import json
 import os
 import resource
@@ -29,7 +30,6 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
-sys.path.insert(0, HERE)
 
 METHODS = ("encode", "denoise", "decode")
 SETS = {
@@ -40,6 +40,18 @@ SETS = {
 }
 SET_LABEL = {"portable": "portable kernels only", "xnnpack": "cpu kernels + xnnpack", "mlx": "mlx (fp32)",
              "mlx-fp16": "mlx (fp16 compute)"}
+
+
+def load_models():
+    """examples/diffusion/models.py, imported by path as module "kiln_diffusion_models" (so that it
+    never clashes with another "models" module in the same process)."""
+    name = "kiln_diffusion_models"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, "models.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod  # before exec: dataclasses look their module up
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
 
 
 def program_path(out_dir: str, size: str, name: str) -> str:
@@ -114,7 +126,7 @@ def main(argv=None) -> int:
     status = 0
     if not args.report_only:
         import torch
-        import models
+        models = load_models()
         sd = torch.load(args.weights, map_location="cpu") if args.weights else None
         t0 = time.perf_counter()
         pipe = models.build(args.size, seed=args.seed, state_dict=sd)

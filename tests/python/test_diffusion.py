@@ -19,8 +19,19 @@ import kiln
 from kiln.capture import BUILT_BACKENDS, capture, compile_captures
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(ROOT, "examples", "diffusion"))
-import models  # noqa: E402
+
+def _load(name, path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# by path, under unique names (other examples may have their own models.py / export.py)
+export = _load("kiln_diffusion_export", os.path.join(ROOT, "examples", "diffusion", "export.py"))
+models = export.load_models()
 
 BUILD = os.environ.get("KILN_BUILD_DIR", os.path.join(ROOT, "build"))
 GENERATE = os.path.join(BUILD, "examples", "diffusion", "generate")
@@ -232,3 +243,24 @@ def test_generate_errors(pipe, generate_bin, tmp_path):
     assert p.returncode == 1 and "missing.kiln" in p.stderr
     p = run_generate(path)
     assert p.returncode == 2 and "give exactly one of --tokens and --tokens-file" in p.stderr
+
+
+@pytest.mark.skipif(not HAS_MLX, reason="mlx backend not built")
+def test_export_script_writes_the_delegation_table(tmp_path):
+    """examples/diffusion/export.py (the script that wrote docs/diffusion.md), tiny size, mlx set: one
+    program with three methods, and a table row per method with one mlx segment and nothing left."""
+    md = tmp_path / "d.md"
+    md.write_text("# title\n\nkept text\n")
+    assert export.main(["--size", "tiny", "--backends", "mlx", "--out-dir", str(tmp_path), "--report", str(md)]) == 0
+    prog = kiln.load(tmp_path / "diffusion_tiny_mlx.kiln", backend_settings=MLX_CPU)
+    assert sorted(prog.method_names) == sorted(METHODS)
+    text = md.read_text()
+    assert text.startswith("# title\n\nkept text\n")
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "mlx (fp32)" in line]
+    assert [r.split(" | ")[0] for r in rows] == ["| encode", "| denoise", "| decode"], rows
+    for r in rows:
+        cells = r.split(" | ")
+        assert cells[2].startswith("mlx: 1 (") and cells[3] == "0", r
+    # a second write replaces the section instead of appending another
+    export.write_report(str(md), str(tmp_path), "tiny")
+    assert md.read_text().count("<!-- diffusion-table:tiny -->") == 1
