@@ -144,7 +144,12 @@ def test_mlx_one_segment_per_method_matches_eager(pipe, feeds):
 def test_mlx_fp16_matches_eager_loosely(pipe, feeds):
     r = program(pipe, "mlx-fp16")
     assert r.report["compute_dtype"] == "float16"
-    check_methods(kiln.load_bytes(r.data, backend_settings=MLX_CPU), feeds, 2e-2)
+    prog = kiln.load_bytes(r.data, backend_settings=MLX_CPU)
+    check_methods(prog, feeds, 2e-2)
+    # float16 really is used: the UNet's result differs from eager by more than float32 rounding
+    inputs, expected = feeds["denoise"]
+    (out,) = prog.run(*inputs, method="denoise")
+    assert np.abs(out - expected.numpy()).max() > 1e-4 * np.abs(expected.numpy()).max()
 
 
 # --------------------------------------------------------------------------------------------------
