@@ -77,6 +77,11 @@ echo "mv3 out-of-tree backends: $mv3_backends"
 # shellcheck disable=SC2086  # one word per backend
 PYTHONPATH=python "$python" examples/mv3/demo.py --models mobilenet_v3_small --runs 1 --backends $mv3_backends \
   --classify build/mv3-out-of-tree/classify --out-dir build/mv3-out-of-tree/out
+# The diffusion example's generate, built out of tree against the installed package too.
+rm -rf build/diffusion-out-of-tree
+cmake -S examples/diffusion -B build/diffusion-out-of-tree -G Ninja -DCMAKE_PREFIX_PATH="$root/build/install"
+cmake --build build/diffusion-out-of-tree
+build/diffusion-out-of-tree/generate --help > /dev/null
 section_done
 
 for s in sanitizers fuzz; do

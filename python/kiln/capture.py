@@ -1345,10 +1345,13 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
                      backends: Sequence[str] = (), require_delegation: str | None = None,
                      fold_constants: bool = True, fold_batch_norm: bool = True,
                      report_json: str | os.PathLike | None = None, verbose: bool = True,
-                     t0: float | None = None, alternatives: Sequence[Sequence[str]] = ()) -> ExportResult:
+                     t0: float | None = None, alternatives: Sequence[Sequence[str]] = (),
+                     compute_dtype: str = "float32") -> ExportResult:
     """Compiles captured methods ({name: CaptureResult}) into one program with the C++ compiler,
     writes `out` (and the report as JSON to `report_json`) when given and prints the report unless
-    verbose=False. `backends`/`require_delegation`/`alternatives`: see export(). Raises ExportError
+    verbose=False. `backends`/`require_delegation`/`alternatives`: see export(). compute_dtype:
+    "float32" (default), "float16" or "bfloat16", the precision delegates that support it (mlx)
+    compute in (the program's types stay float32; docs/mlx.md "Precision"). Raises ExportError
     (code = the Kiln error code name when the compiler refused, e.g. "NotSupported" for
     require_delegation)."""
     alts = []
@@ -1374,7 +1377,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     log("[kiln] compiling" + (f" (delegating to {', '.join(delegates)})" if delegates else "") + " ...")
     try:
         data, report = pb.compile(fold_constants=fold_constants, backends=delegates, require_delegation=require,
-                                  fold_batch_norm=fold_batch_norm, alternatives=alts)
+                                  fold_batch_norm=fold_batch_norm, alternatives=alts, compute_dtype=compute_dtype)
     except KilnError as e:
         code = e.args[1] if len(e.args) > 1 else None
         if require and code == "NotSupported" and "not delegated to required backend" in e.args[0]:
@@ -1385,6 +1388,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     report["backends"] = list(delegates)
     report["alternatives"] = alts
     report["require_delegation"] = require
+    report["compute_dtype"] = compute_dtype
     path = None if out is None else os.fspath(out)
     report["path"] = path
     try:
@@ -1420,12 +1424,12 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
                    backends: Sequence[str] = (), require_delegation: str | None = None,
                    fold_constants: bool = True, fold_batch_norm: bool = True, strict: bool = False,
                    report_json: str | os.PathLike | None = None, verbose: bool = True,
-                   alternatives: Sequence[Sequence[str]] = ()) -> ExportResult:
+                   alternatives: Sequence[Sequence[str]] = (), compute_dtype: str = "float32") -> ExportResult:
     """Exports several methods into one program: ``{"encode": (module, args), "decode": (module2,
     args2, "decode_method"), ...}`` (an optional third item names the module method; default
     "forward"). Constants with identical bytes are stored once across methods. Writes `out` when
-    given. Options as for export(). Prints progress and a report unless verbose=False. Raises
-    ExportError."""
+    given. compute_dtype: see compile_captures(). Other options as for export(). Prints progress and
+    a report unless verbose=False. Raises ExportError."""
     backends = check_backends(backends)
     check_require_delegation(require_delegation, backends)
     if not methods:
@@ -1443,7 +1447,8 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
         captures[name] = capture(module, args, method=mname, strict=strict, progress=log)
     return compile_captures(captures, out=out, backends=backends, require_delegation=require_delegation,
                             fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
-                            report_json=report_json, verbose=verbose, t0=t0, alternatives=alternatives)
+                            report_json=report_json, verbose=verbose, t0=t0, alternatives=alternatives,
+                            compute_dtype=compute_dtype)
 
 
 def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", out: str | os.PathLike | None = None,
