@@ -17,8 +17,8 @@ this build has: portable and, when built, xnnpack and mlx):
 Kiln programs have static shapes: H x W (--det-shape, default 480x640) is the detection canvas the
 ocr program scales each image into; Wr (--rec-width, default 640) the width every text line is
 resized into (height 48, aspect kept, zero padded; longer lines are squeezed).
-<B>_xnnpack / <B>_mlx files are compiled with require_delegation: the whole model runs in the
-delegate, or the export of that file fails naming the nodes the backend declined.
+*_xnnpack.kiln / *_mlx.kiln are compiled with backends=(B,): the nodes the backend takes run in its
+delegate segments, the others on Kiln's kernels (the summary line gives the split).
 Exit status 1 if any file failed (each failure is reported in one line; the others are written).
 """
 from __future__ import annotations
