@@ -14,6 +14,9 @@
 #include "kernels/kernel.h"
 #include "kiln/compiler.h"
 #include "kiln/runtime.h"
+#ifdef KILN_HAVE_ONNX
+#include "kiln/onnx.h"
+#endif
 
 namespace py = pybind11;
 using namespace kiln;
@@ -247,6 +250,32 @@ PYBIND11_MODULE(_kiln, m) {
          "cpu_ops: [{op, count, reasons: [(backend, reason)]}]}. alternatives: e.g. [['mlx'], ['xnnpack']]: every "
          "method is compiled once per backend list and the loader runs the first whose backends are available "
          "(replaces backends/require_delegation; report['methods'] then has one entry per alternative).");
+#ifdef KILN_HAVE_ONNX
+  m.def("import_onnx", [](const std::string& path, const std::map<std::string, std::vector<int64_t>>& input_shapes) {
+    onnx::ImportOptions o;
+    o.input_shapes = input_shapes;
+    Result<onnx::ImportedModel> r = Error();
+    {
+      py::gil_scoped_release release;
+      r = onnx::import_model(path, o);
+    }
+    if (!r.ok()) throw KilnError{r.error()};
+    onnx::ImportedModel m = std::move(r).value();
+    py::dict info;
+    info["input_names"] = m.input_names;
+    info["output_names"] = m.output_names;
+    info["opset"] = m.opset;
+    info["onnx_nodes"] = m.onnx_nodes;
+    info["folded_nodes"] = m.folded_nodes;
+    info["notes"] = m.notes;
+    return py::make_tuple(std::move(m.graph), info);
+  }, py::arg("path"), py::arg("input_shapes") = std::map<std::string, std::vector<int64_t>>{},
+     "Imports an ONNX model (opsets 7..17) into a Graph of Kiln ops; input_shapes: {name: sizes} for inputs "
+     "with dynamic dims. Returns (Graph, {input_names, output_names, opset, onnx_nodes, folded_nodes, notes}). "
+     "Raises KilnError (NotFound, InvalidProgram, NotSupported naming the node/op/attribute, InvalidArgument).");
+  m.def("onnx_supported_ops", [] { return onnx::supported_op_types(); },
+        "ONNX op types the importer maps onto Kiln ops.");
+#endif
   m.def("backend_names", [] { return BackendRegistry::get().names(); },
         "Delegate backends compiled into this build (e.g. ['xnnpack']).");
 

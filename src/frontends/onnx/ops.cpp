@@ -1,0 +1,1516 @@
+// ONNX op converters: each maps one ONNX op type (default domain, opsets 7..17) onto Kiln's ATen
+// ops (docs/op-set.md), honouring every attribute or refusing the node with a NotSupported error
+// naming the attribute. Semantics: the ONNX operator specification (https://onnx.ai/onnx/operators/
+// and onnx/docs/Changelog.md for the per-opset differences noted below).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "frontends/onnx/importer_internal.h"
+#include "ir/op_registry.h"
+
+namespace kiln::onnx::detail {
+namespace {
+
+using Ints = std::vector<int64_t>;
+
+#define TRY(var, expr)                       \
+  auto var##_r = (expr);                     \
+  if (!var##_r.ok()) return var##_r.error(); \
+  auto var = std::move(var##_r).value()
+
+Result<int64_t> wrap_axis(NodeCtx& c, int64_t axis, int64_t rank, const std::string& what) {
+  if (axis < -rank || axis >= rank) {
+    return c.invalid(what + " " + std::to_string(axis) + " is out of range for rank " + std::to_string(rank));
+  }
+  return axis < 0 ? axis + rank : axis;
+}
+
+Result<ValueId> view(NodeCtx& c, ValueId x, const Ints& sizes) {
+  if (c.type(x).sizes == sizes) return x;
+  return c.emit("aten.view", {x}, {{"size", sizes}});
+}
+
+// ---- elementwise ----
+
+Error unary(NodeCtx& c, const char* op) {
+  TRY(x, c.input(0));
+  TRY(y, c.emit(op, {x}));
+  return c.set_output(0, y);
+}
+
+Error check_same_dtype(NodeCtx& c, ValueId a, ValueId b) {
+  if (c.type(a).dtype != c.type(b).dtype) {
+    return c.invalid(std::string("inputs have different element types (") + dtype_name(c.type(a).dtype) + " and " +
+                     dtype_name(c.type(b).dtype) + ")");
+  }
+  return {};
+}
+
+Error binary(NodeCtx& c, const char* op) {
+  TRY(a, c.input(0));
+  TRY(b, c.input(1));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b));
+  Attributes attrs;
+  // ONNX Div on integers truncates toward zero (onnx reference: np.trunc-like C division).
+  if (std::string(op) == "aten.div" && !is_floating(c.type(a).dtype)) attrs.set("rounding_mode", std::string("trunc"));
+  TRY(y, c.emit(op, {a, b}, attrs));
+  return c.set_output(0, y);
+}
+
+Error cmp(NodeCtx& c, const char* op) {
+  TRY(a, c.input(0));
+  TRY(b, c.input(1));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b));
+  TRY(y, c.emit(op, {a, b}));
+  return c.set_output(0, y);
+}
+
+Error conv_Add(NodeCtx& c) { return binary(c, "aten.add"); }
+Error conv_Sub(NodeCtx& c) { return binary(c, "aten.sub"); }
+Error conv_Mul(NodeCtx& c) { return binary(c, "aten.mul"); }
+Error conv_Div(NodeCtx& c) { return binary(c, "aten.div"); }
+Error conv_Pow(NodeCtx& c) {
+  TRY(a, c.input(0));
+  TRY(b, c.input(1));
+  if (!is_floating(c.type(a).dtype)) return c.unsupported(std::string("base of dtype ") + dtype_name(c.type(a).dtype));
+  if (c.type(b).dtype != c.type(a).dtype) {  // ONNX allows a different exponent type; the result has X's type
+    TRY(bc, c.emit("aten._to_copy", {b}, {{"dtype", std::string(dtype_name(c.type(a).dtype))}}));
+    b = bc;
+  }
+  TRY(y, c.emit("aten.pow", {a, b}));
+  return c.set_output(0, y);
+}
+Error conv_Equal(NodeCtx& c) { return cmp(c, "aten.eq"); }
+Error conv_Less(NodeCtx& c) { return cmp(c, "aten.lt"); }
+Error conv_LessOrEqual(NodeCtx& c) { return cmp(c, "aten.le"); }
+Error conv_Greater(NodeCtx& c) { return cmp(c, "aten.gt"); }
+Error conv_GreaterOrEqual(NodeCtx& c) { return cmp(c, "aten.ge"); }
+Error conv_And(NodeCtx& c) { return cmp(c, "aten.logical_and"); }
+Error conv_Or(NodeCtx& c) { return cmp(c, "aten.logical_or"); }
+Error conv_Xor(NodeCtx& c) { return cmp(c, "aten.ne"); }  // on bools, xor == not-equal
+Error conv_Not(NodeCtx& c) { return unary(c, "aten.logical_not"); }
+
+Error conv_Abs(NodeCtx& c) { return unary(c, "aten.abs"); }
+Error conv_Neg(NodeCtx& c) { return unary(c, "aten.neg"); }
+Error conv_Exp(NodeCtx& c) { return unary(c, "aten.exp"); }
+Error conv_Log(NodeCtx& c) { return unary(c, "aten.log"); }
+Error conv_Sqrt(NodeCtx& c) { return unary(c, "aten.sqrt"); }
+Error conv_Reciprocal(NodeCtx& c) { return unary(c, "aten.reciprocal"); }
+Error conv_Erf(NodeCtx& c) { return unary(c, "aten.erf"); }
+Error conv_Sin(NodeCtx& c) { return unary(c, "aten.sin"); }
+Error conv_Cos(NodeCtx& c) { return unary(c, "aten.cos"); }
+Error conv_Tanh(NodeCtx& c) { return unary(c, "aten.tanh"); }
+Error conv_Sigmoid(NodeCtx& c) { return unary(c, "aten.sigmoid"); }
+Error conv_Relu(NodeCtx& c) { return unary(c, "aten.relu"); }
+Error conv_HardSwish(NodeCtx& c) { return unary(c, "aten.hardswish"); }
+
+Error conv_Identity(NodeCtx& c) {
+  TRY(x, c.input(0));
+  return c.set_output(0, x);
+}
+
+// Dropout in inference is the identity (opset 12+: training_mode input must be absent or false;
+// ratio only matters in training; the mask output is not supported).
+Error conv_Dropout(NodeCtx& c) {
+  TRY(x, c.input(0));
+  c.ignore_attr("ratio");  // opset < 12 attribute: only used in training
+  if (c.has_attr("is_test")) {  // opset < 7 only
+    TRY(t, c.attr_int("is_test", 1));
+    (void)t;
+  }
+  if (c.has_input(2)) {
+    TRY(tm, c.input(2));
+    TRY(v, c.const_ints(tm, "training_mode"));
+    if (v.size() != 1 || v[0] != 0) return c.unsupported("training_mode = true (inference only)");
+  }
+  if (c.has_output(1)) return c.unsupported("the mask output (training only)");
+  return c.set_output(0, x);
+}
+
+Error conv_LeakyRelu(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(alpha, c.attr_float("alpha", 0.01));
+  TRY(y, c.emit("aten.leaky_relu", {x}, {{"negative_slope", alpha}}));
+  return c.set_output(0, y);
+}
+
+// HardSigmoid: max(0, min(1, alpha * x + beta)), alpha 0.2, beta 0.5 by default. PyTorch's
+// hardsigmoid is the alpha = 1/6 case; other slopes become mul, add, clamp.
+Error conv_HardSigmoid(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(alpha, c.attr_float("alpha", 0.2));
+  TRY(beta, c.attr_float("beta", 0.5));
+  if (static_cast<float>(alpha) == static_cast<float>(1.0 / 6.0) && beta == 0.5) {
+    TRY(y, c.emit("aten.hardsigmoid", {x}));
+    return c.set_output(0, y);
+  }
+  const DType dt = c.type(x).dtype;
+  TRY(a, c.scalar(dt, alpha));
+  TRY(b, c.scalar(dt, beta));
+  TRY(m, c.emit("aten.mul", {x, a}));
+  TRY(s, c.emit("aten.add", {m, b}));
+  TRY(y, c.emit("aten.clamp", {s}, {{"min", 0.0}, {"max", 1.0}}));
+  return c.set_output(0, y);
+}
+
+// Clip: opset < 11 attributes min/max (default -inf/+inf); opset 11+ optional constant inputs.
+Error conv_Clip(NodeCtx& c) {
+  TRY(x, c.input(0));
+  AttrValue lo = std::monostate{}, hi = std::monostate{};
+  if (c.opset() < 11) {
+    if (c.has_attr("min")) {
+      TRY(v, c.attr_float("min", 0));
+      lo = v;
+    }
+    if (c.has_attr("max")) {
+      TRY(v, c.attr_float("max", 0));
+      hi = v;
+    }
+  } else {
+    for (int i = 1; i <= 2; ++i) {
+      if (!c.has_input(i)) continue;
+      TRY(v, c.input(i));
+      TRY(vals, c.const_floats(v, i == 1 ? "min" : "max"));
+      if (vals.size() != 1) return c.invalid(std::string(i == 1 ? "min" : "max") + " must be a scalar");
+      (i == 1 ? lo : hi) = vals[0];
+    }
+  }
+  TRY(y, c.emit("aten.clamp", {x}, {{"min", lo}, {"max", hi}}));
+  return c.set_output(0, y);
+}
+
+// Variadic Sum / Mean / Max / Min with multidirectional broadcasting.
+Error variadic(NodeCtx& c, const std::string& kind) {
+  if (c.num_inputs() < 1) return c.invalid("needs at least one input");
+  TRY(acc, c.input(0));
+  for (int i = 1; i < c.num_inputs(); ++i) {
+    TRY(b, c.input(i));
+    KILN_RETURN_IF_ERROR(check_same_dtype(c, acc, b));
+    if (kind == "Sum" || kind == "Mean") {
+      TRY(s, c.emit("aten.add", {acc, b}));
+      acc = s;
+    } else {  // Max / Min: where(a >= b, a, b) (NaN propagation differs from fmax; not tested by ONNX)
+      TRY(cond, c.emit(kind == "Max" ? "aten.ge" : "aten.le", {acc, b}));
+      TRY(s, c.emit("aten.where", {cond, acc, b}));
+      acc = s;
+    }
+  }
+  if (kind == "Mean" && c.num_inputs() > 1) {
+    TRY(n, c.scalar(c.type(acc).dtype, c.num_inputs()));
+    TRY(s, c.emit("aten.div", {acc, n}));
+    acc = s;
+  } else if (c.num_inputs() == 1) {
+    TRY(s, c.emit("aten.clone", {acc}));
+    acc = s;
+  }
+  return c.set_output(0, acc);
+}
+Error conv_Sum(NodeCtx& c) { return variadic(c, "Sum"); }
+Error conv_Mean(NodeCtx& c) { return variadic(c, "Mean"); }
+Error conv_Max(NodeCtx& c) { return variadic(c, "Max"); }
+Error conv_Min(NodeCtx& c) { return variadic(c, "Min"); }
+
+Error conv_Where(NodeCtx& c) {
+  TRY(cond, c.input(0));
+  TRY(a, c.input(1));
+  TRY(b, c.input(2));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b));
+  TRY(y, c.emit("aten.where", {cond, a, b}));
+  return c.set_output(0, y);
+}
+
+// Elu: x > 0 ? x : alpha * (exp(x) - 1).
+Error conv_Elu(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(alpha, c.attr_float("alpha", 1.0));
+  const DType dt = c.type(x).dtype;
+  TRY(zero, c.scalar(dt, 0));
+  TRY(one, c.scalar(dt, 1));
+  TRY(a, c.scalar(dt, alpha));
+  TRY(pos, c.emit("aten.gt", {x, zero}));
+  TRY(e, c.emit("aten.exp", {x}));
+  TRY(em1, c.emit("aten.sub", {e, one}));
+  TRY(neg, c.emit("aten.mul", {em1, a}));
+  TRY(y, c.emit("aten.where", {pos, x, neg}));
+  return c.set_output(0, y);
+}
+
+// Selu: gamma * (x > 0 ? x : alpha * (exp(x) - 1)), alpha 1.67326..., gamma 1.0507...
+Error conv_Selu(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(alpha, c.attr_float("alpha", 1.67326319217681884765625));
+  TRY(gamma, c.attr_float("gamma", 1.05070102214813232421875));
+  const DType dt = c.type(x).dtype;
+  TRY(zero, c.scalar(dt, 0));
+  TRY(one, c.scalar(dt, 1));
+  TRY(a, c.scalar(dt, alpha));
+  TRY(g, c.scalar(dt, gamma));
+  TRY(pos, c.emit("aten.gt", {x, zero}));
+  TRY(e, c.emit("aten.exp", {x}));
+  TRY(em1, c.emit("aten.sub", {e, one}));
+  TRY(neg, c.emit("aten.mul", {em1, a}));
+  TRY(w, c.emit("aten.where", {pos, x, neg}));
+  TRY(y, c.emit("aten.mul", {w, g}));
+  return c.set_output(0, y);
+}
+
+// Celu: max(0, x) + min(0, alpha * (exp(x / alpha) - 1)).
+Error conv_Celu(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(alpha, c.attr_float("alpha", 1.0));
+  if (alpha == 0) return c.invalid("alpha must be non-zero");
+  const DType dt = c.type(x).dtype;
+  TRY(zero, c.scalar(dt, 0));
+  TRY(one, c.scalar(dt, 1));
+  TRY(a, c.scalar(dt, alpha));
+  TRY(pos, c.emit("aten.gt", {x, zero}));
+  TRY(xd, c.emit("aten.div", {x, a}));
+  TRY(e, c.emit("aten.exp", {xd}));
+  TRY(em1, c.emit("aten.sub", {e, one}));
+  TRY(neg, c.emit("aten.mul", {em1, a}));
+  TRY(y, c.emit("aten.where", {pos, x, neg}));
+  return c.set_output(0, y);
+}
+
+// ThresholdedRelu: x > alpha ? x : 0.
+Error conv_ThresholdedRelu(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(alpha, c.attr_float("alpha", 1.0));
+  const DType dt = c.type(x).dtype;
+  TRY(zero, c.scalar(dt, 0));
+  TRY(a, c.scalar(dt, alpha));
+  TRY(pos, c.emit("aten.gt", {x, a}));
+  TRY(y, c.emit("aten.where", {pos, x, zero}));
+  return c.set_output(0, y);
+}
+
+// PRelu: x < 0 ? slope * x : x (slope broadcasts to x, unidirectionally).
+Error conv_PRelu(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(slope, c.input(1));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, x, slope));
+  TRY(zero, c.scalar(c.type(x).dtype, 0));
+  TRY(neg, c.emit("aten.lt", {x, zero}));
+  TRY(m, c.emit("aten.mul", {x, slope}));
+  TRY(y, c.emit("aten.where", {neg, m, x}));
+  if (c.type(y).sizes != c.type(x).sizes) return c.invalid("slope does not broadcast to X");
+  return c.set_output(0, y);
+}
+
+// Softplus: log(exp(x) + 1). Softsign: x / (1 + |x|).
+Error conv_Softplus(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(one, c.scalar(c.type(x).dtype, 1));
+  TRY(e, c.emit("aten.exp", {x}));
+  TRY(s, c.emit("aten.add", {e, one}));
+  TRY(y, c.emit("aten.log", {s}));
+  return c.set_output(0, y);
+}
+Error conv_Softsign(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(one, c.scalar(c.type(x).dtype, 1));
+  TRY(a, c.emit("aten.abs", {x}));
+  TRY(s, c.emit("aten.add", {a, one}));
+  TRY(y, c.emit("aten.div", {x, s}));
+  return c.set_output(0, y);
+}
+
+Error conv_Cast(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(to, c.attr_int("to", -1));
+  if (!c.has_attr("to")) return c.invalid("missing attribute 'to'");
+  auto dt = kiln_dtype(static_cast<int>(to));
+  if (!dt.ok()) return c.unsupported("attribute 'to': " + dt.error().message());
+  if (c.has_attr("saturate")) {  // opset 19 (float8 only)
+    TRY(s, c.attr_int("saturate", 1));
+    (void)s;
+  }
+  TRY(y, c.emit("aten._to_copy", {x}, {{"dtype", std::string(dtype_name(*dt))}}));
+  return c.set_output(0, y);
+}
+
+// ---- shape ops ----
+
+Error conv_Shape(NodeCtx& c) {
+  TRY(x, c.input(0));
+  const Ints& s = c.type(x).sizes;
+  const int64_t r = static_cast<int64_t>(s.size());
+  TRY(start, c.attr_int("start", 0));  // opset 15
+  TRY(end, c.attr_int("end", r));
+  auto clampi = [&](int64_t v) { return std::clamp<int64_t>(v < 0 ? v + r : v, 0, r); };
+  start = clampi(start);
+  end = clampi(end);
+  Ints out(s.begin() + start, s.begin() + std::max(start, end));
+  TRY(y, c.int64_vector(out));
+  return c.set_output(0, y);
+}
+
+Error conv_Size(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(y, c.scalar(DType::Int64, static_cast<double>(c.type(x).numel())));
+  return c.set_output(0, y);
+}
+
+// Reshape: 0 copies the input's size (unless allowzero = 1, opset 14), one -1 is inferred.
+Error conv_Reshape(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(sv, c.input(1));
+  TRY(shape, c.const_ints(sv, "shape"));
+  TRY(allowzero, c.attr_int("allowzero", 0));
+  const Ints& in = c.type(x).sizes;
+  Ints out = shape;
+  int infer = -1;
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (out[i] == 0 && !allowzero) {
+      if (i >= in.size()) return c.invalid("shape has 0 at dim " + std::to_string(i) + " beyond the input's rank");
+      out[i] = in[i];
+    } else if (out[i] == -1) {
+      if (infer >= 0) return c.invalid("shape has more than one -1");
+      infer = static_cast<int>(i);
+    } else if (out[i] < 0) {
+      return c.invalid("shape has negative size " + std::to_string(out[i]));
+    }
+  }
+  if (infer >= 0) {
+    int64_t known = 1;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (static_cast<int>(i) != infer) known *= out[i];
+    }
+    const int64_t total = c.type(x).numel();
+    if (known == 0 || total % known != 0) {
+      return c.invalid("cannot reshape " + sizes_to_string(in) + " to " + sizes_to_string(shape));
+    }
+    out[static_cast<size_t>(infer)] = total / known;
+  }
+  if (numel_of(out) != c.type(x).numel()) return c.invalid("cannot reshape " + sizes_to_string(in) + " to " + sizes_to_string(shape));
+  TRY(y, c.emit("aten.view", {x}, {{"size", out}}));
+  return c.set_output(0, y);
+}
+
+Error conv_Flatten(NodeCtx& c) {
+  TRY(x, c.input(0));
+  const Ints& s = c.type(x).sizes;
+  const int64_t r = static_cast<int64_t>(s.size());
+  TRY(axis, c.attr_int("axis", 1));
+  if (axis < -r || axis > r) return c.invalid("axis " + std::to_string(axis) + " out of range");
+  if (axis < 0) axis += r;
+  int64_t a = 1, b = 1;
+  for (int64_t i = 0; i < r; ++i) (i < axis ? a : b) *= s[static_cast<size_t>(i)];
+  TRY(y, c.emit("aten.view", {x}, {{"size", Ints{a, b}}}));
+  return c.set_output(0, y);
+}
+
+// Axes from the attribute (before `input_opset`) or the optional input.
+Result<std::optional<Ints>> axes_of(NodeCtx& c, int input_index, int64_t input_opset) {
+  if (c.opset() < input_opset) {
+    if (!c.has_attr("axes")) return std::optional<Ints>{};
+    TRY(a, c.attr_ints("axes", {}));
+    return std::optional<Ints>{a};
+  }
+  if (!c.has_input(input_index)) return std::optional<Ints>{};
+  TRY(v, c.input(input_index));
+  TRY(a, c.const_ints(v, "axes"));
+  return std::optional<Ints>{a};
+}
+
+Error conv_Squeeze(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axes, axes_of(c, 1, 13));
+  const Ints& s = c.type(x).sizes;
+  const int64_t r = static_cast<int64_t>(s.size());
+  std::vector<bool> drop(s.size(), false);
+  if (!axes) {
+    for (size_t i = 0; i < s.size(); ++i) drop[i] = s[i] == 1;
+  } else {
+    for (int64_t a : *axes) {
+      TRY(w, wrap_axis(c, a, r, "axis"));
+      if (s[static_cast<size_t>(w)] != 1) return c.invalid("cannot squeeze dim " + std::to_string(a) + " of size " + std::to_string(s[static_cast<size_t>(w)]));
+      drop[static_cast<size_t>(w)] = true;
+    }
+  }
+  Ints out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (!drop[i]) out.push_back(s[i]);
+  }
+  TRY(y, c.emit("aten.view", {x}, {{"size", out}}));
+  return c.set_output(0, y);
+}
+
+Error conv_Unsqueeze(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axes, axes_of(c, 1, 13));
+  if (!axes) return c.invalid("missing axes");
+  const Ints& s = c.type(x).sizes;
+  const int64_t r = static_cast<int64_t>(s.size() + axes->size());
+  std::vector<bool> ins(static_cast<size_t>(r), false);
+  for (int64_t a : *axes) {
+    TRY(w, wrap_axis(c, a, r, "axis"));
+    if (ins[static_cast<size_t>(w)]) return c.invalid("axis " + std::to_string(a) + " repeated");
+    ins[static_cast<size_t>(w)] = true;
+  }
+  Ints out;
+  size_t k = 0;
+  for (int64_t i = 0; i < r; ++i) out.push_back(ins[static_cast<size_t>(i)] ? 1 : s[k++]);
+  TRY(y, c.emit("aten.view", {x}, {{"size", out}}));
+  return c.set_output(0, y);
+}
+
+Error conv_Transpose(NodeCtx& c) {
+  TRY(x, c.input(0));
+  const int64_t r = c.rank(x);
+  Ints def(static_cast<size_t>(r));
+  for (int64_t i = 0; i < r; ++i) def[static_cast<size_t>(i)] = r - 1 - i;
+  TRY(perm, c.attr_ints("perm", def));
+  TRY(y, c.emit("aten.permute", {x}, {{"dims", perm}}));
+  return c.set_output(0, y);
+}
+
+Error conv_Concat(NodeCtx& c) {
+  if (!c.has_attr("axis")) return c.invalid("missing attribute 'axis'");
+  TRY(axis, c.attr_int("axis", 0));
+  std::vector<ValueId> ins;
+  for (int i = 0; i < c.num_inputs(); ++i) {
+    TRY(v, c.input(i));
+    ins.push_back(v);
+  }
+  if (ins.empty()) return c.invalid("no inputs");
+  // Zero-sized inputs contribute nothing (ONNX allows them with any rank-matching shape).
+  std::vector<ValueId> kept;
+  for (ValueId v : ins) {
+    if (c.type(v).numel() != 0) kept.push_back(v);
+  }
+  if (kept.empty()) kept.push_back(ins[0]);
+  if (kept.size() == 1 && ins.size() > 1) {
+    TRY(y, c.emit("aten.clone", {kept[0]}));
+    return c.set_output(0, y);
+  }
+  TRY(y, c.emit("aten.cat", kept, {{"dim", axis}}));
+  return c.set_output(0, y);
+}
+
+// Slice: opset < 10 attributes starts/ends/axes; opset 10+ inputs (starts, ends, axes, steps).
+Error conv_Slice(NodeCtx& c) {
+  TRY(x, c.input(0));
+  Ints starts, ends, axes, steps;
+  if (c.opset() < 10) {
+    TRY(s, c.attr_ints("starts", {}));
+    TRY(e, c.attr_ints("ends", {}));
+    TRY(a, c.attr_ints("axes", {}));
+    starts = s, ends = e, axes = a;
+  } else {
+    TRY(sv, c.input(1));
+    TRY(ev, c.input(2));
+    TRY(s, c.const_ints(sv, "starts"));
+    TRY(e, c.const_ints(ev, "ends"));
+    starts = s, ends = e;
+    if (c.has_input(3)) {
+      TRY(av, c.input(3));
+      TRY(a, c.const_ints(av, "axes"));
+      axes = a;
+    }
+    if (c.has_input(4)) {
+      TRY(tv, c.input(4));
+      TRY(t, c.const_ints(tv, "steps"));
+      steps = t;
+    }
+  }
+  const int64_t r = c.rank(x);
+  if (ends.size() != starts.size()) return c.invalid("starts and ends differ in length");
+  if (axes.empty()) {
+    for (size_t i = 0; i < starts.size(); ++i) axes.push_back(static_cast<int64_t>(i));
+  }
+  if (steps.empty()) steps.assign(starts.size(), 1);
+  if (axes.size() != starts.size() || steps.size() != starts.size()) return c.invalid("axes/steps length differs from starts");
+  ValueId y = x;
+  std::vector<bool> seen(static_cast<size_t>(r), false);
+  for (size_t i = 0; i < starts.size(); ++i) {
+    TRY(ax, wrap_axis(c, axes[i], r, "axis"));
+    if (seen[static_cast<size_t>(ax)]) return c.invalid("axis repeated");
+    seen[static_cast<size_t>(ax)] = true;
+    const int64_t dim = c.type(y).sizes[static_cast<size_t>(ax)];
+    const int64_t step = steps[i];
+    if (step == 0) return c.invalid("step 0");
+    if (step < 0) return c.unsupported("negative steps (Kiln's aten.slice takes step >= 1)");
+    // ONNX: negative start/end add dim, then clamp to [0, dim].
+    auto norm = [&](int64_t v) {
+      if (v < 0) v = v < -dim ? 0 : v + dim;
+      return std::clamp<int64_t>(v, 0, dim);
+    };
+    const int64_t s = norm(starts[i]);
+    const int64_t e = std::max(s, norm(ends[i]));
+    if (s == 0 && e == dim && step == 1) continue;
+    TRY(v, c.emit("aten.slice", {y}, {{"dim", ax}, {"start", s}, {"end", e}, {"step", step}}));
+    y = v;
+  }
+  if (y == x) {
+    TRY(v, c.emit("aten.clone", {x}));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// Split: sizes from `split` (attribute before opset 13, input from 13), else equal parts.
+Error conv_Split(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axis_raw, c.attr_int("axis", 0));
+  TRY(axis, wrap_axis(c, axis_raw, c.rank(x), "axis"));
+  const int64_t dim = c.type(x).sizes[static_cast<size_t>(axis)];
+  Ints split;
+  if (c.opset() < 13) {
+    TRY(s, c.attr_ints("split", {}));
+    split = s;
+  } else if (c.has_input(1)) {
+    TRY(sv, c.input(1));
+    TRY(s, c.const_ints(sv, "split"));
+    split = s;
+  }
+  const int n = c.num_outputs();
+  if (n < 1) return c.invalid("no outputs");
+  if (split.empty()) {
+    if (dim % n != 0) return c.invalid("dim of size " + std::to_string(dim) + " does not split into " + std::to_string(n) + " equal parts");
+    split.assign(static_cast<size_t>(n), dim / n);
+  }
+  if (static_cast<int>(split.size()) != n) return c.invalid("split has " + std::to_string(split.size()) + " sizes for " + std::to_string(n) + " outputs");
+  int64_t off = 0;
+  for (int i = 0; i < n; ++i) {
+    if (split[static_cast<size_t>(i)] < 0) return c.invalid("negative split size");
+    const int64_t end = off + split[static_cast<size_t>(i)];
+    if (end > dim) return c.invalid("split sizes exceed the dim's size " + std::to_string(dim));
+    TRY(v, c.emit("aten.slice", {x}, {{"dim", axis}, {"start", off}, {"end", end}, {"step", int64_t{1}}}));
+    KILN_RETURN_IF_ERROR(c.set_output(i, v));
+    off = end;
+  }
+  if (off != dim) return c.invalid("split sizes sum to " + std::to_string(off) + ", not " + std::to_string(dim));
+  return {};
+}
+
+// Gather along `axis`: a 0-d constant index is aten.select; otherwise aten.embedding on the data
+// moved to [dim, rest] (indices of any shape; negative constant indices are wrapped here,
+// dynamic indices must be in [0, dim): the kernel bound-checks them).
+Error conv_Gather(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(idx, c.input(1));
+  TRY(axis_raw, c.attr_int("axis", 0));
+  const int64_t r = c.rank(x);
+  TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+  const Ints& s = c.type(x).sizes;
+  const int64_t dim = s[static_cast<size_t>(axis)];
+  const TensorType it = c.type(idx);
+  if (it.dtype != DType::Int64 && it.dtype != DType::Int32) return c.invalid("indices must be int32 or int64");
+  if (c.is_const(idx)) {
+    TRY(vals, c.const_ints(idx, "indices"));
+    for (int64_t& v : vals) {
+      if (v < -dim || v >= dim) return c.invalid("index " + std::to_string(v) + " out of range for a dim of size " + std::to_string(dim));
+      if (v < 0) v += dim;
+    }
+    if (it.dim() == 0) {
+      TRY(y, c.emit("aten.select", {x}, {{"dim", axis}, {"index", vals[0]}}));
+      return c.set_output(0, y);
+    }
+    std::vector<uint8_t> b(vals.size() * 8);
+    if (!vals.empty()) std::memcpy(b.data(), vals.data(), b.size());
+    TRY(ci, c.constant(TensorType{DType::Int64, it.sizes}, std::move(b)));
+    idx = ci;
+  }
+  // data -> permute axis to front -> [dim, rest] -> embedding -> idx.shape + rest -> move back.
+  Ints perm{axis};
+  for (int64_t i = 0; i < r; ++i) {
+    if (i != axis) perm.push_back(i);
+  }
+  ValueId d = x;
+  if (axis != 0) {
+    TRY(p, c.emit("aten.permute", {x}, {{"dims", perm}}));
+    d = p;
+  }
+  int64_t rest = 1;
+  Ints rest_sizes;
+  for (int64_t i = 1; i < r; ++i) {
+    rest *= s[static_cast<size_t>(perm[static_cast<size_t>(i)])];
+    rest_sizes.push_back(s[static_cast<size_t>(perm[static_cast<size_t>(i)])]);
+  }
+  TRY(d2, view(c, d, {dim, rest}));
+  TRY(e, c.emit("aten.embedding", {d2, idx}));
+  Ints full = it.sizes;
+  full.insert(full.end(), rest_sizes.begin(), rest_sizes.end());
+  TRY(y0, view(c, e, full));
+  ValueId y = y0;
+  if (axis != 0) {  // [idx..., s[0..axis), s(axis..)] -> [s[0..axis), idx..., s(axis..)]
+    const int64_t q = it.dim();
+    Ints p2;
+    for (int64_t i = 0; i < axis; ++i) p2.push_back(q + i);
+    for (int64_t i = 0; i < q; ++i) p2.push_back(i);
+    for (int64_t i = q + axis; i < static_cast<int64_t>(full.size()); ++i) p2.push_back(i);
+    TRY(p, c.emit("aten.permute", {y}, {{"dims", p2}}));
+    y = p;
+  }
+  return c.set_output(0, y);
+}
+
+// Expand: multidirectional broadcast of the input's shape with `shape`.
+Error conv_Expand(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(sv, c.input(1));
+  TRY(shape, c.const_ints(sv, "shape"));
+  for (int64_t v : shape) {
+    if (v < 0) return c.invalid("negative size in shape");
+  }
+  auto b = broadcast_shapes(c.type(x).sizes, shape);
+  if (!b.ok()) return c.invalid("shape " + sizes_to_string(shape) + " does not broadcast with input " + sizes_to_string(c.type(x).sizes));
+  TRY(y, c.emit("aten.expand", {x}, {{"size", *b}}));
+  return c.set_output(0, y);
+}
+
+// Tile: view as [1, d0, 1, d1, ...], expand to [r0, d0, r1, d1, ...], view [r0*d0, ...].
+Error conv_Tile(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(rv, c.input(1));
+  TRY(reps, c.const_ints(rv, "repeats"));
+  const Ints& s = c.type(x).sizes;
+  if (reps.size() != s.size()) return c.invalid("repeats has " + std::to_string(reps.size()) + " values for rank " + std::to_string(s.size()));
+  Ints v1, ex, out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (reps[i] < 0) return c.invalid("negative repeat");
+    v1.push_back(1), v1.push_back(s[i]);
+    ex.push_back(reps[i]), ex.push_back(s[i]);
+    out.push_back(reps[i] * s[i]);
+  }
+  TRY(a, view(c, x, v1));
+  TRY(e, c.emit("aten.expand", {a}, {{"size", ex}}));
+  TRY(y, view(c, e, out));
+  return c.set_output(0, y);
+}
+
+Error conv_ConstantOfShape(NodeCtx& c) {
+  TRY(sv, c.input(0));
+  TRY(shape, c.const_ints(sv, "shape"));
+  HostTensor value{{DType::Float32, {}}, std::vector<uint8_t>(4, 0)};
+  if (const auto* a = c.attr("value")) {
+    if (!a->has_t()) return c.invalid("attribute 'value' must be a tensor");
+    TRY(h, read_tensor(a->t(), c.im.base_dir, c.where() + " value"));
+    if (h.type.numel() != 1) return c.invalid("attribute 'value' must hold one element");
+    value = std::move(h);
+  }
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0) return c.invalid("negative size in shape");
+    if (d > 0 && n > (int64_t{1} << 32) / d) return c.unsupported("constant too large");
+    n *= d;
+  }
+  const size_t es = dtype_size(value.type.dtype);
+  std::vector<uint8_t> bytes(static_cast<size_t>(n) * es);
+  for (int64_t i = 0; i < n; ++i) std::memcpy(bytes.data() + static_cast<size_t>(i) * es, value.bytes.data(), es);
+  TRY(y, c.constant(TensorType{value.type.dtype, shape}, std::move(bytes)));
+  return c.set_output(0, y);
+}
+
+Error conv_Constant(NodeCtx& c) {
+  std::optional<HostTensor> h;
+  int given = 0;
+  for (const auto& a : c.node.attribute()) {
+    const std::string& n = a.name();
+    ++given;
+    if (n == "value") {
+      c.attr(n);
+      TRY(t, read_tensor(a.t(), c.im.base_dir, c.where() + " value"));
+      h = std::move(t);
+    } else if (n == "value_float") {
+      TRY(v, c.attr_float(n, 0));
+      const float f = static_cast<float>(v);
+      std::vector<uint8_t> b(4);
+      std::memcpy(b.data(), &f, 4);
+      h = HostTensor{{DType::Float32, {}}, b};
+    } else if (n == "value_floats") {
+      TRY(v, c.attr_floats(n, {}));
+      std::vector<uint8_t> b(v.size() * 4);
+      for (size_t i = 0; i < v.size(); ++i) {
+        const float f = static_cast<float>(v[i]);
+        std::memcpy(b.data() + i * 4, &f, 4);
+      }
+      h = HostTensor{{DType::Float32, {static_cast<int64_t>(v.size())}}, b};
+    } else if (n == "value_int") {
+      TRY(v, c.attr_int(n, 0));
+      std::vector<uint8_t> b(8);
+      std::memcpy(b.data(), &v, 8);
+      h = HostTensor{{DType::Int64, {}}, b};
+    } else if (n == "value_ints") {
+      TRY(v, c.attr_ints(n, {}));
+      std::vector<uint8_t> b(v.size() * 8);
+      if (!v.empty()) std::memcpy(b.data(), v.data(), b.size());
+      h = HostTensor{{DType::Int64, {static_cast<int64_t>(v.size())}}, b};
+    } else {
+      c.attr(n);
+      return c.unsupported("attribute '" + n + "' (strings and sparse tensors are not Kiln tensors)");
+    }
+  }
+  if (given != 1 || !h) return c.invalid("needs exactly one value attribute");
+  TRY(y, c.constant(h->type, std::move(h->bytes)));
+  return c.set_output(0, y);
+}
+
+// Range(start, limit, delta) on constant scalars: ceil((limit - start) / delta) elements.
+Error conv_Range(NodeCtx& c) {
+  TRY(s, c.input(0));
+  TRY(l, c.input(1));
+  TRY(d, c.input(2));
+  const DType dt = c.type(s).dtype;
+  TRY(sv, c.const_floats(s, "start"));
+  TRY(lv, c.const_floats(l, "limit"));
+  TRY(dv, c.const_floats(d, "delta"));
+  if (sv.size() != 1 || lv.size() != 1 || dv.size() != 1) return c.invalid("start, limit, delta must be scalars");
+  if (dv[0] == 0) return c.invalid("delta 0");
+  const double n = std::max(0.0, std::ceil((lv[0] - sv[0]) / dv[0]));
+  if (!(n <= (1 << 24))) return c.unsupported("range too long");
+  std::vector<uint8_t> bytes(static_cast<size_t>(n) * dtype_size(dt));
+  for (int64_t i = 0; i < static_cast<int64_t>(n); ++i) {
+    auto put = [&](auto v) { std::memcpy(bytes.data() + static_cast<size_t>(i) * sizeof(v), &v, sizeof(v)); };
+    switch (dt) {
+      case DType::Float32: put(static_cast<float>(sv[0]) + static_cast<float>(i) * static_cast<float>(dv[0])); break;
+      case DType::Int64: put(static_cast<int64_t>(sv[0]) + i * static_cast<int64_t>(dv[0])); break;
+      case DType::Int32: put(static_cast<int32_t>(sv[0] + static_cast<double>(i) * dv[0])); break;
+      default: return c.unsupported(std::string("dtype ") + dtype_name(dt));
+    }
+  }
+  TRY(y, c.constant(TensorType{dt, {static_cast<int64_t>(n)}}, std::move(bytes)));
+  return c.set_output(0, y);
+}
+
+// Pad: mode "constant" only; pads from the attribute (opset < 11) or input (with an optional
+// constant_value input; opset 18's axes input is out of range).
+Error conv_Pad(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(mode, c.attr_string("mode", "constant"));
+  if (mode != "constant") return c.unsupported("attribute 'mode' = '" + mode + "' (only 'constant')");
+  Ints pads;
+  double value = 0;
+  if (c.opset() < 11) {
+    TRY(p, c.attr_ints("pads", {}));
+    TRY(v, c.attr_float("value", 0.0));
+    pads = p, value = v;
+  } else {
+    TRY(pv, c.input(1));
+    TRY(p, c.const_ints(pv, "pads"));
+    pads = p;
+    if (c.has_input(2)) {
+      TRY(vv, c.input(2));
+      TRY(v, c.const_floats(vv, "constant_value"));
+      if (v.size() != 1) return c.invalid("constant_value must be a scalar");
+      value = v[0];
+    }
+  }
+  const int64_t r = c.rank(x);
+  if (static_cast<int64_t>(pads.size()) != 2 * r) return c.invalid("pads needs " + std::to_string(2 * r) + " values");
+  Ints aten;  // last dim first: (begin, end) pairs
+  for (int64_t i = r - 1; i >= 0; --i) {
+    aten.push_back(pads[static_cast<size_t>(i)]);
+    aten.push_back(pads[static_cast<size_t>(i + r)]);
+  }
+  TRY(y, c.emit("aten.constant_pad_nd", {x}, {{"pad", aten}, {"value", value}}));
+  return c.set_output(0, y);
+}
+
+// DepthToSpace (DCR or CRD) and SpaceToDepth as view + permute + view.
+Error conv_DepthToSpace(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(bs, c.attr_int("blocksize", 0));
+  TRY(mode, c.attr_string("mode", "DCR"));
+  if (c.rank(x) != 4 || bs < 1) return c.invalid("needs a 4-D input and blocksize >= 1");
+  const Ints& s = c.type(x).sizes;
+  const int64_t n = s[0], ch = s[1], h = s[2], w = s[3];
+  if (ch % (bs * bs) != 0) return c.invalid("channels not divisible by blocksize^2");
+  const int64_t co = ch / (bs * bs);
+  ValueId v;
+  Ints perm;
+  if (mode == "DCR") {
+    TRY(a, view(c, x, {n, bs, bs, co, h, w}));
+    v = a, perm = {0, 3, 4, 1, 5, 2};
+  } else if (mode == "CRD") {
+    TRY(a, view(c, x, {n, co, bs, bs, h, w}));
+    v = a, perm = {0, 1, 4, 2, 5, 3};
+  } else {
+    return c.unsupported("attribute 'mode' = '" + mode + "'");
+  }
+  TRY(p, c.emit("aten.permute", {v}, {{"dims", perm}}));
+  TRY(y, view(c, p, {n, co, h * bs, w * bs}));
+  return c.set_output(0, y);
+}
+
+Error conv_SpaceToDepth(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(bs, c.attr_int("blocksize", 0));
+  if (c.rank(x) != 4 || bs < 1) return c.invalid("needs a 4-D input and blocksize >= 1");
+  const Ints& s = c.type(x).sizes;
+  const int64_t n = s[0], ch = s[1], h = s[2], w = s[3];
+  if (h % bs || w % bs) return c.invalid("spatial size not divisible by blocksize");
+  TRY(a, view(c, x, {n, ch, h / bs, bs, w / bs, bs}));
+  TRY(p, c.emit("aten.permute", {a}, {{"dims", Ints{0, 3, 5, 1, 2, 4}}}));
+  TRY(y, view(c, p, {n, ch * bs * bs, h / bs, w / bs}));
+  return c.set_output(0, y);
+}
+
+// ---- reductions, softmax ----
+
+// ReduceX with axes from the attribute (or the input from opset 13 for ReduceSum; 18 for the
+// others, beyond the supported range) and keepdims (default 1); no axes = all dims, or the
+// identity when noop_with_empty_axes = 1 (ReduceSum 13).
+Error reduce(NodeCtx& c, const std::string& kind) {
+  TRY(x, c.input(0));
+  TRY(axes, axes_of(c, 1, kind == "ReduceSum" ? 13 : 18));
+  TRY(keep, c.attr_int("keepdims", 1));
+  TRY(noop, c.attr_int("noop_with_empty_axes", 0));
+  const int64_t r = c.rank(x);
+  if ((!axes || axes->empty()) && noop) {
+    TRY(y, c.emit("aten.clone", {x}));
+    return c.set_output(0, y);
+  }
+  Ints dims;
+  if (axes && !axes->empty()) {
+    for (int64_t a : *axes) {
+      TRY(w, wrap_axis(c, a, r, "axis"));
+      dims.push_back(w);
+    }
+  } else {
+    for (int64_t i = 0; i < r; ++i) dims.push_back(i);
+  }
+  const bool kd = keep != 0;
+  ValueId in = x;
+  std::string op = "aten.sum";
+  if (kind == "ReduceMean") op = "aten.mean";
+  else if (kind == "ReduceMax") op = "aten.amax";
+  else if (kind == "ReduceMin") op = "aten.amin";
+  else if (kind == "ReduceSumSquare" || kind == "ReduceL2") {
+    TRY(sq, c.emit("aten.mul", {x, x}));
+    in = sq;
+  } else if (kind == "ReduceL1") {
+    TRY(a, c.emit("aten.abs", {x}));
+    in = a;
+  } else if (kind == "ReduceLogSumExp") {
+    TRY(e, c.emit("aten.exp", {x}));
+    in = e;
+  }
+  if (r == 0) {
+    TRY(y, c.emit("aten.clone", {in}));
+    return c.set_output(0, y);
+  }
+  TRY(y0, c.emit(op, {in}, {{"dim", dims}, {"keepdim", kd}}));
+  ValueId y = y0;
+  if (kind == "ReduceL2") {
+    TRY(s, c.emit("aten.sqrt", {y}));
+    y = s;
+  } else if (kind == "ReduceLogSumExp" || kind == "ReduceLogSum") {
+    TRY(s, c.emit("aten.log", {y}));
+    y = s;
+  }
+  return c.set_output(0, y);
+}
+Error conv_ReduceMean(NodeCtx& c) { return reduce(c, "ReduceMean"); }
+Error conv_ReduceSum(NodeCtx& c) { return reduce(c, "ReduceSum"); }
+Error conv_ReduceMax(NodeCtx& c) { return reduce(c, "ReduceMax"); }
+Error conv_ReduceMin(NodeCtx& c) { return reduce(c, "ReduceMin"); }
+Error conv_ReduceSumSquare(NodeCtx& c) { return reduce(c, "ReduceSumSquare"); }
+Error conv_ReduceL1(NodeCtx& c) { return reduce(c, "ReduceL1"); }
+Error conv_ReduceL2(NodeCtx& c) { return reduce(c, "ReduceL2"); }
+Error conv_ReduceLogSumExp(NodeCtx& c) { return reduce(c, "ReduceLogSumExp"); }
+Error conv_ReduceLogSum(NodeCtx& c) { return reduce(c, "ReduceLogSum"); }
+
+Error conv_ArgMax(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axis_raw, c.attr_int("axis", 0));
+  TRY(keep, c.attr_int("keepdims", 1));
+  TRY(last, c.attr_int("select_last_index", 0));
+  if (last) return c.unsupported("attribute 'select_last_index' = 1");
+  TRY(axis, wrap_axis(c, axis_raw, c.rank(x), "axis"));
+  TRY(y, c.emit("aten.argmax", {x}, {{"dim", axis}, {"keepdim", keep != 0}}));
+  return c.set_output(0, y);
+}
+
+// Softmax / LogSoftmax: opset 13+ over `axis` (default -1); before 13 the input is coerced to 2-D
+// [prod(dims < axis), prod(dims >= axis)] (default axis 1) and normalized over the second dim.
+Error softmax(NodeCtx& c, const char* op) {
+  TRY(x, c.input(0));
+  const int64_t r = c.rank(x);
+  TRY(axis_raw, c.attr_int("axis", c.opset() >= 13 ? -1 : 1));
+  if (r == 0) return c.unsupported("0-d input");
+  TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+  if (c.opset() >= 13 || axis == r - 1) {
+    TRY(y, c.emit(op, {x}, {{"dim", axis}, {"half_to_float", false}}));
+    return c.set_output(0, y);
+  }
+  const Ints& s = c.type(x).sizes;
+  int64_t a = 1, b = 1;
+  for (int64_t i = 0; i < r; ++i) (i < axis ? a : b) *= s[static_cast<size_t>(i)];
+  TRY(v, view(c, x, {a, b}));
+  TRY(sm, c.emit(op, {v}, {{"dim", int64_t{1}}, {"half_to_float", false}}));
+  TRY(y, view(c, sm, s));
+  return c.set_output(0, y);
+}
+Error conv_Softmax(NodeCtx& c) { return softmax(c, "aten._softmax"); }
+Error conv_LogSoftmax(NodeCtx& c) { return softmax(c, "aten._log_softmax"); }
+
+// ---- linear algebra ----
+
+// MatMul with numpy semantics: 1-D operands get a dim added and removed; a 2-D right operand is
+// aten.linear with its transpose (folded when constant); otherwise batch dims are broadcast and
+// the product is aten.bmm on [batch, M, K] x [batch, K, N].
+Error conv_MatMul(NodeCtx& c) {
+  TRY(a0, c.input(0));
+  TRY(b0, c.input(1));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, a0, b0));
+  Ints as = c.type(a0).sizes, bs = c.type(b0).sizes;
+  if (as.empty() || bs.empty()) return c.invalid("MatMul operands must have rank >= 1");
+  ValueId a = a0, b = b0;
+  const bool a1 = as.size() == 1, b1 = bs.size() == 1;
+  if (a1) {
+    as.insert(as.begin(), 1);
+    TRY(v, view(c, a, as));
+    a = v;
+  }
+  if (b1) {
+    bs.push_back(1);
+    TRY(v, view(c, b, bs));
+    b = v;
+  }
+  const int64_t K = as.back(), N = bs.back(), M = as[as.size() - 2];
+  if (bs[bs.size() - 2] != K) return c.invalid("shapes " + sizes_to_string(c.type(a0).sizes) + " and " + sizes_to_string(c.type(b0).sizes) + " cannot be multiplied");
+  ValueId y;
+  Ints out;
+  if (bs.size() == 2) {
+    TRY(bt, c.emit("aten.permute", {b}, {{"dims", Ints{1, 0}}}));
+    TRY(l, c.emit("aten.linear", {a, bt, kNoValue}));
+    y = l;
+    out = c.type(y).sizes;
+  } else {
+    Ints ab(as.begin(), as.end() - 2), bb(bs.begin(), bs.end() - 2);
+    auto batch = broadcast_shapes(ab, bb);
+    if (!batch.ok()) return c.invalid("batch dims do not broadcast: " + batch.error().message());
+    const int64_t nb = numel_of(*batch);
+    Ints ae = *batch, be = *batch;
+    ae.push_back(M), ae.push_back(K);
+    be.push_back(K), be.push_back(N);
+    ValueId ax = a, bx = b;
+    if (as != ae) {
+      TRY(v, c.emit("aten.expand", {a}, {{"size", ae}}));
+      ax = v;
+    }
+    if (bs != be) {
+      TRY(v, c.emit("aten.expand", {b}, {{"size", be}}));
+      bx = v;
+    }
+    TRY(a3, view(c, ax, {nb, M, K}));
+    TRY(b3, view(c, bx, {nb, K, N}));
+    TRY(p, c.emit("aten.bmm", {a3, b3}));
+    out = *batch;
+    out.push_back(M), out.push_back(N);
+    TRY(v, view(c, p, out));
+    y = v;
+  }
+  if (a1 || b1) {
+    Ints o = c.type(y).sizes;
+    if (b1) o.pop_back();
+    if (a1) o.erase(o.end() - (b1 ? 1 : 2));
+    TRY(v, view(c, y, o));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// Gemm: Y = alpha * A' B' + beta * C (A' = A^T when transA, B' likewise).
+Error conv_Gemm(NodeCtx& c) {
+  TRY(a, c.input(0));
+  TRY(b, c.input(1));
+  TRY(cc, c.opt_input(2));
+  TRY(alpha, c.attr_float("alpha", 1.0));
+  TRY(beta, c.attr_float("beta", 1.0));
+  TRY(ta, c.attr_int("transA", 0));
+  TRY(tb, c.attr_int("transB", 0));
+  if (c.rank(a) != 2 || c.rank(b) != 2) return c.invalid("A and B must be 2-D");
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b));
+  if (ta) {
+    TRY(v, c.emit("aten.permute", {a}, {{"dims", Ints{1, 0}}}));
+    a = v;
+  }
+  ValueId w = b;  // aten.linear wants [N, K]
+  if (!tb) {
+    TRY(v, c.emit("aten.permute", {b}, {{"dims", Ints{1, 0}}}));
+    w = v;
+  }
+  ValueId bias = kNoValue;
+  if (cc != kNoValue && beta != 0) {
+    bias = cc;
+    if (beta != 1) {
+      TRY(bs, c.scalar(c.type(cc).dtype, beta));
+      TRY(v, c.emit("aten.mul", {cc, bs}));
+      bias = v;
+    }
+  }
+  ValueId y;
+  if (alpha == 1) {
+    TRY(v, c.emit("aten.linear", {a, w, bias}));
+    y = v;
+  } else {
+    TRY(l, c.emit("aten.linear", {a, w, kNoValue}));
+    TRY(as, c.scalar(c.type(l).dtype, alpha));
+    TRY(m, c.emit("aten.mul", {l, as}));
+    y = m;
+    if (bias != kNoValue) {
+      TRY(s, c.emit("aten.add", {y, bias}));
+      y = s;
+    }
+  }
+  return c.set_output(0, y);
+}
+
+// ---- convolution and pooling ----
+
+struct Spatial {
+  Ints kernel, strides, dilations, pad_begin, pad_end;
+};
+
+// auto_pad / pads / strides / dilations of a Conv or pool node with spatial input `in`.
+Result<Spatial> spatial_attrs(NodeCtx& c, const Ints& in, const Ints& kernel, bool dilations_attr) {
+  const size_t n = in.size();
+  Spatial s;
+  s.kernel = kernel;
+  TRY(strides, c.attr_ints("strides", Ints(n, 1)));
+  Ints dil(n, 1);
+  if (dilations_attr) {
+    TRY(d, c.attr_ints("dilations", Ints(n, 1)));
+    dil = d;
+  }
+  TRY(pads, c.attr_ints("pads", Ints(2 * n, 0)));
+  TRY(auto_pad, c.attr_string("auto_pad", "NOTSET"));
+  if (strides.size() != n || dil.size() != n || pads.size() != 2 * n) {
+    return c.invalid("strides/dilations/pads do not match the " + std::to_string(n) + " spatial dims");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (strides[i] < 1 || dil[i] < 1 || kernel[i] < 1) return c.invalid("strides, dilations and kernel sizes must be >= 1");
+    if (pads[i] < 0 || pads[i + n] < 0) return c.unsupported("negative pads");
+  }
+  s.strides = strides;
+  s.dilations = dil;
+  s.pad_begin.assign(pads.begin(), pads.begin() + static_cast<long>(n));
+  s.pad_end.assign(pads.begin() + static_cast<long>(n), pads.end());
+  if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") {
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t out = (in[i] + strides[i] - 1) / strides[i];
+      const int64_t total = std::max<int64_t>(0, (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - in[i]);
+      const int64_t small = total / 2, big = total - small;
+      s.pad_begin[i] = auto_pad == "SAME_UPPER" ? small : big;
+      s.pad_end[i] = auto_pad == "SAME_UPPER" ? big : small;
+    }
+  } else if (auto_pad == "VALID") {
+    std::fill(s.pad_begin.begin(), s.pad_begin.end(), 0);
+    std::fill(s.pad_end.begin(), s.pad_end.end(), 0);
+  } else if (auto_pad != "NOTSET" && !auto_pad.empty()) {
+    return c.invalid("attribute 'auto_pad' = '" + auto_pad + "'");
+  }
+  return s;
+}
+
+// Pads `x` explicitly (constant_pad_nd with `value`) where begin != end and returns the symmetric
+// remainder in s.pad_begin (pad_end cleared to match).
+Result<ValueId> pad_asymmetric(NodeCtx& c, ValueId x, Spatial& s, double value) {
+  const size_t n = s.pad_begin.size();
+  bool asym = false;
+  for (size_t i = 0; i < n; ++i) asym |= s.pad_begin[i] != s.pad_end[i];
+  if (!asym) return x;
+  Ints aten;
+  for (size_t k = n; k-- > 0;) {
+    aten.push_back(s.pad_begin[k]);
+    aten.push_back(s.pad_end[k]);
+  }
+  std::fill(s.pad_begin.begin(), s.pad_begin.end(), 0);
+  std::fill(s.pad_end.begin(), s.pad_end.end(), 0);
+  return c.emit("aten.constant_pad_nd", {x}, {{"pad", aten}, {"value", value}});
+}
+
+Error conv_Conv(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(w, c.input(1));
+  TRY(b, c.opt_input(2));
+  const Ints xs = c.type(x).sizes, ws = c.type(w).sizes;
+  if (xs.size() != 3 && xs.size() != 4) return c.unsupported("input of rank " + std::to_string(xs.size()) + " (1-D and 2-D convolutions only)");
+  if (ws.size() != xs.size()) return c.invalid("weight rank differs from input rank");
+  Ints kernel(ws.begin() + 2, ws.end());
+  TRY(ks, c.attr_ints("kernel_shape", kernel));
+  if (ks != kernel) return c.invalid("kernel_shape " + sizes_to_string(ks) + " differs from the weight's " + sizes_to_string(kernel));
+  TRY(group, c.attr_int("group", 1));
+  TRY(s, spatial_attrs(c, Ints(xs.begin() + 2, xs.end()), kernel, true));
+  TRY(xp, pad_asymmetric(c, x, s, 0.0));
+  TRY(y, c.emit("aten.convolution", {xp, w, b},
+                {{"stride", s.strides}, {"padding", s.pad_begin}, {"dilation", s.dilations}, {"transposed", false},
+                 {"output_padding", Ints(kernel.size(), 0)}, {"groups", group}}));
+  return c.set_output(0, y);
+}
+
+// ConvTranspose: output = stride * (in - 1) + output_padding + (k - 1) * d + 1 - pad_begin - pad_end;
+// output_shape (or SAME_* auto_pad) determines the pads as the ONNX spec says.
+Error conv_ConvTranspose(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(w, c.input(1));
+  TRY(b, c.opt_input(2));
+  const Ints xs = c.type(x).sizes, ws = c.type(w).sizes;
+  if (xs.size() != 3 && xs.size() != 4) return c.unsupported("input of rank " + std::to_string(xs.size()) + " (1-D and 2-D only)");
+  if (ws.size() != xs.size()) return c.invalid("weight rank differs from input rank");
+  const size_t n = xs.size() - 2;
+  Ints kernel(ws.begin() + 2, ws.end());
+  TRY(ks, c.attr_ints("kernel_shape", kernel));
+  if (ks != kernel) return c.invalid("kernel_shape differs from the weight's");
+  TRY(group, c.attr_int("group", 1));
+  TRY(strides, c.attr_ints("strides", Ints(n, 1)));
+  TRY(dil, c.attr_ints("dilations", Ints(n, 1)));
+  TRY(pads, c.attr_ints("pads", Ints(2 * n, 0)));
+  TRY(opad, c.attr_ints("output_padding", Ints(n, 0)));
+  TRY(oshape, c.attr_ints("output_shape", {}));
+  TRY(auto_pad, c.attr_string("auto_pad", "NOTSET"));
+  if (strides.size() != n || dil.size() != n || pads.size() != 2 * n || opad.size() != n) {
+    return c.invalid("strides/dilations/pads/output_padding do not match the spatial dims");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (strides[i] < 1 || dil[i] < 1) return c.invalid("strides and dilations must be >= 1");
+    if (pads[i] < 0 || pads[i + n] < 0 || opad[i] < 0) return c.unsupported("negative pads");
+  }
+  if (oshape.size() > n) oshape.erase(oshape.begin(), oshape.end() - static_cast<long>(n));  // may include N, C
+  const bool same = auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER";
+  if (!same && auto_pad != "NOTSET" && auto_pad != "VALID" && !auto_pad.empty()) return c.invalid("attribute 'auto_pad' = '" + auto_pad + "'");
+  if (auto_pad == "VALID") std::fill(pads.begin(), pads.end(), 0);
+  if (!oshape.empty() || same) {
+    if (!oshape.empty() && oshape.size() != n) return c.invalid("output_shape length");
+    for (size_t i = 0; i < n; ++i) {
+      const int64_t want = oshape.empty() ? xs[2 + i] * strides[i] : oshape[i];
+      const int64_t total = strides[i] * (xs[2 + i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1 - want;
+      if (total < 0) return c.unsupported("output_shape larger than the full transposed convolution");
+      if (auto_pad == "SAME_UPPER") {
+        pads[i] = total / 2, pads[i + n] = total - total / 2;
+      } else {
+        pads[i] = total - total / 2, pads[i + n] = total / 2;
+      }
+    }
+  }
+  Ints padding(n), out_pad(n), trim(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    const int64_t pb = pads[i], pe = pads[i + n];
+    padding[i] = pb;
+    if (pb >= pe) {
+      out_pad[i] = opad[i] + (pb - pe);
+    } else {
+      out_pad[i] = opad[i];
+      trim[i] = pe - pb;
+    }
+  }
+  TRY(y0, c.emit("aten.convolution", {x, w, b},
+                 {{"stride", strides}, {"padding", padding}, {"dilation", dil}, {"transposed", true},
+                  {"output_padding", out_pad}, {"groups", group}}));
+  ValueId y = y0;
+  for (size_t i = 0; i < n; ++i) {
+    if (!trim[i]) continue;
+    const int64_t d = c.type(y).sizes[2 + i];
+    if (trim[i] >= d) return c.invalid("pads remove the whole output");
+    TRY(v, c.emit("aten.slice", {y}, {{"dim", static_cast<int64_t>(2 + i)}, {"start", int64_t{0}}, {"end", d - trim[i]}, {"step", int64_t{1}}}));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// MaxPool / AveragePool (2-D; 1-D through an added dim). ceil_mode, count_include_pad,
+// dilations (MaxPool), storage_order (affects only the unsupported Indices output).
+Error pool(NodeCtx& c, bool is_max) {
+  TRY(x0, c.input(0));
+  const Ints xs0 = c.type(x0).sizes;
+  if (xs0.size() != 3 && xs0.size() != 4) return c.unsupported("input of rank " + std::to_string(xs0.size()) + " (1-D and 2-D pooling only)");
+  if (!c.has_attr("kernel_shape")) return c.invalid("missing attribute 'kernel_shape'");
+  TRY(kernel, c.attr_ints("kernel_shape", {}));
+  if (kernel.size() != xs0.size() - 2) return c.invalid("kernel_shape length differs from the spatial rank");
+  TRY(ceil, c.attr_int("ceil_mode", 0));
+  TRY(s, spatial_attrs(c, Ints(xs0.begin() + 2, xs0.end()), kernel, is_max));
+  int64_t cip = 0;
+  if (is_max) {
+    TRY(so, c.attr_int("storage_order", 0));
+    (void)so;  // row/column-major order of the Indices output only
+    if (c.has_output(1)) return c.unsupported("the Indices output");
+  } else {
+    TRY(v, c.attr_int("count_include_pad", 0));
+    cip = v;
+  }
+  ValueId x = x0;
+  const bool one_d = xs0.size() == 3;
+  if (one_d) {  // [N, C, L] -> [N, C, 1, L]
+    TRY(v, view(c, x, {xs0[0], xs0[1], 1, xs0[2]}));
+    x = v;
+    s.kernel.insert(s.kernel.begin(), 1);
+    s.strides.insert(s.strides.begin(), 1);
+    s.dilations.insert(s.dilations.begin(), 1);
+    s.pad_begin.insert(s.pad_begin.begin(), 0);
+    s.pad_end.insert(s.pad_end.begin(), 0);
+  }
+  bool asym = false, too_big = false;
+  for (size_t i = 0; i < s.kernel.size(); ++i) {
+    asym |= s.pad_begin[i] != s.pad_end[i];
+    too_big |= s.pad_begin[i] > s.kernel[i] / 2;
+  }
+  if (asym || too_big) {
+    if (!is_max && !cip) return c.unsupported("asymmetric (or larger than half the kernel) pads with count_include_pad = 0");
+    if (ceil) return c.unsupported("asymmetric pads with ceil_mode = 1");
+  }
+  if (asym || too_big) {
+    // Pad explicitly (-inf for max, 0 for average with count_include_pad) and pool unpadded.
+    Spatial s2 = s;
+    Ints aten;
+    for (size_t k = s2.kernel.size(); k-- > 0;) {
+      aten.push_back(s2.pad_begin[k]);
+      aten.push_back(s2.pad_end[k]);
+    }
+    TRY(v, c.emit("aten.constant_pad_nd", {x}, {{"pad", aten}, {"value", is_max ? -std::numeric_limits<double>::infinity() : 0.0}}));
+    x = v;
+    s = s2;
+    std::fill(s.pad_begin.begin(), s.pad_begin.end(), 0);
+  }
+  ValueId y;
+  if (is_max) {
+    TRY(v, c.emit("aten.max_pool2d", {x}, {{"kernel_size", s.kernel}, {"stride", s.strides}, {"padding", s.pad_begin},
+                                            {"dilation", s.dilations}, {"ceil_mode", ceil != 0}}));
+    y = v;
+  } else {
+    TRY(v, c.emit("aten.avg_pool2d", {x}, {{"kernel_size", s.kernel}, {"stride", s.strides}, {"padding", s.pad_begin},
+                                            {"ceil_mode", ceil != 0}, {"count_include_pad", cip != 0}}));
+    y = v;
+  }
+  if (one_d) {
+    Ints o = c.type(y).sizes;
+    TRY(v, view(c, y, {o[0], o[1], o[3]}));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+Error conv_MaxPool(NodeCtx& c) { return pool(c, true); }
+Error conv_AveragePool(NodeCtx& c) { return pool(c, false); }
+
+Error global_pool(NodeCtx& c, bool is_max) {
+  TRY(x, c.input(0));
+  const int64_t r = c.rank(x);
+  if (r < 3) return c.invalid("input must have rank >= 3 (N, C, spatial...)");
+  if (!is_max && r == 4) {
+    TRY(y, c.emit("aten.adaptive_avg_pool2d", {x}, {{"output_size", Ints{1, 1}}}));
+    return c.set_output(0, y);
+  }
+  Ints dims;
+  for (int64_t i = 2; i < r; ++i) dims.push_back(i);
+  TRY(y, c.emit(is_max ? "aten.amax" : "aten.mean", {x}, {{"dim", dims}, {"keepdim", true}}));
+  return c.set_output(0, y);
+}
+Error conv_GlobalAveragePool(NodeCtx& c) { return global_pool(c, false); }
+Error conv_GlobalMaxPool(NodeCtx& c) { return global_pool(c, true); }
+
+// ---- normalization ----
+
+// BatchNormalization (inference): training_mode (opset 14) must be 0, spatial (opset < 9) must be
+// 1; momentum only affects training statistics. Extra outputs (training) are not supported.
+Error conv_BatchNormalization(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(scale, c.input(1));
+  TRY(bias, c.input(2));
+  TRY(mean, c.input(3));
+  TRY(var, c.input(4));
+  TRY(eps, c.attr_float("epsilon", 1e-5));
+  TRY(momentum, c.attr_float("momentum", 0.9));
+  (void)momentum;  // running-statistics update rate: training only
+  TRY(training, c.attr_int("training_mode", 0));
+  TRY(spatial, c.attr_int("spatial", 1));
+  if (training) return c.unsupported("attribute 'training_mode' = 1 (inference only)");
+  if (spatial != 1) return c.unsupported("attribute 'spatial' = 0");
+  for (int i = 1; i < c.num_outputs(); ++i) {
+    if (c.has_output(i)) return c.unsupported("output " + std::to_string(i) + " (training statistics)");
+  }
+  if (c.rank(x) < 2) return c.invalid("input must have rank >= 2");
+  TRY(y, c.emit("aten.native_batch_norm", {x, scale, bias, mean, var},
+                {{"training", false}, {"momentum", 0.1}, {"eps", eps}}));
+  return c.set_output(0, y);
+}
+
+// InstanceNormalization: group norm with one group per channel.
+Error conv_InstanceNormalization(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(scale, c.input(1));
+  TRY(bias, c.input(2));
+  TRY(eps, c.attr_float("epsilon", 1e-5));
+  const Ints& s = c.type(x).sizes;
+  if (s.size() < 3) return c.invalid("input must have rank >= 3");
+  int64_t hw = 1;
+  for (size_t i = 2; i < s.size(); ++i) hw *= s[i];
+  TRY(y, c.emit("aten.native_group_norm", {x, scale, bias},
+                {{"N", s[0]}, {"C", s[1]}, {"HxW", hw}, {"group", s[1]}, {"eps", eps}}));
+  return c.set_output(0, y);
+}
+
+// LayerNormalization (opset 17): normalizes over dims [axis, rank); stash_type 1 (float32
+// statistics) is what Kiln computes; Mean / InvStdDev outputs are not supported.
+Error conv_LayerNormalization(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(scale, c.input(1));
+  TRY(bias, c.opt_input(2));
+  TRY(axis_raw, c.attr_int("axis", -1));
+  TRY(eps, c.attr_float("epsilon", 1e-5));
+  TRY(stash, c.attr_int("stash_type", 1));
+  if (stash != 1) return c.unsupported("attribute 'stash_type' = " + std::to_string(stash));
+  if (c.has_output(1) || c.has_output(2)) return c.unsupported("the Mean / InvStdDev outputs");
+  const Ints& s = c.type(x).sizes;
+  TRY(axis, wrap_axis(c, axis_raw, static_cast<int64_t>(s.size()), "axis"));
+  Ints norm(s.begin() + axis, s.end());
+  // Scale/B broadcast to the normalized shape in ONNX; aten wants them exactly that shape.
+  auto fit = [&](ValueId v) -> Result<ValueId> {
+    if (v == kNoValue || c.type(v).sizes == norm) return v;
+    return c.emit("aten.expand", {v}, {{"size", norm}});
+  };
+  TRY(sc, fit(scale));
+  TRY(bi, fit(bias));
+  TRY(y, c.emit("aten.native_layer_norm", {x, sc, bi}, {{"normalized_shape", norm}, {"eps", eps}}));
+  return c.set_output(0, y);
+}
+
+// ---- resize ----
+
+// Resize (opset 10: X, scales; 11+: X, roi, scales, sizes) and Upsample (opset 7: scales
+// attribute; 9: scales input) on 4-D NCHW with N and C unscaled. Supported combinations:
+//   linear + half_pixel / pytorch_half_pixel -> upsample_bilinear2d(align_corners=False)
+//   linear + align_corners                   -> upsample_bilinear2d(align_corners=True)
+//   nearest + asymmetric + floor             -> upsample_nearest2d (PyTorch's "nearest")
+//   nearest with round_prefer_floor / asymmetric or half_pixel when every output size is an integer
+//   multiple of the input size (both then pick floor(dst / scale)).
+// Scales given as input are passed on as scales_h/scales_w (PyTorch uses 1/scale then).
+Error resize(NodeCtx& c, bool is_upsample) {
+  TRY(x, c.input(0));
+  TRY(mode, c.attr_string("mode", "nearest"));
+  std::string coord = "asymmetric", nearest = "floor";
+  double cubic_a = -0.75, extrap = 0;
+  int64_t exclude = 0;
+  Ints sizes;
+  std::vector<double> scales;
+  ValueId scales_v = kNoValue, sizes_v = kNoValue;
+  if (is_upsample) {
+    if (c.opset() < 9) {
+      TRY(sc, c.attr_floats("scales", {}));
+      scales = sc;
+    } else {
+      TRY(v, c.input(1));
+      scales_v = v;
+    }
+  } else if (c.opset() < 11) {
+    TRY(v, c.input(1));
+    scales_v = v;
+  } else {
+    TRY(cm, c.attr_string("coordinate_transformation_mode", "half_pixel"));
+    TRY(nm, c.attr_string("nearest_mode", "round_prefer_floor"));
+    TRY(ca, c.attr_float("cubic_coeff_a", -0.75));
+    TRY(ex, c.attr_int("exclude_outside", 0));
+    TRY(ev, c.attr_float("extrapolation_value", 0.0));
+    coord = cm, nearest = nm, cubic_a = ca, exclude = ex, extrap = ev;
+    TRY(sv, c.opt_input(2));
+    TRY(zv, c.opt_input(3));
+    scales_v = sv, sizes_v = zv;
+    if (c.has_input(1)) {
+      TRY(rv, c.input(1));
+      if (coord == "tf_crop_and_resize" && c.type(rv).numel() > 0) return c.unsupported("coordinate_transformation_mode 'tf_crop_and_resize'");
+    }
+  }
+  (void)cubic_a, (void)extrap;  // only used by cubic mode / tf_crop_and_resize, both refused below
+  if (exclude) return c.unsupported("attribute 'exclude_outside' = 1");
+  if (scales_v != kNoValue && c.type(scales_v).numel() > 0) {
+    TRY(sc, c.const_floats(scales_v, "scales"));
+    scales = sc;
+  }
+  if (sizes_v != kNoValue && c.type(sizes_v).numel() > 0) {
+    TRY(sz, c.const_ints(sizes_v, "sizes"));
+    sizes = sz;
+  }
+  const Ints& in = c.type(x).sizes;
+  if (in.size() != 4) return c.unsupported("input of rank " + std::to_string(in.size()) + " (4-D NCHW only)");
+  std::optional<double> sh, sw;
+  Ints out(4);
+  if (!sizes.empty()) {
+    if (sizes.size() != 4) return c.invalid("sizes must have 4 values");
+    out = sizes;
+  } else if (!scales.empty()) {
+    if (scales.size() != 4) return c.invalid("scales must have 4 values");
+    for (size_t i = 0; i < 4; ++i) {
+      if (!(scales[i] > 0) || !std::isfinite(scales[i])) return c.invalid("scales must be positive");
+      const double o = std::floor(static_cast<double>(in[i]) * scales[i]);
+      if (o > (1 << 30)) return c.invalid("output too large");
+      out[i] = static_cast<int64_t>(o);
+    }
+    sh = scales[2], sw = scales[3];
+    if (scales[0] != 1 || scales[1] != 1) return c.unsupported("scaling the N or C dims");
+  } else {
+    return c.invalid("needs scales or sizes");
+  }
+  if (out[0] != in[0] || out[1] != in[1]) return c.unsupported("resizing the N or C dims");
+  if (out[2] < 1 || out[3] < 1) return c.invalid("empty output");
+  Attributes attrs{{"output_size", Ints{out[2], out[3]}}};
+  if (sh) attrs.set("scales_h", *sh), attrs.set("scales_w", *sw);
+  ValueId y;
+  if (mode == "linear" || mode == "bilinear") {
+    bool align;
+    if (coord == "align_corners") align = true;
+    else if (coord == "half_pixel" || coord == "pytorch_half_pixel") align = false;
+    else if (is_upsample || c.opset() < 11) return c.unsupported("mode 'linear' with asymmetric coordinates (opset < 11)");
+    else return c.unsupported("mode 'linear' with coordinate_transformation_mode '" + coord + "'");
+    if (coord == "half_pixel" && (out[2] == 1 || out[3] == 1)) return c.unsupported("half_pixel linear resize to size 1");
+    if (align) attrs.set("scales_h", std::monostate{}), attrs.set("scales_w", std::monostate{});
+    attrs.set("align_corners", align);
+    TRY(v, c.emit("aten.upsample_bilinear2d", {x}, attrs));
+    y = v;
+  } else if (mode == "nearest") {
+    const bool integer_up = out[2] % in[2] == 0 && out[3] % in[3] == 0 &&
+                            (!sh || (*sh == static_cast<double>(out[2] / in[2]) && *sw == static_cast<double>(out[3] / in[3])));
+    bool ok = coord == "asymmetric" && nearest == "floor";
+    if (!ok && integer_up && nearest == "round_prefer_floor" &&
+        (coord == "asymmetric" || coord == "half_pixel" || coord == "pytorch_half_pixel")) {
+      ok = true;
+    }
+    if (!ok) {
+      return c.unsupported("mode 'nearest' with coordinate_transformation_mode '" + coord + "' and nearest_mode '" + nearest +
+                           "' (supported: asymmetric + floor, or integer upscaling with round_prefer_floor)");
+    }
+    TRY(v, c.emit("aten.upsample_nearest2d", {x}, attrs));
+    y = v;
+  } else {
+    return c.unsupported("attribute 'mode' = '" + mode + "'");
+  }
+  return c.set_output(0, y);
+}
+Error conv_Resize(NodeCtx& c) { return resize(c, false); }
+Error conv_Upsample(NodeCtx& c) { return resize(c, true); }
+
+#undef TRY
+
+}  // namespace
+
+const std::map<std::string, Converter>& converters() {
+  static const std::map<std::string, Converter> table = {
+#define K(name) {#name, conv_##name}
+      K(Abs), K(Add), K(And), K(ArgMax), K(AveragePool), K(BatchNormalization), K(Cast), K(Celu), K(Clip),
+      K(Concat), K(Constant), K(ConstantOfShape), K(Conv), K(ConvTranspose), K(Cos), K(DepthToSpace), K(Div),
+      K(Dropout), K(Elu), K(Equal), K(Erf), K(Exp), K(Expand), K(Flatten), K(Gather), K(Gemm),
+      K(GlobalAveragePool), K(GlobalMaxPool), K(Greater), K(GreaterOrEqual), K(HardSigmoid), K(HardSwish),
+      K(Identity), K(InstanceNormalization), K(LayerNormalization), K(LeakyRelu), K(Less), K(LessOrEqual),
+      K(Log), K(LogSoftmax), K(MatMul), K(Max), K(MaxPool), K(Mean), K(Min), K(Mul), K(Neg), K(Not), K(Or),
+      K(Pad), K(Pow), K(PRelu), K(Range), K(Reciprocal), K(ReduceL1), K(ReduceL2), K(ReduceLogSum),
+      K(ReduceLogSumExp), K(ReduceMax), K(ReduceMean), K(ReduceMin), K(ReduceSum), K(ReduceSumSquare),
+      K(Relu), K(Reshape), K(Resize), K(Selu), K(Shape), K(Sigmoid), K(Sin), K(Size), K(Slice), K(Softmax),
+      K(Softplus), K(Softsign), K(SpaceToDepth), K(Split), K(Sqrt), K(Squeeze), K(Sub), K(Sum), K(Tanh),
+      K(ThresholdedRelu), K(Tile), K(Transpose), K(Unsqueeze), K(Upsample), K(Where), K(Xor),
+#undef K
+  };
+  return table;
+}
+
+}  // namespace kiln::onnx::detail
+
+namespace kiln::onnx {
+std::vector<std::string> supported_op_types() {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : detail::converters()) out.push_back(k);
+  return out;
+}
+}  // namespace kiln::onnx
