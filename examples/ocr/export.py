@@ -83,14 +83,13 @@ def input_shapes(det_shape: tuple[int, int], rec_width: int) -> dict[str, tuple[
 
 
 def compile_onnx(onnx_path: str, shape: tuple[int, ...], backend: str, out: str) -> str:
-    """Imports `onnx_path` with input "x" fixed to `shape` and compiles it for `backend`
-    ("portable": no delegate; otherwise the whole model must be delegated). Returns a one-line
-    summary; raises on failure."""
-    import kiln
-    require = None if backend == "portable" else backend
+    """Imports `onnx_path` with Kiln's ONNX frontend (kiln.onnx), input "x" fixed to `shape`, and
+    compiles it for `backend` ("portable": no delegate; "xnnpack" / "mlx": backends=(backend,), the
+    nodes the backend declines run on Kiln's kernels); writes `out`. Returns a one-line summary;
+    raises KilnError / ExportError on failure."""
+    import kiln.onnx
     backends = () if backend == "portable" else (backend,)
-    res = kiln.compile_onnx(onnx_path, out=out, input_shapes={"x": list(shape)}, backends=backends,
-                            require_delegation=require, verbose=False)
+    res = kiln.onnx.compile_onnx(onnx_path, out=out, input_shapes={"x": list(shape)}, backends=backends, verbose=False)
     m = res.report["methods"][0]
     split = "".join(f", {b['backend']}: {b['segments']} segment(s) of {b['nodes']} nodes"
                     for b in m["delegation"]["backends"])

@@ -10,9 +10,15 @@ examples/ocr/export.py.
 2. Numerics: each model's output on a real input (a rendered page / line, preprocessed as the ocr
    program does) matches ONNX Runtime's (PyPI onnxruntime, the reference) within 1e-4 * max|ORT
    output| (fp32), for every backend configuration above.
-Shapes are kept small (det canvas 224x320, rec width 320) so that the portable reference kernels
-finish in seconds. The ocr binary is looked up in $KILN_BUILD_DIR (default: build/) at
-examples/ocr/ocr.
+Time: shapes are kept small (det canvas 224x320, rec width 320). The portable reference kernels
+take seconds per recognition call (about 100x the optimized kernels), so they read two pages (six
+lines, font sizes 24 and 18); the other configurations read all three. cpu + xnnpack runs with 1 thread (the
+xnnpack programs have dozens of small delegate segments: on a busy 2-core box, handing each one to
+a 2-thread pool costs far more than the work). mlx runs with MLX_DISABLE_COMPILE=1: otherwise MLX
+JIT-compiles its fused CPU kernels with the system C++ compiler on first use (minutes on a fresh
+machine); the delegate still runs every node on MLX's CPU device. Every run is a subprocess (the
+ocr program or `kiln run`), so these settings never reach other tests.
+The ocr binary and the kiln CLI are looked up in $KILN_BUILD_DIR (default: build/).
 """
 from __future__ import annotations
 
@@ -30,6 +36,7 @@ import kiln
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BUILD = os.environ.get("KILN_BUILD_DIR", os.path.join(ROOT, "build"))
 OCR = os.path.join(BUILD, "examples", "ocr", "ocr")
+KILN_CLI = os.path.join(BUILD, "tools", "kiln")
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"  # Debian fonts-dejavu-core
 DET_SHAPE = (224, 320)
 REC_WIDTH = 320
@@ -41,11 +48,13 @@ PAGES = [
     (30, ["Deep Learning", "(OCR) test-run", "Mix 3:2 & 8/9"]),
 ]
 
-# Backend configurations: (file backend, extra ocr arguments, kiln.load options).
+# Backend configurations: file backend, arguments for both `ocr` and `kiln run`, extra ocr
+# arguments, environment, pages read (indices into PAGES).
 CONFIGS = {
-    "portable": ("portable", ["--kernels", "portable"], {"portable_kernels_only": True}),
-    "cpu+xnnpack": ("xnnpack", [], {}),
-    "mlx-cpu": ("mlx", ["--setting", "mlx.device=cpu"], {"backend_settings": {"mlx.device": "cpu"}}),
+    "portable": ("portable", ["--kernels", "portable", "--threads", "2"], [], {}, [0, 1]),
+    "cpu+xnnpack": ("xnnpack", ["--threads", "1"], [], {}, [0, 1, 2]),
+    "mlx-cpu": ("mlx", ["--threads", "2"], ["--setting", "mlx.device=cpu"],
+                {"KILN_MLX_DEVICE": "cpu", "MLX_DISABLE_COMPILE": "1"}, [0, 1, 2]),
 }
 
 
@@ -112,9 +121,10 @@ def pages(tmp_path_factory):
     return out
 
 
-def run_ocr(*args: str) -> subprocess.CompletedProcess:
+def run_ocr(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     assert os.path.isfile(OCR), f"{OCR} not built (needs libopencv-dev and libpolyclipping-dev; cmake --build build --target ocr)"
-    return subprocess.run([OCR, *map(str, args)], capture_output=True, text=True, timeout=300)
+    return subprocess.run([OCR, *map(str, args)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
 
 
 def parse_ocr(stdout: str) -> dict[str, list[tuple[list[int], float, str]]]:
@@ -135,9 +145,10 @@ def parse_ocr(stdout: str) -> dict[str, list[tuple[list[int], float, str]]]:
 
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_reads_rendered_text_exactly(config, programs, pages):
-    backend, extra, _ = CONFIGS[config]
+    backend, common, extra, env, which = CONFIGS[config]
     needs(backend)
-    r = run_ocr("--models", programs["dir"], "--backend", backend, "--threads", "2", *extra, *[p for p, _ in pages])
+    pages = [pages[i] for i in which]
+    r = run_ocr("--models", programs["dir"], "--backend", backend, *common, *extra, *[p for p, _ in pages], env=env)
     assert r.returncode == 0, r.stderr
     got = parse_ocr(r.stdout)
     for path, lines in pages:
@@ -191,18 +202,23 @@ def model_inputs(tmp_path_factory):
 
 @pytest.mark.parametrize("model", ["det", "cls", "rec"])
 @pytest.mark.parametrize("config", list(CONFIGS))
-def test_model_matches_onnxruntime(model, config, programs, model_inputs, onnx_dir):
+def test_model_matches_onnxruntime(model, config, programs, model_inputs, onnx_dir, tmp_path):
     import onnxruntime as ort
-    backend, _, load_opts = CONFIGS[config]
+    backend, common, _, env, _ = CONFIGS[config]
     needs(backend)
+    assert os.path.isfile(KILN_CLI), f"{KILN_CLI} not built"
     so = ort.SessionOptions()
     so.intra_op_num_threads = 2
     files = {"det": export.DET, "cls": export.CLS, "rec": export.REC}
     sess = ort.InferenceSession(os.path.join(onnx_dir, files[model]), so, providers=["CPUExecutionProvider"])
-    prog = kiln.load(programs[backend][model], num_threads=2, **load_opts)
-    for x in model_inputs[model]:
+    for k, x in enumerate(model_inputs[model]):
         (want,) = sess.run(None, {"x": x})
-        (got,) = prog.run(x)
+        np.save(tmp_path / f"x{k}.npy", x)
+        r = subprocess.run([KILN_CLI, "run", programs[backend][model], "-i", str(tmp_path / f"x{k}.npy"),
+                            "-o", str(tmp_path / f"out{k}"), *common], capture_output=True, text=True, timeout=300,
+                           env={**os.environ, **env})
+        assert r.returncode == 0, r.stdout + r.stderr
+        got = np.load(tmp_path / f"out{k}" / "output_0.npy")
         assert got.shape == want.shape, (got.shape, want.shape)
         scale = float(np.max(np.abs(want)))
         err = float(np.max(np.abs(got - want)))
