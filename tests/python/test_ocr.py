@@ -243,3 +243,23 @@ def test_ocr_errors_are_clear(programs, pages, tmp_path):
     assert r.returncode == 1 and "det_portable.kiln" in r.stderr and "rec" in r.stderr, r.stderr
     r = run_ocr("--threads", "0", pages[0][0])
     assert r.returncode == 2 and "--threads" in r.stderr, r.stderr
+
+
+def test_upside_down_page_is_turned_by_the_classifier(programs, pages, tmp_path):
+    """A page rotated by 180 degrees: the direction classifier turns each crop, so the lines are read
+    (in reverse order, bottom line first); without it (--no-cls) the recognizer does not read them."""
+    from PIL import Image
+    backend, common, extra, env, _ = CONFIGS["cpu+xnnpack"]
+    needs(backend)
+    path, lines = pages[2]
+    flipped = str(tmp_path / "flipped.png")
+    Image.open(path).rotate(180).save(flipped)
+    args = ["--models", programs["dir"], "--backend", backend, *common, *extra]
+    r = run_ocr(*args, flipped, env=env)
+    assert r.returncode == 0, r.stderr
+    texts = [t.replace(" ", "") for _, _, t in parse_ocr(r.stdout)[flipped]]
+    assert texts == [s.replace(" ", "") for s in reversed(lines)], r.stdout
+    r = run_ocr(*args, "--no-cls", flipped, env=env)
+    assert r.returncode == 0, r.stderr
+    texts = [t.replace(" ", "") for _, _, t in parse_ocr(r.stdout)[flipped]]
+    assert not any(t == s.replace(" ", "") for t in texts for s in lines), r.stdout
