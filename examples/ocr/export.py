@@ -15,8 +15,10 @@ this build has: portable and, when built, xnnpack and mlx):
                    ONNX metadata_props["character"] (6623 characters); the ocr program adds the
                    CTC blank (class 0) before them and ' ' after them (PaddleOCR CTCLabelDecode).
 Kiln programs have static shapes: H x W (--det-shape, default 480x640) is the detection canvas the
-ocr program scales each image into; Wr (--rec-width, default 640) the width every text line is
-resized into (height 48, aspect kept, zero padded; longer lines are squeezed).
+ocr program scales each image into; Wr (--rec-width, default 320, RapidOCR's rec_img_shape) the
+width every text line is resized into (height 48, aspect kept, zero padded; lines longer than
+Wr / 48 are squeezed). Much wider inputs than the lines need hurt: with Wr = 640 a 7:1 line is
+half padding and the recognizer drops its spaces and loses confidence.
 *_xnnpack.kiln / *_mlx.kiln are compiled with backends=(B,): the nodes the backend takes run in its
 delegate segments, the others on Kiln's kernels (the summary line gives the split).
 Exit status 1 if any file failed (each failure is reported in one line; the others are written).
@@ -118,8 +120,8 @@ def main(argv=None) -> int:
     p.add_argument("--models", nargs="+", default=["det", "cls", "rec"], choices=["det", "cls", "rec"])
     p.add_argument("--det-shape", type=parse_hw, default=(480, 640), metavar="HxW",
                    help="detection canvas (default 480x640)")
-    p.add_argument("--rec-width", type=parse_width, default=640, metavar="W",
-                   help="recognition input width (default 640)")
+    p.add_argument("--rec-width", type=parse_width, default=320, metavar="W",
+                   help="recognition input width (default 320)")
     p.add_argument("--onnx-dir", help="folder of the three ONNX files (default: the rapidocr_onnxruntime package's)")
     args = p.parse_args(argv)
 
