@@ -502,7 +502,10 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
   }
   ImportedModel out;
   std::set<std::string> input_names;
-  for (const auto& [name, shape] : options.input_shapes) {  // before any shape is needed
+  std::vector<std::string> given_names;
+  for (const auto& kv : options.input_shapes) given_names.push_back(kv.first);
+  for (const auto& kv : options.constant_inputs) given_names.push_back(kv.first);
+  for (const auto& name : given_names) {  // before any shape is needed
     bool found = false;
     std::string known;
     for (const auto& vi : g.input()) {
@@ -511,7 +514,7 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
       known += (known.empty() ? "" : ", ") + vi.name();
     }
     if (!found) {
-      return Error(ErrorCode::InvalidArgument, "--input-shape names '" + name + "', which is not a graph input (inputs: " +
+      return Error(ErrorCode::InvalidArgument, "input shape/value given for '" + name + "', which is not a graph input (inputs: " +
                                                    (known.empty() ? "none" : known) + ")");
     }
   }
@@ -519,6 +522,22 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
     if (im.names.count(vi.name())) continue;  // an initializer
     if (vi.name().empty()) return invalid_program("a graph input has no name");
     if (!input_names.insert(vi.name()).second) return invalid_program("graph input '" + vi.name() + "' is listed twice");
+    auto fixed = options.constant_inputs.find(vi.name());
+    if (fixed != options.constant_inputs.end()) {
+      ImportOptions o;
+      o.input_shapes[vi.name()] = fixed->second.first.sizes;
+      auto type = input_type(vi, o);
+      if (!type.ok()) return type.error();
+      if (type->dtype != fixed->second.first.dtype) {
+        return Error(ErrorCode::InvalidArgument, "constant value for input '" + vi.name() + "' has dtype " +
+                                                     dtype_name(fixed->second.first.dtype) + ", the input is " +
+                                                     dtype_name(type->dtype));
+      }
+      auto id = im.graph.add_constant(vi.name(), *type, fixed->second.second);
+      if (!id.ok()) return Error(ErrorCode::InvalidArgument, id.error().message());
+      im.names[vi.name()] = *id;
+      continue;
+    }
     auto type = input_type(vi, options);
     if (!type.ok()) return type.error();
     im.names[vi.name()] = im.graph.add_input(vi.name(), *type);
@@ -533,6 +552,10 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
     }
     auto it = conv.find(node.op_type());
     if (it == conv.end()) return ctx.unsupported("op type '" + node.op_type() + "' is not supported by Kiln's ONNX importer");
+    if (im.opset < it->second.min_opset) {
+      return ctx.unsupported("opset " + std::to_string(im.opset) + " (" + node.op_type() + " before opset " +
+                             std::to_string(it->second.min_opset) + " has other semantics)");
+    }
     for (int k = 0; k < node.input_size(); ++k) {  // every named input must exist (dangling / cyclic graphs)
       auto v = ctx.opt_input(k);
       if (!v.ok()) return v.error();
@@ -544,7 +567,7 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
       if (!a.ref_attr_name().empty()) return ctx.unsupported("attribute '" + a.name() + "' refers to a function attribute");
     }
     const size_t nodes_before = im.graph.nodes().size();
-    KILN_RETURN_IF_ERROR(it->second(ctx));
+    KILN_RETURN_IF_ERROR(it->second.fn(ctx));
     for (const auto& a : node.attribute()) {
       if (!ctx.used_attrs.count(a.name())) {
         return ctx.unsupported("attribute '" + a.name() + "' is not supported for " + node.op_type() + " (opset " +
