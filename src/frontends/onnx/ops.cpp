@@ -70,11 +70,30 @@ Result<ValueId> legacy_broadcast(NodeCtx& c, ValueId a, ValueId b) {
   return view(c, b, nb);
 }
 
+// A constant operand of lower rank gets leading size-1 dims (a folded view): the same numpy
+// broadcast, but delegates that cannot broadcast across ranks (xnnpack's NHWC layout) take it.
+Result<ValueId> match_rank(NodeCtx& c, ValueId v, ValueId other) {
+  const Ints s = c.type(v).sizes;
+  const size_t r = c.type(other).sizes.size();
+  if (!c.is_const(v) || s.size() >= r) return v;
+  Ints full(r - s.size(), 1);
+  full.insert(full.end(), s.begin(), s.end());
+  return view(c, v, full);
+}
+
+/// A constant of x's dtype holding v, shaped [1, ..., 1] with x's rank (see match_rank).
+Result<ValueId> scalar_for(NodeCtx& c, ValueId x, double v) {
+  TRY(sc, c.scalar(c.type(x).dtype, v));
+  return match_rank(c, sc, x);
+}
+
 Error binary(NodeCtx& c, const char* op) {
-  TRY(a, c.input(0));
+  TRY(a0, c.input(0));
   TRY(b0, c.input(1));
-  KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b0));
-  TRY(b, legacy_broadcast(c, a, b0));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, a0, b0));
+  TRY(b1, legacy_broadcast(c, a0, b0));
+  TRY(a, match_rank(c, a0, b1));
+  TRY(b, match_rank(c, b1, a0));
   Attributes attrs;
   // ONNX Div on integers truncates toward zero (onnx reference: np.trunc-like C division).
   const DType dt = c.type(a).dtype;
@@ -204,9 +223,8 @@ Error conv_HardSigmoid(NodeCtx& c) {
     TRY(y, c.emit("aten.hardsigmoid", {x}));
     return c.set_output(0, y);
   }
-  const DType dt = c.type(x).dtype;
-  TRY(a, c.scalar(dt, alpha));
-  TRY(b, c.scalar(dt, beta));
+  TRY(a, scalar_for(c, x, alpha));
+  TRY(b, scalar_for(c, x, beta));
   TRY(m, c.emit("aten.mul", {x, a}));
   TRY(s, c.emit("aten.add", {m, b}));
   TRY(y, c.emit("aten.clamp", {s}, {{"min", 0.0}, {"max", 1.0}}));
@@ -243,13 +261,13 @@ Error conv_Clip(NodeCtx& c) {
   if (dt != DType::Float32) {  // aten.clamp is float32-only: where(x < lo, lo, x), then the same for hi
     ValueId y = x;
     if (!std::holds_alternative<std::monostate>(lo)) {
-      TRY(l, c.scalar(dt, std::get<double>(lo)));
+      TRY(l, scalar_for(c, x, std::get<double>(lo)));
       TRY(lt, c.emit("aten.lt", {y, l}));
       TRY(w, c.emit("aten.where", {lt, l, y}));
       y = w;
     }
     if (!std::holds_alternative<std::monostate>(hi)) {
-      TRY(h, c.scalar(dt, std::get<double>(hi)));
+      TRY(h, scalar_for(c, x, std::get<double>(hi)));
       TRY(gt, c.emit("aten.gt", {y, h}));
       TRY(w, c.emit("aten.where", {gt, h, y}));
       y = w;
@@ -310,10 +328,9 @@ Error conv_Where(NodeCtx& c) {
 Error conv_Elu(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(alpha, c.attr_float("alpha", 1.0));
-  const DType dt = c.type(x).dtype;
-  TRY(zero, c.scalar(dt, 0));
-  TRY(one, c.scalar(dt, 1));
-  TRY(a, c.scalar(dt, alpha));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(one, scalar_for(c, x, 1));
+  TRY(a, scalar_for(c, x, alpha));
   TRY(pos, c.emit("aten.gt", {x, zero}));
   TRY(e, c.emit("aten.exp", {x}));
   TRY(em1, c.emit("aten.sub", {e, one}));
@@ -327,11 +344,10 @@ Error conv_Selu(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(alpha, c.attr_float("alpha", 1.67326319217681884765625));
   TRY(gamma, c.attr_float("gamma", 1.05070102214813232421875));
-  const DType dt = c.type(x).dtype;
-  TRY(zero, c.scalar(dt, 0));
-  TRY(one, c.scalar(dt, 1));
-  TRY(a, c.scalar(dt, alpha));
-  TRY(g, c.scalar(dt, gamma));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(one, scalar_for(c, x, 1));
+  TRY(a, scalar_for(c, x, alpha));
+  TRY(g, scalar_for(c, x, gamma));
   TRY(pos, c.emit("aten.gt", {x, zero}));
   TRY(e, c.emit("aten.exp", {x}));
   TRY(em1, c.emit("aten.sub", {e, one}));
@@ -346,10 +362,9 @@ Error conv_Celu(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(alpha, c.attr_float("alpha", 1.0));
   if (alpha == 0) return c.invalid("alpha must be non-zero");
-  const DType dt = c.type(x).dtype;
-  TRY(zero, c.scalar(dt, 0));
-  TRY(one, c.scalar(dt, 1));
-  TRY(a, c.scalar(dt, alpha));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(one, scalar_for(c, x, 1));
+  TRY(a, scalar_for(c, x, alpha));
   TRY(pos, c.emit("aten.gt", {x, zero}));
   TRY(xd, c.emit("aten.div", {x, a}));
   TRY(e, c.emit("aten.exp", {xd}));
@@ -363,9 +378,8 @@ Error conv_Celu(NodeCtx& c) {
 Error conv_ThresholdedRelu(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(alpha, c.attr_float("alpha", 1.0));
-  const DType dt = c.type(x).dtype;
-  TRY(zero, c.scalar(dt, 0));
-  TRY(a, c.scalar(dt, alpha));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(a, scalar_for(c, x, alpha));
   TRY(pos, c.emit("aten.gt", {x, a}));
   TRY(y, c.emit("aten.where", {pos, x, zero}));
   return c.set_output(0, y);
@@ -385,7 +399,7 @@ Error conv_PRelu(NodeCtx& c) {
     TRY(sv, view(c, slope0, v));
     slope = sv;
   }
-  TRY(zero, c.scalar(c.type(x).dtype, 0));
+  TRY(zero, scalar_for(c, x, 0));
   TRY(neg, c.emit("aten.lt", {x, zero}));
   TRY(m, c.emit("aten.mul", {x, slope}));
   TRY(y, c.emit("aten.where", {neg, m, x}));
@@ -396,7 +410,7 @@ Error conv_PRelu(NodeCtx& c) {
 // Softplus: log(exp(x) + 1). Softsign: x / (1 + |x|).
 Error conv_Softplus(NodeCtx& c) {
   TRY(x, c.input(0));
-  TRY(one, c.scalar(c.type(x).dtype, 1));
+  TRY(one, scalar_for(c, x, 1));
   TRY(e, c.emit("aten.exp", {x}));
   TRY(s, c.emit("aten.add", {e, one}));
   TRY(y, c.emit("aten.log", {s}));
@@ -404,7 +418,7 @@ Error conv_Softplus(NodeCtx& c) {
 }
 Error conv_Softsign(NodeCtx& c) {
   TRY(x, c.input(0));
-  TRY(one, c.scalar(c.type(x).dtype, 1));
+  TRY(one, scalar_for(c, x, 1));
   TRY(a, c.emit("aten.abs", {x}));
   TRY(s, c.emit("aten.add", {a, one}));
   TRY(y, c.emit("aten.div", {x, s}));
