@@ -607,6 +607,43 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
   return out;
 }
 
+// Names and strings from the file may hold any bytes: messages and names handed on (error text,
+// program value names, Python strings) get invalid UTF-8 and control characters as \xNN.
+std::string printable(const std::string& s) {
+  std::string out;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  auto esc = [&](unsigned char c) {
+    static const char* hex = "0123456789abcdef";
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  };
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      if (c < 0x20 && c != '\n' && c != '\t') esc(c); else out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    size_t len = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = len > 0 && i + len <= n && c != 0xc0 && c != 0xc1 && c < 0xf5;
+    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
+    if (ok && len == 3 && c == 0xe0 && p[i + 1] < 0xa0) ok = false;   // overlong
+    if (ok && len == 3 && c == 0xed && p[i + 1] >= 0xa0) ok = false;  // surrogates
+    if (ok && len == 4 && c == 0xf0 && p[i + 1] < 0x90) ok = false;   // overlong
+    if (ok && len == 4 && c == 0xf4 && p[i + 1] >= 0x90) ok = false;  // > U+10FFFF
+    if (!ok) {
+      esc(c);
+      ++i;
+      continue;
+    }
+    out.append(s, i, len);
+    i += len;
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -621,7 +658,15 @@ Result<ImportedModel> import_model_bytes(std::span<const uint8_t> bytes, const s
   if (!model.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage()) {
     return Error(ErrorCode::InvalidProgram, "not a valid ONNX model (protobuf ModelProto parse failed: truncated or corrupt)");
   }
-  return detail::import_proto(model, base_dir, options);
+  auto r = detail::import_proto(model, base_dir, options);
+  if (!r.ok()) return Error(r.error().code(), detail::printable(r.error().message()));
+  ImportedModel& m = r.value();
+  for (auto& n : m.input_names) n = detail::printable(n);
+  for (auto& n : m.output_names) n = detail::printable(n);
+  for (auto& n : m.notes) n = detail::printable(n);
+  for (auto& v : m.graph.mutable_values()) v.name = detail::printable(v.name);
+  for (auto& n : m.graph.mutable_nodes()) n.debug_name = detail::printable(n.debug_name);
+  return r;
 }
 
 Result<ImportedModel> import_model(const std::string& path, const ImportOptions& options) {
@@ -639,7 +684,7 @@ Result<ImportedModel> import_model(const std::string& path, const ImportOptions&
   std::string dir = fs::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
   auto r = import_model_bytes(bytes, dir, options);
-  if (!r.ok()) return Error(r.error().code(), path + ": " + r.error().message());
+  if (!r.ok()) return Error(r.error().code(), detail::printable(path) + ": " + r.error().message());
   return r;
 }
 
