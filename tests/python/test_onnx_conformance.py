@@ -38,4 +38,4 @@ def test_onnx_conformance(tmp_path, capsys):
     fails = [f"{x['suite']}/{x['name']}: {x['reason']}" for x in results if x["status"] == "fail"]
     assert s["kiln_dtype_pass_rate"] >= 0.95, f"{s}\nfailing:\n" + "\n".join(fails)
     assert s["attempted_pass_rate"] >= 0.95, f"{s}\nfailing:\n" + "\n".join(fails)
-    assert s["supported_op_pass_rate"] >= 0.88, s
+    assert s["supported_op_pass_rate"] >= 0.88, s  # 90% at the time of writing

@@ -1063,6 +1063,10 @@ Error reduce(NodeCtx& c, const std::string& kind) {
   }
   TRY(y0, c.emit(op, {in}, {{"dim", dims}, {"keepdim", kd}}));
   ValueId y = y0;
+  if (c.type(y).dtype != c.type(x).dtype) {  // aten.sum of integers gives int64; ONNX keeps the type
+    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(c.type(x).dtype))}}));
+    y = v;
+  }
   if (kind == "ReduceL2") {
     TRY(s, c.emit("aten.sqrt", {y}));
     y = s;
@@ -1613,6 +1617,888 @@ Error conv_LayerNormalization(NodeCtx& c) {
   return {};
 }
 
+
+// ---- more elementwise decompositions ----
+
+Result<ValueId> floor_of(NodeCtx& c, ValueId x) {
+  TRY(one, scalar_for(c, x, 1.0));
+  return c.emit("aten.div", {x, one}, {{"rounding_mode", std::string("floor")}});
+}
+
+Error float_only(NodeCtx& c, ValueId x) {
+  if (c.type(x).dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(c.type(x).dtype) + " (float32 only)");
+  return {};
+}
+
+// Floor: floor division by 1 (aten.div rounding_mode="floor"); Ceil: -floor(-x).
+Error conv_Floor(NodeCtx& c) {
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(y, floor_of(c, x));
+  return c.set_output(0, y);
+}
+Error conv_Ceil(NodeCtx& c) {
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(n, c.emit("aten.neg", {x}));
+  TRY(f, floor_of(c, n));
+  TRY(y, c.emit("aten.neg", {f}));
+  return c.set_output(0, y);
+}
+
+// Round half to even: r = floor(x), f = x - r (exact); r + (f > 0.5 or (f == 0.5 and r odd)).
+Result<ValueId> round_half_even(NodeCtx& c, ValueId x) {
+  TRY(r, floor_of(c, x));
+  TRY(f, c.emit("aten.sub", {x, r}));
+  TRY(half, scalar_for(c, x, 0.5));
+  TRY(two, scalar_for(c, x, 2.0));
+  TRY(gt, c.emit("aten.gt", {f, half}));
+  TRY(eq, c.emit("aten.eq", {f, half}));
+  TRY(r2, c.emit("aten.div", {r, two}, {{"rounding_mode", std::string("floor")}}));
+  TRY(r2x, c.emit("aten.mul", {r2, two}));
+  TRY(odd, c.emit("aten.ne", {r2x, r}));
+  TRY(tie, c.emit("aten.logical_and", {eq, odd}));
+  TRY(up, c.emit("aten.logical_or", {gt, tie}));
+  TRY(upf, c.emit("aten._to_copy", {up}, {{"dtype", std::string(dtype_name(c.type(x).dtype))}}));
+  return c.emit("aten.add", {r, upf});
+}
+Error conv_Round(NodeCtx& c) {
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(y, round_half_even(c, x));
+  return c.set_output(0, y);
+}
+
+// Sign: (x > 0) - (x < 0) in x's type.
+Error conv_Sign(NodeCtx& c) {
+  TRY(x, c.input(0));
+  const DType dt = c.type(x).dtype;
+  if (dt == DType::Bool || dt == DType::Float16 || dt == DType::BFloat16) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(one, scalar_for(c, x, 1));
+  TRY(m1, scalar_for(c, x, -1));
+  TRY(pos, c.emit("aten.gt", {x, zero}));
+  TRY(neg, c.emit("aten.lt", {x, zero}));
+  TRY(a, c.emit("aten.where", {neg, m1, zero}));
+  TRY(y, c.emit("aten.where", {pos, one, a}));
+  return c.set_output(0, y);
+}
+
+// Mod: fmod = 1: x - y * trunc(x / y) (C fmod, sign of x); fmod = 0 (integers): x - y * floor(x / y)
+// (sign of the divisor, Python %).
+Error conv_Mod(NodeCtx& c) {
+  TRY(a, c.input(0));
+  TRY(b, c.input(1));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b));
+  TRY(fmod, c.attr_int("fmod", 0));
+  const DType dt = c.type(a).dtype;
+  if (is_floating(dt) && !fmod) return c.invalid("fmod must be 1 for floating-point inputs");
+  if (dt != DType::Float32 && dt != DType::Int64 && dt != DType::Int32) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  TRY(q, c.emit("aten.div", {a, b}, {{"rounding_mode", std::string(fmod ? "trunc" : "floor")}}));
+  TRY(m, c.emit("aten.mul", {q, b}));
+  TRY(y, c.emit("aten.sub", {a, m}));
+  return c.set_output(0, y);
+}
+
+Error conv_IsNaN(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(y, c.emit("aten.ne", {x, x}));
+  return c.set_output(0, y);
+}
+
+Error conv_IsInf(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(pos, c.attr_int("detect_positive", 1));
+  TRY(neg, c.attr_int("detect_negative", 1));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  const double inf = std::numeric_limits<double>::infinity();
+  TRY(pi, scalar_for(c, x, inf));
+  TRY(ni, scalar_for(c, x, -inf));
+  TRY(ep, c.emit("aten.eq", {x, pi}));
+  TRY(en, c.emit("aten.eq", {x, ni}));
+  ValueId y;
+  if (pos && neg) {
+    TRY(v, c.emit("aten.logical_or", {ep, en}));
+    y = v;
+  } else if (pos) {
+    y = ep;
+  } else if (neg) {
+    y = en;
+  } else {
+    TRY(v, c.emit("aten.logical_and", {ep, en}));  // all false
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// Tan = sin / cos; Sinh, Cosh from exp; Asinh, Acosh, Atanh from log (their textbook forms).
+Error conv_Tan(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(s0, c.emit("aten.sin", {x}));
+  TRY(c0, c.emit("aten.cos", {x}));
+  TRY(y, c.emit("aten.div", {s0, c0}));
+  return c.set_output(0, y);
+}
+Error sinh_cosh(NodeCtx& c, bool is_sinh) {
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(e, c.emit("aten.exp", {x}));
+  TRY(n, c.emit("aten.neg", {x}));
+  TRY(en, c.emit("aten.exp", {n}));
+  TRY(s0, c.emit(is_sinh ? "aten.sub" : "aten.add", {e, en}));
+  TRY(two, scalar_for(c, x, 2.0));
+  TRY(y, c.emit("aten.div", {s0, two}));
+  return c.set_output(0, y);
+}
+Error conv_Sinh(NodeCtx& c) { return sinh_cosh(c, true); }
+Error conv_Cosh(NodeCtx& c) { return sinh_cosh(c, false); }
+Error conv_Asinh(NodeCtx& c) {  // log(x + sqrt(x^2 + 1))
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(one, scalar_for(c, x, 1.0));
+  TRY(x2, c.emit("aten.mul", {x, x}));
+  TRY(a, c.emit("aten.add", {x2, one}));
+  TRY(r, c.emit("aten.sqrt", {a}));
+  TRY(s0, c.emit("aten.add", {x, r}));
+  TRY(y, c.emit("aten.log", {s0}));
+  return c.set_output(0, y);
+}
+Error conv_Acosh(NodeCtx& c) {  // log(x + sqrt(x^2 - 1))
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(one, scalar_for(c, x, 1.0));
+  TRY(x2, c.emit("aten.mul", {x, x}));
+  TRY(a, c.emit("aten.sub", {x2, one}));
+  TRY(r, c.emit("aten.sqrt", {a}));
+  TRY(s0, c.emit("aten.add", {x, r}));
+  TRY(y, c.emit("aten.log", {s0}));
+  return c.set_output(0, y);
+}
+Error conv_Atanh(NodeCtx& c) {  // 0.5 * log((1 + x) / (1 - x))
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(one, scalar_for(c, x, 1.0));
+  TRY(half, scalar_for(c, x, 0.5));
+  TRY(p, c.emit("aten.add", {one, x}));
+  TRY(m, c.emit("aten.sub", {one, x}));
+  TRY(q, c.emit("aten.div", {p, m}));
+  TRY(l, c.emit("aten.log", {q}));
+  TRY(y, c.emit("aten.mul", {l, half}));
+  return c.set_output(0, y);
+}
+
+// Mish: x * tanh(softplus(x)) = x * tanh(log(1 + exp(x))).
+Error conv_Mish(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(one, scalar_for(c, x, 1.0));
+  TRY(e, c.emit("aten.exp", {x}));
+  TRY(s0, c.emit("aten.add", {e, one}));
+  TRY(sp, c.emit("aten.log", {s0}));
+  TRY(t, c.emit("aten.tanh", {sp}));
+  TRY(y, c.emit("aten.mul", {x, t}));
+  return c.set_output(0, y);
+}
+
+// Shrink: x < -lambd ? x + bias : x > lambd ? x - bias : 0.
+Error conv_Shrink(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(lambd, c.attr_float("lambd", 0.5));
+  TRY(bias, c.attr_float("bias", 0.0));
+  const DType dt = c.type(x).dtype;
+  if (dt != DType::Float32 && dt != DType::Int64 && dt != DType::Int32) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  TRY(l, scalar_for(c, x, lambd));
+  TRY(nl, scalar_for(c, x, -lambd));
+  TRY(bv, scalar_for(c, x, bias));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(lo, c.emit("aten.lt", {x, nl}));
+  TRY(hi, c.emit("aten.gt", {x, l}));
+  TRY(xp, c.emit("aten.add", {x, bv}));
+  TRY(xm, c.emit("aten.sub", {x, bv}));
+  TRY(a, c.emit("aten.where", {hi, xm, zero}));
+  TRY(y, c.emit("aten.where", {lo, xp, a}));
+  return c.set_output(0, y);
+}
+
+// CastLike: Cast to the element type of input 1.
+Error conv_CastLike(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(like, c.input(1));
+  if (c.has_attr("saturate")) {
+    TRY(sat, c.attr_int("saturate", 1));  // opset 19 (float8 only)
+    (void)sat;
+  }
+  TRY(y, c.emit("aten._to_copy", {x}, {{"dtype", std::string(dtype_name(c.type(like).dtype))}}));
+  return c.set_output(0, y);
+}
+
+// ---- index-based ops ----
+
+// ArgMin: argmax(-x) (first index of the minimum); select_last_index as for ArgMax.
+Error conv_ArgMin(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axis_raw, c.attr_int("axis", 0));
+  TRY(keep, c.attr_int("keepdims", 1));
+  TRY(last, c.attr_int("select_last_index", 0));
+  TRY(axis, wrap_axis(c, axis_raw, c.rank(x), "axis"));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(n0, c.emit("aten.neg", {x}));
+  ValueId nx = n0;
+  const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
+  if (last) {
+    Ints rev(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rev[static_cast<size_t>(i)] = n - 1 - i;
+    TRY(ri, c.int64_vector(rev));
+    TRY(g, gather(c, n0, ri, axis));
+    nx = g;
+  }
+  TRY(am, c.emit("aten.argmax", {nx}, {{"dim", axis}, {"keepdim", keep != 0}}));
+  ValueId y = am;
+  if (last) {
+    TRY(top, c.scalar(DType::Int64, static_cast<double>(n - 1)));
+    TRY(v, c.emit("aten.sub", {top, am}));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// A constant int64 tensor [1, .., n, .., 1] (rank r, n at `axis`) holding 0 .. n-1.
+Result<ValueId> iota_along(NodeCtx& c, int64_t n, int64_t axis, int64_t r) {
+  Ints v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), int64_t{0});
+  TRY(iv, c.int64_vector(v));
+  Ints shape(static_cast<size_t>(r), 1);
+  shape[static_cast<size_t>(axis)] = n;
+  return view(c, iv, shape);
+}
+
+// Hardmax: 1 at the first maximum along `axis` (opset 13: default -1; before: the input coerced to
+// 2-D at axis, default 1), 0 elsewhere.
+Error conv_Hardmax(NodeCtx& c) {
+  TRY(x0, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x0));
+  const Ints s = c.type(x0).sizes;
+  const int64_t r = static_cast<int64_t>(s.size());
+  TRY(axis_raw, c.attr_int("axis", c.opset() >= 13 ? -1 : 1));
+  TRY(axis0, wrap_axis(c, axis_raw, r, "axis"));
+  ValueId x = x0;
+  int64_t axis = axis0, rank = r;
+  if (c.opset() < 13) {
+    int64_t a = 1, b = 1;
+    for (int64_t i = 0; i < r; ++i) (i < axis0 ? a : b) *= s[static_cast<size_t>(i)];
+    TRY(v, view(c, x0, {a, b}));
+    x = v, axis = 1, rank = 2;
+  }
+  const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
+  TRY(am, c.emit("aten.argmax", {x}, {{"dim", axis}, {"keepdim", true}}));
+  TRY(io, iota_along(c, n, axis, rank));
+  TRY(eq, c.emit("aten.eq", {io, am}));
+  TRY(y0, c.emit("aten._to_copy", {eq}, {{"dtype", std::string("float32")}}));
+  TRY(y, view(c, y0, s));
+  return c.set_output(0, y);
+}
+
+// OneHot(indices, depth, values=[off, on]): out[..., k, ...] = (indices == k) ? on : off, with k
+// inserted at `axis` (default -1); negative indices count from depth.
+Error conv_OneHot(NodeCtx& c) {
+  TRY(idx, c.input(0));
+  TRY(dv, c.input(1));
+  TRY(vals, c.input(2));
+  TRY(axis_raw, c.attr_int("axis", -1));
+  TRY(depth_v, c.const_floats(dv, "depth"));
+  if (depth_v.size() != 1 || !(depth_v[0] >= 1) || depth_v[0] > (1 << 24)) return c.invalid("depth must be a positive scalar");
+  const int64_t depth = static_cast<int64_t>(depth_v[0]);
+  if (c.type(vals).numel() != 2) return c.invalid("values must hold [off_value, on_value]");
+  const int64_t r = c.rank(idx) + 1;
+  TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+  ValueId ix = idx;
+  if (c.type(idx).dtype != DType::Int64) {
+    TRY(v, c.emit("aten._to_copy", {idx}, {{"dtype", std::string("int64")}}));
+    ix = v;
+  }
+  TRY(zero, c.scalar(DType::Int64, 0));
+  TRY(dep, c.scalar(DType::Int64, static_cast<double>(depth)));
+  TRY(neg, c.emit("aten.lt", {ix, zero}));
+  TRY(sh, c.emit("aten.add", {ix, dep}));
+  TRY(w, c.emit("aten.where", {neg, sh, ix}));
+  Ints us = c.type(idx).sizes;
+  us.insert(us.begin() + axis, 1);
+  TRY(u, view(c, w, us));
+  TRY(io, iota_along(c, depth, axis, r));
+  TRY(eq, c.emit("aten.eq", {u, io}));
+  TRY(off, c.emit("aten.select", {vals}, {{"dim", int64_t{0}}, {"index", int64_t{0}}}));
+  TRY(on, c.emit("aten.select", {vals}, {{"dim", int64_t{0}}, {"index", int64_t{1}}}));
+  TRY(y, c.emit("aten.where", {eq, on, off}));
+  return c.set_output(0, y);
+}
+
+// EyeLike: a constant of the input's 2-D shape with ones on diagonal k; dtype attribute or the input's.
+Error conv_EyeLike(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(k, c.attr_int("k", 0));
+  DType dt = c.type(x).dtype;
+  if (c.has_attr("dtype")) {
+    TRY(t, c.attr_int("dtype", 1));
+    auto d = kiln_dtype(static_cast<int>(t));
+    if (!d.ok()) return c.unsupported("attribute 'dtype': " + d.error().message());
+    dt = *d;
+  }
+  const Ints s = c.type(x).sizes;
+  if (s.size() != 2) return c.invalid("input must be 2-D");
+  std::vector<uint8_t> bytes(static_cast<size_t>(s[0] * s[1]) * dtype_size(dt), 0);
+  TRY(one, c.scalar(dt, 1));
+  const auto& ob = *c.im.graph.value(one).constant;
+  for (int64_t i = 0; i < s[0]; ++i) {
+    const int64_t j = i + k;
+    if (j >= 0 && j < s[1]) std::memcpy(bytes.data() + static_cast<size_t>(i * s[1] + j) * dtype_size(dt), ob.data(), dtype_size(dt));
+  }
+  TRY(y, c.constant(TensorType{dt, s}, std::move(bytes)));
+  return c.set_output(0, y);
+}
+
+// Trilu: keeps the upper (upper = 1: j - i >= k) or lower (j - i <= k) triangle of the last two dims.
+Error conv_Trilu(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(upper, c.attr_int("upper", 1));
+  int64_t k = 0;
+  if (c.has_input(1)) {
+    TRY(kv, c.input(1));
+    TRY(kk, c.const_ints(kv, "k"));
+    if (kk.size() != 1) return c.invalid("k must be a scalar");
+    k = kk[0];
+  }
+  const Ints s = c.type(x).sizes;
+  if (s.size() < 2) return c.invalid("input must have rank >= 2");
+  const int64_t n = s[s.size() - 2], m = s[s.size() - 1];
+  std::vector<uint8_t> mask(static_cast<size_t>(n * m));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) mask[static_cast<size_t>(i * m + j)] = upper ? (j - i >= k) : (j - i <= k);
+  }
+  TRY(mv, c.constant(TensorType{DType::Bool, {n, m}}, std::move(mask)));
+  TRY(zero, c.scalar(c.type(x).dtype, 0));
+  TRY(y, c.emit("aten.where", {mv, x, zero}));
+  return c.set_output(0, y);
+}
+
+// CumSum along a constant axis: a matrix product with a constant 0/1 triangle (exclusive / reverse
+// choose which); integer inputs go through float32 (exact while sums stay below 2^24).
+Error conv_CumSum(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(av, c.input(1));
+  TRY(exclusive, c.attr_int("exclusive", 0));
+  TRY(reverse, c.attr_int("reverse", 0));
+  TRY(ax, c.const_ints(av, "axis"));
+  if (ax.size() != 1) return c.invalid("axis must be a scalar");
+  const int64_t r = c.rank(x);
+  TRY(axis, wrap_axis(c, ax[0], r, "axis"));
+  const DType dt = c.type(x).dtype;
+  if (dt != DType::Float32 && dt != DType::Int32 && dt != DType::Int64) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
+  // weight [n_out, n_in] for aten.linear over the last dim.
+  std::vector<uint8_t> w(static_cast<size_t>(n * n) * 4, 0);
+  for (int64_t o = 0; o < n; ++o) {
+    for (int64_t i = 0; i < n; ++i) {
+      const bool take = reverse ? (exclusive ? i > o : i >= o) : (exclusive ? i < o : i <= o);
+      const float one = take ? 1.0f : 0.0f;
+      std::memcpy(w.data() + static_cast<size_t>(o * n + i) * 4, &one, 4);
+    }
+  }
+  TRY(wv, c.constant(TensorType{DType::Float32, {n, n}}, std::move(w)));
+  ValueId xf = x;
+  if (dt != DType::Float32) {
+    TRY(v, c.emit("aten._to_copy", {x}, {{"dtype", std::string("float32")}}));
+    xf = v;
+  }
+  ValueId xt = xf;
+  if (axis != r - 1) {
+    TRY(v, c.emit("aten.transpose", {xf}, {{"dim0", axis}, {"dim1", r - 1}}));
+    xt = v;
+  }
+  TRY(l, c.emit("aten.linear", {xt, wv, kNoValue}));
+  ValueId y = l;
+  if (axis != r - 1) {
+    TRY(v, c.emit("aten.transpose", {l}, {{"dim0", axis}, {"dim1", r - 1}}));
+    y = v;
+  }
+  if (dt != DType::Float32) {
+    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(dt))}}));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// GatherElements: out[i...] = data[i with i[axis] = indices[i...]]: an embedding lookup into the
+// flattened data at linear index base(i) + (indices[i] wrapped) * stride(axis).
+Error conv_GatherElements(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(idx0, c.input(1));
+  TRY(axis_raw, c.attr_int("axis", 0));
+  const Ints ds = c.type(x).sizes, is = c.type(idx0).sizes;
+  const int64_t r = static_cast<int64_t>(ds.size());
+  TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+  if (static_cast<int64_t>(is.size()) != r) return c.invalid("indices must have the data's rank");
+  for (int64_t d = 0; d < r; ++d) {
+    if (d != axis && is[static_cast<size_t>(d)] > ds[static_cast<size_t>(d)]) return c.invalid("indices larger than data");
+  }
+  Ints stride(static_cast<size_t>(r), 1);
+  for (int64_t d = r - 2; d >= 0; --d) stride[static_cast<size_t>(d)] = stride[static_cast<size_t>(d + 1)] * ds[static_cast<size_t>(d + 1)];
+  const int64_t n = numel_of(is);
+  std::vector<int64_t> base(static_cast<size_t>(n));
+  for (int64_t flat = 0; flat < n; ++flat) {
+    int64_t rem = flat, off = 0;
+    for (int64_t d = r - 1; d >= 0; --d) {
+      const int64_t coord = rem % is[static_cast<size_t>(d)];
+      rem /= is[static_cast<size_t>(d)];
+      if (d != axis) off += coord * stride[static_cast<size_t>(d)];
+    }
+    base[static_cast<size_t>(flat)] = off;
+  }
+  ValueId idx = idx0;
+  if (c.type(idx0).dtype != DType::Int64) {
+    TRY(v, c.emit("aten._to_copy", {idx0}, {{"dtype", std::string("int64")}}));
+    idx = v;
+  }
+  const int64_t dim = ds[static_cast<size_t>(axis)];
+  TRY(zero, c.scalar(DType::Int64, 0));
+  TRY(dv, c.scalar(DType::Int64, static_cast<double>(dim)));
+  TRY(neg, c.emit("aten.lt", {idx, zero}));
+  TRY(sh, c.emit("aten.add", {idx, dv}));
+  TRY(w, c.emit("aten.where", {neg, sh, idx}));
+  TRY(st, c.scalar(DType::Int64, static_cast<double>(stride[static_cast<size_t>(axis)])));
+  TRY(ws, c.emit("aten.mul", {w, st}));
+  std::vector<uint8_t> bb(base.size() * 8);
+  if (!base.empty()) std::memcpy(bb.data(), base.data(), bb.size());
+  TRY(bv, c.constant(TensorType{DType::Int64, is}, std::move(bb)));
+  TRY(lin, c.emit("aten.add", {ws, bv}));
+  TRY(flat, view(c, x, {numel_of(ds), 1}));
+  TRY(e, c.emit("aten.embedding", {flat, lin}));
+  TRY(y, view(c, e, is));
+  return c.set_output(0, y);
+}
+
+// GatherND (batch_dims = 0): out[i..., rest] = data[indices[i..., :], rest] as an embedding lookup
+// into data viewed [prod(data.shape[:k]), rest] at the linear index sum_j indices[..., j] * stride_j.
+Error conv_GatherND(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(idx0, c.input(1));
+  TRY(bd, c.attr_int("batch_dims", 0));
+  if (bd != 0) return c.unsupported("attribute 'batch_dims' = " + std::to_string(bd));
+  const Ints ds = c.type(x).sizes, is = c.type(idx0).sizes;
+  if (is.empty()) return c.invalid("indices must have rank >= 1");
+  const int64_t k = is.back();
+  if (k < 1 || k > static_cast<int64_t>(ds.size())) return c.invalid("indices' last dim must be in [1, data rank]");
+  Ints stride(static_cast<size_t>(k), 1);
+  for (int64_t j = k - 2; j >= 0; --j) stride[static_cast<size_t>(j)] = stride[static_cast<size_t>(j + 1)] * ds[static_cast<size_t>(j + 1)];
+  int64_t lead = 1, rest = 1;
+  for (int64_t j = 0; j < static_cast<int64_t>(ds.size()); ++j) (j < k ? lead : rest) *= ds[static_cast<size_t>(j)];
+  ValueId idx = idx0;
+  if (c.type(idx0).dtype != DType::Int64) {
+    TRY(v, c.emit("aten._to_copy", {idx0}, {{"dtype", std::string("int64")}}));
+    idx = v;
+  }
+  ValueId lin = kNoValue;
+  for (int64_t j = 0; j < k; ++j) {
+    TRY(sel, c.emit("aten.select", {idx}, {{"dim", int64_t{-1}}, {"index", j}}));
+    TRY(zero, c.scalar(DType::Int64, 0));
+    TRY(dv, c.scalar(DType::Int64, static_cast<double>(ds[static_cast<size_t>(j)])));
+    TRY(neg, c.emit("aten.lt", {sel, zero}));
+    TRY(sh, c.emit("aten.add", {sel, dv}));
+    TRY(w, c.emit("aten.where", {neg, sh, sel}));
+    TRY(st, c.scalar(DType::Int64, static_cast<double>(stride[static_cast<size_t>(j)])));
+    TRY(term, c.emit("aten.mul", {w, st}));
+    if (lin == kNoValue) {
+      lin = term;
+    } else {
+      TRY(a, c.emit("aten.add", {lin, term}));
+      lin = a;
+    }
+  }
+  TRY(d2, view(c, x, {lead, rest}));
+  TRY(e, c.emit("aten.embedding", {d2, lin}));
+  Ints out(is.begin(), is.end() - 1);
+  out.insert(out.end(), ds.begin() + k, ds.end());
+  TRY(y, view(c, e, out));
+  return c.set_output(0, y);
+}
+
+// ---- normalizations ----
+
+// LpNormalization: x / ||x||_p along axis (p = 1 or 2).
+Error conv_LpNormalization(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axis_raw, c.attr_int("axis", -1));
+  TRY(p, c.attr_int("p", 2));
+  if (p != 1 && p != 2) return c.invalid("p must be 1 or 2");
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(axis, wrap_axis(c, axis_raw, c.rank(x), "axis"));
+  ValueId t;
+  if (p == 2) {
+    TRY(v, c.emit("aten.mul", {x, x}));
+    t = v;
+  } else {
+    TRY(v, c.emit("aten.abs", {x}));
+    t = v;
+  }
+  TRY(sm, c.emit("aten.sum", {t}, {{"dim", Ints{axis}}, {"keepdim", true}}));
+  ValueId norm = sm;
+  if (p == 2) {
+    TRY(v, c.emit("aten.sqrt", {sm}));
+    norm = v;
+  }
+  TRY(y, c.emit("aten.div", {x, norm}));
+  return c.set_output(0, y);
+}
+
+// MeanVarianceNormalization (its ONNX function body): (X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9)
+// over `axes` (default [0, 2, 3]).
+Error conv_MeanVarianceNormalization(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axes, c.attr_ints("axes", {0, 2, 3}));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  Ints dims;
+  for (int64_t a : axes) {
+    TRY(w, wrap_axis(c, a, c.rank(x), "axis"));
+    dims.push_back(w);
+  }
+  TRY(ex, c.emit("aten.mean", {x}, {{"dim", dims}, {"keepdim", true}}));
+  TRY(x2, c.emit("aten.mul", {x, x}));
+  TRY(ex2, c.emit("aten.mean", {x2}, {{"dim", dims}, {"keepdim", true}}));
+  TRY(exsq, c.emit("aten.mul", {ex, ex}));
+  TRY(var, c.emit("aten.sub", {ex2, exsq}));
+  TRY(sd, c.emit("aten.sqrt", {var}));
+  TRY(eps, scalar_for(c, x, 1e-9));
+  TRY(sde, c.emit("aten.add", {sd, eps}));
+  TRY(d, c.emit("aten.sub", {x, ex}));
+  TRY(y, c.emit("aten.div", {d, sde}));
+  return c.set_output(0, y);
+}
+
+// LRN: x / (bias + alpha / size * sum of x^2 over the channel window [c - floor((size-1)/2),
+// c + ceil((size-1)/2)])^beta; the window sum is an avg_pool2d over channels times size.
+Error conv_LRN(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(alpha, c.attr_float("alpha", 1e-4));
+  TRY(beta, c.attr_float("beta", 0.75));
+  TRY(bias, c.attr_float("bias", 1.0));
+  TRY(size, c.attr_int("size", 0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  const Ints s = c.type(x).sizes;
+  if (s.size() < 3 || size < 1) return c.invalid("needs rank >= 3 and size >= 1");
+  int64_t rest = 1;
+  for (size_t i = 2; i < s.size(); ++i) rest *= s[i];
+  TRY(sq, c.emit("aten.mul", {x, x}));
+  TRY(v4, view(c, sq, {s[0], 1, s[1], rest}));
+  const int64_t before = (size - 1) / 2, after = size - 1 - before;
+  TRY(pd, c.emit("aten.constant_pad_nd", {v4}, {{"pad", Ints{0, 0, before, after}}, {"value", 0.0}}));
+  TRY(av, c.emit("aten.avg_pool2d", {pd}, {{"kernel_size", Ints{size, 1}}, {"stride", Ints{1, 1}},
+                                             {"padding", Ints{0, 0}}, {"ceil_mode", false}, {"count_include_pad", true}}));
+  TRY(sum4, view(c, av, s));  // mean over the window = sum / size
+  TRY(a, scalar_for(c, x, alpha));
+  TRY(b, scalar_for(c, x, bias));
+  TRY(be, scalar_for(c, x, beta));
+  TRY(m, c.emit("aten.mul", {sum4, a}));
+  TRY(t, c.emit("aten.add", {m, b}));
+  TRY(pw, c.emit("aten.pow", {t, be}));
+  TRY(y, c.emit("aten.div", {x, pw}));
+  return c.set_output(0, y);
+}
+
+// GlobalLpPool / LpPool (p-norm over windows): (sum |x|^p)^(1/p); LpPool's window sum is
+// avg_pool2d (count_include_pad) times the kernel area.
+Error conv_GlobalLpPool(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(p, c.attr_int("p", 2));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  if (p < 1) return c.invalid("p must be >= 1");
+  const int64_t r = c.rank(x);
+  if (r < 3) return c.invalid("input must have rank >= 3");
+  TRY(ab, c.emit("aten.abs", {x}));
+  TRY(pv, scalar_for(c, x, static_cast<double>(p)));
+  TRY(pw, c.emit("aten.pow", {ab, pv}));
+  Ints dims;
+  for (int64_t i = 2; i < r; ++i) dims.push_back(i);
+  TRY(sm, c.emit("aten.sum", {pw}, {{"dim", dims}, {"keepdim", true}}));
+  TRY(ip, scalar_for(c, sm, 1.0 / static_cast<double>(p)));
+  TRY(y, c.emit("aten.pow", {sm, ip}));
+  return c.set_output(0, y);
+}
+Error conv_LpPool(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(p, c.attr_int("p", 2));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  if (p < 1) return c.invalid("p must be >= 1");
+  const Ints xs = c.type(x).sizes;
+  if (xs.size() != 4) return c.unsupported("input of rank " + std::to_string(xs.size()) + " (2-D pooling only)");
+  if (!c.has_attr("kernel_shape")) return c.invalid("missing attribute 'kernel_shape'");
+  TRY(kernel, c.attr_ints("kernel_shape", {}));
+  if (kernel.size() != 2) return c.invalid("kernel_shape must have 2 values");
+  TRY(ceil, c.attr_int("ceil_mode", 0));
+  if (ceil) return c.unsupported("attribute 'ceil_mode' = 1");
+  TRY(s, spatial_attrs(c, Ints(xs.begin() + 2, xs.end()), kernel, true));
+  TRY(ab, c.emit("aten.abs", {x}));
+  TRY(pv, scalar_for(c, x, static_cast<double>(p)));
+  TRY(pw, c.emit("aten.pow", {ab, pv}));
+  Ints aten;
+  for (size_t k = 2; k-- > 0;) {
+    aten.push_back(s.pad_begin[k]);
+    aten.push_back(s.pad_end[k]);
+  }
+  TRY(pd, c.emit("aten.constant_pad_nd", {pw}, {{"pad", aten}, {"value", 0.0}}));
+  for (int64_t d : s.dilations) {
+    if (d != 1) return c.unsupported("dilations");
+  }
+  TRY(av, c.emit("aten.avg_pool2d", {pd}, {{"kernel_size", s.kernel}, {"stride", s.strides}, {"padding", Ints{0, 0}},
+                                            {"ceil_mode", false}, {"count_include_pad", true}}));
+  TRY(area, scalar_for(c, av, static_cast<double>(kernel[0] * kernel[1])));
+  TRY(sm, c.emit("aten.mul", {av, area}));
+  TRY(ip, scalar_for(c, sm, 1.0 / static_cast<double>(p)));
+  TRY(y, c.emit("aten.pow", {sm, ip}));
+  return c.set_output(0, y);
+}
+
+// ---- quantization (QDQ) ----
+
+// DequantizeLinear: (x - zero_point) * scale, per tensor or per `axis` (1-D scale).
+Error conv_DequantizeLinear(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(scale, c.input(1));
+  TRY(zp, c.opt_input(2));
+  TRY(axis_raw, c.attr_int("axis", 1));
+  const int64_t r = c.rank(x);
+  auto per_axis = [&](ValueId v) -> Result<ValueId> {
+    if (v == kNoValue || c.rank(v) == 0 || r == 0) return v;
+    if (c.rank(v) != 1) return c.invalid("scale / zero_point must be a scalar or 1-D");
+    TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+    Ints shape(static_cast<size_t>(r), 1);
+    shape[static_cast<size_t>(axis)] = c.type(v).sizes[0];
+    return view(c, v, shape);
+  };
+  TRY(xf, c.emit("aten._to_copy", {x}, {{"dtype", std::string("float32")}}));
+  ValueId y = xf;
+  if (zp != kNoValue) {
+    TRY(zf, c.emit("aten._to_copy", {zp}, {{"dtype", std::string("float32")}}));
+    TRY(zr, per_axis(zf));
+    TRY(v, c.emit("aten.sub", {y, zr}));
+    y = v;
+  }
+  TRY(sr, per_axis(scale));
+  TRY(v, c.emit("aten.mul", {y, sr}));
+  return c.set_output(0, v);
+}
+
+// QuantizeLinear: saturate(round_half_even(x / scale) + zero_point) to uint8 (default) or int8.
+Error conv_QuantizeLinear(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(scale, c.input(1));
+  TRY(zp, c.opt_input(2));
+  TRY(axis_raw, c.attr_int("axis", 1));
+  if (c.has_attr("saturate")) {
+    TRY(sat, c.attr_int("saturate", 1));  // opset 19, float8 only
+    (void)sat;
+  }
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  const DType out = zp == kNoValue ? DType::UInt8 : c.type(zp).dtype;
+  if (out != DType::UInt8 && out != DType::Int8) return c.unsupported(std::string("output dtype ") + dtype_name(out));
+  const int64_t r = c.rank(x);
+  auto per_axis = [&](ValueId v) -> Result<ValueId> {
+    if (v == kNoValue || c.rank(v) == 0 || r == 0) return v;
+    if (c.rank(v) != 1) return c.invalid("scale / zero_point must be a scalar or 1-D");
+    TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+    Ints shape(static_cast<size_t>(r), 1);
+    shape[static_cast<size_t>(axis)] = c.type(v).sizes[0];
+    return view(c, v, shape);
+  };
+  TRY(sr, per_axis(scale));
+  TRY(q, c.emit("aten.div", {x, sr}));
+  TRY(rq, round_half_even(c, q));
+  ValueId y = rq;
+  if (zp != kNoValue) {
+    TRY(zf, c.emit("aten._to_copy", {zp}, {{"dtype", std::string("float32")}}));
+    TRY(zr, per_axis(zf));
+    TRY(v, c.emit("aten.add", {y, zr}));
+    y = v;
+  }
+  const double lo = out == DType::UInt8 ? 0 : -128, hi = out == DType::UInt8 ? 255 : 127;
+  TRY(cl, c.emit("aten.clamp", {y}, {{"min", lo}, {"max", hi}}));
+  TRY(v, c.emit("aten._to_copy", {cl}, {{"dtype", std::string(dtype_name(out))}}));
+  return c.set_output(0, v);
+}
+
+
+// ---- losses (pure functions of their inputs, usable in inference graphs) ----
+
+// NegativeLogLikelihoodLoss(input [N, C, d...], target [N, d...], weight [C]?): loss = -input[n,
+// target, d...] * weight[target], 0 where target == ignore_index; reduction none / sum / mean (sum
+// divided by the sum of the applied weights).
+Result<ValueId> nll_loss(NodeCtx& c, ValueId x, ValueId t, ValueId w, const std::string& reduction,
+                         std::optional<int64_t> ignore) {
+  const Ints xs = c.type(x).sizes;
+  const int64_t r = static_cast<int64_t>(xs.size());
+  if (r < 2) return c.invalid("input must have rank >= 2 [N, C, ...]");
+  Ints ts = xs;
+  ts.erase(ts.begin() + 1);
+  if (c.type(t).sizes != ts) return c.invalid("target shape must be the input's without dim 1");
+  if (c.type(x).dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(c.type(x).dtype));
+  if (reduction != "none" && reduction != "sum" && reduction != "mean") return c.invalid("reduction '" + reduction + "'");
+  ValueId ti = t;
+  if (c.type(t).dtype != DType::Int64) {
+    TRY(v, c.emit("aten._to_copy", {t}, {{"dtype", std::string("int64")}}));
+    ti = v;
+  }
+  ValueId valid = kNoValue, tsafe = ti;
+  if (ignore) {
+    TRY(ig, c.scalar(DType::Int64, static_cast<double>(*ignore)));
+    TRY(zero, c.scalar(DType::Int64, 0));
+    TRY(ne, c.emit("aten.ne", {ti, ig}));
+    TRY(ts2, c.emit("aten.where", {ne, ti, zero}));
+    valid = ne, tsafe = ts2;
+  }
+  Ints us = ts;
+  us.insert(us.begin() + 1, 1);
+  TRY(tu, view(c, tsafe, us));
+  TRY(io, iota_along(c, xs[1], 1, r));
+  TRY(oh, c.emit("aten.eq", {tu, io}));
+  TRY(zf, c.scalar(DType::Float32, 0));
+  TRY(sel, c.emit("aten.where", {oh, x, zf}));
+  TRY(picked, c.emit("aten.sum", {sel}, {{"dim", Ints{1}}, {"keepdim", false}}));
+  TRY(loss0, c.emit("aten.neg", {picked}));
+  ValueId wt = kNoValue;  // weight applied per element
+  if (w != kNoValue) {
+    TRY(g, gather(c, w, tsafe, 0));
+    wt = g;
+  }
+  if (valid != kNoValue) {
+    TRY(vf, c.emit("aten._to_copy", {valid}, {{"dtype", std::string("float32")}}));
+    if (wt == kNoValue) {
+      wt = vf;
+    } else {
+      TRY(m, c.emit("aten.mul", {wt, vf}));
+      wt = m;
+    }
+  }
+  ValueId loss = loss0;
+  if (wt != kNoValue) {
+    TRY(m, c.emit("aten.mul", {loss0, wt}));
+    loss = m;
+  }
+  if (reduction == "none") return loss;
+  TRY(total, c.emit("aten.sum", {loss}, {{"dim", std::monostate{}}, {"keepdim", false}}));
+  if (reduction == "sum") return total;
+  if (wt == kNoValue) return c.emit("aten.mean", {loss}, {{"dim", std::monostate{}}, {"keepdim", false}});
+  TRY(den, c.emit("aten.sum", {wt}, {{"dim", std::monostate{}}, {"keepdim", false}}));
+  return c.emit("aten.div", {total, den});
+}
+
+Error conv_NegativeLogLikelihoodLoss(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(t, c.input(1));
+  TRY(w, c.opt_input(2));
+  TRY(reduction, c.attr_string("reduction", "mean"));
+  std::optional<int64_t> ignore;
+  if (c.has_attr("ignore_index")) {
+    TRY(v, c.attr_int("ignore_index", 0));
+    ignore = v;
+  }
+  TRY(y, nll_loss(c, x, t, w, reduction, ignore));
+  return c.set_output(0, y);
+}
+
+// SoftmaxCrossEntropyLoss: NegativeLogLikelihoodLoss of log_softmax(scores) over dim 1; the optional
+// second output is that log_softmax.
+Error conv_SoftmaxCrossEntropyLoss(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(t, c.input(1));
+  TRY(w, c.opt_input(2));
+  TRY(reduction, c.attr_string("reduction", "mean"));
+  std::optional<int64_t> ignore;
+  if (c.has_attr("ignore_index")) {
+    TRY(v, c.attr_int("ignore_index", 0));
+    ignore = v;
+  }
+  if (c.rank(x) < 2) return c.invalid("scores must have rank >= 2 [N, C, ...]");
+  TRY(lp, c.emit("aten._log_softmax", {x}, {{"dim", int64_t{1}}, {"half_to_float", false}}));
+  TRY(y, nll_loss(c, lp, t, w, reduction, ignore));
+  KILN_RETURN_IF_ERROR(c.set_output(0, y));
+  return c.set_output(1, lp);
+}
+
+// ReduceProd: products of the slices along each reduced axis (axes of up to 64 elements).
+Error conv_ReduceProd(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axes, axes_of(c, 1, 18));
+  TRY(keep, c.attr_int("keepdims", 1));
+  const int64_t r = c.rank(x);
+  const DType dt = c.type(x).dtype;
+  if (dt != DType::Float32 && dt != DType::Int64 && dt != DType::Int32) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  std::vector<bool> red(static_cast<size_t>(r), !axes || axes->empty());
+  if (axes) {
+    for (int64_t a : *axes) {
+      TRY(w, wrap_axis(c, a, r, "axis"));
+      red[static_cast<size_t>(w)] = true;
+    }
+  }
+  ValueId y = x;
+  for (int64_t d = 0; d < r; ++d) {
+    if (!red[static_cast<size_t>(d)]) continue;
+    const int64_t n = c.type(y).sizes[static_cast<size_t>(d)];
+    if (n > 64) return c.unsupported("ReduceProd over an axis of more than 64 elements");
+    if (n == 0) return c.unsupported("ReduceProd over an empty axis");
+    TRY(acc0, c.emit("aten.slice", {y}, {{"dim", d}, {"start", int64_t{0}}, {"end", int64_t{1}}, {"step", int64_t{1}}}));
+    ValueId acc = acc0;
+    for (int64_t i = 1; i < n; ++i) {
+      TRY(sl, c.emit("aten.slice", {y}, {{"dim", d}, {"start", i}, {"end", i + 1}, {"step", int64_t{1}}}));
+      TRY(m, c.emit("aten.mul", {acc, sl}));
+      acc = m;
+    }
+    y = acc;
+  }
+  if (!keep) {
+    Ints out;
+    for (int64_t d = 0; d < r; ++d) {
+      if (!red[static_cast<size_t>(d)]) out.push_back(c.type(y).sizes[static_cast<size_t>(d)]);
+    }
+    TRY(v, c.emit("aten.view", {y}, {{"size", out}}));
+    y = v;
+  }
+  if (y == x) {
+    TRY(v, c.emit("aten.clone", {x}));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// Hann / Hamming / Blackman windows of a constant size: generalized cosine windows
+// w[n] = sum_k (-1)^k a_k cos(2 pi k n / N), N = size (periodic) or size - 1 (symmetric);
+// Hamming uses a0 = 25/46, a1 = 21/46 as the ONNX spec does.
+Error cosine_window(NodeCtx& c, std::vector<double> a) {
+  TRY(sv, c.input(0));
+  TRY(size_v, c.const_ints(sv, "size"));
+  TRY(periodic, c.attr_int("periodic", 1));
+  TRY(odt, c.attr_int("output_datatype", 1));
+  auto dt = kiln_dtype(static_cast<int>(odt));
+  if (!dt.ok()) return c.unsupported("attribute 'output_datatype': " + dt.error().message());
+  if (size_v.size() != 1 || size_v[0] < 0 || size_v[0] > (1 << 24)) return c.invalid("size must be a non-negative scalar");
+  const int64_t n = size_v[0];
+  const double denom = periodic ? static_cast<double>(n) : static_cast<double>(n - 1);
+  std::vector<double> w(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    double v = 0;
+    for (size_t k = 0; k < a.size(); ++k) {
+      v += (k % 2 ? -1.0 : 1.0) * a[k] * std::cos(2.0 * M_PI * static_cast<double>(k) * static_cast<double>(i) / denom);
+    }
+    w[static_cast<size_t>(i)] = denom == 0 ? 1.0 : v;
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(n) * dtype_size(*dt));
+  for (int64_t i = 0; i < n; ++i) {
+    TRY(one, c.scalar(*dt, w[static_cast<size_t>(i)]));
+    std::memcpy(bytes.data() + static_cast<size_t>(i) * dtype_size(*dt), c.im.graph.value(one).constant->data(), dtype_size(*dt));
+  }
+  TRY(y, c.constant(TensorType{*dt, {n}}, std::move(bytes)));
+  return c.set_output(0, y);
+}
+Error conv_HannWindow(NodeCtx& c) { return cosine_window(c, {0.5, 0.5}); }
+Error conv_HammingWindow(NodeCtx& c) { return cosine_window(c, {25.0 / 46.0, 21.0 / 46.0}); }
+Error conv_BlackmanWindow(NodeCtx& c) { return cosine_window(c, {0.42, 0.5, 0.08}); }
+
 // ---- resize ----
 
 // Taps of one axis of a separable resize: output o = sum_k w[k][o] * input[idx[k][o]].
@@ -1946,6 +2832,11 @@ const std::map<std::string, OpConverter>& converters() {
       K(Sin), K(Size), K(Slice), K(Softmax), K(Softplus), K(Softsign), K(SpaceToDepth), {"Split", {conv_Split, 2}},
       K(Sqrt), K(Squeeze), K(Sub), K6(Sum), K(Tanh), K(ThresholdedRelu), K6(Tile), K(Transpose), K(Unsqueeze),
       {"Upsample", {conv_Upsample, 7}}, K(Where), K(Xor),
+      K(Floor), K(Ceil), K(Round), K(Sign), K(Mod), K(IsNaN), K(IsInf), K(Tan), K(Sinh), K(Cosh), K(Asinh),
+      K(Acosh), K(Atanh), K(Mish), K(Shrink), K(CastLike), K(ArgMin), K(Hardmax), K(OneHot), K(EyeLike), K(Trilu),
+      K(CumSum), K(GatherElements), K(GatherND), K(LpNormalization), K(MeanVarianceNormalization), K(LRN),
+      K(GlobalLpPool), K(LpPool), K(DequantizeLinear), K(QuantizeLinear), K(NegativeLogLikelihoodLoss),
+      K(SoftmaxCrossEntropyLoss), K(ReduceProd), K(HannWindow), K(HammingWindow), K(BlackmanWindow),
 #undef K
 #undef K6
   };
