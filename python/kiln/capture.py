@@ -32,6 +32,7 @@ import operator
 import os
 import sys
 import time
+import zipfile
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -1486,6 +1487,9 @@ def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", o
     path = os.fspath(path)
     if not os.path.isfile(path):
         raise ExportError(f"no such file: {path}")
+    if not zipfile.is_zipfile(path):  # torch.export.load would log its own traceback before raising
+        raise ExportError(f"cannot read {path} as an ExportedProgram saved with torch.export.save: "
+                          "not a zip archive (a .pt2 file is one)")
     log(f"[kiln] loading {path} with torch.export.load ...")
     try:
         ep = torch.export.load(path)

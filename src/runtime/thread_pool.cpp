@@ -1,6 +1,8 @@
 // ThreadPool: fixed workers, one parallel_for at a time per pool.
 #include <algorithm>
 #include <chrono>
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 
 #include "kiln/thread_pool.h"
@@ -99,11 +101,18 @@ void ThreadPool::parallel_for(int64_t n, int64_t min_chunk, const std::function<
 
 ThreadPool* ThreadPool::default_pool() {
   static ThreadPool pool([] {
-    if (const char* env = std::getenv("KILN_NUM_THREADS")) {
-      const int n = std::atoi(env);
-      if (n > 0) return std::min(n, kMaxThreads);
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (const char* env = std::getenv("KILN_NUM_THREADS"); env != nullptr && *env != '\0') {
+      // Only a whole positive number is taken; anything else is said once on stderr, not ignored
+      // silently (the pool has no caller to return an error to).
+      char* end = nullptr;
+      errno = 0;
+      const long n = std::strtol(env, &end, 10);
+      if (errno == 0 && *end == '\0' && n > 0) return static_cast<int>(std::min<long>(n, kMaxThreads));
+      std::fprintf(stderr, "kiln: ignoring KILN_NUM_THREADS='%s' (not a positive whole number); using %d threads\n",
+                   env, cores);
     }
-    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    return cores;
   }());
   return &pool;
 }

@@ -268,3 +268,21 @@ def test_unavailable_backend_is_reported_per_method(cli, tmp_path):
                        timeout=120, env=env)
     assert p.returncode == 1 and "NotFound" in p.stderr and "xnnpack" in p.stderr, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_kiln_num_threads_env(cli, program):
+    """KILN_NUM_THREADS sizes the default pool; a value that is not a positive whole number is said on
+    stderr (naming the value and the thread count used instead), never ignored silently."""
+    def bench_env(value):
+        env = dict(os.environ, KILN_NUM_THREADS=value)
+        return subprocess.run([cli, "bench", str(program), "-r", "1", "-w", "0"], capture_output=True, text=True,
+                              timeout=120, env=env)
+    p = bench_env("1")
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert re.search(r"^threads\s+1$", p.stdout, re.M), p.stdout
+    cores = os.cpu_count()
+    for bad in ("abc", "0", "-2", "3x"):
+        p = bench_env(bad)
+        assert p.returncode == 0, p.stderr
+        assert f"ignoring KILN_NUM_THREADS='{bad}'" in p.stderr and f"using {cores} threads" in p.stderr, p.stderr
+        assert re.search(rf"^threads\s+{cores}$", p.stdout, re.M), p.stdout
