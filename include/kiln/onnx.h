@@ -27,6 +27,11 @@ struct ImportOptions {
   /// symbolic or unknown dimension; when given for an input with static dims they must agree
   /// (InvalidArgument otherwise). Every name must be a graph input (InvalidArgument).
   std::map<std::string, std::vector<int64_t>> input_shapes;
+  /// Graph inputs bound to fixed values: each becomes a constant (and is no longer a program
+  /// input), so shapes, axes, scales, ... computed from it fold at import. The element type must
+  /// be the input's and the sizes must agree with its static dims; bytes must hold exactly
+  /// type.nbytes() bytes (InvalidArgument otherwise).
+  std::map<std::string, std::pair<TensorType, std::vector<uint8_t>>> constant_inputs;
   /// Largest model file accepted (bytes); protobuf itself is limited to 2 GiB.
   uint64_t max_file_bytes = uint64_t{2} << 30;
 };
@@ -42,8 +47,11 @@ struct ImportedModel {
   std::vector<std::string> notes;         ///< things the user may want to know (e.g. ignored training outputs)
 };
 
-/// Opsets of the default ("" / "ai.onnx") domain this importer accepts.
-constexpr int64_t kMinOpset = 7;
+/// Opsets of the default ("" / "ai.onnx") domain this importer accepts. Ops whose semantics
+/// changed are refused (NotSupported) below the version the importer implements, e.g.
+/// Reshape before 5 and BatchNormalization, Gemm, Clip, Cast, Dropout, Sum/Max/Min/Mean before 6;
+/// opset 6's legacy broadcast/axis attributes of the binary ops are honoured.
+constexpr int64_t kMinOpset = 1;
 constexpr int64_t kMaxOpset = 17;
 
 /// Imports the ONNX model at `path`. External data files are read relative to the model's

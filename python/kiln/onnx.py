@@ -42,12 +42,17 @@ def _shapes(input_shapes: Mapping[str, Sequence[int]] | None) -> dict:
     return {str(k): [int(d) for d in v] for k, v in (input_shapes or {}).items()}
 
 
-def import_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None):
+def import_onnx(path: str | os.PathLike, input_shapes: Mapping[str, Sequence[int]] | None = None,
+                constant_inputs: Mapping[str, "np.ndarray"] | None = None):
     """Imports an ONNX model: returns (kiln.Graph, info) where info = {input_names, output_names,
     opset, onnx_nodes, folded_nodes, notes}. input_shapes: {input name: sizes} for every input with a
-    dynamic dimension. Raises KilnError (code NotFound, InvalidProgram, NotSupported, InvalidArgument)."""
+    dynamic dimension. constant_inputs: {input name: NumPy array} binds inputs to fixed values (they
+    become constants and leave the program's inputs; e.g. a shape or axes fed as a graph input).
+    Raises KilnError (code NotFound, InvalidProgram, NotSupported, InvalidArgument)."""
+    import numpy as np
     _require()
-    return _kiln.import_onnx(os.fspath(path), _shapes(input_shapes))
+    consts = {str(k): np.asarray(v, order="C") for k, v in (constant_inputs or {}).items()}  # keeps 0-d arrays 0-d
+    return _kiln.import_onnx(os.fspath(path), _shapes(input_shapes), consts)
 
 
 class _OnnxCapture:

@@ -502,7 +502,10 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
   }
   ImportedModel out;
   std::set<std::string> input_names;
-  for (const auto& [name, shape] : options.input_shapes) {  // before any shape is needed
+  std::vector<std::string> given_names;
+  for (const auto& kv : options.input_shapes) given_names.push_back(kv.first);
+  for (const auto& kv : options.constant_inputs) given_names.push_back(kv.first);
+  for (const auto& name : given_names) {  // before any shape is needed
     bool found = false;
     std::string known;
     for (const auto& vi : g.input()) {
@@ -511,7 +514,7 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
       known += (known.empty() ? "" : ", ") + vi.name();
     }
     if (!found) {
-      return Error(ErrorCode::InvalidArgument, "--input-shape names '" + name + "', which is not a graph input (inputs: " +
+      return Error(ErrorCode::InvalidArgument, "input shape/value given for '" + name + "', which is not a graph input (inputs: " +
                                                    (known.empty() ? "none" : known) + ")");
     }
   }
@@ -519,6 +522,22 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
     if (im.names.count(vi.name())) continue;  // an initializer
     if (vi.name().empty()) return invalid_program("a graph input has no name");
     if (!input_names.insert(vi.name()).second) return invalid_program("graph input '" + vi.name() + "' is listed twice");
+    auto fixed = options.constant_inputs.find(vi.name());
+    if (fixed != options.constant_inputs.end()) {
+      ImportOptions o;
+      o.input_shapes[vi.name()] = fixed->second.first.sizes;
+      auto type = input_type(vi, o);
+      if (!type.ok()) return type.error();
+      if (type->dtype != fixed->second.first.dtype) {
+        return Error(ErrorCode::InvalidArgument, "constant value for input '" + vi.name() + "' has dtype " +
+                                                     dtype_name(fixed->second.first.dtype) + ", the input is " +
+                                                     dtype_name(type->dtype));
+      }
+      auto id = im.graph.add_constant(vi.name(), *type, fixed->second.second);
+      if (!id.ok()) return Error(ErrorCode::InvalidArgument, id.error().message());
+      im.names[vi.name()] = *id;
+      continue;
+    }
     auto type = input_type(vi, options);
     if (!type.ok()) return type.error();
     im.names[vi.name()] = im.graph.add_input(vi.name(), *type);
@@ -533,6 +552,10 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
     }
     auto it = conv.find(node.op_type());
     if (it == conv.end()) return ctx.unsupported("op type '" + node.op_type() + "' is not supported by Kiln's ONNX importer");
+    if (im.opset < it->second.min_opset) {
+      return ctx.unsupported("opset " + std::to_string(im.opset) + " (" + node.op_type() + " before opset " +
+                             std::to_string(it->second.min_opset) + " has other semantics)");
+    }
     for (int k = 0; k < node.input_size(); ++k) {  // every named input must exist (dangling / cyclic graphs)
       auto v = ctx.opt_input(k);
       if (!v.ok()) return v.error();
@@ -544,7 +567,7 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
       if (!a.ref_attr_name().empty()) return ctx.unsupported("attribute '" + a.name() + "' refers to a function attribute");
     }
     const size_t nodes_before = im.graph.nodes().size();
-    KILN_RETURN_IF_ERROR(it->second(ctx));
+    KILN_RETURN_IF_ERROR(it->second.fn(ctx));
     for (const auto& a : node.attribute()) {
       if (!ctx.used_attrs.count(a.name())) {
         return ctx.unsupported("attribute '" + a.name() + "' is not supported for " + node.op_type() + " (opset " +
@@ -584,6 +607,43 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
   return out;
 }
 
+// Names and strings from the file may hold any bytes: messages and names handed on (error text,
+// program value names, Python strings) get invalid UTF-8 and control characters as \xNN.
+std::string printable(const std::string& s) {
+  std::string out;
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  auto esc = [&](unsigned char c) {
+    static const char* hex = "0123456789abcdef";
+    out += "\\x";
+    out += hex[c >> 4];
+    out += hex[c & 15];
+  };
+  for (size_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      if (c < 0x20 && c != '\n' && c != '\t') esc(c); else out += static_cast<char>(c);
+      ++i;
+      continue;
+    }
+    size_t len = (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xe ? 3 : (c >> 3) == 0x1e ? 4 : 0;
+    bool ok = len > 0 && i + len <= n && c != 0xc0 && c != 0xc1 && c < 0xf5;
+    for (size_t k = 1; ok && k < len; ++k) ok = (p[i + k] & 0xc0) == 0x80;
+    if (ok && len == 3 && c == 0xe0 && p[i + 1] < 0xa0) ok = false;   // overlong
+    if (ok && len == 3 && c == 0xed && p[i + 1] >= 0xa0) ok = false;  // surrogates
+    if (ok && len == 4 && c == 0xf0 && p[i + 1] < 0x90) ok = false;   // overlong
+    if (ok && len == 4 && c == 0xf4 && p[i + 1] >= 0x90) ok = false;  // > U+10FFFF
+    if (!ok) {
+      esc(c);
+      ++i;
+      continue;
+    }
+    out.append(s, i, len);
+    i += len;
+  }
+  return out;
+}
+
 }  // namespace
 }  // namespace detail
 
@@ -598,7 +658,15 @@ Result<ImportedModel> import_model_bytes(std::span<const uint8_t> bytes, const s
   if (!model.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage()) {
     return Error(ErrorCode::InvalidProgram, "not a valid ONNX model (protobuf ModelProto parse failed: truncated or corrupt)");
   }
-  return detail::import_proto(model, base_dir, options);
+  auto r = detail::import_proto(model, base_dir, options);
+  if (!r.ok()) return Error(r.error().code(), detail::printable(r.error().message()));
+  ImportedModel& m = r.value();
+  for (auto& n : m.input_names) n = detail::printable(n);
+  for (auto& n : m.output_names) n = detail::printable(n);
+  for (auto& n : m.notes) n = detail::printable(n);
+  for (auto& v : m.graph.mutable_values()) v.name = detail::printable(v.name);
+  for (auto& n : m.graph.mutable_nodes()) n.debug_name = detail::printable(n.debug_name);
+  return r;
 }
 
 Result<ImportedModel> import_model(const std::string& path, const ImportOptions& options) {
@@ -616,7 +684,7 @@ Result<ImportedModel> import_model(const std::string& path, const ImportOptions&
   std::string dir = fs::path(path).parent_path().string();
   if (dir.empty()) dir = ".";
   auto r = import_model_bytes(bytes, dir, options);
-  if (!r.ok()) return Error(r.error().code(), path + ": " + r.error().message());
+  if (!r.ok()) return Error(r.error().code(), detail::printable(path) + ": " + r.error().message());
   return r;
 }
 

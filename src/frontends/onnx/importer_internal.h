@@ -68,7 +68,8 @@ class NodeCtx {
   Result<ValueId> input(int i) const;
   /// Input i or kNoValue when absent.
   Result<ValueId> opt_input(int i) const;
-  const TensorType& type(ValueId v) const { return im.graph.value(v).type; }
+  /// By value: emitting nodes grows the value list (references would dangle).
+  TensorType type(ValueId v) const { return im.graph.value(v).type; }
   int64_t rank(ValueId v) const { return type(v).dim(); }
   bool is_const(ValueId v) const { return v != kNoValue && im.graph.value(v).constant != nullptr; }
   /// Elements of a constant integer (int64/int32/int8/uint8/bool) tensor; NotSupported when
@@ -105,7 +106,11 @@ class NodeCtx {
 };
 
 using Converter = Error (*)(NodeCtx&);
+struct OpConverter {
+  Converter fn;
+  int64_t min_opset;  ///< models importing an older default opset are refused for this op
+};
 /// ONNX op type -> converter (default domain).
-const std::map<std::string, Converter>& converters();
+const std::map<std::string, OpConverter>& converters();
 
 }  // namespace kiln::onnx::detail

@@ -33,6 +33,8 @@ Result<ValueId> view(NodeCtx& c, ValueId x, const Ints& sizes) {
   return c.emit("aten.view", {x}, {{"size", sizes}});
 }
 
+Result<ValueId> gather(NodeCtx& c, ValueId x, ValueId idx, int64_t axis);
+
 // ---- elementwise ----
 
 Error unary(NodeCtx& c, const char* op) {
@@ -49,21 +51,71 @@ Error check_same_dtype(NodeCtx& c, ValueId a, ValueId b) {
   return {};
 }
 
+// Opsets < 7: binary ops broadcast only with broadcast = 1, B's dims matching A's from `axis`
+// (default: the trailing dims); broadcast = 0 requires equal shapes (ONNX Changelog, Add-6).
+Result<ValueId> legacy_broadcast(NodeCtx& c, ValueId a, ValueId b) {
+  if (c.opset() >= 7) return b;
+  TRY(bc, c.attr_int("broadcast", 0));
+  const Ints as = c.type(a).sizes, bs = c.type(b).sizes;
+  if (!bc) {
+    if (as != bs) return c.invalid("broadcast = 0 but the shapes differ (" + sizes_to_string(as) + " and " + sizes_to_string(bs) + ")");
+    return b;
+  }
+  if (!c.has_attr("axis")) return b;  // suffix matching is numpy broadcasting
+  TRY(axis_raw, c.attr_int("axis", 0));
+  TRY(axis, wrap_axis(c, axis_raw, static_cast<int64_t>(as.size()), "axis"));
+  if (axis + static_cast<int64_t>(bs.size()) > static_cast<int64_t>(as.size())) return c.invalid("B does not fit A at axis");
+  Ints nb = bs;
+  nb.resize(as.size() - static_cast<size_t>(axis), 1);
+  return view(c, b, nb);
+}
+
+// A constant operand of lower rank gets leading size-1 dims (a folded view): the same numpy
+// broadcast, but delegates that cannot broadcast across ranks (xnnpack's NHWC layout) take it.
+Result<ValueId> match_rank(NodeCtx& c, ValueId v, ValueId other) {
+  const Ints s = c.type(v).sizes;
+  const size_t r = c.type(other).sizes.size();
+  if (!c.is_const(v) || s.size() >= r) return v;
+  Ints full(r - s.size(), 1);
+  full.insert(full.end(), s.begin(), s.end());
+  return view(c, v, full);
+}
+
+/// A constant of x's dtype holding v, shaped [1, ..., 1] with x's rank (see match_rank).
+Result<ValueId> scalar_for(NodeCtx& c, ValueId x, double v) {
+  TRY(sc, c.scalar(c.type(x).dtype, v));
+  return match_rank(c, sc, x);
+}
+
 Error binary(NodeCtx& c, const char* op) {
-  TRY(a, c.input(0));
-  TRY(b, c.input(1));
-  KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b));
+  TRY(a0, c.input(0));
+  TRY(b0, c.input(1));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, a0, b0));
+  TRY(b1, legacy_broadcast(c, a0, b0));
+  TRY(a, match_rank(c, a0, b1));
+  TRY(b, match_rank(c, b1, a0));
   Attributes attrs;
   // ONNX Div on integers truncates toward zero (onnx reference: np.trunc-like C division).
-  if (std::string(op) == "aten.div" && !is_floating(c.type(a).dtype)) attrs.set("rounding_mode", std::string("trunc"));
+  const DType dt = c.type(a).dtype;
+  if (std::string(op) == "aten.div" && !is_floating(dt)) attrs.set("rounding_mode", std::string("trunc"));
+  if (dt == DType::UInt8 || dt == DType::Int8) {
+    // Kiln's arithmetic kernels take int32/int64/float32: compute in int32, convert back (wraps
+    // modulo 2^8 like the ONNX reference's numpy arithmetic).
+    TRY(a32, c.emit("aten._to_copy", {a}, {{"dtype", std::string("int32")}}));
+    TRY(b32, c.emit("aten._to_copy", {b}, {{"dtype", std::string("int32")}}));
+    TRY(r32, c.emit(op, {a32, b32}, attrs));
+    TRY(y, c.emit("aten._to_copy", {r32}, {{"dtype", std::string(dtype_name(dt))}}));
+    return c.set_output(0, y);
+  }
   TRY(y, c.emit(op, {a, b}, attrs));
   return c.set_output(0, y);
 }
 
 Error cmp(NodeCtx& c, const char* op) {
   TRY(a, c.input(0));
-  TRY(b, c.input(1));
-  KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b));
+  TRY(b0, c.input(1));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b0));
+  TRY(b, legacy_broadcast(c, a, b0));
   TRY(y, c.emit(op, {a, b}));
   return c.set_output(0, y);
 }
@@ -75,12 +127,26 @@ Error conv_Div(NodeCtx& c) { return binary(c, "aten.div"); }
 Error conv_Pow(NodeCtx& c) {
   TRY(a, c.input(0));
   TRY(b, c.input(1));
-  if (!is_floating(c.type(a).dtype)) return c.unsupported(std::string("base of dtype ") + dtype_name(c.type(a).dtype));
-  if (c.type(b).dtype != c.type(a).dtype) {  // ONNX allows a different exponent type; the result has X's type
-    TRY(bc, c.emit("aten._to_copy", {b}, {{"dtype", std::string(dtype_name(c.type(a).dtype))}}));
-    b = bc;
+  const DType dt = c.type(a).dtype;
+  if (dt == DType::Float32) {
+    if (c.type(b).dtype != dt) {  // ONNX allows a different exponent type; the result has X's type
+      TRY(bc, c.emit("aten._to_copy", {b}, {{"dtype", std::string("float32")}}));
+      b = bc;
+    }
+    TRY(y, c.emit("aten.pow", {a, b}));
+    return c.set_output(0, y);
   }
-  TRY(y, c.emit("aten.pow", {a, b}));
+  // Other base types: computed in float32 and converted back (truncating, as a C cast does);
+  // exact while |result| < 2^24.
+  const std::string f32 = "float32";
+  TRY(af, c.emit("aten._to_copy", {a}, {{"dtype", f32}}));
+  ValueId bf = b;
+  if (c.type(b).dtype != DType::Float32) {
+    TRY(v, c.emit("aten._to_copy", {b}, {{"dtype", f32}}));
+    bf = v;
+  }
+  TRY(p, c.emit("aten.pow", {af, bf}));
+  TRY(y, c.emit("aten._to_copy", {p}, {{"dtype", std::string(dtype_name(dt))}}));
   return c.set_output(0, y);
 }
 Error conv_Equal(NodeCtx& c) { return cmp(c, "aten.eq"); }
@@ -112,22 +178,32 @@ Error conv_Identity(NodeCtx& c) {
   return c.set_output(0, x);
 }
 
-// Dropout in inference is the identity (opset 12+: training_mode input must be absent or false;
-// ratio only matters in training; the mask output is not supported).
+// Dropout in inference is the identity: opset 12+ training_mode input must be absent or false;
+// before 7 is_test must be 1; ratio and seed only matter in training. The mask output (opset
+// 10+: bool) is then all true.
 Error conv_Dropout(NodeCtx& c) {
   TRY(x, c.input(0));
   c.ignore_attr("ratio");  // opset < 12 attribute: only used in training
-  if (c.has_attr("is_test")) {  // opset < 7 only
-    TRY(t, c.attr_int("is_test", 1));
-    (void)t;
+  c.ignore_attr("seed");   // opset 12+: only used in training
+  if (c.has_attr("is_test")) {  // opset < 7
+    TRY(t, c.attr_int("is_test", 0));
+    if (!t) return c.unsupported("attribute 'is_test' = 0 (training)");
+  } else if (c.opset() < 7) {
+    return c.unsupported("is_test = 0 (training; the default before opset 7)");
   }
   if (c.has_input(2)) {
     TRY(tm, c.input(2));
     TRY(v, c.const_ints(tm, "training_mode"));
     if (v.size() != 1 || v[0] != 0) return c.unsupported("training_mode = true (inference only)");
   }
-  if (c.has_output(1)) return c.unsupported("the mask output (training only)");
-  return c.set_output(0, x);
+  KILN_RETURN_IF_ERROR(c.set_output(0, x));
+  if (c.has_output(1)) {
+    if (c.opset() < 10) return c.unsupported("the mask output before opset 10 (same type as the input)");
+    const TensorType t = c.type(x);
+    TRY(m, c.constant(TensorType{DType::Bool, t.sizes}, std::vector<uint8_t>(static_cast<size_t>(t.numel()), 1)));
+    KILN_RETURN_IF_ERROR(c.set_output(1, m));
+  }
+  return {};
 }
 
 Error conv_LeakyRelu(NodeCtx& c) {
@@ -147,9 +223,8 @@ Error conv_HardSigmoid(NodeCtx& c) {
     TRY(y, c.emit("aten.hardsigmoid", {x}));
     return c.set_output(0, y);
   }
-  const DType dt = c.type(x).dtype;
-  TRY(a, c.scalar(dt, alpha));
-  TRY(b, c.scalar(dt, beta));
+  TRY(a, scalar_for(c, x, alpha));
+  TRY(b, scalar_for(c, x, beta));
   TRY(m, c.emit("aten.mul", {x, a}));
   TRY(s, c.emit("aten.add", {m, b}));
   TRY(y, c.emit("aten.clamp", {s}, {{"min", 0.0}, {"max", 1.0}}));
@@ -178,6 +253,27 @@ Error conv_Clip(NodeCtx& c) {
       (i == 1 ? lo : hi) = vals[0];
     }
   }
+  if (std::holds_alternative<std::monostate>(lo) && std::holds_alternative<std::monostate>(hi)) {
+    TRY(y, c.emit("aten.clone", {x}));
+    return c.set_output(0, y);
+  }
+  const DType dt = c.type(x).dtype;
+  if (dt != DType::Float32) {  // aten.clamp is float32-only: where(x < lo, lo, x), then the same for hi
+    ValueId y = x;
+    if (!std::holds_alternative<std::monostate>(lo)) {
+      TRY(l, scalar_for(c, x, std::get<double>(lo)));
+      TRY(lt, c.emit("aten.lt", {y, l}));
+      TRY(w, c.emit("aten.where", {lt, l, y}));
+      y = w;
+    }
+    if (!std::holds_alternative<std::monostate>(hi)) {
+      TRY(h, scalar_for(c, x, std::get<double>(hi)));
+      TRY(gt, c.emit("aten.gt", {y, h}));
+      TRY(w, c.emit("aten.where", {gt, h, y}));
+      y = w;
+    }
+    return c.set_output(0, y);
+  }
   TRY(y, c.emit("aten.clamp", {x}, {{"min", lo}, {"max", hi}}));
   return c.set_output(0, y);
 }
@@ -193,7 +289,13 @@ Error variadic(NodeCtx& c, const std::string& kind) {
       TRY(s, c.emit("aten.add", {acc, b}));
       acc = s;
     } else {  // Max / Min: where(a >= b, a, b) (NaN propagation differs from fmax; not tested by ONNX)
-      TRY(cond, c.emit(kind == "Max" ? "aten.ge" : "aten.le", {acc, b}));
+      ValueId ca = acc, cb = b;
+      if (c.type(acc).dtype == DType::Float16 || c.type(acc).dtype == DType::BFloat16) {  // compare in float32 (exact)
+        TRY(fa, c.emit("aten._to_copy", {acc}, {{"dtype", std::string("float32")}}));
+        TRY(fb, c.emit("aten._to_copy", {b}, {{"dtype", std::string("float32")}}));
+        ca = fa, cb = fb;
+      }
+      TRY(cond, c.emit(kind == "Max" ? "aten.ge" : "aten.le", {ca, cb}));
       TRY(s, c.emit("aten.where", {cond, acc, b}));
       acc = s;
     }
@@ -226,10 +328,9 @@ Error conv_Where(NodeCtx& c) {
 Error conv_Elu(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(alpha, c.attr_float("alpha", 1.0));
-  const DType dt = c.type(x).dtype;
-  TRY(zero, c.scalar(dt, 0));
-  TRY(one, c.scalar(dt, 1));
-  TRY(a, c.scalar(dt, alpha));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(one, scalar_for(c, x, 1));
+  TRY(a, scalar_for(c, x, alpha));
   TRY(pos, c.emit("aten.gt", {x, zero}));
   TRY(e, c.emit("aten.exp", {x}));
   TRY(em1, c.emit("aten.sub", {e, one}));
@@ -243,11 +344,10 @@ Error conv_Selu(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(alpha, c.attr_float("alpha", 1.67326319217681884765625));
   TRY(gamma, c.attr_float("gamma", 1.05070102214813232421875));
-  const DType dt = c.type(x).dtype;
-  TRY(zero, c.scalar(dt, 0));
-  TRY(one, c.scalar(dt, 1));
-  TRY(a, c.scalar(dt, alpha));
-  TRY(g, c.scalar(dt, gamma));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(one, scalar_for(c, x, 1));
+  TRY(a, scalar_for(c, x, alpha));
+  TRY(g, scalar_for(c, x, gamma));
   TRY(pos, c.emit("aten.gt", {x, zero}));
   TRY(e, c.emit("aten.exp", {x}));
   TRY(em1, c.emit("aten.sub", {e, one}));
@@ -262,10 +362,9 @@ Error conv_Celu(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(alpha, c.attr_float("alpha", 1.0));
   if (alpha == 0) return c.invalid("alpha must be non-zero");
-  const DType dt = c.type(x).dtype;
-  TRY(zero, c.scalar(dt, 0));
-  TRY(one, c.scalar(dt, 1));
-  TRY(a, c.scalar(dt, alpha));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(one, scalar_for(c, x, 1));
+  TRY(a, scalar_for(c, x, alpha));
   TRY(pos, c.emit("aten.gt", {x, zero}));
   TRY(xd, c.emit("aten.div", {x, a}));
   TRY(e, c.emit("aten.exp", {xd}));
@@ -279,9 +378,8 @@ Error conv_Celu(NodeCtx& c) {
 Error conv_ThresholdedRelu(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(alpha, c.attr_float("alpha", 1.0));
-  const DType dt = c.type(x).dtype;
-  TRY(zero, c.scalar(dt, 0));
-  TRY(a, c.scalar(dt, alpha));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(a, scalar_for(c, x, alpha));
   TRY(pos, c.emit("aten.gt", {x, a}));
   TRY(y, c.emit("aten.where", {pos, x, zero}));
   return c.set_output(0, y);
@@ -290,9 +388,18 @@ Error conv_ThresholdedRelu(NodeCtx& c) {
 // PRelu: x < 0 ? slope * x : x (slope broadcasts to x, unidirectionally).
 Error conv_PRelu(NodeCtx& c) {
   TRY(x, c.input(0));
-  TRY(slope, c.input(1));
-  KILN_RETURN_IF_ERROR(check_same_dtype(c, x, slope));
-  TRY(zero, c.scalar(c.type(x).dtype, 0));
+  TRY(slope0, c.input(1));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, x, slope0));
+  ValueId slope = slope0;
+  const Ints xs = c.type(x).sizes, ss = c.type(slope0).sizes;
+  if (c.opset() < 7 && ss.size() == 1 && xs.size() >= 2 && ss[0] == xs[1] && ss[0] != 1) {
+    // PRelu-6: a 1-D slope of size C is per channel (dim 1), not numpy-broadcast over the last dim.
+    Ints v(xs.size() - 1, 1);
+    v[0] = ss[0];
+    TRY(sv, view(c, slope0, v));
+    slope = sv;
+  }
+  TRY(zero, scalar_for(c, x, 0));
   TRY(neg, c.emit("aten.lt", {x, zero}));
   TRY(m, c.emit("aten.mul", {x, slope}));
   TRY(y, c.emit("aten.where", {neg, m, x}));
@@ -303,7 +410,7 @@ Error conv_PRelu(NodeCtx& c) {
 // Softplus: log(exp(x) + 1). Softsign: x / (1 + |x|).
 Error conv_Softplus(NodeCtx& c) {
   TRY(x, c.input(0));
-  TRY(one, c.scalar(c.type(x).dtype, 1));
+  TRY(one, scalar_for(c, x, 1));
   TRY(e, c.emit("aten.exp", {x}));
   TRY(s, c.emit("aten.add", {e, one}));
   TRY(y, c.emit("aten.log", {s}));
@@ -311,7 +418,7 @@ Error conv_Softplus(NodeCtx& c) {
 }
 Error conv_Softsign(NodeCtx& c) {
   TRY(x, c.input(0));
-  TRY(one, c.scalar(c.type(x).dtype, 1));
+  TRY(one, scalar_for(c, x, 1));
   TRY(a, c.emit("aten.abs", {x}));
   TRY(s, c.emit("aten.add", {a, one}));
   TRY(y, c.emit("aten.div", {x, s}));
@@ -336,7 +443,7 @@ Error conv_Cast(NodeCtx& c) {
 
 Error conv_Shape(NodeCtx& c) {
   TRY(x, c.input(0));
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   const int64_t r = static_cast<int64_t>(s.size());
   TRY(start, c.attr_int("start", 0));  // opset 15
   TRY(end, c.attr_int("end", r));
@@ -360,7 +467,7 @@ Error conv_Reshape(NodeCtx& c) {
   TRY(sv, c.input(1));
   TRY(shape, c.const_ints(sv, "shape"));
   TRY(allowzero, c.attr_int("allowzero", 0));
-  const Ints& in = c.type(x).sizes;
+  const Ints in = c.type(x).sizes;
   Ints out = shape;
   int infer = -1;
   for (size_t i = 0; i < out.size(); ++i) {
@@ -392,7 +499,7 @@ Error conv_Reshape(NodeCtx& c) {
 
 Error conv_Flatten(NodeCtx& c) {
   TRY(x, c.input(0));
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   const int64_t r = static_cast<int64_t>(s.size());
   TRY(axis, c.attr_int("axis", 1));
   if (axis < -r || axis > r) return c.invalid("axis " + std::to_string(axis) + " out of range");
@@ -419,7 +526,7 @@ Result<std::optional<Ints>> axes_of(NodeCtx& c, int input_index, int64_t input_o
 Error conv_Squeeze(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(axes, axes_of(c, 1, 13));
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   const int64_t r = static_cast<int64_t>(s.size());
   std::vector<bool> drop(s.size(), false);
   if (!axes) {
@@ -443,7 +550,7 @@ Error conv_Unsqueeze(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(axes, axes_of(c, 1, 13));
   if (!axes) return c.invalid("missing axes");
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   const int64_t r = static_cast<int64_t>(s.size() + axes->size());
   std::vector<bool> ins(static_cast<size_t>(r), false);
   for (int64_t a : *axes) {
@@ -533,7 +640,20 @@ Error conv_Slice(NodeCtx& c) {
     const int64_t dim = c.type(y).sizes[static_cast<size_t>(ax)];
     const int64_t step = steps[i];
     if (step == 0) return c.invalid("step 0");
-    if (step < 0) return c.unsupported("negative steps (Kiln's aten.slice takes step >= 1)");
+    if (step < 0) {  // ONNX: start clamps to [0, dim-1], end to [-1, dim-1]; a gather of the indices
+      auto normn = [&](int64_t v, int64_t lo) {
+        if (v < 0) v += dim;
+        return std::clamp<int64_t>(v, lo, dim - 1);
+      };
+      const int64_t s0 = normn(starts[i], 0), e0 = ends[i] < -dim ? -1 : normn(ends[i], -1);
+      Ints idx;
+      for (int64_t k = s0; k > e0 && idx.size() < (size_t{1} << 30); k += step) idx.push_back(k);
+      if (idx.empty() || dim == 0) return c.unsupported("an empty slice");
+      TRY(iv, c.int64_vector(idx));
+      TRY(g, gather(c, y, iv, ax));
+      y = g;
+      continue;
+    }
     // ONNX: negative start/end add dim, then clamp to [0, dim].
     auto norm = [&](int64_t v) {
       if (v < 0) v = v < -dim ? 0 : v + dim;
@@ -590,13 +710,9 @@ Error conv_Split(NodeCtx& c) {
 // Gather along `axis`: a 0-d constant index is aten.select; otherwise aten.embedding on the data
 // moved to [dim, rest] (indices of any shape; negative constant indices are wrapped here,
 // dynamic indices must be in [0, dim): the kernel bound-checks them).
-Error conv_Gather(NodeCtx& c) {
-  TRY(x, c.input(0));
-  TRY(idx, c.input(1));
-  TRY(axis_raw, c.attr_int("axis", 0));
+Result<ValueId> gather(NodeCtx& c, ValueId x, ValueId idx, int64_t axis) {
   const int64_t r = c.rank(x);
-  TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   const int64_t dim = s[static_cast<size_t>(axis)];
   const TensorType it = c.type(idx);
   if (it.dtype != DType::Int64 && it.dtype != DType::Int32) return c.invalid("indices must be int32 or int64");
@@ -607,13 +723,20 @@ Error conv_Gather(NodeCtx& c) {
       if (v < 0) v += dim;
     }
     if (it.dim() == 0) {
-      TRY(y, c.emit("aten.select", {x}, {{"dim", axis}, {"index", vals[0]}}));
-      return c.set_output(0, y);
+      return c.emit("aten.select", {x}, {{"dim", axis}, {"index", vals[0]}});
     }
     std::vector<uint8_t> b(vals.size() * 8);
     if (!vals.empty()) std::memcpy(b.data(), vals.data(), b.size());
     TRY(ci, c.constant(TensorType{DType::Int64, it.sizes}, std::move(b)));
     idx = ci;
+  }
+  if (!c.is_const(idx)) {  // negative indices count from the end: idx + dim where idx < 0
+    TRY(zero, c.scalar(it.dtype, 0));
+    TRY(d, c.scalar(it.dtype, static_cast<double>(dim)));
+    TRY(neg, c.emit("aten.lt", {idx, zero}));
+    TRY(shifted, c.emit("aten.add", {idx, d}));
+    TRY(w, c.emit("aten.where", {neg, shifted, idx}));
+    idx = w;
   }
   // data -> permute axis to front -> [dim, rest] -> embedding -> idx.shape + rest -> move back.
   Ints perm{axis};
@@ -646,6 +769,15 @@ Error conv_Gather(NodeCtx& c) {
     TRY(p, c.emit("aten.permute", {y}, {{"dims", p2}}));
     y = p;
   }
+  return y;
+}
+
+Error conv_Gather(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(idx, c.input(1));
+  TRY(axis_raw, c.attr_int("axis", 0));
+  TRY(axis, wrap_axis(c, axis_raw, c.rank(x), "axis"));
+  TRY(y, gather(c, x, idx, axis));
   return c.set_output(0, y);
 }
 
@@ -668,7 +800,7 @@ Error conv_Tile(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(rv, c.input(1));
   TRY(reps, c.const_ints(rv, "repeats"));
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   if (reps.size() != s.size()) return c.invalid("repeats has " + std::to_string(reps.size()) + " values for rank " + std::to_string(s.size()));
   Ints v1, ex, out;
   for (size_t i = 0; i < s.size(); ++i) {
@@ -782,7 +914,7 @@ Error conv_Range(NodeCtx& c) {
 Error conv_Pad(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(mode, c.attr_string("mode", "constant"));
-  if (mode != "constant") return c.unsupported("attribute 'mode' = '" + mode + "' (only 'constant')");
+  if (mode != "constant" && mode != "reflect" && mode != "edge") return c.unsupported("attribute 'mode' = '" + mode + "'");
   Ints pads;
   double value = 0;
   if (c.opset() < 11) {
@@ -802,6 +934,41 @@ Error conv_Pad(NodeCtx& c) {
   }
   const int64_t r = c.rank(x);
   if (static_cast<int64_t>(pads.size()) != 2 * r) return c.invalid("pads needs " + std::to_string(2 * r) + " values");
+  if (mode != "constant") {
+    // edge / reflect (numpy.pad modes): a gather per padded axis with constant source indices.
+    const Ints s = c.type(x).sizes;
+    ValueId y = x;
+    for (int64_t i = 0; i < r; ++i) {
+      const int64_t pb = pads[static_cast<size_t>(i)], pe = pads[static_cast<size_t>(i + r)], n = s[static_cast<size_t>(i)];
+      if (pb == 0 && pe == 0) continue;
+      const int64_t len = n + pb + pe;
+      if (len < 0 || len > (int64_t{1} << 30)) return c.invalid("pads give a bad size");
+      if (n == 0) return c.invalid("cannot " + mode + "-pad an empty dim");
+      if (mode == "reflect" && (pb >= n || pe >= n)) return c.unsupported("reflect pads >= the dim's size");
+      Ints idx(static_cast<size_t>(len));
+      for (int64_t j = 0; j < len; ++j) {
+        int64_t src = j - pb;
+        if (mode == "edge") {
+          src = std::clamp<int64_t>(src, 0, n - 1);
+        } else if (n == 1) {
+          src = 0;
+        } else {
+          const int64_t period = 2 * (n - 1);
+          src = ((src % period) + period) % period;
+          if (src >= n) src = period - src;
+        }
+        idx[static_cast<size_t>(j)] = src;
+      }
+      TRY(iv, c.int64_vector(idx));
+      TRY(g, gather(c, y, iv, i));
+      y = g;
+    }
+    if (y == x) {
+      TRY(v, c.emit("aten.clone", {x}));
+      y = v;
+    }
+    return c.set_output(0, y);
+  }
   Ints aten;  // last dim first: (begin, end) pairs
   for (int64_t i = r - 1; i >= 0; --i) {
     aten.push_back(pads[static_cast<size_t>(i)]);
@@ -817,7 +984,7 @@ Error conv_DepthToSpace(NodeCtx& c) {
   TRY(bs, c.attr_int("blocksize", 0));
   TRY(mode, c.attr_string("mode", "DCR"));
   if (c.rank(x) != 4 || bs < 1) return c.invalid("needs a 4-D input and blocksize >= 1");
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   const int64_t n = s[0], ch = s[1], h = s[2], w = s[3];
   if (ch % (bs * bs) != 0) return c.invalid("channels not divisible by blocksize^2");
   const int64_t co = ch / (bs * bs);
@@ -841,7 +1008,7 @@ Error conv_SpaceToDepth(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(bs, c.attr_int("blocksize", 0));
   if (c.rank(x) != 4 || bs < 1) return c.invalid("needs a 4-D input and blocksize >= 1");
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   const int64_t n = s[0], ch = s[1], h = s[2], w = s[3];
   if (h % bs || w % bs) return c.invalid("spatial size not divisible by blocksize");
   TRY(a, view(c, x, {n, ch, h / bs, bs, w / bs, bs}));
@@ -896,6 +1063,10 @@ Error reduce(NodeCtx& c, const std::string& kind) {
   }
   TRY(y0, c.emit(op, {in}, {{"dim", dims}, {"keepdim", kd}}));
   ValueId y = y0;
+  if (c.type(y).dtype != c.type(x).dtype) {  // aten.sum of integers gives int64; ONNX keeps the type
+    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(c.type(x).dtype))}}));
+    y = v;
+  }
   if (kind == "ReduceL2") {
     TRY(s, c.emit("aten.sqrt", {y}));
     y = s;
@@ -920,9 +1091,21 @@ Error conv_ArgMax(NodeCtx& c) {
   TRY(axis_raw, c.attr_int("axis", 0));
   TRY(keep, c.attr_int("keepdims", 1));
   TRY(last, c.attr_int("select_last_index", 0));
-  if (last) return c.unsupported("attribute 'select_last_index' = 1");
   TRY(axis, wrap_axis(c, axis_raw, c.rank(x), "axis"));
-  TRY(y, c.emit("aten.argmax", {x}, {{"dim", axis}, {"keepdim", keep != 0}}));
+  if (!last) {
+    TRY(y, c.emit("aten.argmax", {x}, {{"dim", axis}, {"keepdim", keep != 0}}));
+    return c.set_output(0, y);
+  }
+  // Last index of the maximum: (n - 1) - argmax(x reversed along axis); the reversal is a gather
+  // with the constant indices n-1 .. 0.
+  const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
+  Ints rev(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) rev[static_cast<size_t>(i)] = n - 1 - i;
+  TRY(ri, c.int64_vector(rev));
+  TRY(xr, gather(c, x, ri, axis));
+  TRY(am, c.emit("aten.argmax", {xr}, {{"dim", axis}, {"keepdim", keep != 0}}));
+  TRY(top, c.scalar(DType::Int64, static_cast<double>(n - 1)));
+  TRY(y, c.emit("aten.sub", {top, am}));
   return c.set_output(0, y);
 }
 
@@ -938,7 +1121,7 @@ Error softmax(NodeCtx& c, const char* op) {
     TRY(y, c.emit(op, {x}, {{"dim", axis}, {"half_to_float", false}}));
     return c.set_output(0, y);
   }
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   int64_t a = 1, b = 1;
   for (int64_t i = 0; i < r; ++i) (i < axis ? a : b) *= s[static_cast<size_t>(i)];
   TRY(v, view(c, x, {a, b}));
@@ -1025,6 +1208,10 @@ Error conv_Gemm(NodeCtx& c) {
   TRY(beta, c.attr_float("beta", 1.0));
   TRY(ta, c.attr_int("transA", 0));
   TRY(tb, c.attr_int("transB", 0));
+  if (c.opset() < 7) {  // Gemm-6: broadcast = 1 lets C broadcast; 0 wants C of shape [M, N] (checked by linear)
+    TRY(bc, c.attr_int("broadcast", 0));
+    (void)bc;
+  }
   if (c.rank(a) != 2 || c.rank(b) != 2) return c.invalid("A and B must be 2-D");
   KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b));
   if (ta) {
@@ -1181,7 +1368,12 @@ Error conv_ConvTranspose(NodeCtx& c) {
     for (size_t i = 0; i < n; ++i) {
       const int64_t want = oshape.empty() ? xs[2 + i] * strides[i] : oshape[i];
       const int64_t total = strides[i] * (xs[2 + i] - 1) + opad[i] + (kernel[i] - 1) * dil[i] + 1 - want;
-      if (total < 0) return c.unsupported("output_shape larger than the full transposed convolution");
+      if (total < 0) {  // a larger output_shape: the extra rows/cols are output padding at the end
+        if (auto_pad == "SAME_UPPER" || auto_pad == "SAME_LOWER") return c.unsupported("output_shape larger than the full output with SAME padding");
+        opad[i] += -total;
+        pads[i] = pads[i + n] = 0;
+        continue;
+      }
       if (auto_pad == "SAME_UPPER") {
         pads[i] = total / 2, pads[i + n] = total - total / 2;
       } else {
@@ -1235,6 +1427,11 @@ Error pool(NodeCtx& c, bool is_max) {
     cip = v;
   }
   ValueId x = x0;
+  const DType in_dt = c.type(x0).dtype;
+  if (is_max && (in_dt == DType::UInt8 || in_dt == DType::Int8 || in_dt == DType::Float16)) {
+    TRY(v, c.emit("aten._to_copy", {x0}, {{"dtype", std::string("float32")}}));  // exact; converted back below
+    x = v;
+  }
   const bool one_d = xs0.size() == 3;
   if (one_d) {  // [N, C, L] -> [N, C, 1, L]
     TRY(v, view(c, x, {xs0[0], xs0[1], 1, xs0[2]}));
@@ -1250,9 +1447,37 @@ Error pool(NodeCtx& c, bool is_max) {
     asym |= s.pad_begin[i] != s.pad_end[i];
     too_big |= s.pad_begin[i] > s.kernel[i] / 2;
   }
-  if (asym || too_big) {
-    if (!is_max && !cip) return c.unsupported("asymmetric (or larger than half the kernel) pads with count_include_pad = 0");
-    if (ceil) return c.unsupported("asymmetric pads with ceil_mode = 1");
+  if ((asym || too_big) && ceil) return c.unsupported("asymmetric pads (or pads larger than half the kernel) with ceil_mode = 1");
+  if ((asym || too_big) && !is_max && !cip) {
+    // Average over the valid elements only: sum-pool(zero-padded x) / sum-pool(zero-padded ones),
+    // both as avg_pool2d without padding (the kernel-area divisors cancel).
+    Ints aten;
+    for (size_t k = s.kernel.size(); k-- > 0;) {
+      aten.push_back(s.pad_begin[k]);
+      aten.push_back(s.pad_end[k]);
+    }
+    const TensorType xt = c.type(x);
+    std::vector<uint8_t> ones(xt.nbytes());
+    for (int64_t i = 0; i < xt.numel(); ++i) {
+      const float one = 1.0f;
+      std::memcpy(ones.data() + static_cast<size_t>(i) * 4, &one, 4);
+    }
+    if (xt.dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(xt.dtype));
+    TRY(mask, c.constant(xt, std::move(ones)));
+    Attributes pa{{"kernel_size", s.kernel}, {"stride", s.strides}, {"padding", Ints(s.kernel.size(), 0)},
+                  {"ceil_mode", false}, {"count_include_pad", true}};
+    TRY(xp, c.emit("aten.constant_pad_nd", {x}, {{"pad", aten}, {"value", 0.0}}));
+    TRY(mp, c.emit("aten.constant_pad_nd", {mask}, {{"pad", aten}, {"value", 0.0}}));
+    TRY(num, c.emit("aten.avg_pool2d", {xp}, pa));
+    TRY(den, c.emit("aten.avg_pool2d", {mp}, pa));
+    TRY(v, c.emit("aten.div", {num, den}));
+    ValueId y = v;
+    if (one_d) {
+      Ints o = c.type(y).sizes;
+      TRY(w, view(c, y, {o[0], o[1], o[3]}));
+      y = w;
+    }
+    return c.set_output(0, y);
   }
   if (asym || too_big) {
     // Pad explicitly (-inf for max, 0 for average with count_include_pad) and pool unpadded.
@@ -1280,6 +1505,10 @@ Error pool(NodeCtx& c, bool is_max) {
   if (one_d) {
     Ints o = c.type(y).sizes;
     TRY(v, view(c, y, {o[0], o[1], o[3]}));
+    y = v;
+  }
+  if (c.type(y).dtype != in_dt) {
+    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(in_dt))}}));
     y = v;
   }
   return c.set_output(0, y);
@@ -1318,6 +1547,10 @@ Error conv_BatchNormalization(NodeCtx& c) {
   (void)momentum;  // running-statistics update rate: training only
   TRY(training, c.attr_int("training_mode", 0));
   TRY(spatial, c.attr_int("spatial", 1));
+  if (c.opset() < 7) {  // BatchNormalization-6: is_test = 0 (the default) means training statistics
+    TRY(is_test, c.attr_int("is_test", 0));
+    if (!is_test) return c.unsupported("attribute 'is_test' = 0 (training)");
+  }
   if (training) return c.unsupported("attribute 'training_mode' = 1 (inference only)");
   if (spatial != 1) return c.unsupported("attribute 'spatial' = 0");
   for (int i = 1; i < c.num_outputs(); ++i) {
@@ -1335,7 +1568,7 @@ Error conv_InstanceNormalization(NodeCtx& c) {
   TRY(scale, c.input(1));
   TRY(bias, c.input(2));
   TRY(eps, c.attr_float("epsilon", 1e-5));
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   if (s.size() < 3) return c.invalid("input must have rank >= 3");
   int64_t hw = 1;
   for (size_t i = 2; i < s.size(); ++i) hw *= s[i];
@@ -1354,8 +1587,7 @@ Error conv_LayerNormalization(NodeCtx& c) {
   TRY(eps, c.attr_float("epsilon", 1e-5));
   TRY(stash, c.attr_int("stash_type", 1));
   if (stash != 1) return c.unsupported("attribute 'stash_type' = " + std::to_string(stash));
-  if (c.has_output(1) || c.has_output(2)) return c.unsupported("the Mean / InvStdDev outputs");
-  const Ints& s = c.type(x).sizes;
+  const Ints s = c.type(x).sizes;
   TRY(axis, wrap_axis(c, axis_raw, static_cast<int64_t>(s.size()), "axis"));
   Ints norm(s.begin() + axis, s.end());
   // Scale/B broadcast to the normalized shape in ONNX; aten wants them exactly that shape.
@@ -1366,28 +1598,1039 @@ Error conv_LayerNormalization(NodeCtx& c) {
   TRY(sc, fit(scale));
   TRY(bi, fit(bias));
   TRY(y, c.emit("aten.native_layer_norm", {x, sc, bi}, {{"normalized_shape", norm}, {"eps", eps}}));
+  KILN_RETURN_IF_ERROR(c.set_output(0, y));
+  if (c.has_output(1) || c.has_output(2)) {  // Mean and InvStdDev = 1 / sqrt(var + eps), dims >= axis kept as 1
+    Ints dims;
+    for (int64_t i = axis; i < static_cast<int64_t>(s.size()); ++i) dims.push_back(i);
+    TRY(mean, c.emit("aten.mean", {x}, {{"dim", dims}, {"keepdim", true}}));
+    KILN_RETURN_IF_ERROR(c.set_output(1, mean));
+    if (c.has_output(2)) {
+      TRY(d, c.emit("aten.sub", {x, mean}));
+      TRY(d2, c.emit("aten.mul", {d, d}));
+      TRY(var, c.emit("aten.mean", {d2}, {{"dim", dims}, {"keepdim", true}}));
+      TRY(e, c.scalar(c.type(var).dtype, eps));
+      TRY(ve, c.emit("aten.add", {var, e}));
+      TRY(inv, c.emit("aten.rsqrt", {ve}));
+      KILN_RETURN_IF_ERROR(c.set_output(2, inv));
+    }
+  }
+  return {};
+}
+
+
+// ---- more elementwise decompositions ----
+
+Result<ValueId> floor_of(NodeCtx& c, ValueId x) {
+  TRY(one, scalar_for(c, x, 1.0));
+  return c.emit("aten.div", {x, one}, {{"rounding_mode", std::string("floor")}});
+}
+
+Error float_only(NodeCtx& c, ValueId x) {
+  if (c.type(x).dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(c.type(x).dtype) + " (float32 only)");
+  return {};
+}
+
+// Floor: floor division by 1 (aten.div rounding_mode="floor"); Ceil: -floor(-x).
+Error conv_Floor(NodeCtx& c) {
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(y, floor_of(c, x));
+  return c.set_output(0, y);
+}
+Error conv_Ceil(NodeCtx& c) {
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(n, c.emit("aten.neg", {x}));
+  TRY(f, floor_of(c, n));
+  TRY(y, c.emit("aten.neg", {f}));
   return c.set_output(0, y);
 }
 
+// Round half to even: r = floor(x), f = x - r (exact); r + (f > 0.5 or (f == 0.5 and r odd)).
+Result<ValueId> round_half_even(NodeCtx& c, ValueId x) {
+  TRY(r, floor_of(c, x));
+  TRY(f, c.emit("aten.sub", {x, r}));
+  TRY(half, scalar_for(c, x, 0.5));
+  TRY(two, scalar_for(c, x, 2.0));
+  TRY(gt, c.emit("aten.gt", {f, half}));
+  TRY(eq, c.emit("aten.eq", {f, half}));
+  TRY(r2, c.emit("aten.div", {r, two}, {{"rounding_mode", std::string("floor")}}));
+  TRY(r2x, c.emit("aten.mul", {r2, two}));
+  TRY(odd, c.emit("aten.ne", {r2x, r}));
+  TRY(tie, c.emit("aten.logical_and", {eq, odd}));
+  TRY(up, c.emit("aten.logical_or", {gt, tie}));
+  TRY(upf, c.emit("aten._to_copy", {up}, {{"dtype", std::string(dtype_name(c.type(x).dtype))}}));
+  return c.emit("aten.add", {r, upf});
+}
+Error conv_Round(NodeCtx& c) {
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(y, round_half_even(c, x));
+  return c.set_output(0, y);
+}
+
+// Sign: (x > 0) - (x < 0) in x's type.
+Error conv_Sign(NodeCtx& c) {
+  TRY(x, c.input(0));
+  const DType dt = c.type(x).dtype;
+  if (dt == DType::Bool || dt == DType::Float16 || dt == DType::BFloat16) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(one, scalar_for(c, x, 1));
+  TRY(m1, scalar_for(c, x, -1));
+  TRY(pos, c.emit("aten.gt", {x, zero}));
+  TRY(neg, c.emit("aten.lt", {x, zero}));
+  TRY(a, c.emit("aten.where", {neg, m1, zero}));
+  TRY(y, c.emit("aten.where", {pos, one, a}));
+  return c.set_output(0, y);
+}
+
+// Mod: fmod = 1: x - y * trunc(x / y) (C fmod, sign of x); fmod = 0 (integers): x - y * floor(x / y)
+// (sign of the divisor, Python %).
+Error conv_Mod(NodeCtx& c) {
+  TRY(a, c.input(0));
+  TRY(b, c.input(1));
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, a, b));
+  TRY(fmod, c.attr_int("fmod", 0));
+  const DType dt = c.type(a).dtype;
+  if (is_floating(dt) && !fmod) return c.invalid("fmod must be 1 for floating-point inputs");
+  if (dt != DType::Float32 && dt != DType::Int64 && dt != DType::Int32) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  TRY(q, c.emit("aten.div", {a, b}, {{"rounding_mode", std::string(fmod ? "trunc" : "floor")}}));
+  TRY(m, c.emit("aten.mul", {q, b}));
+  TRY(y, c.emit("aten.sub", {a, m}));
+  return c.set_output(0, y);
+}
+
+Error conv_IsNaN(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(y, c.emit("aten.ne", {x, x}));
+  return c.set_output(0, y);
+}
+
+Error conv_IsInf(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(pos, c.attr_int("detect_positive", 1));
+  TRY(neg, c.attr_int("detect_negative", 1));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  const double inf = std::numeric_limits<double>::infinity();
+  TRY(pi, scalar_for(c, x, inf));
+  TRY(ni, scalar_for(c, x, -inf));
+  TRY(ep, c.emit("aten.eq", {x, pi}));
+  TRY(en, c.emit("aten.eq", {x, ni}));
+  ValueId y;
+  if (pos && neg) {
+    TRY(v, c.emit("aten.logical_or", {ep, en}));
+    y = v;
+  } else if (pos) {
+    y = ep;
+  } else if (neg) {
+    y = en;
+  } else {
+    TRY(v, c.emit("aten.logical_and", {ep, en}));  // all false
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// Tan = sin / cos; Sinh, Cosh from exp; Asinh, Acosh, Atanh from log (their textbook forms).
+Error conv_Tan(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(s0, c.emit("aten.sin", {x}));
+  TRY(c0, c.emit("aten.cos", {x}));
+  TRY(y, c.emit("aten.div", {s0, c0}));
+  return c.set_output(0, y);
+}
+Error sinh_cosh(NodeCtx& c, bool is_sinh) {
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(e, c.emit("aten.exp", {x}));
+  TRY(n, c.emit("aten.neg", {x}));
+  TRY(en, c.emit("aten.exp", {n}));
+  TRY(s0, c.emit(is_sinh ? "aten.sub" : "aten.add", {e, en}));
+  TRY(two, scalar_for(c, x, 2.0));
+  TRY(y, c.emit("aten.div", {s0, two}));
+  return c.set_output(0, y);
+}
+Error conv_Sinh(NodeCtx& c) { return sinh_cosh(c, true); }
+Error conv_Cosh(NodeCtx& c) { return sinh_cosh(c, false); }
+Error conv_Asinh(NodeCtx& c) {  // log(x + sqrt(x^2 + 1))
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(one, scalar_for(c, x, 1.0));
+  TRY(x2, c.emit("aten.mul", {x, x}));
+  TRY(a, c.emit("aten.add", {x2, one}));
+  TRY(r, c.emit("aten.sqrt", {a}));
+  TRY(s0, c.emit("aten.add", {x, r}));
+  TRY(y, c.emit("aten.log", {s0}));
+  return c.set_output(0, y);
+}
+Error conv_Acosh(NodeCtx& c) {  // log(x + sqrt(x^2 - 1))
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(one, scalar_for(c, x, 1.0));
+  TRY(x2, c.emit("aten.mul", {x, x}));
+  TRY(a, c.emit("aten.sub", {x2, one}));
+  TRY(r, c.emit("aten.sqrt", {a}));
+  TRY(s0, c.emit("aten.add", {x, r}));
+  TRY(y, c.emit("aten.log", {s0}));
+  return c.set_output(0, y);
+}
+Error conv_Atanh(NodeCtx& c) {  // 0.5 * log((1 + x) / (1 - x))
+  TRY(x, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(one, scalar_for(c, x, 1.0));
+  TRY(half, scalar_for(c, x, 0.5));
+  TRY(p, c.emit("aten.add", {one, x}));
+  TRY(m, c.emit("aten.sub", {one, x}));
+  TRY(q, c.emit("aten.div", {p, m}));
+  TRY(l, c.emit("aten.log", {q}));
+  TRY(y, c.emit("aten.mul", {l, half}));
+  return c.set_output(0, y);
+}
+
+// Mish: x * tanh(softplus(x)) = x * tanh(log(1 + exp(x))).
+Error conv_Mish(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(one, scalar_for(c, x, 1.0));
+  TRY(e, c.emit("aten.exp", {x}));
+  TRY(s0, c.emit("aten.add", {e, one}));
+  TRY(sp, c.emit("aten.log", {s0}));
+  TRY(t, c.emit("aten.tanh", {sp}));
+  TRY(y, c.emit("aten.mul", {x, t}));
+  return c.set_output(0, y);
+}
+
+// Shrink: x < -lambd ? x + bias : x > lambd ? x - bias : 0.
+Error conv_Shrink(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(lambd, c.attr_float("lambd", 0.5));
+  TRY(bias, c.attr_float("bias", 0.0));
+  const DType dt = c.type(x).dtype;
+  if (dt != DType::Float32 && dt != DType::Int64 && dt != DType::Int32) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  TRY(l, scalar_for(c, x, lambd));
+  TRY(nl, scalar_for(c, x, -lambd));
+  TRY(bv, scalar_for(c, x, bias));
+  TRY(zero, scalar_for(c, x, 0));
+  TRY(lo, c.emit("aten.lt", {x, nl}));
+  TRY(hi, c.emit("aten.gt", {x, l}));
+  TRY(xp, c.emit("aten.add", {x, bv}));
+  TRY(xm, c.emit("aten.sub", {x, bv}));
+  TRY(a, c.emit("aten.where", {hi, xm, zero}));
+  TRY(y, c.emit("aten.where", {lo, xp, a}));
+  return c.set_output(0, y);
+}
+
+// CastLike: Cast to the element type of input 1.
+Error conv_CastLike(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(like, c.input(1));
+  if (c.has_attr("saturate")) {
+    TRY(sat, c.attr_int("saturate", 1));  // opset 19 (float8 only)
+    (void)sat;
+  }
+  TRY(y, c.emit("aten._to_copy", {x}, {{"dtype", std::string(dtype_name(c.type(like).dtype))}}));
+  return c.set_output(0, y);
+}
+
+// ---- index-based ops ----
+
+// ArgMin: argmax(-x) (first index of the minimum); select_last_index as for ArgMax.
+Error conv_ArgMin(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axis_raw, c.attr_int("axis", 0));
+  TRY(keep, c.attr_int("keepdims", 1));
+  TRY(last, c.attr_int("select_last_index", 0));
+  TRY(axis, wrap_axis(c, axis_raw, c.rank(x), "axis"));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(n0, c.emit("aten.neg", {x}));
+  ValueId nx = n0;
+  const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
+  if (last) {
+    Ints rev(static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) rev[static_cast<size_t>(i)] = n - 1 - i;
+    TRY(ri, c.int64_vector(rev));
+    TRY(g, gather(c, n0, ri, axis));
+    nx = g;
+  }
+  TRY(am, c.emit("aten.argmax", {nx}, {{"dim", axis}, {"keepdim", keep != 0}}));
+  ValueId y = am;
+  if (last) {
+    TRY(top, c.scalar(DType::Int64, static_cast<double>(n - 1)));
+    TRY(v, c.emit("aten.sub", {top, am}));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// A constant int64 tensor [1, .., n, .., 1] (rank r, n at `axis`) holding 0 .. n-1.
+Result<ValueId> iota_along(NodeCtx& c, int64_t n, int64_t axis, int64_t r) {
+  Ints v(static_cast<size_t>(n));
+  std::iota(v.begin(), v.end(), int64_t{0});
+  TRY(iv, c.int64_vector(v));
+  Ints shape(static_cast<size_t>(r), 1);
+  shape[static_cast<size_t>(axis)] = n;
+  return view(c, iv, shape);
+}
+
+// Hardmax: 1 at the first maximum along `axis` (opset 13: default -1; before: the input coerced to
+// 2-D at axis, default 1), 0 elsewhere.
+Error conv_Hardmax(NodeCtx& c) {
+  TRY(x0, c.input(0));
+  KILN_RETURN_IF_ERROR(float_only(c, x0));
+  const Ints s = c.type(x0).sizes;
+  const int64_t r = static_cast<int64_t>(s.size());
+  TRY(axis_raw, c.attr_int("axis", c.opset() >= 13 ? -1 : 1));
+  TRY(axis0, wrap_axis(c, axis_raw, r, "axis"));
+  ValueId x = x0;
+  int64_t axis = axis0, rank = r;
+  if (c.opset() < 13) {
+    int64_t a = 1, b = 1;
+    for (int64_t i = 0; i < r; ++i) (i < axis0 ? a : b) *= s[static_cast<size_t>(i)];
+    TRY(v, view(c, x0, {a, b}));
+    x = v, axis = 1, rank = 2;
+  }
+  const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
+  TRY(am, c.emit("aten.argmax", {x}, {{"dim", axis}, {"keepdim", true}}));
+  TRY(io, iota_along(c, n, axis, rank));
+  TRY(eq, c.emit("aten.eq", {io, am}));
+  TRY(y0, c.emit("aten._to_copy", {eq}, {{"dtype", std::string("float32")}}));
+  TRY(y, view(c, y0, s));
+  return c.set_output(0, y);
+}
+
+// OneHot(indices, depth, values=[off, on]): out[..., k, ...] = (indices == k) ? on : off, with k
+// inserted at `axis` (default -1); negative indices count from depth.
+Error conv_OneHot(NodeCtx& c) {
+  TRY(idx, c.input(0));
+  TRY(dv, c.input(1));
+  TRY(vals, c.input(2));
+  TRY(axis_raw, c.attr_int("axis", -1));
+  TRY(depth_v, c.const_floats(dv, "depth"));
+  if (depth_v.size() != 1 || !(depth_v[0] >= 1) || depth_v[0] > (1 << 24)) return c.invalid("depth must be a positive scalar");
+  const int64_t depth = static_cast<int64_t>(depth_v[0]);
+  if (c.type(vals).numel() != 2) return c.invalid("values must hold [off_value, on_value]");
+  const int64_t r = c.rank(idx) + 1;
+  TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+  ValueId ix = idx;
+  if (c.type(idx).dtype != DType::Int64) {
+    TRY(v, c.emit("aten._to_copy", {idx}, {{"dtype", std::string("int64")}}));
+    ix = v;
+  }
+  TRY(zero, c.scalar(DType::Int64, 0));
+  TRY(dep, c.scalar(DType::Int64, static_cast<double>(depth)));
+  TRY(neg, c.emit("aten.lt", {ix, zero}));
+  TRY(sh, c.emit("aten.add", {ix, dep}));
+  TRY(w, c.emit("aten.where", {neg, sh, ix}));
+  Ints us = c.type(idx).sizes;
+  us.insert(us.begin() + axis, 1);
+  TRY(u, view(c, w, us));
+  TRY(io, iota_along(c, depth, axis, r));
+  TRY(eq, c.emit("aten.eq", {u, io}));
+  TRY(off, c.emit("aten.select", {vals}, {{"dim", int64_t{0}}, {"index", int64_t{0}}}));
+  TRY(on, c.emit("aten.select", {vals}, {{"dim", int64_t{0}}, {"index", int64_t{1}}}));
+  TRY(y, c.emit("aten.where", {eq, on, off}));
+  return c.set_output(0, y);
+}
+
+// EyeLike: a constant of the input's 2-D shape with ones on diagonal k; dtype attribute or the input's.
+Error conv_EyeLike(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(k, c.attr_int("k", 0));
+  DType dt = c.type(x).dtype;
+  if (c.has_attr("dtype")) {
+    TRY(t, c.attr_int("dtype", 1));
+    auto d = kiln_dtype(static_cast<int>(t));
+    if (!d.ok()) return c.unsupported("attribute 'dtype': " + d.error().message());
+    dt = *d;
+  }
+  const Ints s = c.type(x).sizes;
+  if (s.size() != 2) return c.invalid("input must be 2-D");
+  std::vector<uint8_t> bytes(static_cast<size_t>(s[0] * s[1]) * dtype_size(dt), 0);
+  TRY(one, c.scalar(dt, 1));
+  const auto& ob = *c.im.graph.value(one).constant;
+  for (int64_t i = 0; i < s[0]; ++i) {
+    const int64_t j = i + k;
+    if (j >= 0 && j < s[1]) std::memcpy(bytes.data() + static_cast<size_t>(i * s[1] + j) * dtype_size(dt), ob.data(), dtype_size(dt));
+  }
+  TRY(y, c.constant(TensorType{dt, s}, std::move(bytes)));
+  return c.set_output(0, y);
+}
+
+// Trilu: keeps the upper (upper = 1: j - i >= k) or lower (j - i <= k) triangle of the last two dims.
+Error conv_Trilu(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(upper, c.attr_int("upper", 1));
+  int64_t k = 0;
+  if (c.has_input(1)) {
+    TRY(kv, c.input(1));
+    TRY(kk, c.const_ints(kv, "k"));
+    if (kk.size() != 1) return c.invalid("k must be a scalar");
+    k = kk[0];
+  }
+  const Ints s = c.type(x).sizes;
+  if (s.size() < 2) return c.invalid("input must have rank >= 2");
+  const int64_t n = s[s.size() - 2], m = s[s.size() - 1];
+  std::vector<uint8_t> mask(static_cast<size_t>(n * m));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < m; ++j) mask[static_cast<size_t>(i * m + j)] = upper ? (j - i >= k) : (j - i <= k);
+  }
+  TRY(mv, c.constant(TensorType{DType::Bool, {n, m}}, std::move(mask)));
+  TRY(zero, c.scalar(c.type(x).dtype, 0));
+  TRY(y, c.emit("aten.where", {mv, x, zero}));
+  return c.set_output(0, y);
+}
+
+// CumSum along a constant axis: a matrix product with a constant 0/1 triangle (exclusive / reverse
+// choose which); integer inputs go through float32 (exact while sums stay below 2^24).
+Error conv_CumSum(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(av, c.input(1));
+  TRY(exclusive, c.attr_int("exclusive", 0));
+  TRY(reverse, c.attr_int("reverse", 0));
+  TRY(ax, c.const_ints(av, "axis"));
+  if (ax.size() != 1) return c.invalid("axis must be a scalar");
+  const int64_t r = c.rank(x);
+  TRY(axis, wrap_axis(c, ax[0], r, "axis"));
+  const DType dt = c.type(x).dtype;
+  if (dt != DType::Float32 && dt != DType::Int32 && dt != DType::Int64) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
+  // weight [n_out, n_in] for aten.linear over the last dim.
+  std::vector<uint8_t> w(static_cast<size_t>(n * n) * 4, 0);
+  for (int64_t o = 0; o < n; ++o) {
+    for (int64_t i = 0; i < n; ++i) {
+      const bool take = reverse ? (exclusive ? i > o : i >= o) : (exclusive ? i < o : i <= o);
+      const float one = take ? 1.0f : 0.0f;
+      std::memcpy(w.data() + static_cast<size_t>(o * n + i) * 4, &one, 4);
+    }
+  }
+  TRY(wv, c.constant(TensorType{DType::Float32, {n, n}}, std::move(w)));
+  ValueId xf = x;
+  if (dt != DType::Float32) {
+    TRY(v, c.emit("aten._to_copy", {x}, {{"dtype", std::string("float32")}}));
+    xf = v;
+  }
+  ValueId xt = xf;
+  if (axis != r - 1) {
+    TRY(v, c.emit("aten.transpose", {xf}, {{"dim0", axis}, {"dim1", r - 1}}));
+    xt = v;
+  }
+  TRY(l, c.emit("aten.linear", {xt, wv, kNoValue}));
+  ValueId y = l;
+  if (axis != r - 1) {
+    TRY(v, c.emit("aten.transpose", {l}, {{"dim0", axis}, {"dim1", r - 1}}));
+    y = v;
+  }
+  if (dt != DType::Float32) {
+    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(dt))}}));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// GatherElements: out[i...] = data[i with i[axis] = indices[i...]]: an embedding lookup into the
+// flattened data at linear index base(i) + (indices[i] wrapped) * stride(axis).
+Error conv_GatherElements(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(idx0, c.input(1));
+  TRY(axis_raw, c.attr_int("axis", 0));
+  const Ints ds = c.type(x).sizes, is = c.type(idx0).sizes;
+  const int64_t r = static_cast<int64_t>(ds.size());
+  TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+  if (static_cast<int64_t>(is.size()) != r) return c.invalid("indices must have the data's rank");
+  for (int64_t d = 0; d < r; ++d) {
+    if (d != axis && is[static_cast<size_t>(d)] > ds[static_cast<size_t>(d)]) return c.invalid("indices larger than data");
+  }
+  Ints stride(static_cast<size_t>(r), 1);
+  for (int64_t d = r - 2; d >= 0; --d) stride[static_cast<size_t>(d)] = stride[static_cast<size_t>(d + 1)] * ds[static_cast<size_t>(d + 1)];
+  const int64_t n = numel_of(is);
+  std::vector<int64_t> base(static_cast<size_t>(n));
+  for (int64_t flat = 0; flat < n; ++flat) {
+    int64_t rem = flat, off = 0;
+    for (int64_t d = r - 1; d >= 0; --d) {
+      const int64_t coord = rem % is[static_cast<size_t>(d)];
+      rem /= is[static_cast<size_t>(d)];
+      if (d != axis) off += coord * stride[static_cast<size_t>(d)];
+    }
+    base[static_cast<size_t>(flat)] = off;
+  }
+  ValueId idx = idx0;
+  if (c.type(idx0).dtype != DType::Int64) {
+    TRY(v, c.emit("aten._to_copy", {idx0}, {{"dtype", std::string("int64")}}));
+    idx = v;
+  }
+  const int64_t dim = ds[static_cast<size_t>(axis)];
+  TRY(zero, c.scalar(DType::Int64, 0));
+  TRY(dv, c.scalar(DType::Int64, static_cast<double>(dim)));
+  TRY(neg, c.emit("aten.lt", {idx, zero}));
+  TRY(sh, c.emit("aten.add", {idx, dv}));
+  TRY(w, c.emit("aten.where", {neg, sh, idx}));
+  TRY(st, c.scalar(DType::Int64, static_cast<double>(stride[static_cast<size_t>(axis)])));
+  TRY(ws, c.emit("aten.mul", {w, st}));
+  std::vector<uint8_t> bb(base.size() * 8);
+  if (!base.empty()) std::memcpy(bb.data(), base.data(), bb.size());
+  TRY(bv, c.constant(TensorType{DType::Int64, is}, std::move(bb)));
+  TRY(lin, c.emit("aten.add", {ws, bv}));
+  TRY(flat, view(c, x, {numel_of(ds), 1}));
+  TRY(e, c.emit("aten.embedding", {flat, lin}));
+  TRY(y, view(c, e, is));
+  return c.set_output(0, y);
+}
+
+// GatherND (batch_dims = 0): out[i..., rest] = data[indices[i..., :], rest] as an embedding lookup
+// into data viewed [prod(data.shape[:k]), rest] at the linear index sum_j indices[..., j] * stride_j.
+Error conv_GatherND(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(idx0, c.input(1));
+  TRY(bd, c.attr_int("batch_dims", 0));
+  if (bd != 0) return c.unsupported("attribute 'batch_dims' = " + std::to_string(bd));
+  const Ints ds = c.type(x).sizes, is = c.type(idx0).sizes;
+  if (is.empty()) return c.invalid("indices must have rank >= 1");
+  const int64_t k = is.back();
+  if (k < 1 || k > static_cast<int64_t>(ds.size())) return c.invalid("indices' last dim must be in [1, data rank]");
+  Ints stride(static_cast<size_t>(k), 1);
+  for (int64_t j = k - 2; j >= 0; --j) stride[static_cast<size_t>(j)] = stride[static_cast<size_t>(j + 1)] * ds[static_cast<size_t>(j + 1)];
+  int64_t lead = 1, rest = 1;
+  for (int64_t j = 0; j < static_cast<int64_t>(ds.size()); ++j) (j < k ? lead : rest) *= ds[static_cast<size_t>(j)];
+  ValueId idx = idx0;
+  if (c.type(idx0).dtype != DType::Int64) {
+    TRY(v, c.emit("aten._to_copy", {idx0}, {{"dtype", std::string("int64")}}));
+    idx = v;
+  }
+  ValueId lin = kNoValue;
+  for (int64_t j = 0; j < k; ++j) {
+    TRY(sel, c.emit("aten.select", {idx}, {{"dim", int64_t{-1}}, {"index", j}}));
+    TRY(zero, c.scalar(DType::Int64, 0));
+    TRY(dv, c.scalar(DType::Int64, static_cast<double>(ds[static_cast<size_t>(j)])));
+    TRY(neg, c.emit("aten.lt", {sel, zero}));
+    TRY(sh, c.emit("aten.add", {sel, dv}));
+    TRY(w, c.emit("aten.where", {neg, sh, sel}));
+    TRY(st, c.scalar(DType::Int64, static_cast<double>(stride[static_cast<size_t>(j)])));
+    TRY(term, c.emit("aten.mul", {w, st}));
+    if (lin == kNoValue) {
+      lin = term;
+    } else {
+      TRY(a, c.emit("aten.add", {lin, term}));
+      lin = a;
+    }
+  }
+  TRY(d2, view(c, x, {lead, rest}));
+  TRY(e, c.emit("aten.embedding", {d2, lin}));
+  Ints out(is.begin(), is.end() - 1);
+  out.insert(out.end(), ds.begin() + k, ds.end());
+  TRY(y, view(c, e, out));
+  return c.set_output(0, y);
+}
+
+// ---- normalizations ----
+
+// LpNormalization: x / ||x||_p along axis (p = 1 or 2).
+Error conv_LpNormalization(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axis_raw, c.attr_int("axis", -1));
+  TRY(p, c.attr_int("p", 2));
+  if (p != 1 && p != 2) return c.invalid("p must be 1 or 2");
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  TRY(axis, wrap_axis(c, axis_raw, c.rank(x), "axis"));
+  ValueId t;
+  if (p == 2) {
+    TRY(v, c.emit("aten.mul", {x, x}));
+    t = v;
+  } else {
+    TRY(v, c.emit("aten.abs", {x}));
+    t = v;
+  }
+  TRY(sm, c.emit("aten.sum", {t}, {{"dim", Ints{axis}}, {"keepdim", true}}));
+  ValueId norm = sm;
+  if (p == 2) {
+    TRY(v, c.emit("aten.sqrt", {sm}));
+    norm = v;
+  }
+  TRY(y, c.emit("aten.div", {x, norm}));
+  return c.set_output(0, y);
+}
+
+// MeanVarianceNormalization (its ONNX function body): (X - E[X]) / (sqrt(E[X^2] - E[X]^2) + 1e-9)
+// over `axes` (default [0, 2, 3]).
+Error conv_MeanVarianceNormalization(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axes, c.attr_ints("axes", {0, 2, 3}));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  Ints dims;
+  for (int64_t a : axes) {
+    TRY(w, wrap_axis(c, a, c.rank(x), "axis"));
+    dims.push_back(w);
+  }
+  TRY(ex, c.emit("aten.mean", {x}, {{"dim", dims}, {"keepdim", true}}));
+  TRY(x2, c.emit("aten.mul", {x, x}));
+  TRY(ex2, c.emit("aten.mean", {x2}, {{"dim", dims}, {"keepdim", true}}));
+  TRY(exsq, c.emit("aten.mul", {ex, ex}));
+  TRY(var, c.emit("aten.sub", {ex2, exsq}));
+  TRY(sd, c.emit("aten.sqrt", {var}));
+  TRY(eps, scalar_for(c, x, 1e-9));
+  TRY(sde, c.emit("aten.add", {sd, eps}));
+  TRY(d, c.emit("aten.sub", {x, ex}));
+  TRY(y, c.emit("aten.div", {d, sde}));
+  return c.set_output(0, y);
+}
+
+// LRN: x / (bias + alpha / size * sum of x^2 over the channel window [c - floor((size-1)/2),
+// c + ceil((size-1)/2)])^beta; the window sum is an avg_pool2d over channels times size.
+Error conv_LRN(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(alpha, c.attr_float("alpha", 1e-4));
+  TRY(beta, c.attr_float("beta", 0.75));
+  TRY(bias, c.attr_float("bias", 1.0));
+  TRY(size, c.attr_int("size", 0));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  const Ints s = c.type(x).sizes;
+  if (s.size() < 3 || size < 1) return c.invalid("needs rank >= 3 and size >= 1");
+  int64_t rest = 1;
+  for (size_t i = 2; i < s.size(); ++i) rest *= s[i];
+  TRY(sq, c.emit("aten.mul", {x, x}));
+  TRY(v4, view(c, sq, {s[0], 1, s[1], rest}));
+  const int64_t before = (size - 1) / 2, after = size - 1 - before;
+  TRY(pd, c.emit("aten.constant_pad_nd", {v4}, {{"pad", Ints{0, 0, before, after}}, {"value", 0.0}}));
+  TRY(av, c.emit("aten.avg_pool2d", {pd}, {{"kernel_size", Ints{size, 1}}, {"stride", Ints{1, 1}},
+                                             {"padding", Ints{0, 0}}, {"ceil_mode", false}, {"count_include_pad", true}}));
+  TRY(sum4, view(c, av, s));  // mean over the window = sum / size
+  TRY(a, scalar_for(c, x, alpha));
+  TRY(b, scalar_for(c, x, bias));
+  TRY(be, scalar_for(c, x, beta));
+  TRY(m, c.emit("aten.mul", {sum4, a}));
+  TRY(t, c.emit("aten.add", {m, b}));
+  TRY(pw, c.emit("aten.pow", {t, be}));
+  TRY(y, c.emit("aten.div", {x, pw}));
+  return c.set_output(0, y);
+}
+
+// GlobalLpPool / LpPool (p-norm over windows): (sum |x|^p)^(1/p); LpPool's window sum is
+// avg_pool2d (count_include_pad) times the kernel area.
+Error conv_GlobalLpPool(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(p, c.attr_int("p", 2));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  if (p < 1) return c.invalid("p must be >= 1");
+  const int64_t r = c.rank(x);
+  if (r < 3) return c.invalid("input must have rank >= 3");
+  TRY(ab, c.emit("aten.abs", {x}));
+  TRY(pv, scalar_for(c, x, static_cast<double>(p)));
+  TRY(pw, c.emit("aten.pow", {ab, pv}));
+  Ints dims;
+  for (int64_t i = 2; i < r; ++i) dims.push_back(i);
+  TRY(sm, c.emit("aten.sum", {pw}, {{"dim", dims}, {"keepdim", true}}));
+  TRY(ip, scalar_for(c, sm, 1.0 / static_cast<double>(p)));
+  TRY(y, c.emit("aten.pow", {sm, ip}));
+  return c.set_output(0, y);
+}
+Error conv_LpPool(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(p, c.attr_int("p", 2));
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  if (p < 1) return c.invalid("p must be >= 1");
+  const Ints xs = c.type(x).sizes;
+  if (xs.size() != 4) return c.unsupported("input of rank " + std::to_string(xs.size()) + " (2-D pooling only)");
+  if (!c.has_attr("kernel_shape")) return c.invalid("missing attribute 'kernel_shape'");
+  TRY(kernel, c.attr_ints("kernel_shape", {}));
+  if (kernel.size() != 2) return c.invalid("kernel_shape must have 2 values");
+  TRY(ceil, c.attr_int("ceil_mode", 0));
+  if (ceil) return c.unsupported("attribute 'ceil_mode' = 1");
+  TRY(s, spatial_attrs(c, Ints(xs.begin() + 2, xs.end()), kernel, true));
+  TRY(ab, c.emit("aten.abs", {x}));
+  TRY(pv, scalar_for(c, x, static_cast<double>(p)));
+  TRY(pw, c.emit("aten.pow", {ab, pv}));
+  Ints aten;
+  for (size_t k = 2; k-- > 0;) {
+    aten.push_back(s.pad_begin[k]);
+    aten.push_back(s.pad_end[k]);
+  }
+  TRY(pd, c.emit("aten.constant_pad_nd", {pw}, {{"pad", aten}, {"value", 0.0}}));
+  for (int64_t d : s.dilations) {
+    if (d != 1) return c.unsupported("dilations");
+  }
+  TRY(av, c.emit("aten.avg_pool2d", {pd}, {{"kernel_size", s.kernel}, {"stride", s.strides}, {"padding", Ints{0, 0}},
+                                            {"ceil_mode", false}, {"count_include_pad", true}}));
+  TRY(area, scalar_for(c, av, static_cast<double>(kernel[0] * kernel[1])));
+  TRY(sm, c.emit("aten.mul", {av, area}));
+  TRY(ip, scalar_for(c, sm, 1.0 / static_cast<double>(p)));
+  TRY(y, c.emit("aten.pow", {sm, ip}));
+  return c.set_output(0, y);
+}
+
+// ---- quantization (QDQ) ----
+
+// DequantizeLinear: (x - zero_point) * scale, per tensor or per `axis` (1-D scale).
+Error conv_DequantizeLinear(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(scale, c.input(1));
+  TRY(zp, c.opt_input(2));
+  TRY(axis_raw, c.attr_int("axis", 1));
+  const int64_t r = c.rank(x);
+  auto per_axis = [&](ValueId v) -> Result<ValueId> {
+    if (v == kNoValue || c.rank(v) == 0 || r == 0) return v;
+    if (c.rank(v) != 1) return c.invalid("scale / zero_point must be a scalar or 1-D");
+    TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+    Ints shape(static_cast<size_t>(r), 1);
+    shape[static_cast<size_t>(axis)] = c.type(v).sizes[0];
+    return view(c, v, shape);
+  };
+  TRY(xf, c.emit("aten._to_copy", {x}, {{"dtype", std::string("float32")}}));
+  ValueId y = xf;
+  if (zp != kNoValue) {
+    TRY(zf, c.emit("aten._to_copy", {zp}, {{"dtype", std::string("float32")}}));
+    TRY(zr, per_axis(zf));
+    TRY(v, c.emit("aten.sub", {y, zr}));
+    y = v;
+  }
+  TRY(sr, per_axis(scale));
+  TRY(v, c.emit("aten.mul", {y, sr}));
+  return c.set_output(0, v);
+}
+
+// QuantizeLinear: saturate(round_half_even(x / scale) + zero_point) to uint8 (default) or int8.
+Error conv_QuantizeLinear(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(scale, c.input(1));
+  TRY(zp, c.opt_input(2));
+  TRY(axis_raw, c.attr_int("axis", 1));
+  if (c.has_attr("saturate")) {
+    TRY(sat, c.attr_int("saturate", 1));  // opset 19, float8 only
+    (void)sat;
+  }
+  KILN_RETURN_IF_ERROR(float_only(c, x));
+  const DType out = zp == kNoValue ? DType::UInt8 : c.type(zp).dtype;
+  if (out != DType::UInt8 && out != DType::Int8) return c.unsupported(std::string("output dtype ") + dtype_name(out));
+  const int64_t r = c.rank(x);
+  auto per_axis = [&](ValueId v) -> Result<ValueId> {
+    if (v == kNoValue || c.rank(v) == 0 || r == 0) return v;
+    if (c.rank(v) != 1) return c.invalid("scale / zero_point must be a scalar or 1-D");
+    TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+    Ints shape(static_cast<size_t>(r), 1);
+    shape[static_cast<size_t>(axis)] = c.type(v).sizes[0];
+    return view(c, v, shape);
+  };
+  TRY(sr, per_axis(scale));
+  TRY(q, c.emit("aten.div", {x, sr}));
+  TRY(rq, round_half_even(c, q));
+  ValueId y = rq;
+  if (zp != kNoValue) {
+    TRY(zf, c.emit("aten._to_copy", {zp}, {{"dtype", std::string("float32")}}));
+    TRY(zr, per_axis(zf));
+    TRY(v, c.emit("aten.add", {y, zr}));
+    y = v;
+  }
+  const double lo = out == DType::UInt8 ? 0 : -128, hi = out == DType::UInt8 ? 255 : 127;
+  TRY(cl, c.emit("aten.clamp", {y}, {{"min", lo}, {"max", hi}}));
+  TRY(v, c.emit("aten._to_copy", {cl}, {{"dtype", std::string(dtype_name(out))}}));
+  return c.set_output(0, v);
+}
+
+
+// ---- losses (pure functions of their inputs, usable in inference graphs) ----
+
+// NegativeLogLikelihoodLoss(input [N, C, d...], target [N, d...], weight [C]?): loss = -input[n,
+// target, d...] * weight[target], 0 where target == ignore_index; reduction none / sum / mean (sum
+// divided by the sum of the applied weights).
+Result<ValueId> nll_loss(NodeCtx& c, ValueId x, ValueId t, ValueId w, const std::string& reduction,
+                         std::optional<int64_t> ignore) {
+  const Ints xs = c.type(x).sizes;
+  const int64_t r = static_cast<int64_t>(xs.size());
+  if (r < 2) return c.invalid("input must have rank >= 2 [N, C, ...]");
+  Ints ts = xs;
+  ts.erase(ts.begin() + 1);
+  if (c.type(t).sizes != ts) return c.invalid("target shape must be the input's without dim 1");
+  if (c.type(x).dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(c.type(x).dtype));
+  if (reduction != "none" && reduction != "sum" && reduction != "mean") return c.invalid("reduction '" + reduction + "'");
+  ValueId ti = t;
+  if (c.type(t).dtype != DType::Int64) {
+    TRY(v, c.emit("aten._to_copy", {t}, {{"dtype", std::string("int64")}}));
+    ti = v;
+  }
+  ValueId valid = kNoValue, tsafe = ti;
+  if (ignore) {
+    TRY(ig, c.scalar(DType::Int64, static_cast<double>(*ignore)));
+    TRY(zero, c.scalar(DType::Int64, 0));
+    TRY(ne, c.emit("aten.ne", {ti, ig}));
+    TRY(ts2, c.emit("aten.where", {ne, ti, zero}));
+    valid = ne, tsafe = ts2;
+  }
+  Ints us = ts;
+  us.insert(us.begin() + 1, 1);
+  TRY(tu, view(c, tsafe, us));
+  TRY(io, iota_along(c, xs[1], 1, r));
+  TRY(oh, c.emit("aten.eq", {tu, io}));
+  TRY(zf, c.scalar(DType::Float32, 0));
+  TRY(sel, c.emit("aten.where", {oh, x, zf}));
+  TRY(picked, c.emit("aten.sum", {sel}, {{"dim", Ints{1}}, {"keepdim", false}}));
+  TRY(loss0, c.emit("aten.neg", {picked}));
+  ValueId wt = kNoValue;  // weight applied per element
+  if (w != kNoValue) {
+    TRY(g, gather(c, w, tsafe, 0));
+    wt = g;
+  }
+  if (valid != kNoValue) {
+    TRY(vf, c.emit("aten._to_copy", {valid}, {{"dtype", std::string("float32")}}));
+    if (wt == kNoValue) {
+      wt = vf;
+    } else {
+      TRY(m, c.emit("aten.mul", {wt, vf}));
+      wt = m;
+    }
+  }
+  ValueId loss = loss0;
+  if (wt != kNoValue) {
+    TRY(m, c.emit("aten.mul", {loss0, wt}));
+    loss = m;
+  }
+  if (reduction == "none") return loss;
+  TRY(total, c.emit("aten.sum", {loss}, {{"dim", std::monostate{}}, {"keepdim", false}}));
+  if (reduction == "sum") return total;
+  if (wt == kNoValue) return c.emit("aten.mean", {loss}, {{"dim", std::monostate{}}, {"keepdim", false}});
+  TRY(den, c.emit("aten.sum", {wt}, {{"dim", std::monostate{}}, {"keepdim", false}}));
+  return c.emit("aten.div", {total, den});
+}
+
+Error conv_NegativeLogLikelihoodLoss(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(t, c.input(1));
+  TRY(w, c.opt_input(2));
+  TRY(reduction, c.attr_string("reduction", "mean"));
+  std::optional<int64_t> ignore;
+  if (c.has_attr("ignore_index")) {
+    TRY(v, c.attr_int("ignore_index", 0));
+    ignore = v;
+  }
+  TRY(y, nll_loss(c, x, t, w, reduction, ignore));
+  return c.set_output(0, y);
+}
+
+// SoftmaxCrossEntropyLoss: NegativeLogLikelihoodLoss of log_softmax(scores) over dim 1; the optional
+// second output is that log_softmax.
+Error conv_SoftmaxCrossEntropyLoss(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(t, c.input(1));
+  TRY(w, c.opt_input(2));
+  TRY(reduction, c.attr_string("reduction", "mean"));
+  std::optional<int64_t> ignore;
+  if (c.has_attr("ignore_index")) {
+    TRY(v, c.attr_int("ignore_index", 0));
+    ignore = v;
+  }
+  if (c.rank(x) < 2) return c.invalid("scores must have rank >= 2 [N, C, ...]");
+  TRY(lp, c.emit("aten._log_softmax", {x}, {{"dim", int64_t{1}}, {"half_to_float", false}}));
+  TRY(y, nll_loss(c, lp, t, w, reduction, ignore));
+  KILN_RETURN_IF_ERROR(c.set_output(0, y));
+  return c.set_output(1, lp);
+}
+
+// ReduceProd: products of the slices along each reduced axis (axes of up to 64 elements).
+Error conv_ReduceProd(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(axes, axes_of(c, 1, 18));
+  TRY(keep, c.attr_int("keepdims", 1));
+  const int64_t r = c.rank(x);
+  const DType dt = c.type(x).dtype;
+  if (dt != DType::Float32 && dt != DType::Int64 && dt != DType::Int32) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  std::vector<bool> red(static_cast<size_t>(r), !axes || axes->empty());
+  if (axes) {
+    for (int64_t a : *axes) {
+      TRY(w, wrap_axis(c, a, r, "axis"));
+      red[static_cast<size_t>(w)] = true;
+    }
+  }
+  ValueId y = x;
+  for (int64_t d = 0; d < r; ++d) {
+    if (!red[static_cast<size_t>(d)]) continue;
+    const int64_t n = c.type(y).sizes[static_cast<size_t>(d)];
+    if (n > 64) return c.unsupported("ReduceProd over an axis of more than 64 elements");
+    if (n == 0) return c.unsupported("ReduceProd over an empty axis");
+    TRY(acc0, c.emit("aten.slice", {y}, {{"dim", d}, {"start", int64_t{0}}, {"end", int64_t{1}}, {"step", int64_t{1}}}));
+    ValueId acc = acc0;
+    for (int64_t i = 1; i < n; ++i) {
+      TRY(sl, c.emit("aten.slice", {y}, {{"dim", d}, {"start", i}, {"end", i + 1}, {"step", int64_t{1}}}));
+      TRY(m, c.emit("aten.mul", {acc, sl}));
+      acc = m;
+    }
+    y = acc;
+  }
+  if (!keep) {
+    Ints out;
+    for (int64_t d = 0; d < r; ++d) {
+      if (!red[static_cast<size_t>(d)]) out.push_back(c.type(y).sizes[static_cast<size_t>(d)]);
+    }
+    TRY(v, c.emit("aten.view", {y}, {{"size", out}}));
+    y = v;
+  }
+  if (y == x) {
+    TRY(v, c.emit("aten.clone", {x}));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// Hann / Hamming / Blackman windows of a constant size: generalized cosine windows
+// w[n] = sum_k (-1)^k a_k cos(2 pi k n / N), N = size (periodic) or size - 1 (symmetric);
+// Hamming uses a0 = 25/46, a1 = 21/46 as the ONNX spec does.
+Error cosine_window(NodeCtx& c, std::vector<double> a) {
+  TRY(sv, c.input(0));
+  TRY(size_v, c.const_ints(sv, "size"));
+  TRY(periodic, c.attr_int("periodic", 1));
+  TRY(odt, c.attr_int("output_datatype", 1));
+  auto dt = kiln_dtype(static_cast<int>(odt));
+  if (!dt.ok()) return c.unsupported("attribute 'output_datatype': " + dt.error().message());
+  if (size_v.size() != 1 || size_v[0] < 0 || size_v[0] > (1 << 24)) return c.invalid("size must be a non-negative scalar");
+  const int64_t n = size_v[0];
+  const double denom = periodic ? static_cast<double>(n) : static_cast<double>(n - 1);
+  std::vector<double> w(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    double v = 0;
+    for (size_t k = 0; k < a.size(); ++k) {
+      v += (k % 2 ? -1.0 : 1.0) * a[k] * std::cos(2.0 * M_PI * static_cast<double>(k) * static_cast<double>(i) / denom);
+    }
+    w[static_cast<size_t>(i)] = denom == 0 ? 1.0 : v;
+  }
+  std::vector<uint8_t> bytes(static_cast<size_t>(n) * dtype_size(*dt));
+  for (int64_t i = 0; i < n; ++i) {
+    TRY(one, c.scalar(*dt, w[static_cast<size_t>(i)]));
+    std::memcpy(bytes.data() + static_cast<size_t>(i) * dtype_size(*dt), c.im.graph.value(one).constant->data(), dtype_size(*dt));
+  }
+  TRY(y, c.constant(TensorType{*dt, {n}}, std::move(bytes)));
+  return c.set_output(0, y);
+}
+Error conv_HannWindow(NodeCtx& c) { return cosine_window(c, {0.5, 0.5}); }
+Error conv_HammingWindow(NodeCtx& c) { return cosine_window(c, {25.0 / 46.0, 21.0 / 46.0}); }
+Error conv_BlackmanWindow(NodeCtx& c) { return cosine_window(c, {0.42, 0.5, 0.08}); }
+
 // ---- resize ----
 
-// Resize (opset 10: X, scales; 11+: X, roi, scales, sizes) and Upsample (opset 7: scales
-// attribute; 9: scales input) on 4-D NCHW with N and C unscaled. Supported combinations:
-//   linear + half_pixel / pytorch_half_pixel -> upsample_bilinear2d(align_corners=False)
-//   linear + align_corners                   -> upsample_bilinear2d(align_corners=True)
-//   nearest + asymmetric + floor             -> upsample_nearest2d (PyTorch's "nearest")
-//   nearest with round_prefer_floor / asymmetric or half_pixel when every output size is an integer
-//   multiple of the input size (both then pick floor(dst / scale)).
-// Scales given as input are passed on as scales_h/scales_w (PyTorch uses 1/scale then).
+// Taps of one axis of a separable resize: output o = sum_k w[k][o] * input[idx[k][o]].
+struct AxisTaps {
+  std::vector<Ints> idx;
+  std::vector<std::vector<double>> w;
+  std::vector<bool> valid;  // false: extrapolation_value (tf_crop_and_resize outside the roi)
+  bool any_invalid = false;
+};
+
+struct ResizeSpec {
+  std::string mode, coord, nearest;
+  double cubic_a = -0.75, extrapolation = 0;
+  bool exclude_outside = false;
+};
+
+// ONNX Resize (onnx/reference/ops/op_resize.py): source coordinate of output index o per
+// coordinate_transformation_mode; the n = 1 (nearest), 2 (linear) or 4 (cubic) nearest input
+// indices (edge-clamped) with their coefficients; exclude_outside zeroes the taps outside the
+// input and renormalizes.
+// `len` is the resized length as the reference computes it: in * scale (not floored) when scales
+// are given, else the output size.
+AxisTaps axis_taps(const ResizeSpec& r, int64_t in, int64_t out, double scale, double len, double roi_start, double roi_end) {
+  AxisTaps t;
+  const int n = r.mode == "nearest" ? 1 : r.mode == "linear" ? 2 : 4;
+  t.idx.assign(static_cast<size_t>(n), Ints(static_cast<size_t>(out)));
+  t.w.assign(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(out)));
+  t.valid.assign(static_cast<size_t>(out), true);
+  for (int64_t o = 0; o < out; ++o) {
+    const double xo = static_cast<double>(o);
+    double x;
+    if (r.coord == "half_pixel") x = (xo + 0.5) / scale - 0.5;
+    else if (r.coord == "pytorch_half_pixel") x = len > 1 ? (xo + 0.5) / scale - 0.5 : 0.0;
+    else if (r.coord == "align_corners") x = len == 1 ? 0.0 : xo * static_cast<double>(in - 1) / (len - 1);
+    else if (r.coord == "tf_half_pixel_for_nn") x = (xo + 0.5) / scale;
+    else if (r.coord == "tf_crop_and_resize") {
+      x = len > 1 ? roi_start * static_cast<double>(in - 1) + xo * (roi_end - roi_start) * static_cast<double>(in - 1) / (len - 1)
+                  : 0.5 * (roi_start + roi_end) * static_cast<double>(in - 1);
+      if (x < 0 || x > static_cast<double>(in - 1)) {
+        t.valid[static_cast<size_t>(o)] = false;
+        t.any_invalid = true;
+      }
+    } else {
+      x = xo / scale;  // asymmetric
+    }
+    if (!std::isfinite(x)) x = 0;
+    x = std::clamp(x, -1e9, 1e9);
+    auto clampi = [&](double v) { return static_cast<int64_t>(std::clamp<double>(v, 0.0, static_cast<double>(in - 1))); };
+    if (n == 1) {
+      double k;
+      if (x == std::floor(x)) k = x;
+      else if (r.nearest == "floor") k = std::floor(x);
+      else if (r.nearest == "ceil") k = std::ceil(x);
+      else if (r.nearest == "round_prefer_ceil") k = (x - std::floor(x) >= 0.5) ? std::ceil(x) : std::floor(x);
+      else k = (x - std::floor(x) <= 0.5) ? std::floor(x) : std::ceil(x);  // round_prefer_floor
+      t.idx[0][static_cast<size_t>(o)] = clampi(k);
+      t.w[0][static_cast<size_t>(o)] = 1.0;
+      continue;
+    }
+    const double f = x == std::floor(x) ? x - 1 : std::floor(x);
+    const double ratio = x - f;  // in (0, 1]
+    std::vector<double> cf;
+    if (n == 2) {
+      cf = {1 - ratio, ratio};
+    } else {
+      const double A = r.cubic_a, a1 = ratio + 1, b = 1 - ratio, b1 = b + 1;
+      cf = {((A * a1 - 5 * A) * a1 + 8 * A) * a1 - 4 * A, ((A + 2) * ratio - (A + 3)) * ratio * ratio + 1,
+            ((A + 2) * b - (A + 3)) * b * b + 1, ((A * b1 - 5 * A) * b1 + 8 * A) * b1 - 4 * A};
+    }
+    std::vector<double> pos(static_cast<size_t>(n));
+    for (int k = 0; k < n; ++k) pos[static_cast<size_t>(k)] = f - n / 2 + 1 + k;
+    if (r.exclude_outside) {
+      double sum = 0;
+      for (int k = 0; k < n; ++k) {
+        if (pos[static_cast<size_t>(k)] < 0 || pos[static_cast<size_t>(k)] > static_cast<double>(in - 1)) cf[static_cast<size_t>(k)] = 0;
+        sum += cf[static_cast<size_t>(k)];
+      }
+      if (sum != 0) {
+        for (double& v : cf) v /= sum;
+      }
+    }
+    for (int k = 0; k < n; ++k) {
+      t.idx[static_cast<size_t>(k)][static_cast<size_t>(o)] = clampi(pos[static_cast<size_t>(k)]);
+      t.w[static_cast<size_t>(k)][static_cast<size_t>(o)] = cf[static_cast<size_t>(k)];
+    }
+  }
+  return t;
+}
+
+bool taps_identity(const AxisTaps& t, int64_t in, int64_t out) {
+  if (in != out || t.any_invalid) return false;
+  for (int64_t o = 0; o < out; ++o) {
+    double self = 0, other = 0;
+    for (size_t k = 0; k < t.idx.size(); ++k) {
+      (t.idx[k][static_cast<size_t>(o)] == o ? self : other) += std::abs(t.w[k][static_cast<size_t>(o)]);
+    }
+    if (std::abs(self - 1) > 1e-12 || other > 1e-12) return false;
+  }
+  return true;
+}
+
+// PyTorch's upsample_nearest2d source indices (src/kernels/portable/upsample.cpp nearest_idx).
+bool matches_torch_nearest(const AxisTaps& t, int64_t in, int64_t out, std::optional<double> scale) {
+  if (t.idx.size() != 1 || t.any_invalid) return false;
+  const float s = scale ? static_cast<float>(1.0 / *scale) : static_cast<float>(in) / static_cast<float>(out);
+  for (int64_t o = 0; o < out; ++o) {
+    int64_t want;
+    if (out == in) want = o;
+    else if (out == 2 * in) want = o >> 1;
+    else want = std::min<int64_t>(in - 1, static_cast<int64_t>(std::floor(static_cast<float>(o) * s)));
+    if (t.idx[0][static_cast<size_t>(o)] != want) return false;
+  }
+  return true;
+}
+
+// Resize (opset 10: X, scales; 11+: X, roi, scales, sizes; opset 18 attributes are out of range)
+// and Upsample (opset 7: scales attribute; 9: scales input), any rank. Fast paths onto
+// aten.upsample_nearest2d / upsample_bilinear2d when a 4-D resize of H and W computes exactly what
+// PyTorch's kernels compute (nearest: the same source indices; linear: align_corners, or half_pixel
+// / pytorch_half_pixel with output sizes > 1). Every other mode, coordinate transformation,
+// nearest_mode, cubic coefficient, exclude_outside and tf_crop_and_resize roi/extrapolation_value
+// becomes a separable sum of gathers with constant indices and weights per resized axis.
 Error resize(NodeCtx& c, bool is_upsample) {
   TRY(x, c.input(0));
+  ResizeSpec r;
   TRY(mode, c.attr_string("mode", "nearest"));
-  std::string coord = "asymmetric", nearest = "floor";
-  double cubic_a = -0.75, extrap = 0;
-  int64_t exclude = 0;
+  r.mode = mode == "bilinear" ? "linear" : mode;
+  r.coord = "asymmetric";
+  r.nearest = "floor";  // Upsample / Resize-10: x_original = x_resized / scale, floor (ONNX Upsample-7)
+  std::vector<double> scales, roi;
   Ints sizes;
-  std::vector<double> scales;
-  ValueId scales_v = kNoValue, sizes_v = kNoValue;
+  ValueId scales_v = kNoValue, sizes_v = kNoValue, roi_v = kNoValue;
   if (is_upsample) {
     if (c.opset() < 9) {
       TRY(sc, c.attr_floats("scales", {}));
@@ -1405,17 +2648,22 @@ Error resize(NodeCtx& c, bool is_upsample) {
     TRY(ca, c.attr_float("cubic_coeff_a", -0.75));
     TRY(ex, c.attr_int("exclude_outside", 0));
     TRY(ev, c.attr_float("extrapolation_value", 0.0));
-    coord = cm, nearest = nm, cubic_a = ca, exclude = ex, extrap = ev;
+    r.coord = cm, r.nearest = nm, r.cubic_a = ca, r.exclude_outside = ex != 0, r.extrapolation = ev;
+    TRY(rv, c.opt_input(1));
     TRY(sv, c.opt_input(2));
     TRY(zv, c.opt_input(3));
-    scales_v = sv, sizes_v = zv;
-    if (c.has_input(1)) {
-      TRY(rv, c.input(1));
-      if (coord == "tf_crop_and_resize" && c.type(rv).numel() > 0) return c.unsupported("coordinate_transformation_mode 'tf_crop_and_resize'");
-    }
+    roi_v = rv, scales_v = sv, sizes_v = zv;
   }
-  (void)cubic_a, (void)extrap;  // only used by cubic mode / tf_crop_and_resize, both refused below
-  if (exclude) return c.unsupported("attribute 'exclude_outside' = 1");
+  if (r.mode != "nearest" && r.mode != "linear" && r.mode != "cubic") return c.unsupported("attribute 'mode' = '" + mode + "'");
+  static const char* kCoords[] = {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
+                                  "tf_crop_and_resize"};
+  if (std::find(std::begin(kCoords), std::end(kCoords), r.coord) == std::end(kCoords)) {
+    return c.invalid("coordinate_transformation_mode '" + r.coord + "'");
+  }
+  static const char* kNearest[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"};
+  if (std::find(std::begin(kNearest), std::end(kNearest), r.nearest) == std::end(kNearest)) {
+    return c.invalid("nearest_mode '" + r.nearest + "'");
+  }
   if (scales_v != kNoValue && c.type(scales_v).numel() > 0) {
     TRY(sc, c.const_floats(scales_v, "scales"));
     scales = sc;
@@ -1424,58 +2672,136 @@ Error resize(NodeCtx& c, bool is_upsample) {
     TRY(sz, c.const_ints(sizes_v, "sizes"));
     sizes = sz;
   }
-  const Ints& in = c.type(x).sizes;
-  if (in.size() != 4) return c.unsupported("input of rank " + std::to_string(in.size()) + " (4-D NCHW only)");
-  std::optional<double> sh, sw;
-  Ints out(4);
+  const Ints in = c.type(x).sizes;
+  const size_t rank = in.size();
+  if (r.coord == "tf_crop_and_resize") {
+    if (roi_v == kNoValue) return c.invalid("tf_crop_and_resize needs roi");
+    TRY(rr, c.const_floats(roi_v, "roi"));
+    if (rr.size() != 2 * rank) return c.invalid("roi needs " + std::to_string(2 * rank) + " values");
+    roi = rr;
+  }
+  Ints out(rank);
+  std::vector<double> scale(rank);
+  std::vector<bool> given_scale(rank, false);
   if (!sizes.empty()) {
-    if (sizes.size() != 4) return c.invalid("sizes must have 4 values");
-    out = sizes;
+    if (!scales.empty()) return c.invalid("both scales and sizes given");
+    if (sizes.size() != rank) return c.invalid("sizes must have " + std::to_string(rank) + " values");
+    for (size_t i = 0; i < rank; ++i) {
+      if (sizes[i] < 1 || sizes[i] > (int64_t{1} << 24)) return c.invalid("bad output size " + std::to_string(sizes[i]));
+      if (in[i] == 0) return c.invalid("cannot resize an empty dim");
+      out[i] = sizes[i];
+      scale[i] = static_cast<double>(out[i]) / static_cast<double>(in[i]);
+    }
   } else if (!scales.empty()) {
-    if (scales.size() != 4) return c.invalid("scales must have 4 values");
-    for (size_t i = 0; i < 4; ++i) {
+    if (scales.size() != rank) return c.invalid("scales must have " + std::to_string(rank) + " values");
+    for (size_t i = 0; i < rank; ++i) {
       if (!(scales[i] > 0) || !std::isfinite(scales[i])) return c.invalid("scales must be positive");
       const double o = std::floor(static_cast<double>(in[i]) * scales[i]);
-      if (o > (1 << 30)) return c.invalid("output too large");
+      if (o < 1 || o > static_cast<double>(int64_t{1} << 24)) return c.invalid("bad output size for scale " + std::to_string(scales[i]));
       out[i] = static_cast<int64_t>(o);
+      scale[i] = scales[i];
+      given_scale[i] = true;
     }
-    sh = scales[2], sw = scales[3];
-    if (scales[0] != 1 || scales[1] != 1) return c.unsupported("scaling the N or C dims");
   } else {
     return c.invalid("needs scales or sizes");
   }
-  if (out[0] != in[0] || out[1] != in[1]) return c.unsupported("resizing the N or C dims");
-  if (out[2] < 1 || out[3] < 1) return c.invalid("empty output");
-  Attributes attrs{{"output_size", Ints{out[2], out[3]}}};
-  if (sh) attrs.set("scales_h", *sh), attrs.set("scales_w", *sw);
-  ValueId y;
-  if (mode == "linear" || mode == "bilinear") {
-    bool align;
-    if (coord == "align_corners") align = true;
-    else if (coord == "half_pixel" || coord == "pytorch_half_pixel") align = false;
-    else if (is_upsample || c.opset() < 11) return c.unsupported("mode 'linear' with asymmetric coordinates (opset < 11)");
-    else return c.unsupported("mode 'linear' with coordinate_transformation_mode '" + coord + "'");
-    if (coord == "half_pixel" && (out[2] == 1 || out[3] == 1)) return c.unsupported("half_pixel linear resize to size 1");
-    if (align) attrs.set("scales_h", std::monostate{}), attrs.set("scales_w", std::monostate{});
-    attrs.set("align_corners", align);
-    TRY(v, c.emit("aten.upsample_bilinear2d", {x}, attrs));
-    y = v;
-  } else if (mode == "nearest") {
-    const bool integer_up = out[2] % in[2] == 0 && out[3] % in[3] == 0 &&
-                            (!sh || (*sh == static_cast<double>(out[2] / in[2]) && *sw == static_cast<double>(out[3] / in[3])));
-    bool ok = coord == "asymmetric" && nearest == "floor";
-    if (!ok && integer_up && nearest == "round_prefer_floor" &&
-        (coord == "asymmetric" || coord == "half_pixel" || coord == "pytorch_half_pixel")) {
-      ok = true;
+  if (numel_of(out) > (int64_t{1} << 31)) return c.unsupported("output too large");
+  std::vector<AxisTaps> taps(rank);
+  std::vector<bool> resized(rank, false), exact_len(rank, true);
+  for (size_t i = 0; i < rank; ++i) {
+    const double rs = roi.empty() ? 0 : roi[i], re = roi.empty() ? 1 : roi[i + rank];
+    const double len = given_scale[i] ? static_cast<double>(in[i]) * scale[i] : static_cast<double>(out[i]);
+    exact_len[i] = len == static_cast<double>(out[i]);
+    taps[i] = axis_taps(r, in[i], out[i], scale[i], len, rs, re);
+    resized[i] = !taps_identity(taps[i], in[i], out[i]);
+  }
+  // Fast paths: 4-D, only H and W resized.
+  if (rank == 4 && !resized[0] && !resized[1] && c.type(x).dtype == DType::Float32 && !taps[2].any_invalid &&
+      !taps[3].any_invalid) {
+    std::optional<double> sh, sw;
+    if (given_scale[2]) sh = scale[2], sw = scale[3];
+    Attributes attrs{{"output_size", Ints{out[2], out[3]}}};
+    if (sh) attrs.set("scales_h", *sh), attrs.set("scales_w", *sw);
+    if (r.mode == "nearest" && matches_torch_nearest(taps[2], in[2], out[2], sh) &&
+        matches_torch_nearest(taps[3], in[3], out[3], sw)) {
+      TRY(y, c.emit("aten.upsample_nearest2d", {x}, attrs));
+      return c.set_output(0, y);
     }
-    if (!ok) {
-      return c.unsupported("mode 'nearest' with coordinate_transformation_mode '" + coord + "' and nearest_mode '" + nearest +
-                           "' (supported: asymmetric + floor, or integer upscaling with round_prefer_floor)");
+    const bool half = (r.coord == "half_pixel" || r.coord == "pytorch_half_pixel") && out[2] > 1 && out[3] > 1;
+    const bool corners = r.coord == "align_corners" && exact_len[2] && exact_len[3];
+    if (r.mode == "linear" && (half || corners)) {
+      if (r.coord == "align_corners") attrs.set("scales_h", std::monostate{}), attrs.set("scales_w", std::monostate{});
+      attrs.set("align_corners", r.coord == "align_corners");
+      TRY(y, c.emit("aten.upsample_bilinear2d", {x}, attrs));
+      return c.set_output(0, y);
     }
-    TRY(v, c.emit("aten.upsample_nearest2d", {x}, attrs));
+  }
+  // General path: per resized axis, sum_k gather(y, idx_k, axis) * w_k.
+  const DType dt = c.type(x).dtype;
+  if (r.mode != "nearest" && dt != DType::Float32) return c.unsupported(std::string("linear/cubic resize of dtype ") + dtype_name(dt));
+  ValueId y = x;
+  ValueId mask = kNoValue;
+  for (size_t i = 0; i < rank; ++i) {
+    if (!resized[i]) continue;
+    const AxisTaps& t = taps[i];
+    ValueId acc = kNoValue;
+    Ints wshape(rank, 1);
+    wshape[i] = out[i];
+    for (size_t k = 0; k < t.idx.size(); ++k) {
+      bool all_zero = true, all_one = true;
+      for (double w : t.w[k]) {
+        all_zero &= w == 0;
+        all_one &= w == 1;
+      }
+      if (all_zero) continue;
+      TRY(iv, c.int64_vector(t.idx[k]));
+      TRY(g, gather(c, y, iv, static_cast<int64_t>(i)));
+      ValueId term = g;
+      if (!all_one) {
+        std::vector<uint8_t> wb(t.w[k].size() * 4);
+        for (size_t o = 0; o < t.w[k].size(); ++o) {
+          const float f = static_cast<float>(t.w[k][o]);
+          std::memcpy(wb.data() + o * 4, &f, 4);
+        }
+        TRY(wv, c.constant(TensorType{DType::Float32, wshape}, std::move(wb)));
+        TRY(m, c.emit("aten.mul", {g, wv}));
+        term = m;
+      }
+      if (acc == kNoValue) {
+        acc = term;
+      } else {
+        TRY(s2, c.emit("aten.add", {acc, term}));
+        acc = s2;
+      }
+    }
+    if (acc == kNoValue) {  // every weight zero (degenerate cubic coefficients)
+      TRY(iv, c.int64_vector(t.idx[0]));
+      TRY(g, gather(c, y, iv, static_cast<int64_t>(i)));
+      TRY(z, c.scalar(dt, 0));
+      TRY(m, c.emit("aten.mul", {g, z}));
+      acc = m;
+    }
+    y = acc;
+    if (t.any_invalid) {
+      std::vector<uint8_t> vb(t.valid.size());
+      for (size_t o = 0; o < t.valid.size(); ++o) vb[o] = t.valid[o];
+      TRY(mv, c.constant(TensorType{DType::Bool, wshape}, std::move(vb)));
+      if (mask == kNoValue) {
+        mask = mv;
+      } else {
+        TRY(a2, c.emit("aten.logical_and", {mask, mv}));
+        mask = a2;
+      }
+    }
+  }
+  if (y == x) {
+    TRY(v, c.emit("aten.clone", {x}));
     y = v;
-  } else {
-    return c.unsupported("attribute 'mode' = '" + mode + "'");
+  }
+  if (mask != kNoValue) {
+    TRY(ev, c.scalar(dt, r.extrapolation));
+    TRY(v, c.emit("aten.where", {mask, y, ev}));
+    y = v;
   }
   return c.set_output(0, y);
 }
@@ -1486,21 +2812,33 @@ Error conv_Upsample(NodeCtx& c) { return resize(c, true); }
 
 }  // namespace
 
-const std::map<std::string, Converter>& converters() {
-  static const std::map<std::string, Converter> table = {
-#define K(name) {#name, conv_##name}
-      K(Abs), K(Add), K(And), K(ArgMax), K(AveragePool), K(BatchNormalization), K(Cast), K(Celu), K(Clip),
-      K(Concat), K(Constant), K(ConstantOfShape), K(Conv), K(ConvTranspose), K(Cos), K(DepthToSpace), K(Div),
-      K(Dropout), K(Elu), K(Equal), K(Erf), K(Exp), K(Expand), K(Flatten), K(Gather), K(Gemm),
-      K(GlobalAveragePool), K(GlobalMaxPool), K(Greater), K(GreaterOrEqual), K(HardSigmoid), K(HardSwish),
-      K(Identity), K(InstanceNormalization), K(LayerNormalization), K(LeakyRelu), K(Less), K(LessOrEqual),
-      K(Log), K(LogSoftmax), K(MatMul), K(Max), K(MaxPool), K(Mean), K(Min), K(Mul), K(Neg), K(Not), K(Or),
-      K(Pad), K(Pow), K(PRelu), K(Range), K(Reciprocal), K(ReduceL1), K(ReduceL2), K(ReduceLogSum),
-      K(ReduceLogSumExp), K(ReduceMax), K(ReduceMean), K(ReduceMin), K(ReduceSum), K(ReduceSumSquare),
-      K(Relu), K(Reshape), K(Resize), K(Selu), K(Shape), K(Sigmoid), K(Sin), K(Size), K(Slice), K(Softmax),
-      K(Softplus), K(Softsign), K(SpaceToDepth), K(Split), K(Sqrt), K(Squeeze), K(Sub), K(Sum), K(Tanh),
-      K(ThresholdedRelu), K(Tile), K(Transpose), K(Unsqueeze), K(Upsample), K(Where), K(Xor),
+const std::map<std::string, OpConverter>& converters() {
+  // Minimum opset: ops whose semantics changed in ways the converter does not handle are
+  // refused below the version it implements (e.g. Reshape-1 took the shape as an attribute).
+  // Legacy attributes that do not change results when absent (consumed_inputs, ...) are caught by
+  // the importer's unread-attribute check instead.
+  static const std::map<std::string, OpConverter> table = {
+#define K(name) {#name, {conv_##name, 1}}
+#define K6(name) {#name, {conv_##name, 6}}
+      K(Abs), K(Add), K(And), K(ArgMax), K(AveragePool), K6(BatchNormalization), K6(Cast), K(Celu), K6(Clip),
+      {"Concat", {conv_Concat, 4}}, K(Constant), K(ConstantOfShape), K(Conv), K(ConvTranspose), K(Cos),
+      K(DepthToSpace), K(Div), K6(Dropout), K(Elu), K(Equal), K(Erf), K(Exp), K(Expand), K(Flatten), K(Gather),
+      K6(Gemm), K(GlobalAveragePool), K(GlobalMaxPool), K(Greater), K(GreaterOrEqual), K(HardSigmoid),
+      K(HardSwish), K(Identity), K(InstanceNormalization), K(LayerNormalization), K(LeakyRelu), K(Less),
+      K(LessOrEqual), K(Log), K(LogSoftmax), K(MatMul), K6(Max), K(MaxPool), K6(Mean), K6(Min), K(Mul), K(Neg),
+      K(Not), K(Or), {"Pad", {conv_Pad, 2}}, K(Pow), K(PRelu), K(Range), K(Reciprocal), K(ReduceL1), K(ReduceL2),
+      K(ReduceLogSum), K(ReduceLogSumExp), K(ReduceMax), K(ReduceMean), K(ReduceMin), K(ReduceSum),
+      K(ReduceSumSquare), K(Relu), {"Reshape", {conv_Reshape, 5}}, K(Resize), K(Selu), K(Shape), K(Sigmoid),
+      K(Sin), K(Size), K(Slice), K(Softmax), K(Softplus), K(Softsign), K(SpaceToDepth), {"Split", {conv_Split, 2}},
+      K(Sqrt), K(Squeeze), K(Sub), K6(Sum), K(Tanh), K(ThresholdedRelu), K6(Tile), K(Transpose), K(Unsqueeze),
+      {"Upsample", {conv_Upsample, 7}}, K(Where), K(Xor),
+      K(Floor), K(Ceil), K(Round), K(Sign), K(Mod), K(IsNaN), K(IsInf), K(Tan), K(Sinh), K(Cosh), K(Asinh),
+      K(Acosh), K(Atanh), K(Mish), K(Shrink), K(CastLike), K(ArgMin), K(Hardmax), K(OneHot), K(EyeLike), K(Trilu),
+      K(CumSum), K(GatherElements), K(GatherND), K(LpNormalization), K(MeanVarianceNormalization), K(LRN),
+      K(GlobalLpPool), K(LpPool), K(DequantizeLinear), K(QuantizeLinear), K(NegativeLogLikelihoodLoss),
+      K(SoftmaxCrossEntropyLoss), K(ReduceProd), K(HannWindow), K(HammingWindow), K(BlackmanWindow),
 #undef K
+#undef K6
   };
   return table;
 }
@@ -1510,7 +2848,7 @@ const std::map<std::string, Converter>& converters() {
 namespace kiln::onnx {
 std::vector<std::string> supported_op_types() {
   std::vector<std::string> out;
-  for (const auto& [k, v] : detail::converters()) out.push_back(k);
+  for (const auto& [k, v] : detail::converters()) out.push_back(k);  // std::map: sorted
   return out;
 }
 }  // namespace kiln::onnx
