@@ -58,6 +58,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -535,5 +536,11 @@ int main(int argc, char** argv) {
   }
   Options opt;
   if (std::string e = parse_args(argc, argv, &opt); !e.empty()) return usage_error(e);
-  return run(opt);
+  try {
+    return run(opt);
+  } catch (const cv::Exception& e) {  // OpenCV reports errors (e.g. out of memory) by throwing
+    return fail(std::string("OpenCV: ") + e.what());
+  } catch (const std::bad_alloc&) {
+    return fail("out of memory");
+  }
 }
