@@ -32,8 +32,12 @@
 //     v2.0); each crop resized to height 48 and width min(Wc, ceil(48 w / h)), normalised as in 2,
 //     zero padded on the right; output float32[B, 2] probabilities of labels ('0', '180'). A crop
 //     whose best label is '180' with probability > 0.9 (cls_thresh) is rotated by 180 degrees.
-//  6. Recognition (CTC): input float32[B, 3, 48, Wr]; each crop resized to height 48 and width
-//     min(Wr, ceil(48 w / h)), normalised as in 2, zero padded on the right; output float32[B, T, C]
+//  6. Recognition (CTC): the rec program has one method per input width Wr, named "w<Wr>"
+//     (export.py --rec-widths), or one method "forward". Each batch goes to the narrowest method
+//     with Wr >= ceil(48 w / h) of its widest crop (else the widest method): PaddleOCR sizes the
+//     recognizer's input by the lines' aspect ratio, Kiln programs have static shapes. Input
+//     float32[B, 3, 48, Wr]; each crop resized to height 48 and width min(Wr, ceil(48 w / h)),
+//     normalised as in 2, zero padded on the right; output float32[B, T, C]
 //     (per time step, probabilities over C classes). Greedy CTC decoding: per time step the best
 //     class (first one on ties); repeated classes collapsed; class 0 (CTC blank) dropped. Classes
 //     are: 0 = blank, 1..K = the K characters of the key file (one per line, as shipped in the rec
@@ -180,30 +184,35 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-/// One loaded model: its program, method "forward" and input/output types.
+/// One loaded model: its program, one method and its input/output types.
 struct Model {
-  std::string path;
+  std::string path, method_name;
   std::shared_ptr<kiln::Program> program;
   std::optional<kiln::Method> method;
   kiln::TensorType input, output;
 };
 
-/// Loads `path` and checks that "forward" takes one float32 NCHW input with 3 channels and
-/// returns a float32 output of rank `out_rank` whose first dimension is the input's batch.
-/// Returns "" or an error message naming the file.
-std::string load_model(const std::string& role, const std::string& path, const Options& opt, kiln::ThreadPool* pool,
-                       int64_t out_rank, Model* m) {
+/// Loads `path` (or uses `program` when given) and checks that method `method_name` takes one
+/// float32 NCHW input with 3 channels and returns a float32 output of rank `out_rank` whose first
+/// dimension is the input's batch. Returns "" or an error message naming the file.
+std::string load_model(const std::string& role, const std::string& path, const std::string& method_name,
+                       const Options& opt, kiln::ThreadPool* pool, int64_t out_rank, Model* m,
+                       std::shared_ptr<kiln::Program> program = nullptr) {
   m->path = path;
+  m->method_name = method_name;
   const std::string what = role + " model '" + path + "'";
-  kiln::LoadOptions lo;
-  lo.backend_settings = opt.settings;
-  auto program = kiln::Program::load(path, lo);
-  if (!program.ok()) return what + ": " + program.error().to_string();
-  m->program = *program;
-  auto meta = m->program->method_meta("forward");
+  if (!program) {
+    kiln::LoadOptions lo;
+    lo.backend_settings = opt.settings;
+    auto loaded = kiln::Program::load(path, lo);
+    if (!loaded.ok()) return what + ": " + loaded.error().to_string();
+    program = *loaded;
+  }
+  m->program = program;
+  auto meta = m->program->method_meta(method_name);
   if (!meta.ok()) return what + ": " + meta.error().to_string();
   if (meta->inputs.size() != 1 || meta->outputs.empty()) {
-    return what + ": method 'forward' must have one input and at least one output";
+    return what + ": method '" + method_name + "' must have one input and at least one output";
   }
   m->input = meta->inputs[0];
   m->output = meta->outputs[0];
@@ -218,7 +227,7 @@ std::string load_model(const std::string& role, const std::string& path, const O
   kiln::MethodOptions mo;
   mo.pool = pool;
   mo.portable_kernels_only = opt.portable_kernels;
-  auto method = m->program->load_method("forward", mo);
+  auto method = m->program->load_method(method_name, mo);
   if (!method.ok()) return what + ": " + method.error().to_string();
   m->method.emplace(std::move(*method));
   return "";
@@ -418,24 +427,45 @@ int run(const Options& opt) {
 
   std::unique_ptr<kiln::ThreadPool> pool;
   if (opt.threads > 0) pool = std::make_unique<kiln::ThreadPool>(opt.threads);
-  Model det, cls, rec;
-  if (std::string e = load_model("det", opt.det, opt, pool.get(), 4, &det); !e.empty()) return fail(e);
+  Model det, cls;
+  if (std::string e = load_model("det", opt.det, "forward", opt, pool.get(), 4, &det); !e.empty()) return fail(e);
   if (det.input.sizes[0] != 1 || det.output.sizes != std::vector<int64_t>{1, 1, det.input.sizes[2], det.input.sizes[3]}) {
     return fail("det model '" + opt.det + "': it must map float32[1, 3, H, W] to float32[1, 1, H, W], got " +
                 det.input.to_string() + " -> " + det.output.to_string());
   }
   if (opt.use_cls) {
-    if (std::string e = load_model("cls", opt.cls, opt, pool.get(), 2, &cls); !e.empty()) return fail(e);
+    if (std::string e = load_model("cls", opt.cls, "forward", opt, pool.get(), 2, &cls); !e.empty()) return fail(e);
     if (cls.output.sizes[1] != 2 || cls.input.sizes[2] != kLineHeight) {
       return fail("cls model '" + opt.cls + "': it must map float32[B, 3, 48, W] to float32[B, 2], got " +
                   cls.input.to_string() + " -> " + cls.output.to_string());
     }
   }
-  if (std::string e = load_model("rec", opt.rec, opt, pool.get(), 3, &rec); !e.empty()) return fail(e);
-  if (rec.input.sizes[2] != kLineHeight || rec.output.sizes[2] != static_cast<int64_t>(classes.size())) {
-    return fail("rec model '" + opt.rec + "': it maps " + rec.input.to_string() + " -> " + rec.output.to_string() +
-                "; expected input height 48 and " + std::to_string(classes.size()) +
-                " classes (blank + the key file's " + std::to_string(classes.size() - 2) + " characters + space)");
+  // Recognition: the methods "w<N>" (one per input width N, see export.py --rec-widths), else "forward".
+  std::vector<Model> recs;
+  {
+    kiln::LoadOptions lo;
+    lo.backend_settings = opt.settings;
+    auto program = kiln::Program::load(opt.rec, lo);
+    if (!program.ok()) return fail("rec model '" + opt.rec + "': " + program.error().to_string());
+    std::vector<std::string> names;
+    for (const std::string& n : (*program)->method_names()) {
+      if (n.size() > 1 && n[0] == 'w' && n.find_first_not_of("0123456789", 1) == std::string::npos) names.push_back(n);
+    }
+    if (names.empty()) names.push_back("forward");
+    for (const std::string& n : names) {
+      Model rec;
+      if (std::string e = load_model("rec", opt.rec, n, opt, pool.get(), 3, &rec, *program); !e.empty()) return fail(e);
+      if (rec.input.sizes[2] != kLineHeight || rec.output.sizes[2] != static_cast<int64_t>(classes.size()) ||
+          (!recs.empty() && rec.input.sizes[0] != recs[0].input.sizes[0])) {
+        return fail("rec model '" + opt.rec + "': method '" + n + "' maps " + rec.input.to_string() + " -> " +
+                    rec.output.to_string() + "; expected input height 48, the same batch in every method and " +
+                    std::to_string(classes.size()) + " classes (blank + the key file's " +
+                    std::to_string(classes.size() - 2) + " characters + space)");
+      }
+      recs.push_back(std::move(rec));
+    }
+    std::sort(recs.begin(), recs.end(),
+              [](const Model& a, const Model& b) { return a.input.sizes[3] < b.input.sizes[3]; });
   }
   const DetParams dp;
 
@@ -483,10 +513,26 @@ int run(const Options& opt) {
     // 6. Recognition.
     t0 = std::chrono::steady_clock::now();
     std::vector<TextLine> lines;
-    const int64_t B = rec.input.sizes[0], T = rec.output.sizes[1], C = rec.output.sizes[2];
-    std::vector<float> in(static_cast<size_t>(rec.input.numel())), out;
+    const int64_t B = recs[0].input.sizes[0];
+    std::vector<float> in, out;
     for (size_t i0 = 0; i0 < crops.size(); i0 += B) {
       const size_t n = std::min<size_t>(B, crops.size() - i0);
+      // The narrowest method at least as wide as the widest line of this batch needs (else the widest).
+      int64_t need = 0;
+      for (size_t k = 0; k < n; ++k) {
+        need = std::max<int64_t>(need, static_cast<int64_t>(std::ceil(kLineHeight * static_cast<double>(crops[i0 + k].cols) /
+                                                                      crops[i0 + k].rows)));
+      }
+      Model* pick = &recs.back();
+      for (Model& r : recs) {
+        if (r.input.sizes[3] >= need) {
+          pick = &r;
+          break;
+        }
+      }
+      Model& rec = *pick;
+      const int64_t T = rec.output.sizes[1], C = rec.output.sizes[2];
+      in.resize(static_cast<size_t>(rec.input.numel()));
       for (size_t k = 0; k < n; ++k) line_into(crops[i0 + k], rec.input, k, &in);
       const size_t plane = static_cast<size_t>(3 * rec.input.sizes[2] * rec.input.sizes[3]);
       std::fill(in.begin() + n * plane, in.end(), 0.f);  // unused batch slots

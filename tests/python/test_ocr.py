@@ -10,9 +10,10 @@ examples/ocr/export.py.
 2. Numerics: each model's output on a real input (a rendered page / line, preprocessed as the ocr
    program does) matches ONNX Runtime's (PyPI onnxruntime, the reference) within 1e-4 * max|ORT
    output| (fp32), for every backend configuration above.
-Time: shapes are kept small (det canvas 224x320, rec width 320). The portable reference kernels
-take seconds per recognition call (about 100x the optimized kernels), so they read two pages (six
-lines, font sizes 24 and 18); the other configurations read all three. cpu + xnnpack runs with 1 thread (the
+Time: shapes are kept small (det canvas 224x320; rec methods of widths 320 and 960, the latter
+for the one long line). The portable reference kernels take seconds per recognition call (about
+100x the optimized kernels), so they read two pages (six lines, font sizes 24 and 18); the other
+configurations read all three. cpu + xnnpack runs with 1 thread (the
 xnnpack programs have dozens of small delegate segments: on a busy 2-core box, handing each one to
 a 2-thread pool costs far more than the work). mlx runs with MLX_DISABLE_COMPILE=1: otherwise MLX
 JIT-compiles its fused CPU kernels with the system C++ compiler on first use (minutes on a fresh
@@ -39,13 +40,14 @@ OCR = os.path.join(BUILD, "examples", "ocr", "ocr")
 KILN_CLI = os.path.join(BUILD, "tools", "kiln")
 FONT = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf"  # Debian fonts-dejavu-core
 DET_SHAPE = (224, 320)
-REC_WIDTH = 320
+REC_WIDTHS = [320, 960]  # methods w320, w960 of the rec programs; short lines run at 320
+REC_WIDTH = REC_WIDTHS[0]
 
 # (font size in pixels, lines): letters of both cases, digits, punctuation.
 PAGES = [
     (24, ["Hello World 42", "Kiln reads it.", "Box #7, v1.5"]),
     (18, ["ABC def 2024", "Price: $9.99", "Is it 100%?"]),
-    (30, ["Deep Learning", "(OCR) test-run", "Mix 3:2 & 8/9"]),
+    (30, ["Deep Learning", "(OCR) test-run", "Mix 3:2 & 8/9", "Invoice #1234, total: $56.78"]),  # last: w960
 ]
 
 # Backend configurations: file backend, arguments for both `ocr` and `kiln run`, extra ocr
@@ -91,7 +93,10 @@ def programs(tmp_path_factory, onnx_dir):
         progs[backend] = {}
         for name, f in files.items():
             path = os.path.join(out, f"{name}_{backend}.kiln")
-            export.compile_onnx(os.path.join(onnx_dir, f), shapes[name], backend, path)
+            if name == "rec":
+                export.compile_rec_widths(os.path.join(onnx_dir, f), REC_WIDTHS, backend, path)
+            else:
+                export.compile_onnx(os.path.join(onnx_dir, f), shapes[name], backend, path)
             progs[backend][name] = path
     return progs
 
@@ -214,7 +219,8 @@ def test_model_matches_onnxruntime(model, config, programs, model_inputs, onnx_d
     for k, x in enumerate(model_inputs[model]):
         (want,) = sess.run(None, {"x": x})
         np.save(tmp_path / f"x{k}.npy", x)
-        r = subprocess.run([KILN_CLI, "run", programs[backend][model], "-i", str(tmp_path / f"x{k}.npy"),
+        method = f"w{REC_WIDTH}" if model == "rec" else "forward"
+        r = subprocess.run([KILN_CLI, "run", programs[backend][model], "-m", method, "-i", str(tmp_path / f"x{k}.npy"),
                             "-o", str(tmp_path / f"out{k}"), *common], capture_output=True, text=True, timeout=300,
                            env={**os.environ, **env})
         assert r.returncode == 0, r.stdout + r.stderr
