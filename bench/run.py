@@ -451,6 +451,12 @@ def ppocr_markdown(args, models: list, res: dict, preps: dict, info: dict, versi
              f"({', '.join(f'{m} {args.runs.get(m, PPOCR[m][2])}' for m in models)}), {args.rounds} interleaved "
              "round(s), lowest round median; each measurement in its own process. Kiln-best = the fastest Kiln "
              "configuration; ratios < 1.0 mean Kiln is faster (the issue's target: <= 1.0).\n")
+    busy = [b for m in models for e in ENGINES for t in args.threads for b in res.get(f"{m}|{e}|{t}", {}).get("busy", [])]
+    if busy:
+        L.append(f"Shared box: before each of these measurements the other processes kept the CPU busy "
+                 f"{min(busy):.0%}–{max(busy):.0%} (median {sorted(busy)[len(busy) // 2]:.0%}); the script waited up to "
+                 f"{args.idle_wait_s:.0f} s for < {args.idle_threshold:.0%}. On a busy box the figures are slow and noisy "
+                 "(compare 1 vs 2 threads of one engine), so the ratios are indicative only.\n")
     cols = ["kiln-portable", "kiln-cpu", "kiln-xnnpack", "ort"]
     hdr = ["model", "input", "threads"] + [LABEL[e] for e in cols] + ["Kiln-best", "Kiln-best / ORT",
                                                                      "max abs diff vs ORT (/ max abs ORT)"]
