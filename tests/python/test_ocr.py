@@ -14,8 +14,8 @@ Time: shapes are kept small (det canvas 224x320; rec methods of widths 320 and 9
 for the one long line). The portable reference kernels take seconds per recognition call (about
 100x the optimized kernels), so they read two pages (six lines, font sizes 24 and 18); the other
 configurations read all three. cpu + xnnpack runs with 1 thread (the
-xnnpack programs have dozens of small delegate segments: on a busy 2-core box, handing each one to
-a 2-thread pool costs far more than the work). mlx runs with MLX_DISABLE_COMPILE=1: otherwise MLX
+rec program has 23 delegate segments, each with its own XNNPACK thread pool: on a busy 2-core box,
+2 threads made it several times slower, not faster). mlx runs with MLX_DISABLE_COMPILE=1: otherwise MLX
 JIT-compiles its fused CPU kernels with the system C++ compiler on first use (minutes on a fresh
 machine); the delegate still runs every node on MLX's CPU device. Every run is a subprocess (the
 ocr program or `kiln run`), so these settings never reach other tests.
