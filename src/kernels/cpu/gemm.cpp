@@ -47,7 +47,12 @@ struct GemmArgs {
   int64_t ldc;
   const GemmEpilogue* ep;
   const GemmBPacker* packer = nullptr;  // when set, B is produced by the packer (B, ldb unused)
+  const float* packed_a = nullptr;      // when set, A packed by pack_a_for_gemm (alpha 1, no transpose)
 };
+
+/// Rows of A rounded up to whole MR-row panels: K block pc of a pack_a_for_gemm buffer starts at
+/// pc * padded_m(M), and its panel ir at + ir * kc.
+constexpr int64_t padded_m(int64_t M) { return (M + MR - 1) / MR * MR; }
 
 /// What the microkernel does when it stores a tile: which K block this is and where the tile
 /// sits in C (for the bias index).
@@ -81,6 +86,7 @@ inline void store_tile_scalar(const float* t, float* c, int64_t ldc, int mr, int
       }
       row[j] = v;
     }
+    if (s.last && ep.post.kind != PostOp::Kind::None) apply_inplace(ep.post, row, nr);
   }
 }
 
@@ -205,6 +211,10 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* ap
         // max/min return the second operand when either is NaN: NaN in v passes through.
         v0 = _mm256_min_ps(vhi, _mm256_max_ps(vlo, v0));
         v1 = _mm256_min_ps(vhi, _mm256_max_ps(vlo, v1));
+      }
+      if (ep.post.kind != PostOp::Kind::None) {
+        v0 = apply8(ep.post, v0);
+        v1 = apply8(ep.post, v1);
       }
     }
     _mm256_storeu_ps(row, v0);
@@ -390,7 +400,10 @@ void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, in
       TileStore s{g.beta, pc == 0, pc + kc >= g.K, 0, 0, g.ep};
       for (int64_t ic = m0; ic < m1; ic += MC) {
         const int64_t mc = std::min(MC, m1 - ic);
-        if (avx2 && !g.trans_a) {
+        const float* a_block = buf.a;
+        if (g.packed_a != nullptr) {
+          a_block = g.packed_a + pc * padded_m(g.M) + ic * kc;
+        } else if (avx2 && !g.trans_a) {
           pack_a_avx2(g, ic, mc, pc, kc, buf.a);
         } else {
           pack_a(g, ic, mc, pc, kc, buf.a);
@@ -402,7 +415,7 @@ void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, in
             const int mr = static_cast<int>(std::min<int64_t>(MR, mc - ir));
             s.row0 = ic + ir;
             s.col0 = jc + jr;
-            kernel(kc, buf.a + ir * kc, bp, g.C + (ic + ir) * g.ldc + jc + jr, g.ldc, mr, nr, s);
+            kernel(kc, a_block + ir * kc, bp, g.C + (ic + ir) * g.ldc + jc + jr, g.ldc, mr, nr, s);
           }
         }
       }
@@ -421,6 +434,7 @@ inline float finish(const GemmArgs& g, float acc, float cold, int64_t i, int64_t
     v = v < ep.clamp_min ? ep.clamp_min : v;
     v = v > ep.clamp_max ? ep.clamp_max : v;
   }
+  if (ep.post.kind != PostOp::Kind::None) v = apply1(ep.post, v);
   return v;
 }
 
@@ -612,10 +626,28 @@ bool use_pool(ThreadPool* pool, int64_t M, int64_t N, int64_t K) {
 
 }  // namespace
 
+int64_t packed_a_floats(int64_t M, int64_t K) { return padded_m(M) * K + 16; }
+
+void pack_a_for_gemm(int64_t M, int64_t K, const float* A, int64_t lda, float* out) {
+  const GemmArgs g{false, false, M, 0, K, 1.0f, A, lda, nullptr, 0, 0.0f, nullptr, 0, nullptr};
+  // In increasing pc: pack_a_avx2 overshoots its block by 2 floats, which the next block then
+  // overwrites (the last block's overshoot lands in the slack).
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    const int64_t kc = std::min(KC, K - pc);
+    if (has_avx2_fma()) {
+      pack_a_avx2(g, 0, M, pc, kc, out + pc * padded_m(M));
+    } else {
+      pack_a(g, 0, M, pc, kc, out + pc * padded_m(M));
+    }
+  }
+}
+
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool) {
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool,
+           const float* packed_a) {
   if (M <= 0 || N <= 0) return;
-  const GemmArgs g{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &ep};
+  GemmArgs g{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &ep};
+  g.packed_a = packed_a;
   if (K <= 0) {
     gemm_k0(g);
     return;
@@ -629,10 +661,12 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 }
 
 void sgemm_packed_b(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const GemmBPacker& b,
-                    float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool) {
+                    float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool,
+                    const float* packed_a) {
   if (M <= 0 || N <= 0) return;
   GemmArgs g{false, false, M, N, K, alpha, A, lda, nullptr, 0, beta, C, ldc, &ep};
   g.packer = &b;
+  g.packed_a = packed_a;
   if (K <= 0) {
     gemm_k0(g);
     return;
