@@ -167,6 +167,16 @@ TEST(CpuConv, Depthwise) {
   check_conv({2, 32, 57, 55, 32, 3, 3, V{1}, V{1}, V{1}, 32, true});    // large enough to run on the pool
   check_conv({1, 32, 56, 56, 64, 5, 5, V{2}, V{2}, V{1}, 32, false});   // pool, stride 2, multiplier 2
   check_conv({1, 3, 4, 5, 3, 2, 2, V{300}, V{200}, V{1}, 3, true});      // huge stride/padding: GEMM path
+  // Stride 1 shapes of mobilenet_v3 and odd borders (the padded plane buffer is zeroed once per
+  // thread and reused across planes: its padding must stay zero).
+  check_conv({1, 4, 7, 7, 4, 5, 5, V{1}, V{2}, V{1}, 4, true});         // mv3 7x7 5x5: all border
+  check_conv({1, 5, 14, 14, 5, 3, 3, V{1}, V{1}, V{1}, 5, true});       // mv3 14x14
+  check_conv({1, 3, 28, 28, 3, 5, 5, V{1}, V{2}, V{1}, 3, false});      // mv3 28x28 5x5
+  check_conv({1, 2, 6, 37, 2, 3, 3, V{1}, V{1}, V{1}, 2, true});        // rows not a multiple of 4
+  check_conv({1, 3, 5, 3, 3, 1, 7, V{1}, V{0, 9}, V{1}, 3, true});      // padding wider than the plane
+  check_conv({1, 2, 9, 11, 4, 2, 4, V{1}, V{0, 1}, V{1}, 2, true});     // even kernel, multiplier 2
+  check_conv({1, 2, 5, 40, 2, 3, 3, V{1}, V{0, 3}, V{1}, 2, true});     // no row padding, wide columns
+  check_conv({1, 2, 3, 3, 2, 3, 3, V{1}, V{4}, V{1}, 2, true});         // output rows entirely outside the input
 }
 
 TEST(CpuConv, OneD) {

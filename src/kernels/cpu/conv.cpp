@@ -127,7 +127,8 @@ __attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, 
   const int64_t IH = g.in_size[0], IW = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1];
   const int64_t KH = g.kernel[0], KW = g.kernel[1], SH = g.stride[0], SW = g.stride[1];
   const int64_t PH = g.padding[0], DH = g.dilation[0], DW = g.dilation[1];
-  std::fill(buf.begin(), buf.end(), 0.0f);
+  // `buf` was zeroed when allocated: the scatter writes the same positions for every plane of a
+  // geometry, so the padding stays zero from one plane to the next.
   for (int64_t ih = 0; ih < IH; ++ih) dw_scatter_row(g, L, x + ih * IW, ih + PH, buf.data());
   for (int64_t kh = 0; kh < KH; ++kh) {
     for (int64_t kw = 0; kw < KW; ++kw) {
@@ -194,7 +195,7 @@ void depthwise(const ConvGeometry& g, const float* px, const float* pw, const fl
   const int64_t kk = g.kernel[0] * g.kernel[1];
   const DwLayout L(g);
   auto run = [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(static_cast<size_t>(L.total));
+    std::vector<float> buf(static_cast<size_t>(L.total));  // zeros: the padding of every plane
     std::vector<float> tmp(static_cast<size_t>(g.out_size[0] * L.Lw));
     std::vector<int64_t> tap(static_cast<size_t>(kk));
     for (int64_t t = begin; t < end; ++t) {
