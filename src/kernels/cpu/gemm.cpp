@@ -105,6 +105,56 @@ void kernel_generic(int64_t kc, const float* ap, const float* bp, float* c, int6
   store_tile_scalar(acc, c, ldc, mr, nr, s);
 }
 
+/// Lane mask with the first n (0..8) lanes set.
+__attribute__((target("avx2,fma"))) inline __m256i lanes_below(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/// Vector store of an mr x nr tile (acc[i][h]: row i, columns 8h .. 8h+7; nr <= 8 * halves)
+/// into C with the epilogue; partial rows and columns through lane masks (C outside the tile,
+/// and bias past column N, are never touched).
+__attribute__((target("avx2,fma"))) inline void store_tile_avx2(const __m256 (*acc)[2], int halves, float* c,
+                                                                int64_t ldc, int mr, int nr, const TileStore& s) {
+  const GemmEpilogue& ep = *s.ep;
+  const bool full = nr == 8 * halves;
+  const __m256i m0 = lanes_below(std::min(nr, 8)), m1 = lanes_below(std::max(nr - 8, 0));
+  const __m256i mask[2] = {m0, m1};
+  const __m256 vbeta = _mm256_set1_ps(s.beta);
+  const __m256 vlo = _mm256_set1_ps(ep.clamp_min), vhi = _mm256_set1_ps(ep.clamp_max);
+  __m256 cb[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  if (s.last && ep.bias_kind == GemmBias::PerCol) {
+    for (int h = 0; h < halves; ++h) {
+      cb[h] = full ? _mm256_loadu_ps(ep.bias + s.col0 + 8 * h) : _mm256_maskload_ps(ep.bias + s.col0 + 8 * h, mask[h]);
+    }
+  }
+  for (int i = 0; i < mr; ++i) {
+    float* row = c + i * ldc;
+    for (int h = 0; h < halves; ++h) {
+      float* p = row + 8 * h;
+      __m256 v = acc[i][h];
+      if (!s.first || s.beta != 0.0f) {
+        const __m256 old = full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask[h]);
+        v = !s.first ? _mm256_add_ps(old, v) : _mm256_fmadd_ps(vbeta, old, v);
+      }
+      if (s.last) {
+        if (ep.bias_kind == GemmBias::PerRow) {
+          v = _mm256_add_ps(v, _mm256_set1_ps(ep.bias[s.row0 + i]));
+        } else if (ep.bias_kind == GemmBias::PerCol) {
+          v = _mm256_add_ps(v, cb[h]);
+        }
+        // max/min return the second operand when either is NaN: NaN in v passes through.
+        if (ep.clamp) v = _mm256_min_ps(vhi, _mm256_max_ps(vlo, v));
+        if (ep.post.kind != PostOp::Kind::None) v = apply8(ep.post, v);
+      }
+      if (full) {
+        _mm256_storeu_ps(p, v);
+      } else {
+        _mm256_maskstore_ps(p, mask[h], v);
+      }
+    }
+  }
+}
+
 /// AVX2+FMA microkernel for a tile at most 8 columns wide (the last panel when N % 16 is in
 /// [1, 8], e.g. N = 49 at 7x7): half the FMAs of the 6 x 16 kernel; same packed layout.
 __attribute__((target("avx2,fma"))) void kernel_avx2_n8(int64_t kc, const float* ap, const float* bp, float* c,
@@ -122,14 +172,9 @@ __attribute__((target("avx2,fma"))) void kernel_avx2_n8(int64_t kc, const float*
     ap += MR;
     bp += NR;
   }
-  alignas(32) float t[MR * NR];
-  _mm256_store_ps(t + 0 * NR, c0);
-  _mm256_store_ps(t + 1 * NR, c1);
-  _mm256_store_ps(t + 2 * NR, c2);
-  _mm256_store_ps(t + 3 * NR, c3);
-  _mm256_store_ps(t + 4 * NR, c4);
-  _mm256_store_ps(t + 5 * NR, c5);
-  store_tile_scalar(t, c, ldc, mr, nr, s);
+  const __m256 z = _mm256_setzero_ps();
+  const __m256 acc[MR][2] = {{c0, z}, {c1, z}, {c2, z}, {c3, z}, {c4, z}, {c5, z}};
+  store_tile_avx2(acc, 1, c, ldc, mr, nr, s);
 }
 
 /// AVX2+FMA microkernel: a 6 x 16 tile in 12 ymm accumulators; per k: 2 loads of B,
@@ -171,13 +216,8 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* ap
     bp += NR;
   }
   const __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-  if (mr != MR || nr != NR) {
-    alignas(32) float t[MR * NR];
-    for (int i = 0; i < MR; ++i) {
-      _mm256_store_ps(t + i * NR, acc[i][0]);
-      _mm256_store_ps(t + i * NR + 8, acc[i][1]);
-    }
-    store_tile_scalar(t, c, ldc, mr, nr, s);
+  if (mr != MR || nr != NR) {  // partial tile: masked vector stores
+    store_tile_avx2(acc, 2, c, ldc, mr, nr, s);
     return;
   }
   const GemmEpilogue& ep = *s.ep;
