@@ -622,7 +622,7 @@ int main(int argc, char** argv) {
   bench->add_flag("--json", ba.json, "Print one JSON object (keys: file, method, threads, kernels, runs, warmup, "
                                      "inputs, load_ms, init_ms, min_ms, median_ms, p90_ms, max_ms, mean_ms, "
                                      "peak_rss_mib, kernel_calls, cpu_kernel_calls, portable_kernel_calls, "
-                                     "delegate_segments, times_ms)");
+                                     "fused_instructions, prepared_mib, delegate_segments, times_ms)");
   bench->footer("Example: kiln bench mv3.kiln --threads 2 --runs 100 --json\n");
 
   // Usage errors in one line (the subcommand's --help has the details).

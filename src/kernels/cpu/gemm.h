@@ -58,7 +58,7 @@ void force_portable_sgemm_for_testing(bool on);
 /// M == 1 or N == 1 (classifier heads, squeeze-excite) take a matrix-vector path without packing.
 ///
 /// `packed_a` (optional): A already packed by pack_a_for_gemm(M, K, A, lda, ...), with
-/// trans_a false and alpha 1 (InvalidArgument is not possible here: the caller guarantees it);
+/// trans_a false and alpha 1 (the caller guarantees both; nothing here can check them);
 /// the product then skips packing A on every call (A itself is still read when M == 1 or N == 1).
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep = {},
