@@ -1,11 +1,11 @@
-// Optimized cpu kernel for aten.convolution (float32, non-transposed, 1-D and 2-D; NCHW).
+// Optimized cpu kernel for aten.convolution (float32, 1-D and 2-D; NCHW).
 //
-// Three paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
+// Four paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
 //   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernel, each output plane a flat 1-D
 //     correlation over the padded, stride-split input plane (see DwLayout);
 //   1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
 //   everything else: GEMM per group on the im2col matrix, packed on the fly (no im2col buffer).
-// Transposed convolutions stay on the portable kernel (accepts() is false).
+//   transposed: GEMM into a column buffer, then col2im (conv_transposed).
 //
 // Prepared state (conv_prepare, once per Method instance): constant weights of the GEMM paths
 // packed into the GEMM's A panels once (cpu::pack_a_for_gemm) instead of on every call, and an
@@ -45,11 +45,21 @@ bool use_depthwise_kernel(const ConvGeometry& g) {
   return total <= 4.0 * planes + 65536.0;
 }
 
+/// Floats of the column buffer of a transposed convolution (per image and group:
+/// C_out_g * KH * KW rows of IH * IW columns).
+double transposed_col_floats(const ConvGeometry& g) {
+  return static_cast<double>(g.out_channels / g.groups) * static_cast<double>(g.kernel[0] * g.kernel[1]) *
+         static_cast<double>(g.in_size[0] * g.in_size[1]);
+}
+
 bool conv_accepts(const KernelSignature& sig) {
   if (!cpu::has_avx2_fma()) return false;
   if (sig.inputs.size() != 3 || sig.inputs[0] == nullptr || sig.inputs[1] == nullptr) return false;
   auto g = geometry_of(*sig.inputs[0], *sig.inputs[1], sig.inputs[2], sig.attrs);
-  return g.ok() && !g->transposed;
+  if (!g.ok()) return false;
+  // Transposed: GEMM + col2im with a column buffer of at most 64 Mi floats (256 MiB); larger
+  // ones stay on the portable kernel rather than allocate without bound.
+  return !g->transposed || transposed_col_floats(*g) <= 64.0 * 1024 * 1024;
 }
 
 /// Layout of one depthwise input plane after padding and splitting by stride: the padded plane
@@ -342,6 +352,57 @@ void conv_im2col(const ConvGeometry& g, const float* px, const float* pw, const 
   }
 }
 
+/// Transposed convolution (the adjoint of the regular one; formula in src/kernels/portable/conv.cpp):
+/// per (image, group) one GEMM  col[C_out_g * KH * KW, IH * IW] = W_group^T * X_group, where
+/// W_group is the group's [C_in_g, C_out_g * KH * KW] slice of the [C_in, C_out/g, KH, KW] weight,
+/// then col2im: out[oc, ih*SH - PH + kh*DH, iw*SW - PW + kw*DW] += col[(oc, kh, kw), (ih, iw)]
+/// over the positions inside the output, on top of the bias (the "GEMM + col2im" method of
+/// Caffe's and PyTorch's slow_conv_transpose2d). col2im runs in parallel over output channels
+/// (each output plane is written by one thread); `post` is applied to each finished plane.
+void conv_transposed(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po,
+                     ThreadPool* pool, const cpu::PostOp& post) {
+  const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
+  const int64_t IH = g.in_size[0], IW = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1];
+  const int64_t KH = g.kernel[0], KW = g.kernel[1], KK = KH * KW;
+  const int64_t SH = g.stride[0], SW = g.stride[1], PH = g.padding[0], PW = g.padding[1];
+  const int64_t DH = g.dilation[0], DW = g.dilation[1];
+  const int64_t IHW = IH * IW, OHW = OH * OW;
+  std::vector<float> col(static_cast<size_t>(cout_g * KK * IHW));
+  for (int64_t n = 0; n < g.batch; ++n) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      // op(A) = W_group^T: A is W_group [cin_g, cout_g * KK] read transposed (trans_a).
+      cpu::sgemm(true, false, cout_g * KK, IHW, cin_g, 1.0f, pw + grp * cin_g * cout_g * KK, cout_g * KK,
+                 px + (n * g.in_channels + grp * cin_g) * IHW, IHW, 0.0f, col.data(), IHW, cpu::GemmEpilogue{}, pool);
+      float* out_group = po + (n * g.out_channels + grp * cout_g) * OHW;
+      cpu::parallel_tasks(pool, cout_g, [&](int64_t ocl) {
+        float* plane = out_group + ocl * OHW;
+        std::fill(plane, plane + OHW, pb != nullptr ? pb[grp * cout_g + ocl] : 0.0f);
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            const float* c = col.data() + ((ocl * KH + kh) * KW + kw) * IHW;
+            for (int64_t ih = 0; ih < IH; ++ih) {
+              const int64_t oh = ih * SH - PH + kh * DH;
+              if (oh < 0 || oh >= OH) continue;
+              float* orow = plane + oh * OW;
+              const float* crow = c + ih * IW;
+              // iw range with 0 <= iw*SW - PW + kw*DW < OW.
+              const int64_t off = kw * DW - PW;
+              const int64_t iw0 = off >= 0 ? 0 : (-off + SW - 1) / SW;
+              const int64_t iw1 = std::min(IW, OW - off <= 0 ? 0 : (OW - off + SW - 1) / SW);
+              if (SW == 1) {
+                for (int64_t iw = iw0; iw < iw1; ++iw) orow[iw + off] += crow[iw];
+              } else {
+                for (int64_t iw = iw0; iw < iw1; ++iw) orow[iw * SW + off] += crow[iw];
+              }
+            }
+          }
+        }
+        cpu::apply_inplace(post, plane, OHW);
+      });
+    }
+  }
+}
+
 /// 1x1, stride 1, no padding: one GEMM per (image, group) directly on the NCHW planes.
 void conv_1x1(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool,
               const ConvState* st) {
@@ -363,8 +424,8 @@ void conv_1x1(const ConvGeometry& g, const float* px, const float* pw, const flo
   }
 }
 
-/// aten.convolution, float32, non-transposed; shapes and formula as src/kernels/portable/conv.cpp.
-/// Errors: the geometry's InvalidArgument; NotSupported for a transposed convolution.
+/// aten.convolution, float32, regular and transposed; shapes and formula as
+/// src/kernels/portable/conv.cpp. Errors: the geometry's InvalidArgument.
 Error convolution(const KernelArgs& a) {
   const Tensor& x = *a.inputs[0];
   const Tensor& w = *a.inputs[1];
@@ -374,7 +435,6 @@ Error convolution(const KernelArgs& a) {
   auto geo = geometry_of(x.type(), w.type(), b != nullptr ? &bias_type : nullptr, a.attrs);
   if (!geo.ok()) return Error(geo.error().code(), "aten.convolution: " + geo.error().message());
   const ConvGeometry& g = geo.value();
-  if (g.transposed) return Error(ErrorCode::NotSupported, "aten.convolution (cpu): transposed convolution");
   if (g.batch == 0 || g.out_channels == 0) return {};
   const float* px = x.data_as<float>();
   const float* pw = w.data_as<float>();
@@ -393,7 +453,9 @@ Error convolution(const KernelArgs& a) {
     }
     return {};
   }
-  if (use_depthwise_kernel(g)) {
+  if (g.transposed) {
+    conv_transposed(g, px, pw, pb, po, a.pool, post);
+  } else if (use_depthwise_kernel(g)) {
     depthwise(g, px, pw, pb, po, a.pool, post);
   } else if (is_plain_1x1(g)) {
     conv_1x1(g, px, pw, pb, po, a.pool, st);
@@ -408,7 +470,7 @@ Error convolution(const KernelArgs& a) {
 Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
   const KernelSignature& sig = p.sig;
   auto geo = geometry_of(*sig.inputs[0], *sig.inputs[1], sig.inputs[2], sig.attrs);
-  if (!geo.ok() || geo->transposed) return std::unique_ptr<KernelState>();
+  if (!geo.ok()) return std::unique_ptr<KernelState>();
   const ConvGeometry& g = geo.value();
   auto st = std::make_unique<ConvState>();
   if (p.next != nullptr && sig.outputs[0]->dtype == DType::Float32 && cpu::post_op_of(p.next->op, p.next->attrs, &st->post)) {
@@ -418,7 +480,7 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
   const int64_t OHW = g.out_size[0] * g.out_size[1];
   // GEMM paths with a constant weight and more than one output column (a single column is a
   // matrix-vector product, which reads the weights directly).
-  if (w != nullptr && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && OHW > 1 && !use_depthwise_kernel(g)) {
+  if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && OHW > 1 && !use_depthwise_kernel(g)) {
     const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
     const int64_t Kdim = cin_g * g.kernel[0] * g.kernel[1];
     if (cout_g > 1) {
