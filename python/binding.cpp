@@ -348,6 +348,10 @@ PYBIND11_MODULE(_kiln, m) {
         for (const auto& t : pm.method.meta().outputs) l.append(type_dict(t));
         return l;
       })
+      .def_property_readonly("num_fused_instructions", [](const PyMethod& pm) { return pm.method.num_fused_instructions(); },
+                             "Instructions fused at load into the kernel before them (e.g. an activation into a convolution).")
+      .def_property_readonly("prepared_bytes", [](const PyMethod& pm) { return pm.method.prepared_bytes(); },
+                             "Bytes of kernel-prepared state (e.g. weights packed at load).")
       .def_property_readonly("alternative", [](const PyMethod& pm) {
         const MethodMeta& m = pm.method.meta();
         py::dict d;

@@ -546,6 +546,8 @@ int cmd_bench(const BenchArgs& a) {
       << ", \"mean_ms\": " << num(mean) << ", \"peak_rss_mib\": " << num(rss)
       << ", \"kernel_calls\": " << m.num_kernel_calls << ", \"cpu_kernel_calls\": " << cpu_calls
       << ", \"portable_kernel_calls\": " << m.num_kernel_calls - cpu_calls
+      << ", \"fused_instructions\": " << run.num_fused_instructions()
+      << ", \"prepared_mib\": " << num(static_cast<double>(run.prepared_bytes()) / (1 << 20))
       << ", \"delegate_segments\": " << json_counts(m.delegate_counts) << ", \"times_ms\": [";
     for (size_t i = 0; i < times.size(); ++i) o << (i ? ", " : "") << num(times[i]);
     o << "]}\n";
@@ -564,6 +566,8 @@ int cmd_bench(const BenchArgs& a) {
     << "runs            " << a.runs << " (after " << a.warmup << " warm-up)\n"
     << "latency ms      min " << num(sorted.front()) << "  median " << num(quantile(sorted, 0.5)) << "  p90 "
     << num(quantile(sorted, 0.9)) << "  max " << num(sorted.back()) << "  mean " << num(mean) << "\n"
+    << "fused           " << run.num_fused_instructions() << " instructions; prepared state "
+    << num(static_cast<double>(run.prepared_bytes()) / (1 << 20)) << " MiB\n"
     << "peak RSS        " << num(rss) << " MiB\n";
   std::cout << o.str();
   return 0;
@@ -760,7 +764,7 @@ int main(int argc, char** argv) {
   bench->add_flag("--json", ba.json, "Print one JSON object (keys: file, method, threads, kernels, runs, warmup, "
                                      "inputs, load_ms, init_ms, min_ms, median_ms, p90_ms, max_ms, mean_ms, "
                                      "peak_rss_mib, kernel_calls, cpu_kernel_calls, portable_kernel_calls, "
-                                     "delegate_segments, times_ms)");
+                                     "fused_instructions, prepared_mib, delegate_segments, times_ms)");
   bench->footer("Example: kiln bench mv3.kiln --threads 2 --runs 100 --json\n");
 
 #ifdef KILN_HAVE_ONNX

@@ -108,6 +108,12 @@ class Method {
   Result<std::vector<Tensor>> execute(std::initializer_list<Tensor> inputs) {
     return execute(std::span<const Tensor>(inputs.begin(), inputs.size()));
   }
+  /// Bytes this instance holds in kernel-prepared state (e.g. weights packed at load for the
+  /// cpu kernels), on top of the arena and the file's constants.
+  uint64_t prepared_bytes() const;
+  /// Instructions this instance skips because the kernel before them computes them too (an
+  /// activation fused into a convolution's epilogue at load, bit-identical results).
+  size_t num_fused_instructions() const;
 
  private:
   friend class Program;

@@ -4,7 +4,14 @@
 // Management for Deep Neural Net Inference", 2020, as used by TFLite): values are placed in
 // decreasing size order, each at the lowest-waste gap among already-placed values whose
 // lifetimes overlap it.
+//
+// Fusion-friendly lifetimes: when node i is a convolution whose only output v is read only by
+// node i + 1, an activation that the runtime may fuse into the convolution (see fusable_next in
+// src/runtime/program.cpp and cpu::post_op_of), that activation's output starts living at node i
+// instead of i + 1, so it never shares bytes with the convolution's inputs and the fused kernel
+// can write it directly.
 #include <algorithm>
+#include <string_view>
 
 #include "kiln/compiler.h"
 
@@ -13,6 +20,11 @@ namespace kiln {
 namespace {
 constexpr uint64_t kAlign = 64;
 uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+bool fusable_activation(std::string_view op) {
+  return op == "aten.relu" || op == "aten.hardswish" || op == "aten.hardsigmoid" || op == "aten.hardtanh" ||
+         op == "aten.clamp" || op == "aten.sigmoid" || op == "aten.silu";
+}
 }  // namespace
 
 MemoryPlan plan_memory(const Graph& graph) {
@@ -32,6 +44,23 @@ MemoryPlan plan_memory(const Graph& graph) {
   }
   for (ValueId o : graph.outputs()) {
     if (!values[static_cast<size_t>(o)].constant) last[static_cast<size_t>(o)] = end;
+  }
+  // Fusion-friendly lifetimes (see the top of this file).
+  std::vector<int> readers(values.size(), 0);
+  for (const auto& n : nodes) {
+    for (ValueId in : n.inputs) {
+      if (in != kNoValue) ++readers[static_cast<size_t>(in)];
+    }
+  }
+  for (int64_t i = 0; i + 1 < end; ++i) {
+    const auto& a = nodes[static_cast<size_t>(i)];
+    const auto& b = nodes[static_cast<size_t>(i + 1)];
+    if (a.op != "aten.convolution" || !fusable_activation(b.op) || a.outputs.size() != 1 || b.outputs.size() != 1 ||
+        b.inputs.empty() || b.inputs[0] != a.outputs[0] || readers[static_cast<size_t>(a.outputs[0])] != 1) {
+      continue;
+    }
+    const auto w = static_cast<size_t>(b.outputs[0]);
+    if (!values[w].constant) first[w] = std::min(first[w], i);
   }
 
   MemoryPlan plan;

@@ -2,6 +2,8 @@
 // for contiguous tensors whose shapes the op's inference has already checked.
 #pragma once
 
+#include <cstddef>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <vector>
@@ -13,13 +15,25 @@
 
 namespace kiln {
 
+/// State a kernel prepared for one instruction of one Method instance (KernelPrepare), e.g.
+/// weights packed once at load instead of on every call; owned by the Method, read-only (and
+/// shared by concurrent calls of the kernel) during execute.
+struct KernelState {
+  virtual ~KernelState() = default;
+  size_t bytes = 0;  ///< memory the state holds (reported as Method::prepared_bytes())
+  /// True when the kernel also computes the follow-on instruction offered to prepare
+  /// (KernelPrepareArgs::next): it writes that instruction's output, which the runtime then skips.
+  bool fused_next = false;
+};
+
 /// Arguments of one kernel call. Inputs follow the op's schema order (nullptr = None);
 /// outputs are preallocated with their inferred types. `attrs` are normalized.
 struct KernelArgs {
   std::span<const Tensor* const> inputs;
   std::span<Tensor* const> outputs;
   const Attributes& attrs;
-  ThreadPool* pool = nullptr;  ///< may be null: run single-threaded
+  ThreadPool* pool = nullptr;         ///< may be null: run single-threaded
+  const KernelState* state = nullptr; ///< what the kernel's prepare returned for this instruction, or null
 };
 
 /// Runs the op. Returns NotSupported for a dtype or configuration the kernel lacks.
@@ -36,6 +50,30 @@ struct KernelSignature {
 /// True when an optimized kernel handles this call (dtype, rank, attributes); a kernel that
 /// accepts a call must run it correctly for every tensor of those types.
 using KernelAccepts = bool (*)(const KernelSignature&);
+
+/// The instruction right after a kernel call, offered to the kernel's prepare for fusion: a
+/// single-input op (e.g. aten.relu) whose only tensor input is the call's only output, which
+/// nothing else reads. If the kernel fuses it (KernelState::fused_next), each call must write
+/// exactly what the two instructions would have written (`op` applied to the call's result, in
+/// the same float operations: bit-identical), into the call's outputs[0], which the runtime then
+/// points at the follow-on instruction's output.
+struct FusionCandidate {
+  std::string_view op;
+  const Attributes& attrs;
+};
+
+/// Inputs of a kernel's prepare: the call's signature, its constant inputs (by schema position;
+/// null where the input is not a constant or is None; their data stays valid for the Method's
+/// lifetime), and the follow-on instruction it may fuse (null when none is eligible).
+struct KernelPrepareArgs {
+  const KernelSignature& sig;
+  std::span<const Tensor* const> constants;
+  const FusionCandidate* next = nullptr;
+};
+
+/// Builds an instruction's KernelState once per Method instance (load_method). Returning a null
+/// state is fine (the kernel then runs unprepared, state == nullptr); an error fails load_method.
+using KernelPrepare = Result<std::unique_ptr<KernelState>> (*)(const KernelPrepareArgs&);
 
 /// Which kernels a method runs: the optimized cpu kernels where one accepts the call (the
 /// default), or the portable reference kernels only (the numerical oracle; benchmarks).
@@ -55,9 +93,12 @@ class KernelRegistry {
   KernelFn select(std::string_view op, const KernelSignature& sig, KernelSet set) const;
   /// Name of the set the kernel select() returns belongs to: "cpu" or "portable".
   const char* set_name(KernelFn fn) const;
+  /// The prepare function registered with optimized kernel `fn`, or null.
+  KernelPrepare prepare_of(KernelFn fn) const;
   void add(std::string op, KernelFn fn);  ///< portable kernel; used only while building
-  /// Optimized kernel, tried in registration order; used only while building.
-  void add_optimized(std::string op, KernelFn fn, KernelAccepts accepts);
+  /// Optimized kernel, tried in registration order, with an optional per-instruction prepare;
+  /// used only while building.
+  void add_optimized(std::string op, KernelFn fn, KernelAccepts accepts, KernelPrepare prepare = nullptr);
   std::vector<std::string> ops() const;
   /// Ops with at least one optimized kernel.
   std::vector<std::string> optimized_ops() const;
@@ -67,6 +108,7 @@ class KernelRegistry {
     std::string op;
     KernelFn fn;
     KernelAccepts accepts;
+    KernelPrepare prepare;
   };
   std::vector<std::pair<std::string, KernelFn>> kernels_;
   std::vector<Optimized> optimized_;

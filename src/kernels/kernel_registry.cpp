@@ -36,8 +36,15 @@ void KernelRegistry::add(std::string op, KernelFn fn) {
   kernels_.emplace_back(std::move(op), fn);
 }
 
-void KernelRegistry::add_optimized(std::string op, KernelFn fn, KernelAccepts accepts) {
-  optimized_.push_back(Optimized{std::move(op), fn, accepts});
+void KernelRegistry::add_optimized(std::string op, KernelFn fn, KernelAccepts accepts, KernelPrepare prepare) {
+  optimized_.push_back(Optimized{std::move(op), fn, accepts, prepare});
+}
+
+KernelPrepare KernelRegistry::prepare_of(KernelFn fn) const {
+  for (const auto& k : optimized_) {
+    if (k.fn == fn) return k.prepare;
+  }
+  return nullptr;
 }
 
 KernelFn KernelRegistry::select(std::string_view op, const KernelSignature& sig, KernelSet set) const {

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 
 #include "runtime/program_data.h"
 
@@ -70,6 +71,12 @@ struct Method::Impl {
   // Per instruction: the kernel to call (null for delegate calls), from the kernel set chosen
   // at load_method.
   std::vector<KernelFn> kernels;
+  // Per instruction: the state its kernel's prepare built (or null), and whether the
+  // instruction is skipped because the kernel before it fused it.
+  std::vector<std::unique_ptr<KernelState>> states;
+  std::vector<char> skip;
+  uint64_t prepared_bytes = 0;
+  size_t num_fused = 0;
 
   ~Impl() {
     for (size_t k = 0; k < handles.size(); ++k) {
@@ -85,6 +92,50 @@ Method& Method::operator=(Method&&) noexcept = default;
 Method::~Method() = default;
 
 const MethodMeta& Method::meta() const { return impl_->plan->meta; }
+uint64_t Method::prepared_bytes() const { return impl_->prepared_bytes; }
+size_t Method::num_fused_instructions() const { return impl_->num_fused; }
+
+namespace {
+
+/// Arena byte range [lo, hi) of value v, or {0, 0} for a constant or an empty value.
+std::pair<uint64_t, uint64_t> arena_range(const detail::MethodPlan& plan, int32_t v) {
+  const auto i = static_cast<size_t>(v);
+  if (plan.arena_offsets[i] < 0) return {0, 0};
+  const auto lo = static_cast<uint64_t>(plan.arena_offsets[i]);
+  return {lo, lo + plan.value_types[i].nbytes()};
+}
+
+/// The instruction after kernel call k, when the kernel may fuse it (KernelPrepareArgs::next):
+/// k has one output v; instruction k + 1 is a kernel call whose only tensor input is v and whose
+/// one output w has v's type; nothing else reads v and v is not a method output; and w's arena
+/// bytes overlap no arena input of k (the kernel writes w while reading those inputs; values
+/// other than k's inputs that are live at k are still live at k + 1, so the arena plan already
+/// keeps them apart from w).
+bool fusable_next(const detail::MethodPlan& plan, size_t k, const std::vector<int>& readers) {
+  if (k + 1 >= plan.instructions.size()) return false;
+  const auto& a = plan.instructions[k];
+  const auto& b = plan.instructions[k + 1];
+  if (a.backend_name.size() || b.backend_name.size() || a.outputs.size() != 1 || b.outputs.size() != 1) return false;
+  const int32_t v = a.outputs[0], w = b.outputs[0];
+  int tensor_args = 0;
+  for (int32_t x : b.args) tensor_args += x >= 0;
+  if (tensor_args != 1 || b.args.empty() || b.args[0] != v) return false;
+  if (readers[static_cast<size_t>(v)] != 1) return false;
+  for (int32_t o : plan.outputs) {
+    if (o == v) return false;
+  }
+  if (plan.value_types[static_cast<size_t>(v)] != plan.value_types[static_cast<size_t>(w)]) return false;
+  if (plan.arena_offsets[static_cast<size_t>(w)] < 0) return false;
+  const auto [wlo, whi] = arena_range(plan, w);
+  for (int32_t x : a.args) {
+    if (x < 0) continue;
+    const auto [lo, hi] = arena_range(plan, x);
+    if (lo < hi && wlo < hi && lo < whi) return false;
+  }
+  return true;
+}
+
+}  // namespace
 
 Result<Method> Program::load_method(const std::string& name, const MethodOptions& options) const {
   const detail::MethodPlan* plan = nullptr;
@@ -138,6 +189,47 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
   for (size_t k = 0; k < plan->instructions.size(); ++k) {
     const auto& ins = plan->instructions[k];
     im.kernels[k] = options.portable_kernels_only ? ins.portable_kernel : ins.kernel;
+  }
+  // Kernel prepare (optimized kernels only): per-instruction state such as packed weights, and
+  // fusion of the following instruction where the kernel offers it.
+  im.states.resize(plan->instructions.size());
+  im.skip.assign(plan->instructions.size(), 0);
+  if (!options.portable_kernels_only) {
+    std::vector<int> readers(nv, 0);
+    for (const auto& ins : plan->instructions) {
+      for (int32_t v : ins.args) {
+        if (v >= 0) ++readers[static_cast<size_t>(v)];
+      }
+    }
+    for (size_t k = 0; k < plan->instructions.size(); ++k) {
+      const auto& ins = plan->instructions[k];
+      if (ins.backend != nullptr || im.skip[k]) continue;
+      const KernelPrepare prepare = KernelRegistry::get().prepare_of(ins.kernel);
+      if (prepare == nullptr) continue;
+      std::vector<const TensorType*> in_types, out_types;
+      std::vector<const Tensor*> constants;
+      for (int32_t v : ins.args) {
+        in_types.push_back(v < 0 ? nullptr : &plan->value_types[static_cast<size_t>(v)]);
+        constants.push_back(v >= 0 && plan->constant_data[static_cast<size_t>(v)] ? &im.values[static_cast<size_t>(v)] : nullptr);
+      }
+      for (int32_t v : ins.outputs) out_types.push_back(&plan->value_types[static_cast<size_t>(v)]);
+      const KernelSignature sig{in_types, out_types, ins.attrs};
+      std::optional<FusionCandidate> next;
+      if (fusable_next(*plan, k, readers)) next.emplace(FusionCandidate{plan->instructions[k + 1].op, plan->instructions[k + 1].attrs});
+      auto state = prepare(KernelPrepareArgs{sig, constants, next ? &*next : nullptr});
+      if (!state.ok()) {
+        return Error(state.error().code(), "method '" + name + "' instruction " + std::to_string(k) + " (" + ins.op +
+                                               "): kernel prepare failed: " + state.error().message());
+      }
+      im.states[k] = std::move(state.value());
+      if (!im.states[k]) continue;
+      im.prepared_bytes += im.states[k]->bytes;
+      if (im.states[k]->fused_next && next) {
+        im.outs[k][0] = &im.values[static_cast<size_t>(plan->instructions[k + 1].outputs[0])];
+        im.skip[k + 1] = 1;
+        ++im.num_fused;
+      }
+    }
   }
   // Delegates: each payload is initialized once per method instance (weights packed here).
   DelegateOptions dopts;
@@ -215,9 +307,10 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
     if (slot.data != sources[i] && inputs[i].nbytes() > 0) std::memcpy(slot.data, sources[i], inputs[i].nbytes());
   }
   for (size_t k = 0; k < im.plan->instructions.size(); ++k) {
+    if (im.skip[k]) continue;  // fused into instruction k - 1
     const auto& ins = im.plan->instructions[k];
     Error err = ins.backend ? ins.backend->execute(*im.handles[k], im.args[k], im.outs[k])
-                            : im.kernels[k](KernelArgs{im.args[k], im.outs[k], ins.attrs, im.pool});
+                            : im.kernels[k](KernelArgs{im.args[k], im.outs[k], ins.attrs, im.pool, im.states[k].get()});
     if (!err.ok()) {
       return Error(err.code(), "instruction " + std::to_string(k) + " (" + ins.op +
                                    (ins.debug_name.empty() ? "" : " at " + ins.debug_name) + "): " + err.message());

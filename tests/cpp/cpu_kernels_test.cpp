@@ -167,6 +167,16 @@ TEST(CpuConv, Depthwise) {
   check_conv({2, 32, 57, 55, 32, 3, 3, V{1}, V{1}, V{1}, 32, true});    // large enough to run on the pool
   check_conv({1, 32, 56, 56, 64, 5, 5, V{2}, V{2}, V{1}, 32, false});   // pool, stride 2, multiplier 2
   check_conv({1, 3, 4, 5, 3, 2, 2, V{300}, V{200}, V{1}, 3, true});      // huge stride/padding: GEMM path
+  // Stride 1 shapes of mobilenet_v3 and odd borders (the padded plane buffer is zeroed once per
+  // thread and reused across planes: its padding must stay zero).
+  check_conv({1, 4, 7, 7, 4, 5, 5, V{1}, V{2}, V{1}, 4, true});         // mv3 7x7 5x5: all border
+  check_conv({1, 5, 14, 14, 5, 3, 3, V{1}, V{1}, V{1}, 5, true});       // mv3 14x14
+  check_conv({1, 3, 28, 28, 3, 5, 5, V{1}, V{2}, V{1}, 3, false});      // mv3 28x28 5x5
+  check_conv({1, 2, 6, 37, 2, 3, 3, V{1}, V{1}, V{1}, 2, true});        // rows not a multiple of 4
+  check_conv({1, 3, 5, 3, 3, 1, 7, V{1}, V{0, 9}, V{1}, 3, true});      // padding wider than the plane
+  check_conv({1, 2, 9, 11, 4, 2, 4, V{1}, V{0, 1}, V{1}, 2, true});     // even kernel, multiplier 2
+  check_conv({1, 2, 5, 40, 2, 3, 3, V{1}, V{0, 3}, V{1}, 2, true});     // no row padding, wide columns
+  check_conv({1, 2, 3, 3, 2, 3, 3, V{1}, V{4}, V{1}, 2, true});         // output rows entirely outside the input
 }
 
 TEST(CpuConv, OneD) {
@@ -175,19 +185,29 @@ TEST(CpuConv, OneD) {
   check_conv({1, 8, 1, 20, 12, 1, 1, V{1}, V{0}, V{1}, 2, false}, true);
 }
 
-TEST(CpuConv, TransposedStaysPortable) {
-  TensorType x = f32({1, 4, 5, 5}), w = f32({4, 3, 3, 3});
-  const OpDef* def = OpRegistry::get().find("aten.convolution");
-  auto attrs = def->normalize_attributes(Attributes{{"stride", V{2}}, {"padding", V{0}}, {"dilation", V{1}},
-                                                     {"transposed", true}, {"output_padding", V{1}}, {"groups", 1}});
-  ASSERT_TRUE(attrs.ok()) << attrs.error().to_string();
-  const TensorType* ins[] = {&x, &w, nullptr};
-  auto outs = def->infer_types(ins, *attrs);
-  ASSERT_TRUE(outs.ok());
-  const TensorType* out_ptrs[] = {&(*outs)[0]};
-  KernelSignature sig{ins, out_ptrs, *attrs};
-  const KernelRegistry& reg = KernelRegistry::get();
-  EXPECT_STREQ(reg.set_name(reg.select("aten.convolution", sig, KernelSet::Optimized)), "portable");
+/// Transposed convolution: weight [C_in, C_out/groups, KH, KW]; cpu (GEMM + col2im) vs portable.
+void check_conv_transposed(const ConvCase& c, const std::vector<int64_t>& output_padding) {
+  std::vector<std::optional<TensorType>> types = {f32({c.n, c.cin, c.h, c.w}), f32({c.cin, c.cout / c.groups, c.kh, c.kw}),
+                                                  std::nullopt};
+  if (c.bias) types[2] = f32({c.cout});
+  Attributes attrs{{"stride", c.stride}, {"padding", c.padding}, {"dilation", c.dilation},
+                   {"transposed", true}, {"output_padding", output_padding}, {"groups", c.groups}};
+  const std::string what = "transposed Cin" + std::to_string(c.cin) + " " + std::to_string(c.h) + "x" +
+                           std::to_string(c.w) + " Cout" + std::to_string(c.cout) + " k" + std::to_string(c.kh) + "x" +
+                           std::to_string(c.kw) + " s" + attr_to_string(c.stride) + " p" + attr_to_string(c.padding) +
+                           " op" + attr_to_string(output_padding) + " d" + attr_to_string(c.dilation) + " g" +
+                           std::to_string(c.groups);
+  check_op("aten.convolution", types, attrs, c.cin / c.groups * c.kh * c.kw, what);
+}
+
+TEST(CpuConv, Transposed) {
+  check_conv_transposed({1, 4, 5, 5, 3, 3, 3, V{2}, V{0}, V{1}, 1, false}, V{1});
+  check_conv_transposed({1, 96, 40, 40, 24, 2, 2, V{2}, V{0}, V{1}, 1, true}, V{0});   // PP-OCR det upsampling
+  check_conv_transposed({2, 6, 7, 4, 9, 3, 3, V{2, 1}, V{1, 0}, V{1}, 3, true}, V{1, 0});
+  check_conv_transposed({1, 4, 6, 6, 4, 4, 3, V{3, 2}, V{2, 1}, V{1, 2}, 1, true}, V{2, 1});
+  check_conv_transposed({1, 8, 9, 9, 8, 3, 3, V{2}, V{1}, V{1}, 8, true}, V{1});       // depthwise
+  check_conv_transposed({1, 3, 1, 1, 5, 4, 4, V{1}, V{0}, V{1}, 1, true}, V{0});       // 1x1 input
+  check_conv_transposed({1, 32, 20, 20, 16, 4, 4, V{2}, V{1}, V{1}, 1, true}, V{0});   // large enough for the pool
 }
 
 TEST(CpuLinear, Mm) {

@@ -105,3 +105,37 @@ def test_cpu_and_portable_differ_but_agree(exported):
     assert any(not np.array_equal(o1, o2) for o1, o2 in zip(a, b)), "cpu kernels were not selected"
     for o1, o2 in zip(a, b):
         assert_close(o2, o1, rel=3e-5)
+
+
+# (in shape, out channels, kernel, stride, padding, output_padding, dilation, groups, bias)
+CONV_T_CASES = [
+    ((1, 8, 7, 9), 4, (2, 2), (2, 2), (0, 0), (0, 0), (1, 1), 1, True),    # PP-OCR det's 2x2/2 upsampling
+    ((2, 6, 5, 4), 9, (3, 3), (2, 1), (1, 0), (1, 0), (1, 1), 3, False),   # grouped, output_padding
+    ((1, 4, 6, 6), 4, (4, 3), (3, 2), (2, 1), (2, 1), (1, 2), 1, True),    # dilation, large padding
+    ((1, 5, 3, 3), 7, (5, 5), (1, 1), (3, 2), (0, 0), (1, 1), 1, True),    # padding crops to 1x3
+    ((1, 16, 10, 10), 16, (3, 3), (2, 2), (1, 1), (1, 1), (1, 1), 16, True),  # depthwise transposed
+    ((2, 3, 11), 5, (4,), (3,), (2,), (1,), (1,), 1, True),               # 1-D
+]
+
+
+@pytest.mark.parametrize("case", CONV_T_CASES, ids=[f"t{i}" for i in range(len(CONV_T_CASES))])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_transposed_convolution_matches_eager(case, threads):
+    """The cpu kernel's GEMM + col2im transposed convolution (with a fused relu) against eager,
+    and the same program on the portable kernels."""
+    shape, cout, k, s, p, op, d, groups, bias = case
+    conv_cls = torch.nn.ConvTranspose1d if len(shape) == 3 else torch.nn.ConvTranspose2d
+    torch.manual_seed(7)
+    conv = conv_cls(shape[1], cout, k, stride=s, padding=p, output_padding=op, dilation=d, groups=groups,
+                    bias=bias).eval()
+    model = torch.nn.Sequential(conv, torch.nn.ReLU()).eval()
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    data = kiln.export(model, (x,), verbose=False).data
+    fast = kiln.load_bytes(data, num_threads=threads).run(x.numpy())[0]
+    ref = kiln.load_bytes(data, num_threads=1, portable_kernels_only=True).run(x.numpy())[0]
+    assert_close(fast, expected, rel=1e-5, what=f"cpu transposed conv {case}")
+    assert_close(ref, expected, rel=1e-5, what=f"portable transposed conv {case}")
+    if _has_avx2_fma():  # the cpu kernel took the convolution (and the relu into its stores)
+        assert kiln.load_bytes(data, num_threads=threads).method().num_fused_instructions == 1

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 
+#include "kernels/cpu/post_op.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernel.h"
 
@@ -31,7 +32,7 @@ KILN_AVX2 inline __m256 sign_mask() { return _mm256_set1_ps(-0.0f); }
 // kGrain. max_ps/min_ps(c, x) return x when x is NaN (the second operand), so NaN propagates.
 struct Relu {
   static constexpr int64_t kGrain = kCheapGrain;
-  KILN_AVX2 __m256 operator()(__m256 x) const { return _mm256_max_ps(_mm256_setzero_ps(), x); }
+  KILN_AVX2 __m256 operator()(__m256 x) const { return cpu::relu8(x); }
 };
 struct Neg {
   static constexpr int64_t kGrain = kCheapGrain;
@@ -61,10 +62,7 @@ struct Exp {
 /// 1 / (1 + e^-x).
 struct Sigmoid {
   static constexpr int64_t kGrain = kCostlyGrain;
-  KILN_AVX2 __m256 operator()(__m256 x) const {
-    const __m256 one = _mm256_set1_ps(1.0f);
-    return _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, sign_mask()))));
-  }
+  KILN_AVX2 __m256 operator()(__m256 x) const { return cpu::sigmoid8(x); }
 };
 struct Tanh {
   static constexpr int64_t kGrain = kCostlyGrain;
@@ -73,9 +71,7 @@ struct Tanh {
 /// x / (1 + e^-x) (silu(-inf) is NaN, as in PyTorch).
 struct Silu {
   static constexpr int64_t kGrain = kCostlyGrain;
-  KILN_AVX2 __m256 operator()(__m256 x) const {
-    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_xor_ps(x, sign_mask()))));
-  }
+  KILN_AVX2 __m256 operator()(__m256 x) const { return cpu::silu8(x); }
 };
 /// approximate "none": x * 0.5 * (1 + erf(x / sqrt(2))), evaluated as x * 0.5 * erfc(|z|) for
 /// x < 0 and x * 0.5 * (2 - erfc(z)) otherwise (z = x / sqrt(2)), so the negative tail keeps its
@@ -106,20 +102,12 @@ struct Gelu {
 /// x * min(max(x + 3, 0), 6) / 6.
 struct Hardswish {
   static constexpr int64_t kGrain = kCheapGrain;
-  KILN_AVX2 __m256 operator()(__m256 x) const {
-    const __m256 r6 = _mm256_min_ps(_mm256_set1_ps(6.0f),
-                                    _mm256_max_ps(_mm256_setzero_ps(), _mm256_add_ps(x, _mm256_set1_ps(3.0f))));
-    return _mm256_div_ps(_mm256_mul_ps(x, r6), _mm256_set1_ps(6.0f));
-  }
+  KILN_AVX2 __m256 operator()(__m256 x) const { return cpu::hardswish8(x); }
 };
 /// min(max(x + 3, 0), 6) / 6.
 struct Hardsigmoid {
   static constexpr int64_t kGrain = kCheapGrain;
-  KILN_AVX2 __m256 operator()(__m256 x) const {
-    const __m256 r6 = _mm256_min_ps(_mm256_set1_ps(6.0f),
-                                    _mm256_max_ps(_mm256_setzero_ps(), _mm256_add_ps(x, _mm256_set1_ps(3.0f))));
-    return _mm256_div_ps(r6, _mm256_set1_ps(6.0f));
-  }
+  KILN_AVX2 __m256 operator()(__m256 x) const { return cpu::hardsigmoid8(x); }
 };
 /// x > 0 ? x : x * negative_slope.
 struct LeakyRelu {

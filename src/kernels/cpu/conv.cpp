@@ -1,11 +1,17 @@
-// Optimized cpu kernel for aten.convolution (float32, non-transposed, 1-D and 2-D; NCHW).
+// Optimized cpu kernel for aten.convolution (float32, 1-D and 2-D; NCHW).
 //
-// Three paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
+// Four paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
 //   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernel, each output plane a flat 1-D
 //     correlation over the padded, stride-split input plane (see DwLayout);
 //   1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
 //   everything else: GEMM per group on the im2col matrix, packed on the fly (no im2col buffer).
-// Transposed convolutions stay on the portable kernel (accepts() is false).
+//   transposed: GEMM into a column buffer, then col2im (conv_transposed).
+//
+// Prepared state (conv_prepare, once per Method instance): constant weights of the GEMM paths
+// packed into the GEMM's A panels once (cpu::pack_a_for_gemm) instead of on every call, and an
+// activation that directly follows the convolution (relu, hardswish, hardsigmoid, hardtanh,
+// clamp, sigmoid, silu: cpu::post_op_of) applied in the store of each output value; the result is
+// bit-identical to the convolution followed by the cpu activation kernel.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -39,11 +45,21 @@ bool use_depthwise_kernel(const ConvGeometry& g) {
   return total <= 4.0 * planes + 65536.0;
 }
 
+/// Floats of the column buffer of a transposed convolution (per image and group:
+/// C_out_g * KH * KW rows of IH * IW columns).
+double transposed_col_floats(const ConvGeometry& g) {
+  return static_cast<double>(g.out_channels / g.groups) * static_cast<double>(g.kernel[0] * g.kernel[1]) *
+         static_cast<double>(g.in_size[0] * g.in_size[1]);
+}
+
 bool conv_accepts(const KernelSignature& sig) {
   if (!cpu::has_avx2_fma()) return false;
   if (sig.inputs.size() != 3 || sig.inputs[0] == nullptr || sig.inputs[1] == nullptr) return false;
   auto g = geometry_of(*sig.inputs[0], *sig.inputs[1], sig.inputs[2], sig.attrs);
-  return g.ok() && !g->transposed;
+  if (!g.ok()) return false;
+  // Transposed: GEMM + col2im with a column buffer of at most 64 Mi floats (256 MiB); larger
+  // ones stay on the portable kernel rather than allocate without bound.
+  return !g->transposed || transposed_col_floats(*g) <= 64.0 * 1024 * 1024;
 }
 
 /// Layout of one depthwise input plane after padding and splitting by stride: the padded plane
@@ -65,6 +81,19 @@ struct DwLayout {
     total = g.stride[0] * g.stride[1] * plane;
   }
 };
+
+/// What conv_prepare built for one instruction.
+struct ConvState : KernelState {
+  cpu::PostOp post;             ///< fused activation (None when nothing was fused)
+  std::vector<float> packed;    ///< per group, packed_a_floats(C_out_g, K) floats; empty: pack per call
+  int64_t group_stride = 0;     ///< floats between consecutive groups' packed weights
+};
+
+/// 1x1 kernel, stride 1, no padding (dilation is then irrelevant): the plain GEMM path.
+bool is_plain_1x1(const ConvGeometry& g) {
+  return g.kernel[0] == 1 && g.kernel[1] == 1 && g.stride[0] == 1 && g.stride[1] == 1 && g.padding[0] == 0 &&
+         g.padding[1] == 0;
+}
 
 /// Copies input row `src` [IW] into padded row r of `buf` (phase planes as DwLayout).
 __attribute__((target("avx2,fma"))) void dw_scatter_row(const ConvGeometry& g, const DwLayout& L, const float* src,
@@ -104,11 +133,12 @@ __attribute__((target("avx2,fma"))) void dw_scatter_row(const ConvGeometry& g, c
 __attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, const DwLayout& L, const float* x,
                                                          const float* w, const float* bias, float* out, int64_t mult,
                                                          std::vector<float>& buf, std::vector<float>& tmp,
-                                                         std::vector<int64_t>& tap) {
+                                                         std::vector<int64_t>& tap, const cpu::PostOp& post) {
   const int64_t IH = g.in_size[0], IW = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1];
   const int64_t KH = g.kernel[0], KW = g.kernel[1], SH = g.stride[0], SW = g.stride[1];
   const int64_t PH = g.padding[0], DH = g.dilation[0], DW = g.dilation[1];
-  std::fill(buf.begin(), buf.end(), 0.0f);
+  // `buf` was zeroed when allocated: the scatter writes the same positions for every plane of a
+  // geometry, so the padding stays zero from one plane to the next.
   for (int64_t ih = 0; ih < IH; ++ih) dw_scatter_row(g, L, x + ih * IW, ih + PH, buf.data());
   for (int64_t kh = 0; kh < KH; ++kh) {
     for (int64_t kw = 0; kw < KW; ++kw) {
@@ -135,6 +165,12 @@ __attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, 
         a2 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 16), a2);
         a3 = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 24), a3);
       }
+      if (post.kind != cpu::PostOp::Kind::None) {
+        a0 = cpu::apply8(post, a0);
+        a1 = cpu::apply8(post, a1);
+        a2 = cpu::apply8(post, a2);
+        a3 = cpu::apply8(post, a3);
+      }
       _mm256_storeu_ps(dst + q, a0);
       _mm256_storeu_ps(dst + q + 8, a1);
       _mm256_storeu_ps(dst + q + 16, a2);
@@ -145,6 +181,7 @@ __attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, 
       for (int64_t t = 0; t < KK; ++t) {
         a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(wk + t), _mm256_loadu_ps(base + tap[static_cast<size_t>(t)] + q), a0);
       }
+      if (post.kind != cpu::PostOp::Kind::None) a0 = cpu::apply8(post, a0);
       alignas(32) float v[8];
       _mm256_store_ps(v, a0);
       const int64_t n = std::min<int64_t>(8, count - q);
@@ -159,7 +196,8 @@ __attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, 
   }
 }
 
-void depthwise(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool) {
+void depthwise(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool,
+               const cpu::PostOp& post) {
   const int64_t C = g.in_channels;
   const int64_t mult = g.out_channels / g.groups;
   const int64_t in_plane = g.in_size[0] * g.in_size[1];
@@ -167,13 +205,13 @@ void depthwise(const ConvGeometry& g, const float* px, const float* pw, const fl
   const int64_t kk = g.kernel[0] * g.kernel[1];
   const DwLayout L(g);
   auto run = [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(static_cast<size_t>(L.total));
+    std::vector<float> buf(static_cast<size_t>(L.total));  // zeros: the padding of every plane
     std::vector<float> tmp(static_cast<size_t>(g.out_size[0] * L.Lw));
     std::vector<int64_t> tap(static_cast<size_t>(kk));
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = t / C, c = t % C;
       depthwise_plane(g, L, px + (n * C + c) * in_plane, pw + c * mult * kk, pb != nullptr ? pb + c * mult : nullptr,
-                      po + (n * g.out_channels + c * mult) * out_plane, mult, buf, tmp, tap);
+                      po + (n * g.out_channels + c * mult) * out_plane, mult, buf, tmp, tap, post);
     }
   };
   const int64_t tasks = g.batch * C;
@@ -292,7 +330,8 @@ struct Im2col {
 
 /// General convolution: per (image, group) one GEMM  out[n, group] = W_group [C_out_g x K] *
 /// im2col [K x OH*OW] + bias, K = C_in_g * KH * KW, with the im2col matrix packed on the fly.
-void conv_im2col(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool) {
+void conv_im2col(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool,
+                 const ConvState* st) {
   const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
   const int64_t Kdim = cin_g * g.kernel[0] * g.kernel[1];
   const int64_t OHW = g.out_size[0] * g.out_size[1];
@@ -305,14 +344,68 @@ void conv_im2col(const ConvGeometry& g, const float* px, const float* pw, const 
         ep.bias_kind = cpu::GemmBias::PerRow;
         ep.bias = pb + grp * cout_g;
       }
+      if (st != nullptr) ep.post = st->post;
+      const float* packed = st != nullptr && !st->packed.empty() ? st->packed.data() + grp * st->group_stride : nullptr;
       cpu::sgemm_packed_b(cout_g, OHW, Kdim, 1.0f, pw + grp * cout_g * Kdim, Kdim, cpu::GemmBPacker{Im2col::pack, &ctx},
-                          0.0f, po + (n * g.out_channels + grp * cout_g) * OHW, OHW, ep, pool);
+                          0.0f, po + (n * g.out_channels + grp * cout_g) * OHW, OHW, ep, pool, packed);
+    }
+  }
+}
+
+/// Transposed convolution (the adjoint of the regular one; formula in src/kernels/portable/conv.cpp):
+/// per (image, group) one GEMM  col[C_out_g * KH * KW, IH * IW] = W_group^T * X_group, where
+/// W_group is the group's [C_in_g, C_out_g * KH * KW] slice of the [C_in, C_out/g, KH, KW] weight,
+/// then col2im: out[oc, ih*SH - PH + kh*DH, iw*SW - PW + kw*DW] += col[(oc, kh, kw), (ih, iw)]
+/// over the positions inside the output, on top of the bias (the "GEMM + col2im" method of
+/// Caffe's and PyTorch's slow_conv_transpose2d). col2im runs in parallel over output channels
+/// (each output plane is written by one thread); `post` is applied to each finished plane.
+void conv_transposed(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po,
+                     ThreadPool* pool, const cpu::PostOp& post) {
+  const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
+  const int64_t IH = g.in_size[0], IW = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1];
+  const int64_t KH = g.kernel[0], KW = g.kernel[1], KK = KH * KW;
+  const int64_t SH = g.stride[0], SW = g.stride[1], PH = g.padding[0], PW = g.padding[1];
+  const int64_t DH = g.dilation[0], DW = g.dilation[1];
+  const int64_t IHW = IH * IW, OHW = OH * OW;
+  std::vector<float> col(static_cast<size_t>(cout_g * KK * IHW));
+  for (int64_t n = 0; n < g.batch; ++n) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      // op(A) = W_group^T: A is W_group [cin_g, cout_g * KK] read transposed (trans_a).
+      cpu::sgemm(true, false, cout_g * KK, IHW, cin_g, 1.0f, pw + grp * cin_g * cout_g * KK, cout_g * KK,
+                 px + (n * g.in_channels + grp * cin_g) * IHW, IHW, 0.0f, col.data(), IHW, cpu::GemmEpilogue{}, pool);
+      float* out_group = po + (n * g.out_channels + grp * cout_g) * OHW;
+      cpu::parallel_tasks(pool, cout_g, [&](int64_t ocl) {
+        float* plane = out_group + ocl * OHW;
+        std::fill(plane, plane + OHW, pb != nullptr ? pb[grp * cout_g + ocl] : 0.0f);
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            const float* c = col.data() + ((ocl * KH + kh) * KW + kw) * IHW;
+            for (int64_t ih = 0; ih < IH; ++ih) {
+              const int64_t oh = ih * SH - PH + kh * DH;
+              if (oh < 0 || oh >= OH) continue;
+              float* orow = plane + oh * OW;
+              const float* crow = c + ih * IW;
+              // iw range with 0 <= iw*SW - PW + kw*DW < OW.
+              const int64_t off = kw * DW - PW;
+              const int64_t iw0 = off >= 0 ? 0 : (-off + SW - 1) / SW;
+              const int64_t iw1 = std::min(IW, OW - off <= 0 ? 0 : (OW - off + SW - 1) / SW);
+              if (SW == 1) {
+                for (int64_t iw = iw0; iw < iw1; ++iw) orow[iw + off] += crow[iw];
+              } else {
+                for (int64_t iw = iw0; iw < iw1; ++iw) orow[iw * SW + off] += crow[iw];
+              }
+            }
+          }
+        }
+        cpu::apply_inplace(post, plane, OHW);
+      });
     }
   }
 }
 
 /// 1x1, stride 1, no padding: one GEMM per (image, group) directly on the NCHW planes.
-void conv_1x1(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool) {
+void conv_1x1(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool,
+              const ConvState* st) {
   const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
   const int64_t HW = g.in_size[0] * g.in_size[1];
   for (int64_t n = 0; n < g.batch; ++n) {
@@ -322,15 +415,17 @@ void conv_1x1(const ConvGeometry& g, const float* px, const float* pw, const flo
         ep.bias_kind = cpu::GemmBias::PerRow;
         ep.bias = pb + grp * cout_g;
       }
+      if (st != nullptr) ep.post = st->post;
+      const float* packed = st != nullptr && !st->packed.empty() ? st->packed.data() + grp * st->group_stride : nullptr;
       cpu::sgemm(false, false, cout_g, HW, cin_g, 1.0f, pw + grp * cout_g * cin_g, cin_g,
                  px + (n * g.in_channels + grp * cin_g) * HW, HW, 0.0f, po + (n * g.out_channels + grp * cout_g) * HW,
-                 HW, ep, pool);
+                 HW, ep, pool, packed);
     }
   }
 }
 
-/// aten.convolution, float32, non-transposed; shapes and formula as src/kernels/portable/conv.cpp.
-/// Errors: the geometry's InvalidArgument; NotSupported for a transposed convolution.
+/// aten.convolution, float32, regular and transposed; shapes and formula as
+/// src/kernels/portable/conv.cpp. Errors: the geometry's InvalidArgument.
 Error convolution(const KernelArgs& a) {
   const Tensor& x = *a.inputs[0];
   const Tensor& w = *a.inputs[1];
@@ -340,35 +435,72 @@ Error convolution(const KernelArgs& a) {
   auto geo = geometry_of(x.type(), w.type(), b != nullptr ? &bias_type : nullptr, a.attrs);
   if (!geo.ok()) return Error(geo.error().code(), "aten.convolution: " + geo.error().message());
   const ConvGeometry& g = geo.value();
-  if (g.transposed) return Error(ErrorCode::NotSupported, "aten.convolution (cpu): transposed convolution");
   if (g.batch == 0 || g.out_channels == 0) return {};
   const float* px = x.data_as<float>();
   const float* pw = w.data_as<float>();
   const float* pb = b != nullptr ? b->data_as<float>() : nullptr;
   float* po = a.outputs[0]->data_as<float>();
+  const auto* st = static_cast<const ConvState*>(a.state);  // only conv_prepare makes this kernel's state
+  const cpu::PostOp post = st != nullptr ? st->post : cpu::PostOp{};
   if (g.in_channels == 0) {  // empty sum: bias only
     const int64_t plane = g.out_size[0] * g.out_size[1];
     for (int64_t n = 0; n < g.batch; ++n) {
       for (int64_t c = 0; c < g.out_channels; ++c) {
         std::fill(po + (n * g.out_channels + c) * plane, po + (n * g.out_channels + c + 1) * plane,
                   pb != nullptr ? pb[c] : 0.0f);
+        cpu::apply_inplace(post, po + (n * g.out_channels + c) * plane, plane);
       }
     }
     return {};
   }
-  if (use_depthwise_kernel(g)) {
-    depthwise(g, px, pw, pb, po, a.pool);
-  } else if (g.kernel[0] == 1 && g.kernel[1] == 1 && g.stride[0] == 1 && g.stride[1] == 1 && g.padding[0] == 0 &&
-             g.padding[1] == 0) {
-    conv_1x1(g, px, pw, pb, po, a.pool);
+  if (g.transposed) {
+    conv_transposed(g, px, pw, pb, po, a.pool, post);
+  } else if (use_depthwise_kernel(g)) {
+    depthwise(g, px, pw, pb, po, a.pool, post);
+  } else if (is_plain_1x1(g)) {
+    conv_1x1(g, px, pw, pb, po, a.pool, st);
   } else {
-    conv_im2col(g, px, pw, pb, po, a.pool);
+    conv_im2col(g, px, pw, pb, po, a.pool, st);
   }
   return {};
 }
 
+/// Prepare (once per Method instance): packs constant weights for the GEMM paths and fuses a
+/// following activation (KernelPrepareArgs::next) when post_op_of knows it.
+Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
+  const KernelSignature& sig = p.sig;
+  auto geo = geometry_of(*sig.inputs[0], *sig.inputs[1], sig.inputs[2], sig.attrs);
+  if (!geo.ok()) return std::unique_ptr<KernelState>();
+  const ConvGeometry& g = geo.value();
+  auto st = std::make_unique<ConvState>();
+  if (p.next != nullptr && sig.outputs[0]->dtype == DType::Float32 && cpu::post_op_of(p.next->op, p.next->attrs, &st->post)) {
+    st->fused_next = true;
+  }
+  const Tensor* w = p.constants.size() > 1 ? p.constants[1] : nullptr;
+  const int64_t OHW = g.out_size[0] * g.out_size[1];
+  // GEMM paths with a constant weight and more than one output column (a single column is a
+  // matrix-vector product, which reads the weights directly).
+  if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && OHW > 1 && !use_depthwise_kernel(g)) {
+    const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
+    const int64_t Kdim = cin_g * g.kernel[0] * g.kernel[1];
+    if (cout_g > 1) {
+      st->group_stride = cpu::packed_a_floats(cout_g, Kdim);
+      st->packed.resize(static_cast<size_t>(st->group_stride * g.groups));
+      const float* pw = w->data_as<float>();
+      for (int64_t grp = 0; grp < g.groups; ++grp) {
+        cpu::pack_a_for_gemm(cout_g, Kdim, pw + grp * cout_g * Kdim, Kdim, st->packed.data() + grp * st->group_stride);
+      }
+      st->bytes = st->packed.size() * sizeof(float);
+    }
+  }
+  if (!st->fused_next && st->packed.empty()) return std::unique_ptr<KernelState>();
+  return std::unique_ptr<KernelState>(std::move(st));
+}
+
 }  // namespace
 
-void register_cpu_conv(KernelRegistry& r) { r.add_optimized("aten.convolution", convolution, conv_accepts); }
+void register_cpu_conv(KernelRegistry& r) {
+  r.add_optimized("aten.convolution", convolution, conv_accepts, conv_prepare);
+}
 
 }  // namespace kiln

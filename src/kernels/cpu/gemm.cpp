@@ -47,7 +47,12 @@ struct GemmArgs {
   int64_t ldc;
   const GemmEpilogue* ep;
   const GemmBPacker* packer = nullptr;  // when set, B is produced by the packer (B, ldb unused)
+  const float* packed_a = nullptr;      // when set, A packed by pack_a_for_gemm (alpha 1, no transpose)
 };
+
+/// Rows of A rounded up to whole MR-row panels: K block pc of a pack_a_for_gemm buffer starts at
+/// pc * padded_m(M), and its panel ir at + ir * kc.
+constexpr int64_t padded_m(int64_t M) { return (M + MR - 1) / MR * MR; }
 
 /// What the microkernel does when it stores a tile: which K block this is and where the tile
 /// sits in C (for the bias index).
@@ -81,6 +86,7 @@ inline void store_tile_scalar(const float* t, float* c, int64_t ldc, int mr, int
       }
       row[j] = v;
     }
+    if (s.last && ep.post.kind != PostOp::Kind::None) apply_inplace(ep.post, row, nr);
   }
 }
 
@@ -97,6 +103,56 @@ void kernel_generic(int64_t kc, const float* ap, const float* bp, float* c, int6
     bp += NR;
   }
   store_tile_scalar(acc, c, ldc, mr, nr, s);
+}
+
+/// Lane mask with the first n (0..8) lanes set.
+__attribute__((target("avx2,fma"))) inline __m256i lanes_below(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/// Vector store of an mr x nr tile (acc[i][h]: row i, columns 8h .. 8h+7; nr <= 8 * halves)
+/// into C with the epilogue; partial rows and columns through lane masks (C outside the tile,
+/// and bias past column N, are never touched).
+__attribute__((target("avx2,fma"))) inline void store_tile_avx2(const __m256 (*acc)[2], int halves, float* c,
+                                                                int64_t ldc, int mr, int nr, const TileStore& s) {
+  const GemmEpilogue& ep = *s.ep;
+  const bool full = nr == 8 * halves;
+  const __m256i m0 = lanes_below(std::min(nr, 8)), m1 = lanes_below(std::max(nr - 8, 0));
+  const __m256i mask[2] = {m0, m1};
+  const __m256 vbeta = _mm256_set1_ps(s.beta);
+  const __m256 vlo = _mm256_set1_ps(ep.clamp_min), vhi = _mm256_set1_ps(ep.clamp_max);
+  __m256 cb[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+  if (s.last && ep.bias_kind == GemmBias::PerCol) {
+    for (int h = 0; h < halves; ++h) {
+      cb[h] = full ? _mm256_loadu_ps(ep.bias + s.col0 + 8 * h) : _mm256_maskload_ps(ep.bias + s.col0 + 8 * h, mask[h]);
+    }
+  }
+  for (int i = 0; i < mr; ++i) {
+    float* row = c + i * ldc;
+    for (int h = 0; h < halves; ++h) {
+      float* p = row + 8 * h;
+      __m256 v = acc[i][h];
+      if (!s.first || s.beta != 0.0f) {
+        const __m256 old = full ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask[h]);
+        v = !s.first ? _mm256_add_ps(old, v) : _mm256_fmadd_ps(vbeta, old, v);
+      }
+      if (s.last) {
+        if (ep.bias_kind == GemmBias::PerRow) {
+          v = _mm256_add_ps(v, _mm256_set1_ps(ep.bias[s.row0 + i]));
+        } else if (ep.bias_kind == GemmBias::PerCol) {
+          v = _mm256_add_ps(v, cb[h]);
+        }
+        // max/min return the second operand when either is NaN: NaN in v passes through.
+        if (ep.clamp) v = _mm256_min_ps(vhi, _mm256_max_ps(vlo, v));
+        if (ep.post.kind != PostOp::Kind::None) v = apply8(ep.post, v);
+      }
+      if (full) {
+        _mm256_storeu_ps(p, v);
+      } else {
+        _mm256_maskstore_ps(p, mask[h], v);
+      }
+    }
+  }
 }
 
 /// AVX2+FMA microkernel for a tile at most 8 columns wide (the last panel when N % 16 is in
@@ -116,14 +172,9 @@ __attribute__((target("avx2,fma"))) void kernel_avx2_n8(int64_t kc, const float*
     ap += MR;
     bp += NR;
   }
-  alignas(32) float t[MR * NR];
-  _mm256_store_ps(t + 0 * NR, c0);
-  _mm256_store_ps(t + 1 * NR, c1);
-  _mm256_store_ps(t + 2 * NR, c2);
-  _mm256_store_ps(t + 3 * NR, c3);
-  _mm256_store_ps(t + 4 * NR, c4);
-  _mm256_store_ps(t + 5 * NR, c5);
-  store_tile_scalar(t, c, ldc, mr, nr, s);
+  const __m256 z = _mm256_setzero_ps();
+  const __m256 acc[MR][2] = {{c0, z}, {c1, z}, {c2, z}, {c3, z}, {c4, z}, {c5, z}};
+  store_tile_avx2(acc, 1, c, ldc, mr, nr, s);
 }
 
 /// AVX2+FMA microkernel: a 6 x 16 tile in 12 ymm accumulators; per k: 2 loads of B,
@@ -165,13 +216,8 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* ap
     bp += NR;
   }
   const __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-  if (mr != MR || nr != NR) {
-    alignas(32) float t[MR * NR];
-    for (int i = 0; i < MR; ++i) {
-      _mm256_store_ps(t + i * NR, acc[i][0]);
-      _mm256_store_ps(t + i * NR + 8, acc[i][1]);
-    }
-    store_tile_scalar(t, c, ldc, mr, nr, s);
+  if (mr != MR || nr != NR) {  // partial tile: masked vector stores
+    store_tile_avx2(acc, 2, c, ldc, mr, nr, s);
     return;
   }
   const GemmEpilogue& ep = *s.ep;
@@ -205,6 +251,10 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* ap
         // max/min return the second operand when either is NaN: NaN in v passes through.
         v0 = _mm256_min_ps(vhi, _mm256_max_ps(vlo, v0));
         v1 = _mm256_min_ps(vhi, _mm256_max_ps(vlo, v1));
+      }
+      if (ep.post.kind != PostOp::Kind::None) {
+        v0 = apply8(ep.post, v0);
+        v1 = apply8(ep.post, v1);
       }
     }
     _mm256_storeu_ps(row, v0);
@@ -390,7 +440,10 @@ void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, in
       TileStore s{g.beta, pc == 0, pc + kc >= g.K, 0, 0, g.ep};
       for (int64_t ic = m0; ic < m1; ic += MC) {
         const int64_t mc = std::min(MC, m1 - ic);
-        if (avx2 && !g.trans_a) {
+        const float* a_block = buf.a;
+        if (g.packed_a != nullptr) {
+          a_block = g.packed_a + pc * padded_m(g.M) + ic * kc;
+        } else if (avx2 && !g.trans_a) {
           pack_a_avx2(g, ic, mc, pc, kc, buf.a);
         } else {
           pack_a(g, ic, mc, pc, kc, buf.a);
@@ -402,7 +455,7 @@ void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, in
             const int mr = static_cast<int>(std::min<int64_t>(MR, mc - ir));
             s.row0 = ic + ir;
             s.col0 = jc + jr;
-            kernel(kc, buf.a + ir * kc, bp, g.C + (ic + ir) * g.ldc + jc + jr, g.ldc, mr, nr, s);
+            kernel(kc, a_block + ir * kc, bp, g.C + (ic + ir) * g.ldc + jc + jr, g.ldc, mr, nr, s);
           }
         }
       }
@@ -421,6 +474,7 @@ inline float finish(const GemmArgs& g, float acc, float cold, int64_t i, int64_t
     v = v < ep.clamp_min ? ep.clamp_min : v;
     v = v > ep.clamp_max ? ep.clamp_max : v;
   }
+  if (ep.post.kind != PostOp::Kind::None) v = apply1(ep.post, v);
   return v;
 }
 
@@ -612,10 +666,28 @@ bool use_pool(ThreadPool* pool, int64_t M, int64_t N, int64_t K) {
 
 }  // namespace
 
+int64_t packed_a_floats(int64_t M, int64_t K) { return padded_m(M) * K + 16; }
+
+void pack_a_for_gemm(int64_t M, int64_t K, const float* A, int64_t lda, float* out) {
+  const GemmArgs g{false, false, M, 0, K, 1.0f, A, lda, nullptr, 0, 0.0f, nullptr, 0, nullptr};
+  // In increasing pc: pack_a_avx2 overshoots its block by 2 floats, which the next block then
+  // overwrites (the last block's overshoot lands in the slack).
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    const int64_t kc = std::min(KC, K - pc);
+    if (has_avx2_fma()) {
+      pack_a_avx2(g, 0, M, pc, kc, out + pc * padded_m(M));
+    } else {
+      pack_a(g, 0, M, pc, kc, out + pc * padded_m(M));
+    }
+  }
+}
+
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
-           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool) {
+           const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool,
+           const float* packed_a) {
   if (M <= 0 || N <= 0) return;
-  const GemmArgs g{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &ep};
+  GemmArgs g{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &ep};
+  g.packed_a = packed_a;
   if (K <= 0) {
     gemm_k0(g);
     return;
@@ -629,10 +701,12 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 }
 
 void sgemm_packed_b(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const GemmBPacker& b,
-                    float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool) {
+                    float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool,
+                    const float* packed_a) {
   if (M <= 0 || N <= 0) return;
   GemmArgs g{false, false, M, N, K, alpha, A, lda, nullptr, 0, beta, C, ldc, &ep};
   g.packer = &b;
+  g.packed_a = packed_a;
   if (K <= 0) {
     gemm_k0(g);
     return;

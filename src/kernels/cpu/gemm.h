@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "kernels/cpu/post_op.h"
 #include "kiln/thread_pool.h"
 
 namespace kiln::cpu {
@@ -18,15 +19,17 @@ enum class GemmBias {
   PerCol,  ///< bias[j], j in [0, N)   (e.g. linear: one bias per output feature = column of C)
 };
 
-/// Post-processing fused into the store of C: C = clamp(alpha*op(A)op(B) + beta*C + bias).
+/// Post-processing fused into the store of C: C = post(clamp(alpha*op(A)op(B) + beta*C + bias)).
 /// The clamp (relu: [0, inf), hardtanh: [lo, hi]) is applied only when `clamp` is true; NaN
-/// passes through the clamp unchanged (as torch.clamp / relu).
+/// passes through the clamp unchanged (as torch.clamp / relu). `post` (an activation, see
+/// post_op.h) is applied last, with the cpu activation kernels' exact float operations.
 struct GemmEpilogue {
   GemmBias bias_kind = GemmBias::None;
   const float* bias = nullptr;  ///< [M] for PerRow, [N] for PerCol; unused for None
   bool clamp = false;
   float clamp_min = -std::numeric_limits<float>::infinity();
   float clamp_max = std::numeric_limits<float>::infinity();
+  PostOp post;
 };
 
 /// True when this CPU has AVX2 and FMA (the fast microkernel); sgemm works either way.
@@ -53,9 +56,21 @@ void force_portable_sgemm_for_testing(bool on);
 /// AVX2+FMA register-blocked microkernel (Goto & van de Geijn, "Anatomy of high-performance
 /// matrix multiplication", ACM TOMS 2008); without AVX2 a portable microkernel of the same shape.
 /// M == 1 or N == 1 (classifier heads, squeeze-excite) take a matrix-vector path without packing.
+///
+/// `packed_a` (optional): A already packed by pack_a_for_gemm(M, K, A, lda, ...), with
+/// trans_a false and alpha 1 (the caller guarantees both; nothing here can check them);
+/// the product then skips packing A on every call (A itself is still read when M == 1 or N == 1).
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep = {},
-           ThreadPool* pool = nullptr);
+           ThreadPool* pool = nullptr, const float* packed_a = nullptr);
+
+/// Floats of A [M, K] packed by pack_a_for_gemm (the MR-row panels of every K block, plus slack).
+int64_t packed_a_floats(int64_t M, int64_t K);
+
+/// Packs row-major A [M, K] (row stride lda) once for repeated products with the same A (e.g. a
+/// convolution's constant weights, packed when the method is loaded): `out` holds
+/// packed_a_floats(M, K) floats. Same values as the per-call packing (alpha 1).
+void pack_a_for_gemm(int64_t M, int64_t K, const float* A, int64_t lda, float* out);
 
 /// Width of the column panels that a GemmBPacker writes, and the most columns one call asks for.
 inline constexpr int kGemmPanelCols = 16;
@@ -76,7 +91,9 @@ struct GemmBPacker {
 
 /// As sgemm (no transpose of A) with op(B) [K, N] supplied by `b`. Never takes the
 /// matrix-vector path, so any M, N >= 0 work.
+/// `packed_a` as for sgemm (alpha must then be 1).
 void sgemm_packed_b(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const GemmBPacker& b,
-                    float beta, float* C, int64_t ldc, const GemmEpilogue& ep = {}, ThreadPool* pool = nullptr);
+                    float beta, float* C, int64_t ldc, const GemmEpilogue& ep = {}, ThreadPool* pool = nullptr,
+                    const float* packed_a = nullptr);
 
 }  // namespace kiln::cpu

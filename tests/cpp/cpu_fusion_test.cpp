@@ -1,0 +1,198 @@
+// Load-time kernel preparation (KernelPrepare) of the cpu convolution: weights packed once per
+// Method, and an activation right after a convolution fused into the convolution's stores.
+// A fused method must give bit-identical results to the same computation unfused (the
+// convolution's output also a method output, which forbids the fusion), and agree with the
+// portable reference kernels; the memory planner must keep the activation's output apart from
+// the convolution's inputs so that the fusion can happen.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/gemm.h"
+#include "kiln/compiler.h"
+#include "kiln/runtime.h"
+#include "runtime_test_util.h"
+
+namespace kiln {
+namespace {
+
+using testing::float_bytes;
+using testing::pattern;
+using V = std::vector<int64_t>;
+
+struct Conv {
+  int64_t n, cin, h, w, cout, k;
+  int64_t stride, padding, groups;
+  bool bias;
+};
+
+struct Act {
+  std::string op;
+  Attributes attrs;
+};
+
+/// x -> convolution -> activation; outputs {activation} (fusable) or {activation, convolution}.
+Result<std::vector<uint8_t>> compile(const Conv& c, const Act& act, bool expose_conv) {
+  Graph g;
+  const ValueId x = g.add_input("x", {DType::Float32, {c.n, c.cin, c.h, c.w}});
+  const int64_t wn = c.cout * (c.cin / c.groups) * c.k * c.k;
+  std::vector<float> wv = pattern(static_cast<size_t>(wn), 7);
+  for (float& v : wv) v *= 0.5f;
+  auto w = g.add_constant("w", {DType::Float32, {c.cout, c.cin / c.groups, c.k, c.k}}, float_bytes(wv));
+  if (!w.ok()) return w.error();
+  ValueId b = kNoValue;
+  if (c.bias) {
+    auto bb = g.add_constant("b", {DType::Float32, {c.cout}}, float_bytes(pattern(static_cast<size_t>(c.cout), 8)));
+    if (!bb.ok()) return bb.error();
+    b = bb.value();
+  }
+  Attributes attrs{{"stride", V{c.stride, c.stride}}, {"padding", V{c.padding, c.padding}}, {"dilation", V{1, 1}},
+                   {"transposed", false}, {"output_padding", V{0, 0}}, {"groups", c.groups}};
+  auto y = g.add_node("aten.convolution", {x, w.value(), b}, attrs, "conv");
+  if (!y.ok()) return y.error();
+  auto z = g.add_node(act.op, {y.value()[0]}, act.attrs, "act");
+  if (!z.ok()) return z.error();
+  std::vector<ValueId> outs{z.value()[0]};
+  if (expose_conv) outs.push_back(y.value()[0]);
+  KILN_RETURN_IF_ERROR(g.set_outputs(outs));
+  ProgramBuilder pb;
+  KILN_RETURN_IF_ERROR(pb.add_method("forward", std::move(g)));
+  auto compiled = pb.compile();
+  if (!compiled.ok()) return compiled.error();
+  return std::move(compiled.value().bytes);
+}
+
+struct Run {
+  std::vector<float> out;
+  size_t fused = 0;
+  uint64_t prepared = 0;
+};
+
+Result<Run> run(const std::vector<uint8_t>& bytes, const std::vector<float>& x, const TensorType& xt, bool portable,
+                ThreadPool* pool) {
+  auto program = Program::load_from_buffer(bytes);
+  if (!program.ok()) return program.error();
+  MethodOptions mo;
+  mo.portable_kernels_only = portable;
+  mo.pool = pool;
+  auto method = program.value()->load_method("forward", mo);
+  if (!method.ok()) return method.error();
+  Tensor in;
+  in.dtype = xt.dtype;
+  in.sizes = xt.sizes;
+  in.data = const_cast<float*>(x.data());
+  auto outs = method->execute({in});
+  if (!outs.ok()) return outs.error();
+  const Tensor& o = (*outs)[0];
+  Run r;
+  r.out.assign(o.data_as<float>(), o.data_as<float>() + o.numel());
+  r.fused = method->num_fused_instructions();
+  r.prepared = method->prepared_bytes();
+  return r;
+}
+
+std::vector<Act> activations() {
+  return {
+      {"aten.relu", {}},
+      {"aten.hardswish", {}},
+      {"aten.hardsigmoid", {}},
+      {"aten.hardtanh", {{"min_val", 0.0}, {"max_val", 6.0}}},
+      {"aten.clamp", {{"min", -0.25}}},
+      {"aten.sigmoid", {}},
+      {"aten.silu", {}},
+  };
+}
+
+std::vector<Conv> convs() {
+  return {
+      {1, 16, 9, 11, 40, 1, 1, 0, 1, true},    // 1x1: direct GEMM (packed weights)
+      {2, 3, 17, 15, 21, 3, 2, 1, 1, true},    // 3x3 stride 2: im2col GEMM (packed weights)
+      {1, 12, 10, 10, 24, 3, 1, 1, 3, false},  // grouped im2col (packed per group)
+      {1, 24, 13, 12, 24, 3, 1, 1, 24, true},  // depthwise 3x3 stride 1
+      {1, 20, 14, 15, 20, 5, 2, 2, 20, true},  // depthwise 5x5 stride 2
+      {1, 72, 1, 1, 24, 1, 1, 0, 1, true},     // 1x1 on a 1x1 input: matrix-vector path
+  };
+}
+
+TEST(CpuFusion, FusedIsBitIdenticalToUnfusedAndMatchesPortable) {
+  if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
+  ThreadPool pool2(2);
+  for (const Conv& c : convs()) {
+    const TensorType xt{DType::Float32, {c.n, c.cin, c.h, c.w}};
+    std::vector<float> x = pattern(static_cast<size_t>(xt.numel()), 3);
+    x[5] = std::nanf("");  // NaN propagates through conv and activation alike
+    for (const Act& act : activations()) {
+      const std::string what = act.op + " after conv cin" + std::to_string(c.cin) + " k" + std::to_string(c.k) + " s" +
+                               std::to_string(c.stride) + " g" + std::to_string(c.groups);
+      KILN_ASSERT_OK_AND_ASSIGN(fusable, compile(c, act, false));
+      KILN_ASSERT_OK_AND_ASSIGN(unfusable, compile(c, act, true));
+      for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+        ThreadPool one(1);
+        ThreadPool* p = pool != nullptr ? pool : &one;
+        KILN_ASSERT_OK_AND_ASSIGN(fused, run(fusable, x, xt, false, p));
+        KILN_ASSERT_OK_AND_ASSIGN(plain, run(unfusable, x, xt, false, p));
+        KILN_ASSERT_OK_AND_ASSIGN(ref, run(fusable, x, xt, true, p));
+        EXPECT_EQ(fused.fused, 1u) << what;
+        EXPECT_EQ(plain.fused, 0u) << what;
+        EXPECT_EQ(ref.fused, 0u) << what << " (portable kernels never fuse)";
+        ASSERT_EQ(fused.out.size(), plain.out.size());
+        EXPECT_EQ(std::memcmp(fused.out.data(), plain.out.data(), fused.out.size() * sizeof(float)), 0)
+            << what << ": fused differs from unfused";
+        double maxref = 0, maxerr = 0;
+        for (size_t i = 0; i < ref.out.size(); ++i) {
+          if (std::isnan(ref.out[i])) {
+            EXPECT_TRUE(std::isnan(fused.out[i])) << what << " at " << i;
+            continue;
+          }
+          maxref = std::max(maxref, std::fabs(static_cast<double>(ref.out[i])));
+          maxerr = std::max(maxerr, std::fabs(static_cast<double>(fused.out[i]) - ref.out[i]));
+        }
+        EXPECT_LE(maxerr, 2e-5 * std::max(maxref, 1e-30)) << what;
+      }
+    }
+  }
+}
+
+TEST(CpuFusion, ConstantWeightsArePackedOnceForGemmPaths) {
+  if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
+  const Act relu{"aten.relu", {}};
+  const Conv gemm{1, 16, 9, 11, 40, 1, 1, 0, 1, true};
+  const Conv dw{1, 24, 13, 12, 24, 3, 1, 1, 24, true};
+  for (const auto& [c, expect_packed] : {std::pair{gemm, true}, std::pair{dw, false}}) {
+    const TensorType xt{DType::Float32, {c.n, c.cin, c.h, c.w}};
+    const std::vector<float> x = pattern(static_cast<size_t>(xt.numel()), 4);
+    KILN_ASSERT_OK_AND_ASSIGN(bytes, compile(c, relu, false));
+    ThreadPool one(1);
+    KILN_ASSERT_OK_AND_ASSIGN(r, run(bytes, x, xt, false, &one));
+    if (expect_packed) {
+      // At least the weights themselves (40 x 16 floats), in whole 6-row panels.
+      EXPECT_GE(r.prepared, static_cast<uint64_t>(cpu::packed_a_floats(40, 16) * 4));
+    } else {
+      EXPECT_EQ(r.prepared, 0u) << "depthwise convolutions read their weights directly";
+    }
+    KILN_ASSERT_OK_AND_ASSIGN(p, run(bytes, x, xt, true, &one));
+    EXPECT_EQ(p.prepared, 0u);
+  }
+}
+
+TEST(CpuFusion, PackedWeightsGiveTheSameProductAsPerCallPacking) {
+  if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA";
+  // K spans two K blocks (256 + 44), M not a multiple of 6, N with a partial panel.
+  const int64_t M = 29, N = 37, K = 300;
+  const std::vector<float> A = pattern(static_cast<size_t>(M * K), 11), B = pattern(static_cast<size_t>(K * N), 12);
+  std::vector<float> packed(static_cast<size_t>(cpu::packed_a_floats(M, K)));
+  cpu::pack_a_for_gemm(M, K, A.data(), K, packed.data());
+  std::vector<float> c1(static_cast<size_t>(M * N)), c2(c1.size());
+  cpu::GemmEpilogue ep;
+  ep.post.kind = cpu::PostOp::Kind::Hardswish;
+  cpu::sgemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, c1.data(), N, ep);
+  cpu::sgemm(false, false, M, N, K, 1.0f, A.data(), K, B.data(), N, 0.0f, c2.data(), N, ep, nullptr, packed.data());
+  EXPECT_EQ(std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float)), 0);
+}
+
+}  // namespace
+}  // namespace kiln
