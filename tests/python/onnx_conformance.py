@@ -304,8 +304,8 @@ def write_doc(path: str, results: list[dict], summary: dict, supported: set, sec
         f"unsupported {summary['unsupported']}, invalid test data {summary['invalid']} ({seconds:.0f} s)",
         f"- cases whose op types all have a Kiln mapping: {summary['supported_op_cases']}, of which "
         f"{summary['supported_op_pass']} pass (**{100 * summary['supported_op_pass_rate']:.1f}%**); the others are "
-        "refused with NotSupported (an element type that is not a Kiln dtype, 3-D convolution/pooling, "
-        "training mode, ...) or fail, as listed below",
+        "refused with NotSupported (an element type that is not a Kiln dtype, random training-mode "
+        "ops, ...) or fail, as listed below",
         f"- of those, the cases whose inputs and outputs are all Kiln dtypes (float32, float16, bfloat16, int64, "
         f"int32, int8, uint8, bool; not double, int16, uint16/32/64, string): {summary['kiln_dtype_cases']}, of which "
         f"{summary['kiln_dtype_pass']} pass (**{100 * summary['kiln_dtype_pass_rate']:.1f}%**)",
