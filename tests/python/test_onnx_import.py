@@ -257,3 +257,19 @@ def test_cli_compile(tmp_path):
     assert r.returncode == 1 and "dynamic shape" in r.stderr
     r = subprocess.run([KILN_CLI, "compile", p, "--input-shape", "x=1xAx8", "-o", out], capture_output=True, text=True)
     assert r.returncode == 2 and "expected NAME=SIZES" in r.stderr
+
+
+def test_hostile_sizes_are_errors_not_allocations(tmp_path):
+    """Sizes from the file are checked before anything is allocated (no multi-GiB constants)."""
+    big = numpy_helper.from_array(np.array([1 << 20, 1 << 20], np.int64), "shape")
+    m = make_model([helper.make_node("ConstantOfShape", ["shape"], ["y"], name="cos")], [], [f32("y", None)], [big])
+    expect_error(save(m, tmp_path), "NotSupported", "node 'cos' (#0, ConstantOfShape)", shapes={})
+    m = make_model([helper.make_node("Trilu", ["x"], ["y"], name="tri")], [f32("x", [1 << 20, 1 << 20])], [f32("y", None)])
+    expect_error(save(m, tmp_path), "NotSupported", "more than 1 GiB", shapes={})
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [f32("x", [1 << 30, 1 << 30])], [f32("y", None)])
+    expect_error(save(m, tmp_path), "InvalidArgument", "too many elements", shapes={})
+    t = TensorProto()
+    t.name, t.data_type = "w", TensorProto.FLOAT
+    t.dims.extend([1 << 38])  # 1 TiB declared, nothing stored
+    m = make_model([helper.make_node("Relu", ["w"], ["y"])], [], [f32("y", None)], [t])
+    expect_error(save(m, tmp_path), "InvalidProgram", "float_data holds 0 values", shapes={})

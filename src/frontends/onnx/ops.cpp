@@ -209,6 +209,7 @@ Error conv_Dropout(NodeCtx& c) {
   if (c.has_output(1)) {
     if (c.opset() < 10) return c.unsupported("the mask output before opset 10 (same type as the input)");
     const TensorType t = c.type(x);
+    KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(t.numel()), 1, "the mask"));
     TRY(m, c.constant(TensorType{DType::Bool, t.sizes}, std::vector<uint8_t>(static_cast<size_t>(t.numel()), 1)));
     KILN_RETURN_IF_ERROR(c.set_output(1, m));
   }
@@ -841,6 +842,7 @@ Error conv_ConstantOfShape(NodeCtx& c) {
     n *= d;
   }
   const size_t es = dtype_size(value.type.dtype);
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n), static_cast<double>(es), "the output"));
   std::vector<uint8_t> bytes(static_cast<size_t>(n) * es);
   for (int64_t i = 0; i < n; ++i) std::memcpy(bytes.data() + static_cast<size_t>(i) * es, value.bytes.data(), es);
   TRY(y, c.constant(TensorType{value.type.dtype, shape}, std::move(bytes)));
@@ -1400,6 +1402,7 @@ Error pool3d(NodeCtx& c, ValueId x, Spatial s, bool is_max, bool cip) {
   for (size_t i = 0; i < 3; ++i) padded |= s.pad_begin[i] != 0 || s.pad_end[i] != 0;
   ValueId mask = kNoValue;
   if (!is_max && padded && !cip) {
+    KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(c.type(x).numel()), 4, "the count mask"));
     std::vector<uint8_t> ones(c.type(x).nbytes());
     const float one = 1.0f;
     for (size_t i = 0; i < ones.size(); i += 4) std::memcpy(ones.data() + i, &one, 4);
@@ -1613,6 +1616,7 @@ Error pool(NodeCtx& c, bool is_max) {
       aten.push_back(s.pad_end[k]);
     }
     const TensorType xt = c.type(x);
+    KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(xt.numel()), 4, "the count mask"));
     std::vector<uint8_t> ones(xt.nbytes());
     for (int64_t i = 0; i < xt.numel(); ++i) {
       const float one = 1.0f;
@@ -2113,6 +2117,8 @@ Error conv_EyeLike(NodeCtx& c) {
   }
   const Ints s = c.type(x).sizes;
   if (s.size() != 2) return c.invalid("input must be 2-D");
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(s[0]) * static_cast<double>(s[1]),
+                                             static_cast<double>(dtype_size(dt)), "the output"));
   std::vector<uint8_t> bytes(static_cast<size_t>(s[0] * s[1]) * dtype_size(dt), 0);
   TRY(one, c.scalar(dt, 1));
   const auto& ob = *c.im.graph.value(one).constant;
@@ -2138,6 +2144,7 @@ Error conv_Trilu(NodeCtx& c) {
   const Ints s = c.type(x).sizes;
   if (s.size() < 2) return c.invalid("input must have rank >= 2");
   const int64_t n = s[s.size() - 2], m = s[s.size() - 1];
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n) * static_cast<double>(m), 1, "the triangle mask"));
   std::vector<uint8_t> mask(static_cast<size_t>(n * m));
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < m; ++j) mask[static_cast<size_t>(i * m + j)] = upper ? (j - i >= k) : (j - i <= k);
@@ -2163,6 +2170,7 @@ Error conv_CumSum(NodeCtx& c) {
   if (dt != DType::Float32 && dt != DType::Int32 && dt != DType::Int64) return c.unsupported(std::string("dtype ") + dtype_name(dt));
   const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
   // weight [n_out, n_in] for aten.linear over the last dim.
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n) * static_cast<double>(n), 4, "the summation matrix"));
   std::vector<uint8_t> w(static_cast<size_t>(n * n) * 4, 0);
   for (int64_t o = 0; o < n; ++o) {
     for (int64_t i = 0; i < n; ++i) {
@@ -2211,6 +2219,7 @@ Error conv_GatherElements(NodeCtx& c) {
   Ints stride(static_cast<size_t>(r), 1);
   for (int64_t d = r - 2; d >= 0; --d) stride[static_cast<size_t>(d)] = stride[static_cast<size_t>(d + 1)] * ds[static_cast<size_t>(d + 1)];
   const int64_t n = numel_of(is);
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n), 8, "the index table"));
   std::vector<int64_t> base(static_cast<size_t>(n));
   for (int64_t flat = 0; flat < n; ++flat) {
     int64_t rem = flat, off = 0;
