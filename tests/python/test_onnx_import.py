@@ -273,3 +273,22 @@ def test_hostile_sizes_are_errors_not_allocations(tmp_path):
     t.dims.extend([1 << 38])  # 1 TiB declared, nothing stored
     m = make_model([helper.make_node("Relu", ["w"], ["y"])], [], [f32("y", None)], [t])
     expect_error(save(m, tmp_path), "InvalidProgram", "float_data holds 0 values", shapes={})
+
+
+def test_python_cli_compile_onnx(tmp_path):
+    p = save(conv_model(), tmp_path)
+    out = os.path.join(tmp_path, "py.kiln")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-m", "kiln", "compile", p, "--input-shape", "x=1x3x8x8", "-o", out],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ONNX nodes" in r.stdout + r.stderr
+    x = np.random.RandomState(4).randn(1, 3, 8, 8).astype(np.float32)
+    (got,) = kiln.load(out).run(x)
+    (want,) = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    r = subprocess.run([sys.executable, "-m", "kiln", "compile", p, "--input-shape", "1x3x8x8", "-o", out],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "expected NAME=SIZES" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "kiln", "compile", p, "-o", out], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "dynamic shape" in r.stderr
