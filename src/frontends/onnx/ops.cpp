@@ -2677,6 +2677,106 @@ Error conv_HannWindow(NodeCtx& c) { return cosine_window(c, {0.5, 0.5}); }
 Error conv_HammingWindow(NodeCtx& c) { return cosine_window(c, {25.0 / 46.0, 21.0 / 46.0}); }
 Error conv_BlackmanWindow(NodeCtx& c) { return cosine_window(c, {0.42, 0.5, 0.08}); }
 
+
+// ---- scatter with constant indices ----
+
+// out = data where no update lands, else the update written there: `src[j]` is the flat update index
+// written to data element j (-1: none; for duplicate indices the last update wins, as in the
+// ONNX reference). Built as where(mask, embedding(updates, idx), data).
+Error scatter_by_map(NodeCtx& c, ValueId data, ValueId updates, const std::vector<int64_t>& src) {
+  const TensorType dt = c.type(data);
+  std::vector<uint8_t> mask(src.size());
+  std::vector<int64_t> idx(src.size());
+  for (size_t j = 0; j < src.size(); ++j) {
+    mask[j] = src[j] >= 0;
+    idx[j] = std::max<int64_t>(src[j], 0);
+  }
+  TRY(mv, c.constant(TensorType{DType::Bool, dt.sizes}, std::move(mask)));
+  std::vector<uint8_t> ib(idx.size() * 8);
+  if (!idx.empty()) std::memcpy(ib.data(), idx.data(), ib.size());
+  TRY(iv, c.constant(TensorType{DType::Int64, dt.sizes}, std::move(ib)));
+  TRY(uf, view(c, updates, {c.type(updates).numel(), 1}));
+  TRY(e, c.emit("aten.embedding", {uf, iv}));
+  TRY(g, view(c, e, dt.sizes));
+  TRY(y, c.emit("aten.where", {mv, g, data}));
+  return c.set_output(0, y);
+}
+
+// ScatterND (reduction "none"): indices [..., k] (constant) address slices of data of rank r - k.
+Error conv_ScatterND(NodeCtx& c) {
+  TRY(data, c.input(0));
+  TRY(iv, c.input(1));
+  TRY(updates, c.input(2));
+  TRY(red, c.attr_string("reduction", "none"));
+  if (red != "none") return c.unsupported("attribute 'reduction' = '" + red + "'");
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, data, updates));
+  TRY(ind, c.const_ints(iv, "indices"));
+  const Ints ds = c.type(data).sizes, is = c.type(iv).sizes;
+  if (is.empty()) return c.invalid("indices must have rank >= 1");
+  const int64_t k = is.back(), r = static_cast<int64_t>(ds.size());
+  if (k < 1 || k > r) return c.invalid("indices' last dim must be in [1, data rank]");
+  int64_t slice = 1;
+  for (int64_t d = k; d < r; ++d) slice *= ds[static_cast<size_t>(d)];
+  const int64_t nidx = numel_of(is) / k;
+  Ints us(is.begin(), is.end() - 1);
+  us.insert(us.end(), ds.begin() + k, ds.end());
+  if (c.type(updates).sizes != us) return c.invalid("updates must have shape " + sizes_to_string(us));
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(numel_of(ds)), 9, "the scatter map"));
+  std::vector<int64_t> src(static_cast<size_t>(numel_of(ds)), -1);
+  for (int64_t i = 0; i < nidx; ++i) {
+    int64_t off = 0;
+    for (int64_t d = 0; d < k; ++d) {
+      int64_t v = ind[static_cast<size_t>(i * k + d)];
+      const int64_t n = ds[static_cast<size_t>(d)];
+      if (v < -n || v >= n) return c.invalid("index " + std::to_string(v) + " out of range for a dim of size " + std::to_string(n));
+      if (v < 0) v += n;
+      off = off * n + v;
+    }
+    for (int64_t e = 0; e < slice; ++e) src[static_cast<size_t>(off * slice + e)] = i * slice + e;
+  }
+  return scatter_by_map(c, data, updates, src);
+}
+
+// ScatterElements / Scatter (reduction "none"): data[i with i[axis] = indices[i]] = updates[i] for
+// constant indices.
+Error conv_ScatterElements(NodeCtx& c) {
+  TRY(data, c.input(0));
+  TRY(iv, c.input(1));
+  TRY(updates, c.input(2));
+  TRY(axis_raw, c.attr_int("axis", 0));
+  TRY(red, c.attr_string("reduction", "none"));
+  if (red != "none") return c.unsupported("attribute 'reduction' = '" + red + "'");
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, data, updates));
+  TRY(ind, c.const_ints(iv, "indices"));
+  const Ints ds = c.type(data).sizes, is = c.type(iv).sizes;
+  const int64_t r = static_cast<int64_t>(ds.size());
+  TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+  if (c.type(updates).sizes != is || static_cast<int64_t>(is.size()) != r) return c.invalid("indices and updates must have the same shape and data's rank");
+  for (int64_t d = 0; d < r; ++d) {
+    if (is[static_cast<size_t>(d)] > ds[static_cast<size_t>(d)] && d != axis) return c.invalid("indices larger than data");
+  }
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(numel_of(ds)), 9, "the scatter map"));
+  std::vector<int64_t> src(static_cast<size_t>(numel_of(ds)), -1);
+  const int64_t n = numel_of(is);
+  for (int64_t flat = 0; flat < n; ++flat) {
+    int64_t rem = flat, off = 0, mul = 1;
+    for (int64_t d = r - 1; d >= 0; --d) {
+      int64_t coord = rem % is[static_cast<size_t>(d)];
+      rem /= is[static_cast<size_t>(d)];
+      if (d == axis) {
+        const int64_t dim = ds[static_cast<size_t>(d)];
+        int64_t v = ind[static_cast<size_t>(flat)];
+        if (v < -dim || v >= dim) return c.invalid("index " + std::to_string(v) + " out of range for a dim of size " + std::to_string(dim));
+        coord = v < 0 ? v + dim : v;
+      }
+      off += coord * mul;
+      mul *= ds[static_cast<size_t>(d)];
+    }
+    src[static_cast<size_t>(off)] = flat;
+  }
+  return scatter_by_map(c, data, updates, src);
+}
+
 // ---- resize ----
 
 // Taps of one axis of a separable resize: output o = sum_k w[k][o] * input[idx[k][o]].
@@ -3014,7 +3114,8 @@ const std::map<std::string, OpConverter>& converters() {
       K(Acosh), K(Atanh), K(Mish), K(Shrink), K(CastLike), K(ArgMin), K(Hardmax), K(OneHot), K(EyeLike), K(Trilu),
       K(CumSum), K(GatherElements), K(GatherND), K(LpNormalization), K(MeanVarianceNormalization), K(LRN),
       K(GlobalLpPool), K(LpPool), K(DequantizeLinear), K(QuantizeLinear), K(NegativeLogLikelihoodLoss),
-      K(SoftmaxCrossEntropyLoss), K(ReduceProd), K(HannWindow), K(HammingWindow), K(BlackmanWindow),
+      K(SoftmaxCrossEntropyLoss), K(ReduceProd), K(HannWindow), K(HammingWindow), K(BlackmanWindow), K(ScatterND),
+      K(ScatterElements), {"Scatter", {conv_ScatterElements, 9}},
 #undef K
 #undef K6
   };
