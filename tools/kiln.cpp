@@ -787,6 +787,10 @@ int main(int argc, char** argv) {
   compile->add_option("--method,-m", ca.method, "Name of the program's method")->capture_default_str();
   compile->add_flag("--quiet,-q", ca.quiet, "Print only the written path");
   compile->footer("Example: kiln compile det.onnx --input-shape x=1x3x640x640 --backends cpu,xnnpack -o det.kiln");
+#else
+  CLI::App* compile = app.add_subcommand(
+      "compile", "Import an ONNX model (not in this build: it was built without libonnx-dev / libprotobuf-dev)");
+  compile->allow_extras();
 #endif
 
   // Usage errors in one line (the subcommand's --help has the details).
@@ -809,6 +813,12 @@ int main(int argc, char** argv) {
   if (bench->parsed()) return cmd_bench(ba);
 #ifdef KILN_HAVE_ONNX
   if (compile->parsed()) return cmd_compile(ca);
+#else
+  if (compile->parsed()) {
+    std::cerr << "kiln compile: NotFound: this kiln was built without the ONNX importer (install libonnx-dev and "
+                 "libprotobuf-dev, then rebuild)\n";
+    return kExitError;
+  }
 #endif
   return kExitUsage;
 }

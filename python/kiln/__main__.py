@@ -132,12 +132,49 @@ def cmd_compile(args) -> int:
         return 2
     if not _check_output(args.output):
         return 2
+    if args.file.lower().endswith(".onnx"):
+        return _compile_onnx(args, backends, require)
+    if args.input_shape:
+        print("error: --input-shape applies to ONNX models only (a .pt2 keeps its example inputs' shapes)",
+              file=sys.stderr)
+        return 2
     try:
         result = compile_exported_file(args.file, method=args.method, out=args.output, backends=backends,
                                        require_delegation=require, report_json=args.report_json,
                                        verbose=not args.quiet)
     except ExportError as e:
         print(f"error: compile of {args.file} failed: {e}", file=sys.stderr)
+        return 1
+    if args.quiet:
+        print(result.path)
+    return 0
+
+
+def _compile_onnx(args, backends, require) -> int:
+    """`python -m kiln compile model.onnx`: the C++ ONNX importer, then the same compile and report."""
+    from . import onnx as konnx
+    from .capture import ExportError
+    from ._kiln import KilnError
+
+    shapes = {}
+    for text in args.input_shape or []:
+        name, _, dims = text.rpartition("=")
+        try:
+            if not name:
+                raise argparse.ArgumentTypeError("no NAME=")
+            shapes[name] = parse_shape(dims)
+        except argparse.ArgumentTypeError as e:
+            print(f"error: --input-shape '{text}': expected NAME=SIZES, e.g. x=1x3x224x224 ({e})", file=sys.stderr)
+            return 2
+    if not konnx.available():
+        print("error: this Kiln was built without the ONNX importer (libonnx-dev, libprotobuf-dev)", file=sys.stderr)
+        return 1
+    try:
+        result = konnx.compile_onnx(args.file, out=args.output, input_shapes=shapes, backends=backends,
+                                    require_delegation=require, report_json=args.report_json, method=args.method,
+                                    verbose=not args.quiet)
+    except (KilnError, ExportError) as e:
+        print(f"error: compile of {args.file} failed: {e.args[0]}", file=sys.stderr)
         return 1
     if args.quiet:
         print(result.path)
@@ -223,7 +260,10 @@ def main(argv=None) -> int:
                "      --require-delegation xnnpack --report-json report.json\n\n"
                "exit status: 0 written, 1 compile failed, 2 bad arguments or missing file",
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("file", metavar="FILE.pt2", help="ExportedProgram saved with torch.export.save")
+    c.add_argument("file", metavar="FILE.pt2|FILE.onnx",
+                   help="ExportedProgram saved with torch.export.save, or an ONNX model (docs/onnx.md)")
+    c.add_argument("--input-shape", action="append", metavar="NAME=SIZES",
+                   help="ONNX only: static sizes of an input with dynamic dims, e.g. x=1x3x640x640 (repeatable)")
     c.add_argument("--method", default="forward", help="name of the program's method (default forward)")
     _add_delegation_args(c, built)
     c.set_defaults(func=cmd_compile)

@@ -59,24 +59,28 @@ UNSUPPORTED_REASONS = {
        ("SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength",
         "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalGetElement", "OptionalHasElement",
         "SequenceMap")},
+    **{op: "string tensors are not Kiln tensors" for op in ("StringNormalizer", "TfIdfVectorizer", "RegexFullMatch",
+                                                           "StringConcat", "StringSplit")},
     **{op: "data-dependent output shape (Kiln plans every size ahead of time)" for op in
-       ("NonZero", "Unique", "NonMaxSuppression", "Compress", "StringNormalizer", "TfIdfVectorizer")},
-    **{op: "quantized ops are not in Kiln's op set yet" for op in
-       ("QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul",
-        "MatMulInteger", "ConvInteger")},
+       ("NonZero", "Unique", "NonMaxSuppression", "Compress")},
+    **{op: "integer-arithmetic quantized ops are not in Kiln's op set yet (QuantizeLinear / DequantizeLinear "
+           "are imported as float decompositions)" for op in
+       ("DynamicQuantizeLinear", "QLinearConv", "QLinearMatMul", "MatMulInteger", "ConvInteger")},
     **{op: "recurrent ops are not in Kiln's op set yet" for op in ("LSTM", "GRU", "RNN")},
     **{op: "random number generators (results cannot be compared)" for op in
        ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")},
-    **{op: "training ops (gradients, optimizers) are not inference ops" for op in
-       ("Gradient", "Adagrad", "Adam", "Momentum", "NegativeLogLikelihoodLoss", "SoftmaxCrossEntropyLoss")},
     **{op: "no ATen op in Kiln's op set to map it onto yet" for op in
-       ("Floor", "Ceil", "Round", "Sign", "Mod", "BitShift", "Acos", "Asin", "Atan", "Acosh", "Asinh", "Atanh",
-        "Cosh", "Sinh", "Tan", "IsInf", "IsNaN", "CumSum", "TopK", "Einsum", "Trilu", "GatherElements", "GatherND",
-        "ScatterElements", "ScatterND", "Scatter", "OneHot", "EyeLike", "Hardmax", "LpNormalization", "LpPool",
-        "MaxRoiPool", "RoiAlign", "MaxUnpool", "ReverseSequence", "MeanVarianceNormalization", "Det", "Shrink",
-        "CastLike", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "Col2Im", "CenterCropPad",
-        "GridSample", "DFT", "STFT", "HannWindow", "HammingWindow", "BlackmanWindow", "MelWeightMatrix",
-        "LRN", "GroupNormalization", "ReduceProd", "ArgMin", "Mish", "Gelu")},
+       ("Acos", "Asin", "Atan", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "TopK", "Einsum", "MaxRoiPool", "RoiAlign", "MaxUnpool", "ReverseSequence", "Det",
+        "GridSample", "DFT", "STFT", "MelWeightMatrix", "Col2Im", "CenterCropPad", "GroupNormalization")},
+}
+
+
+# Why known failures fail (checked by hand; shown next to the case in the report).
+FAIL_NOTES = {
+    "test_cast_FLOAT_to_BFLOAT16": "ONNX 1.12's test data truncates float32 to bfloat16 (every expected value "
+                                   "equals the top 16 bits); Kiln rounds to nearest even as PyTorch does, and as "
+                                   "the reference implementation of the installed onnx 1.23 (ml_dtypes) does "
+                                   "(5 of 12 values differ by 1 ulp)",
 }
 
 
@@ -193,9 +197,9 @@ def run_case(suite: str, path: str, supported: set) -> dict:
                 except kiln.KilnError as e:
                     if "must be a constant" not in e.args[0]:
                         raise
-                    # The test feeds a shape / axes / scales / bound as a graph input: bind the small
-                    # (rank <= 1) inputs to their stored values and import again.
-                    frozen = {n: a for n, a in zip(in_names, ins) if a.ndim <= 1}
+                    # The test feeds a shape / axes / scales / indices / bound as a graph input: bind the
+                    # small (rank <= 1) and the integer inputs to their stored values and import again.
+                    frozen = {n: a for n, a in zip(in_names, ins) if a.ndim <= 1 or a.dtype.kind in "iu"}
                     rec["note"] = "bound as constants: " + ", ".join(frozen)
                     graph, info = kiln.onnx.import_onnx(os.path.join(path, "model.onnx"),
                                                         {n: s for n, s in shapes.items() if n not in frozen},
@@ -304,8 +308,8 @@ def write_doc(path: str, results: list[dict], summary: dict, supported: set, sec
         f"unsupported {summary['unsupported']}, invalid test data {summary['invalid']} ({seconds:.0f} s)",
         f"- cases whose op types all have a Kiln mapping: {summary['supported_op_cases']}, of which "
         f"{summary['supported_op_pass']} pass (**{100 * summary['supported_op_pass_rate']:.1f}%**); the others are "
-        "refused with NotSupported (an element type that is not a Kiln dtype, 3-D convolution/pooling, "
-        "training mode, ...) or fail, as listed below",
+        "refused with NotSupported (an element type that is not a Kiln dtype, random training-mode "
+        "ops, ...) or fail, as listed below",
         f"- of those, the cases whose inputs and outputs are all Kiln dtypes (float32, float16, bfloat16, int64, "
         f"int32, int8, uint8, bool; not double, int16, uint16/32/64, string): {summary['kiln_dtype_cases']}, of which "
         f"{summary['kiln_dtype_pass']} pass (**{100 * summary['kiln_dtype_pass_rate']:.1f}%**)",
@@ -347,7 +351,8 @@ def write_doc(path: str, results: list[dict], summary: dict, supported: set, sec
     if not fails:
         lines.append("None.")
     for r in fails:
-        lines.append(f"- {r['status']}: `{r['suite']}/{r['name']}` ({', '.join(r['ops'])}): {r['reason']}")
+        note = f" — {FAIL_NOTES[r['name']]}" if r["name"] in FAIL_NOTES else ""
+        lines.append(f"- {r['status']}: `{r['suite']}/{r['name']}` ({', '.join(r['ops'])}): {r['reason']}{note}")
     lines.append("")
     with open(path, "w") as f:
         f.write("\n".join(lines))

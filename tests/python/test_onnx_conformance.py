@@ -4,8 +4,8 @@ the whole run), counts printed, and:
   - every case ends as pass / fail / unsupported (with its reason) / invalid test data;
   - >= 95% of the cases whose op types Kiln maps and whose tensors are Kiln dtypes pass;
   - >= 95% of the cases Kiln accepts (imports and compiles) pass;
-  - >= 88% of the cases whose op types Kiln maps pass (a regression floor: the rest are refused
-    for dtypes such as double, 3-D convolution/pooling and training mode; docs/onnx-conformance.md)."""
+  - >= 90% of the cases whose op types Kiln maps pass (a regression floor: the rest are refused
+    for dtypes such as double, strings and random training-mode ops; docs/onnx-conformance.md)."""
 import json
 import os
 import subprocess
@@ -38,4 +38,4 @@ def test_onnx_conformance(tmp_path, capsys):
     fails = [f"{x['suite']}/{x['name']}: {x['reason']}" for x in results if x["status"] == "fail"]
     assert s["kiln_dtype_pass_rate"] >= 0.95, f"{s}\nfailing:\n" + "\n".join(fails)
     assert s["attempted_pass_rate"] >= 0.95, f"{s}\nfailing:\n" + "\n".join(fails)
-    assert s["supported_op_pass_rate"] >= 0.88, s  # 90% at the time of writing
+    assert s["supported_op_pass_rate"] >= 0.90, s  # 92.4% at the time of writing

@@ -257,3 +257,75 @@ def test_cli_compile(tmp_path):
     assert r.returncode == 1 and "dynamic shape" in r.stderr
     r = subprocess.run([KILN_CLI, "compile", p, "--input-shape", "x=1xAx8", "-o", out], capture_output=True, text=True)
     assert r.returncode == 2 and "expected NAME=SIZES" in r.stderr
+
+
+def test_hostile_sizes_are_errors_not_allocations(tmp_path):
+    """Sizes from the file are checked before anything is allocated (no multi-GiB constants)."""
+    big = numpy_helper.from_array(np.array([1 << 20, 1 << 20], np.int64), "shape")
+    m = make_model([helper.make_node("ConstantOfShape", ["shape"], ["y"], name="cos")], [], [f32("y", None)], [big])
+    expect_error(save(m, tmp_path), "NotSupported", "node 'cos' (#0, ConstantOfShape)", shapes={})
+    m = make_model([helper.make_node("Trilu", ["x"], ["y"], name="tri")], [f32("x", [1 << 20, 1 << 20])], [f32("y", None)])
+    expect_error(save(m, tmp_path), "NotSupported", "more than 1 GiB", shapes={})
+    m = make_model([helper.make_node("Relu", ["x"], ["y"])], [f32("x", [1 << 30, 1 << 30])], [f32("y", None)])
+    expect_error(save(m, tmp_path), "InvalidArgument", "too many elements", shapes={})
+    t = TensorProto()
+    t.name, t.data_type = "w", TensorProto.FLOAT
+    t.dims.extend([1 << 38])  # 1 TiB declared, nothing stored
+    m = make_model([helper.make_node("Relu", ["w"], ["y"])], [], [f32("y", None)], [t])
+    expect_error(save(m, tmp_path), "InvalidProgram", "float_data holds 0 values", shapes={})
+
+
+def test_python_cli_compile_onnx(tmp_path):
+    p = save(conv_model(), tmp_path)
+    out = os.path.join(tmp_path, "py.kiln")
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-m", "kiln", "compile", p, "--input-shape", "x=1x3x8x8", "-o", out],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "ONNX nodes" in r.stdout + r.stderr
+    x = np.random.RandomState(4).randn(1, 3, 8, 8).astype(np.float32)
+    (got,) = kiln.load(out).run(x)
+    (want,) = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+    r = subprocess.run([sys.executable, "-m", "kiln", "compile", p, "--input-shape", "1x3x8x8", "-o", out],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 2 and "expected NAME=SIZES" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "kiln", "compile", p, "-o", out], capture_output=True, text=True, env=env)
+    assert r.returncode == 1 and "dynamic shape" in r.stderr
+
+
+@pytest.mark.parametrize("which", ["mobilenet_v3_small", "transformer_layer"])
+def test_torch_onnx_exports_match_onnxruntime(which, tmp_path):
+    """Models exported by torch.onnx (TorchScript exporter, opset 17) import and match ONNX Runtime."""
+    torch = pytest.importorskip("torch")
+    import warnings
+    torch.manual_seed(0)
+    if which == "mobilenet_v3_small":
+        torchvision = pytest.importorskip("torchvision")
+        model, x = torchvision.models.mobilenet_v3_small().eval(), torch.randn(1, 3, 96, 96)
+    else:  # layer norm, multi-head attention (MatMul, Softmax, Reshape/Transpose), GELU via Erf
+        class Block(torch.nn.Module):
+            def __init__(self, d=64, heads=4):
+                super().__init__()
+                self.heads, self.ln1, self.ln2 = heads, torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+                self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+                self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 2 * d), torch.nn.GELU(), torch.nn.Linear(2 * d, d))
+
+            def forward(self, x):
+                b, n, d = x.shape
+                q, k, v = self.qkv(self.ln1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+                a = torch.softmax(q @ k.transpose(-2, -1) / (d // self.heads) ** 0.5, dim=-1)
+                x = x + self.proj((a @ v).transpose(1, 2).reshape(b, n, d))
+                return x + self.mlp(self.ln2(x))
+
+        model, x = Block().eval(), torch.randn(2, 10, 64)
+    p = os.path.join(tmp_path, f"{which}.onnx")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            torch.onnx.export(model, (x,), p, dynamo=False, opset_version=17, input_names=["x"])
+        except Exception as e:  # noqa: BLE001 (an exporter that is not available in this torch)
+            pytest.skip(f"torch.onnx.export unavailable: {type(e).__name__}: {e}")
+    (got,) = compile_run(p, {}, x.numpy(), backends=["xnnpack"] if "xnnpack" in kiln._kiln.backend_names() else [])
+    (want,) = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()

@@ -1,6 +1,6 @@
 """PP-OCR (PaddleOCR) ONNX models from the rapidocr-onnxruntime wheel, imported by Kiln's ONNX
 importer and compared with ONNX Runtime: det (dynamic HxW), rec (dynamic width), cls, each
-compiled for Kiln's portable kernels and for cpu kernels + xnnpack.
+compiled for Kiln's portable kernels, for cpu kernels + xnnpack and for mlx (on MLX's CPU device).
 Tolerance: max abs error <= 1e-4 * max |ONNX Runtime output|."""
 import importlib.util
 import os
@@ -42,20 +42,23 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("config", ["portable", "xnnpack"])
+@pytest.mark.parametrize("config", ["portable", "xnnpack", "mlx"])
 @pytest.mark.parametrize("name,shape,kind", CASES, ids=[c[0].split("_infer")[0] for c in CASES])
 def test_ppocr_matches_onnxruntime(name, shape, kind, config):
     path = os.path.join(MODELS, name)
     if not os.path.isfile(path):
         pytest.skip(f"{name} not in the rapidocr_onnxruntime wheel")
-    if config == "xnnpack" and "xnnpack" not in kiln._kiln.backend_names():
-        pytest.skip("xnnpack delegate not built")
-    backends = ["xnnpack"] if config == "xnnpack" else []
+    if config != "portable" and config not in kiln._kiln.backend_names():
+        pytest.skip(f"{config} delegate not built")
+    backends = [] if config == "portable" else [config]
     result = kiln.onnx.compile_onnx(path, input_shapes={"x": shape}, backends=backends)
-    if config == "xnnpack":  # the delegate took part of the model (not a silent CPU fallback)
+    if backends:  # the delegate took part of the model (not a silent CPU fallback)
         segs = result.report["methods"][0]["delegation"]["backends"][0]
-        assert segs["backend"] == "xnnpack" and segs["nodes"] > 0
-    prog = kiln.load_bytes(result.data, portable_kernels_only=(config == "portable"))
+        assert segs["backend"] == config and segs["nodes"] > 0
+    if config == "mlx":  # mlx takes every node of these models
+        assert result.report["methods"][0]["delegation"]["cpu_ops"] == []
+    settings = {"mlx.device": "cpu"} if config == "mlx" else {}
+    prog = kiln.load_bytes(result.data, portable_kernels_only=(config == "portable"), backend_settings=settings)
     x = text_image(shape[2], shape[3]) if kind == "text" else \
         np.random.RandomState(1).uniform(-1, 1, shape).astype(np.float32)
     (got,) = prog.run(x)

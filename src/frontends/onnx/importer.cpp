@@ -14,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <new>
+#include <stdexcept>
 
 #include "frontends/onnx/importer_internal.h"
 #include "kernels/kernel.h"
@@ -174,6 +176,15 @@ Result<HostTensor> read_tensor(const ::onnx::TensorProto& t, const std::string& 
     }
     return h;
   }
+  // Typed fields: the value count must match before anything is allocated.
+  int64_t stored = 0;
+  const char* field = "int32_data";
+  switch (h.type.dtype) {
+    case DType::Float32: stored = t.float_data_size(), field = "float_data"; break;
+    case DType::Int64: stored = t.int64_data_size(), field = "int64_data"; break;
+    default: stored = t.int32_data_size(); break;
+  }
+  if (stored != numel) return count_error(field, stored);
   h.bytes.assign(nbytes, 0);
   switch (h.type.dtype) {
     case DType::Float32:
@@ -352,6 +363,10 @@ Result<ValueId> NodeCtx::emit(const std::string& op, std::vector<ValueId> inputs
   }
   KernelFn fn = all_const ? KernelRegistry::get().find(op) : nullptr;
   if (fn == nullptr) return out;
+  if (static_cast<double>(im.graph.value(out).type.numel()) * static_cast<double>(dtype_size(im.graph.value(out).type.dtype)) >
+      kMaxConstantBytes) {
+    return out;  // too large to evaluate here: left to the compiler (and its memory limits)
+  }
   auto& values = im.graph.mutable_values();
   std::vector<Tensor> in_t(inputs.size());
   std::vector<const Tensor*> in_p;
@@ -376,6 +391,13 @@ Result<ValueId> NodeCtx::emit(const std::string& op, std::vector<ValueId> inputs
   values[static_cast<size_t>(out)].constant = std::make_shared<const std::vector<uint8_t>>(std::move(bytes));
   im.graph.mutable_nodes().pop_back();
   return out;
+}
+
+Error NodeCtx::check_constant_size(double elements, double element_bytes, const std::string& what) const {
+  if (!(elements >= 0) || elements * element_bytes > kMaxConstantBytes) {
+    return unsupported(what + " would be a constant of more than 1 GiB");
+  }
+  return {};
 }
 
 Result<ValueId> NodeCtx::constant(TensorType type, std::vector<uint8_t> bytes) {
@@ -457,6 +479,13 @@ Result<TensorType> input_type(const ::onnx::ValueInfoProto& vi, const ImportOpti
       }
     }
     type.sizes = s;
+  }
+  double numel = 1;
+  for (int64_t d : type.sizes) numel *= static_cast<double>(std::max<int64_t>(d, 0));
+  if (numel > double(int64_t{1} << 40)) {
+    return Error(ErrorCode::InvalidArgument, what + ": " + sizes_to_string(type.sizes) + " has too many elements");
+  }
+  if (given != options.input_shapes.end()) {
     return type;
   }
   if (dynamic) {
@@ -658,7 +687,16 @@ Result<ImportedModel> import_model_bytes(std::span<const uint8_t> bytes, const s
   if (!model.ParseFromCodedStream(&in) || !in.ConsumedEntireMessage()) {
     return Error(ErrorCode::InvalidProgram, "not a valid ONNX model (protobuf ModelProto parse failed: truncated or corrupt)");
   }
-  auto r = detail::import_proto(model, base_dir, options);
+  // The importer allocates only sizes it has checked, but a graph of many large constants can
+  // still exhaust memory: that is an error value here, never an exception leaving the API.
+  Result<ImportedModel> r = Error(ErrorCode::Internal, "not imported");
+  try {
+    r = detail::import_proto(model, base_dir, options);
+  } catch (const std::bad_alloc&) {
+    return Error(ErrorCode::MemoryAllocationFailed, "out of memory while importing the model");
+  } catch (const std::length_error&) {
+    return Error(ErrorCode::MemoryAllocationFailed, "a tensor of the model is too large to allocate");
+  }
   if (!r.ok()) return Error(r.error().code(), detail::printable(r.error().message()));
   ImportedModel& m = r.value();
   for (auto& n : m.input_names) n = detail::printable(n);

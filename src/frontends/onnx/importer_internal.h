@@ -96,6 +96,10 @@ class NodeCtx {
   /// inputs are constants and the portable kernel runs it.
   Result<ValueId> emit(const std::string& op, std::vector<ValueId> inputs, const Attributes& attrs = {});
   Result<ValueId> constant(TensorType type, std::vector<uint8_t> bytes);
+  /// NotSupported unless a constant of `elements` x `element_bytes` bytes stays within
+  /// kMaxConstantBytes (checked before allocating; sizes come from untrusted files).
+  Error check_constant_size(double elements, double element_bytes, const std::string& what) const;
+  static constexpr double kMaxConstantBytes = double(uint64_t{1} << 30);
   /// A 0-d constant of `dtype` holding `v` (converted as static_cast / float16 rounding).
   Result<ValueId> scalar(DType dtype, double v);
   Result<ValueId> int64_vector(const std::vector<int64_t>& v);

@@ -194,12 +194,22 @@ Error conv_Dropout(NodeCtx& c) {
   if (c.has_input(2)) {
     TRY(tm, c.input(2));
     TRY(v, c.const_ints(tm, "training_mode"));
-    if (v.size() != 1 || v[0] != 0) return c.unsupported("training_mode = true (inference only)");
+    if (v.size() != 1) return c.invalid("training_mode must be a scalar");
+    if (v[0] != 0) {  // training: random drops unless ratio is 0 (then the identity, scale 1 / (1 - 0))
+      std::vector<double> ratio{0.5};
+      if (c.has_input(1)) {
+        TRY(rv, c.input(1));
+        TRY(r, c.const_floats(rv, "ratio"));
+        ratio = r;
+      }
+      if (ratio.size() != 1 || ratio[0] != 0) return c.unsupported("training_mode = true with ratio != 0 (random)");
+    }
   }
   KILN_RETURN_IF_ERROR(c.set_output(0, x));
   if (c.has_output(1)) {
     if (c.opset() < 10) return c.unsupported("the mask output before opset 10 (same type as the input)");
     const TensorType t = c.type(x);
+    KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(t.numel()), 1, "the mask"));
     TRY(m, c.constant(TensorType{DType::Bool, t.sizes}, std::vector<uint8_t>(static_cast<size_t>(t.numel()), 1)));
     KILN_RETURN_IF_ERROR(c.set_output(1, m));
   }
@@ -832,6 +842,7 @@ Error conv_ConstantOfShape(NodeCtx& c) {
     n *= d;
   }
   const size_t es = dtype_size(value.type.dtype);
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n), static_cast<double>(es), "the output"));
   std::vector<uint8_t> bytes(static_cast<size_t>(n) * es);
   for (int64_t i = 0; i < n; ++i) std::memcpy(bytes.data() + static_cast<size_t>(i) * es, value.bytes.data(), es);
   TRY(y, c.constant(TensorType{value.type.dtype, shape}, std::move(bytes)));
@@ -1313,18 +1324,162 @@ Result<ValueId> pad_asymmetric(NodeCtx& c, ValueId x, Spatial& s, double value) 
   return c.emit("aten.constant_pad_nd", {x}, {{"pad", aten}, {"value", value}});
 }
 
+
+// ---- 3-D convolution and pooling as sums / maxima of 2-D ones over the depth taps ----
+
+// x [N, C, D, H, W] padded explicitly by s's pads (value `pad`); returns it and clears the pads.
+Result<ValueId> pad3d(NodeCtx& c, ValueId x, Spatial& s, double pad) {
+  bool any = false;
+  for (size_t i = 0; i < 3; ++i) any |= s.pad_begin[i] != 0 || s.pad_end[i] != 0;
+  if (!any) return x;
+  Ints aten;
+  for (size_t k = 3; k-- > 0;) {
+    aten.push_back(s.pad_begin[k]);
+    aten.push_back(s.pad_end[k]);
+  }
+  std::fill(s.pad_begin.begin(), s.pad_begin.end(), 0);
+  std::fill(s.pad_end.begin(), s.pad_end.end(), 0);
+  return c.emit("aten.constant_pad_nd", {x}, {{"pad", aten}, {"value", pad}});
+}
+
+// Output depth of a window (kd, dilation dd, stride sd) over padded depth dp; 0 when none fits.
+int64_t out_depth(int64_t dp, int64_t kd, int64_t dd, int64_t sd) {
+  const int64_t eff = (kd - 1) * dd + 1;
+  return dp < eff ? 0 : (dp - eff) / sd + 1;
+}
+
+// The depth tap k of x [N, C, Dp, H, W]: the OD slices at depth k*dd + j*sd, as [N*OD, C, H, W]
+// (folded into the batch; `channels_last_depth` false) or [N, C*OD, H, W] (true).
+Result<ValueId> depth_tap(NodeCtx& c, ValueId x, int64_t k, int64_t dd, int64_t sd, int64_t od, bool into_channels) {
+  const Ints xs = c.type(x).sizes;
+  const int64_t start = k * dd;
+  TRY(sl, c.emit("aten.slice", {x}, {{"dim", int64_t{2}}, {"start", start}, {"end", start + (od - 1) * sd + 1}, {"step", sd}}));
+  if (into_channels) return view(c, sl, {xs[0], xs[1] * od, xs[3], xs[4]});
+  TRY(p, c.emit("aten.permute", {sl}, {{"dims", Ints{0, 2, 1, 3, 4}}}));
+  return view(c, p, {xs[0] * od, xs[1], xs[3], xs[4]});
+}
+
+// Conv with a 5-D input: sum over kd of conv2d(depth tap kd, W[:, :, kd]); bias added at the end.
+Error conv3d(NodeCtx& c, ValueId x, ValueId w, ValueId b, Spatial s, int64_t group) {
+  TRY(xp, pad3d(c, x, s, 0.0));
+  const Ints xs = c.type(xp).sizes, ws = c.type(w).sizes;
+  const int64_t od = out_depth(xs[2], ws[2], s.dilations[0], s.strides[0]);
+  if (od < 1) return c.invalid("the kernel does not fit the padded depth");
+  if (ws[2] > 64) return c.unsupported("3-D kernels deeper than 64");
+  ValueId acc = kNoValue;
+  for (int64_t k = 0; k < ws[2]; ++k) {
+    TRY(tap, depth_tap(c, xp, k, s.dilations[0], s.strides[0], od, false));
+    TRY(wk, c.emit("aten.select", {w}, {{"dim", int64_t{2}}, {"index", k}}));
+    TRY(y, c.emit("aten.convolution", {tap, wk, kNoValue},
+                  {{"stride", Ints{s.strides[1], s.strides[2]}}, {"padding", Ints{0, 0}},
+                   {"dilation", Ints{s.dilations[1], s.dilations[2]}}, {"transposed", false},
+                   {"output_padding", Ints{0, 0}}, {"groups", group}}));
+    if (acc == kNoValue) {
+      acc = y;
+    } else {
+      TRY(a, c.emit("aten.add", {acc, y}));
+      acc = a;
+    }
+  }
+  const Ints ys = c.type(acc).sizes;  // [N*OD, O, OH, OW]
+  TRY(v, view(c, acc, {xs[0], od, ys[1], ys[2], ys[3]}));
+  TRY(out, c.emit("aten.permute", {v}, {{"dims", Ints{0, 2, 1, 3, 4}}}));
+  ValueId y = out;
+  if (b != kNoValue) {
+    TRY(bv, view(c, b, {ys[1], 1, 1, 1}));
+    TRY(a, c.emit("aten.add", {y, bv}));
+    y = a;
+  }
+  return c.set_output(0, y);
+}
+
+// MaxPool / AveragePool with a 5-D input: the maximum (or the mean) over kd of 2-D pools of the
+// depth taps; average pooling without count_include_pad divides by the pooled count of a ones mask.
+Error pool3d(NodeCtx& c, ValueId x, Spatial s, bool is_max, bool cip) {
+  const Ints xs0 = c.type(x).sizes;
+  if (c.type(x).dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(c.type(x).dtype));
+  bool padded = false;
+  for (size_t i = 0; i < 3; ++i) padded |= s.pad_begin[i] != 0 || s.pad_end[i] != 0;
+  ValueId mask = kNoValue;
+  if (!is_max && padded && !cip) {
+    KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(c.type(x).numel()), 4, "the count mask"));
+    std::vector<uint8_t> ones(c.type(x).nbytes());
+    const float one = 1.0f;
+    for (size_t i = 0; i < ones.size(); i += 4) std::memcpy(ones.data() + i, &one, 4);
+    TRY(m, c.constant(c.type(x), std::move(ones)));
+    Spatial sm = s;
+    TRY(mp, pad3d(c, m, sm, 0.0));
+    mask = mp;
+  }
+  const double fill = is_max ? -std::numeric_limits<double>::infinity() : 0.0;
+  TRY(xp, pad3d(c, x, s, fill));
+  const Ints xs = c.type(xp).sizes;
+  const int64_t od = out_depth(xs[2], s.kernel[0], s.dilations[0], s.strides[0]);
+  if (od < 1) return c.invalid("the kernel does not fit the padded depth");
+  if (s.kernel[0] > 64) return c.unsupported("3-D kernels deeper than 64");
+  auto pooled = [&](ValueId src, int64_t k) -> Result<ValueId> {
+    TRY(tap, depth_tap(c, src, k, s.dilations[0], s.strides[0], od, true));
+    if (is_max) {
+      return c.emit("aten.max_pool2d", {tap}, {{"kernel_size", Ints{s.kernel[1], s.kernel[2]}},
+                                              {"stride", Ints{s.strides[1], s.strides[2]}}, {"padding", Ints{0, 0}},
+                                              {"dilation", Ints{s.dilations[1], s.dilations[2]}}, {"ceil_mode", false}});
+    }
+    return c.emit("aten.avg_pool2d", {tap}, {{"kernel_size", Ints{s.kernel[1], s.kernel[2]}},
+                                            {"stride", Ints{s.strides[1], s.strides[2]}}, {"padding", Ints{0, 0}},
+                                            {"ceil_mode", false}, {"count_include_pad", true}});
+  };
+  ValueId acc = kNoValue, den = kNoValue;
+  for (int64_t k = 0; k < s.kernel[0]; ++k) {
+    TRY(p, pooled(xp, k));
+    if (acc == kNoValue) {
+      acc = p;
+    } else if (is_max) {
+      TRY(ge, c.emit("aten.ge", {acc, p}));
+      TRY(m, c.emit("aten.where", {ge, acc, p}));
+      acc = m;
+    } else {
+      TRY(a, c.emit("aten.add", {acc, p}));
+      acc = a;
+    }
+    if (mask != kNoValue) {
+      TRY(q, pooled(mask, k));
+      if (den == kNoValue) {
+        den = q;
+      } else {
+        TRY(a, c.emit("aten.add", {den, q}));
+        den = a;
+      }
+    }
+  }
+  ValueId y = acc;
+  if (!is_max) {
+    if (den != kNoValue) {
+      TRY(v, c.emit("aten.div", {acc, den}));
+      y = v;
+    } else {
+      TRY(kd, c.scalar(DType::Float32, static_cast<double>(s.kernel[0])));
+      TRY(v, c.emit("aten.div", {acc, kd}));
+      y = v;
+    }
+  }
+  const Ints ys = c.type(y).sizes;  // [N, C*OD, OH, OW]
+  TRY(out, view(c, y, {xs0[0], xs0[1], od, ys[2], ys[3]}));
+  return c.set_output(0, out);
+}
+
 Error conv_Conv(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(w, c.input(1));
   TRY(b, c.opt_input(2));
   const Ints xs = c.type(x).sizes, ws = c.type(w).sizes;
-  if (xs.size() != 3 && xs.size() != 4) return c.unsupported("input of rank " + std::to_string(xs.size()) + " (1-D and 2-D convolutions only)");
+  if (xs.size() < 3 || xs.size() > 5) return c.unsupported("input of rank " + std::to_string(xs.size()) + " (1-D, 2-D and 3-D convolutions only)");
   if (ws.size() != xs.size()) return c.invalid("weight rank differs from input rank");
   Ints kernel(ws.begin() + 2, ws.end());
   TRY(ks, c.attr_ints("kernel_shape", kernel));
   if (ks != kernel) return c.invalid("kernel_shape " + sizes_to_string(ks) + " differs from the weight's " + sizes_to_string(kernel));
   TRY(group, c.attr_int("group", 1));
   TRY(s, spatial_attrs(c, Ints(xs.begin() + 2, xs.end()), kernel, true));
+  if (xs.size() == 5) return conv3d(c, x, w, b, s, group);
   TRY(xp, pad_asymmetric(c, x, s, 0.0));
   TRY(y, c.emit("aten.convolution", {xp, w, b},
                 {{"stride", s.strides}, {"padding", s.pad_begin}, {"dilation", s.dilations}, {"transposed", false},
@@ -1411,7 +1566,7 @@ Error conv_ConvTranspose(NodeCtx& c) {
 Error pool(NodeCtx& c, bool is_max) {
   TRY(x0, c.input(0));
   const Ints xs0 = c.type(x0).sizes;
-  if (xs0.size() != 3 && xs0.size() != 4) return c.unsupported("input of rank " + std::to_string(xs0.size()) + " (1-D and 2-D pooling only)");
+  if (xs0.size() < 3 || xs0.size() > 5) return c.unsupported("input of rank " + std::to_string(xs0.size()) + " (1-D, 2-D and 3-D pooling only)");
   if (!c.has_attr("kernel_shape")) return c.invalid("missing attribute 'kernel_shape'");
   TRY(kernel, c.attr_ints("kernel_shape", {}));
   if (kernel.size() != xs0.size() - 2) return c.invalid("kernel_shape length differs from the spatial rank");
@@ -1425,6 +1580,10 @@ Error pool(NodeCtx& c, bool is_max) {
   } else {
     TRY(v, c.attr_int("count_include_pad", 0));
     cip = v;
+  }
+  if (xs0.size() == 5) {
+    if (ceil) return c.unsupported("ceil_mode = 1 for 3-D pooling");
+    return pool3d(c, x0, s, is_max, cip != 0);
   }
   ValueId x = x0;
   const DType in_dt = c.type(x0).dtype;
@@ -1457,6 +1616,7 @@ Error pool(NodeCtx& c, bool is_max) {
       aten.push_back(s.pad_end[k]);
     }
     const TensorType xt = c.type(x);
+    KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(xt.numel()), 4, "the count mask"));
     std::vector<uint8_t> ones(xt.nbytes());
     for (int64_t i = 0; i < xt.numel(); ++i) {
       const float one = 1.0f;
@@ -1693,10 +1853,23 @@ Error conv_Mod(NodeCtx& c) {
   TRY(fmod, c.attr_int("fmod", 0));
   const DType dt = c.type(a).dtype;
   if (is_floating(dt) && !fmod) return c.invalid("fmod must be 1 for floating-point inputs");
-  if (dt != DType::Float32 && dt != DType::Int64 && dt != DType::Int32) return c.unsupported(std::string("dtype ") + dtype_name(dt));
-  TRY(q, c.emit("aten.div", {a, b}, {{"rounding_mode", std::string(fmod ? "trunc" : "floor")}}));
-  TRY(m, c.emit("aten.mul", {q, b}));
-  TRY(y, c.emit("aten.sub", {a, m}));
+  if (dt == DType::Bool || dt == DType::BFloat16) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  // int8/uint8 compute in int32, float16 in float32 (exact for these ops), then convert back.
+  const DType ct = dt == DType::Int8 || dt == DType::UInt8 ? DType::Int32 : dt == DType::Float16 ? DType::Float32 : dt;
+  ValueId ac = a, bc = b;
+  if (ct != dt) {
+    TRY(va, c.emit("aten._to_copy", {a}, {{"dtype", std::string(dtype_name(ct))}}));
+    TRY(vb, c.emit("aten._to_copy", {b}, {{"dtype", std::string(dtype_name(ct))}}));
+    ac = va, bc = vb;
+  }
+  TRY(q, c.emit("aten.div", {ac, bc}, {{"rounding_mode", std::string(fmod ? "trunc" : "floor")}}));
+  TRY(m, c.emit("aten.mul", {q, bc}));
+  TRY(y0, c.emit("aten.sub", {ac, m}));
+  ValueId y = y0;
+  if (ct != dt) {
+    TRY(v, c.emit("aten._to_copy", {y0}, {{"dtype", std::string(dtype_name(dt))}}));
+    y = v;
+  }
   return c.set_output(0, y);
 }
 
@@ -1944,6 +2117,8 @@ Error conv_EyeLike(NodeCtx& c) {
   }
   const Ints s = c.type(x).sizes;
   if (s.size() != 2) return c.invalid("input must be 2-D");
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(s[0]) * static_cast<double>(s[1]),
+                                             static_cast<double>(dtype_size(dt)), "the output"));
   std::vector<uint8_t> bytes(static_cast<size_t>(s[0] * s[1]) * dtype_size(dt), 0);
   TRY(one, c.scalar(dt, 1));
   const auto& ob = *c.im.graph.value(one).constant;
@@ -1969,6 +2144,7 @@ Error conv_Trilu(NodeCtx& c) {
   const Ints s = c.type(x).sizes;
   if (s.size() < 2) return c.invalid("input must have rank >= 2");
   const int64_t n = s[s.size() - 2], m = s[s.size() - 1];
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n) * static_cast<double>(m), 1, "the triangle mask"));
   std::vector<uint8_t> mask(static_cast<size_t>(n * m));
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t j = 0; j < m; ++j) mask[static_cast<size_t>(i * m + j)] = upper ? (j - i >= k) : (j - i <= k);
@@ -1994,6 +2170,7 @@ Error conv_CumSum(NodeCtx& c) {
   if (dt != DType::Float32 && dt != DType::Int32 && dt != DType::Int64) return c.unsupported(std::string("dtype ") + dtype_name(dt));
   const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
   // weight [n_out, n_in] for aten.linear over the last dim.
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n) * static_cast<double>(n), 4, "the summation matrix"));
   std::vector<uint8_t> w(static_cast<size_t>(n * n) * 4, 0);
   for (int64_t o = 0; o < n; ++o) {
     for (int64_t i = 0; i < n; ++i) {
@@ -2042,6 +2219,7 @@ Error conv_GatherElements(NodeCtx& c) {
   Ints stride(static_cast<size_t>(r), 1);
   for (int64_t d = r - 2; d >= 0; --d) stride[static_cast<size_t>(d)] = stride[static_cast<size_t>(d + 1)] * ds[static_cast<size_t>(d + 1)];
   const int64_t n = numel_of(is);
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n), 8, "the index table"));
   std::vector<int64_t> base(static_cast<size_t>(n));
   for (int64_t flat = 0; flat < n; ++flat) {
     int64_t rem = flat, off = 0;
@@ -2499,6 +2677,106 @@ Error conv_HannWindow(NodeCtx& c) { return cosine_window(c, {0.5, 0.5}); }
 Error conv_HammingWindow(NodeCtx& c) { return cosine_window(c, {25.0 / 46.0, 21.0 / 46.0}); }
 Error conv_BlackmanWindow(NodeCtx& c) { return cosine_window(c, {0.42, 0.5, 0.08}); }
 
+
+// ---- scatter with constant indices ----
+
+// out = data where no update lands, else the update written there: `src[j]` is the flat update index
+// written to data element j (-1: none; for duplicate indices the last update wins, as in the
+// ONNX reference). Built as where(mask, embedding(updates, idx), data).
+Error scatter_by_map(NodeCtx& c, ValueId data, ValueId updates, const std::vector<int64_t>& src) {
+  const TensorType dt = c.type(data);
+  std::vector<uint8_t> mask(src.size());
+  std::vector<int64_t> idx(src.size());
+  for (size_t j = 0; j < src.size(); ++j) {
+    mask[j] = src[j] >= 0;
+    idx[j] = std::max<int64_t>(src[j], 0);
+  }
+  TRY(mv, c.constant(TensorType{DType::Bool, dt.sizes}, std::move(mask)));
+  std::vector<uint8_t> ib(idx.size() * 8);
+  if (!idx.empty()) std::memcpy(ib.data(), idx.data(), ib.size());
+  TRY(iv, c.constant(TensorType{DType::Int64, dt.sizes}, std::move(ib)));
+  TRY(uf, view(c, updates, {c.type(updates).numel(), 1}));
+  TRY(e, c.emit("aten.embedding", {uf, iv}));
+  TRY(g, view(c, e, dt.sizes));
+  TRY(y, c.emit("aten.where", {mv, g, data}));
+  return c.set_output(0, y);
+}
+
+// ScatterND (reduction "none"): indices [..., k] (constant) address slices of data of rank r - k.
+Error conv_ScatterND(NodeCtx& c) {
+  TRY(data, c.input(0));
+  TRY(iv, c.input(1));
+  TRY(updates, c.input(2));
+  TRY(red, c.attr_string("reduction", "none"));
+  if (red != "none") return c.unsupported("attribute 'reduction' = '" + red + "'");
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, data, updates));
+  TRY(ind, c.const_ints(iv, "indices"));
+  const Ints ds = c.type(data).sizes, is = c.type(iv).sizes;
+  if (is.empty()) return c.invalid("indices must have rank >= 1");
+  const int64_t k = is.back(), r = static_cast<int64_t>(ds.size());
+  if (k < 1 || k > r) return c.invalid("indices' last dim must be in [1, data rank]");
+  int64_t slice = 1;
+  for (int64_t d = k; d < r; ++d) slice *= ds[static_cast<size_t>(d)];
+  const int64_t nidx = numel_of(is) / k;
+  Ints us(is.begin(), is.end() - 1);
+  us.insert(us.end(), ds.begin() + k, ds.end());
+  if (c.type(updates).sizes != us) return c.invalid("updates must have shape " + sizes_to_string(us));
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(numel_of(ds)), 9, "the scatter map"));
+  std::vector<int64_t> src(static_cast<size_t>(numel_of(ds)), -1);
+  for (int64_t i = 0; i < nidx; ++i) {
+    int64_t off = 0;
+    for (int64_t d = 0; d < k; ++d) {
+      int64_t v = ind[static_cast<size_t>(i * k + d)];
+      const int64_t n = ds[static_cast<size_t>(d)];
+      if (v < -n || v >= n) return c.invalid("index " + std::to_string(v) + " out of range for a dim of size " + std::to_string(n));
+      if (v < 0) v += n;
+      off = off * n + v;
+    }
+    for (int64_t e = 0; e < slice; ++e) src[static_cast<size_t>(off * slice + e)] = i * slice + e;
+  }
+  return scatter_by_map(c, data, updates, src);
+}
+
+// ScatterElements / Scatter (reduction "none"): data[i with i[axis] = indices[i]] = updates[i] for
+// constant indices.
+Error conv_ScatterElements(NodeCtx& c) {
+  TRY(data, c.input(0));
+  TRY(iv, c.input(1));
+  TRY(updates, c.input(2));
+  TRY(axis_raw, c.attr_int("axis", 0));
+  TRY(red, c.attr_string("reduction", "none"));
+  if (red != "none") return c.unsupported("attribute 'reduction' = '" + red + "'");
+  KILN_RETURN_IF_ERROR(check_same_dtype(c, data, updates));
+  TRY(ind, c.const_ints(iv, "indices"));
+  const Ints ds = c.type(data).sizes, is = c.type(iv).sizes;
+  const int64_t r = static_cast<int64_t>(ds.size());
+  TRY(axis, wrap_axis(c, axis_raw, r, "axis"));
+  if (c.type(updates).sizes != is || static_cast<int64_t>(is.size()) != r) return c.invalid("indices and updates must have the same shape and data's rank");
+  for (int64_t d = 0; d < r; ++d) {
+    if (is[static_cast<size_t>(d)] > ds[static_cast<size_t>(d)] && d != axis) return c.invalid("indices larger than data");
+  }
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(numel_of(ds)), 9, "the scatter map"));
+  std::vector<int64_t> src(static_cast<size_t>(numel_of(ds)), -1);
+  const int64_t n = numel_of(is);
+  for (int64_t flat = 0; flat < n; ++flat) {
+    int64_t rem = flat, off = 0, mul = 1;
+    for (int64_t d = r - 1; d >= 0; --d) {
+      int64_t coord = rem % is[static_cast<size_t>(d)];
+      rem /= is[static_cast<size_t>(d)];
+      if (d == axis) {
+        const int64_t dim = ds[static_cast<size_t>(d)];
+        int64_t v = ind[static_cast<size_t>(flat)];
+        if (v < -dim || v >= dim) return c.invalid("index " + std::to_string(v) + " out of range for a dim of size " + std::to_string(dim));
+        coord = v < 0 ? v + dim : v;
+      }
+      off += coord * mul;
+      mul *= ds[static_cast<size_t>(d)];
+    }
+    src[static_cast<size_t>(off)] = flat;
+  }
+  return scatter_by_map(c, data, updates, src);
+}
+
 // ---- resize ----
 
 // Taps of one axis of a separable resize: output o = sum_k w[k][o] * input[idx[k][o]].
@@ -2836,7 +3114,8 @@ const std::map<std::string, OpConverter>& converters() {
       K(Acosh), K(Atanh), K(Mish), K(Shrink), K(CastLike), K(ArgMin), K(Hardmax), K(OneHot), K(EyeLike), K(Trilu),
       K(CumSum), K(GatherElements), K(GatherND), K(LpNormalization), K(MeanVarianceNormalization), K(LRN),
       K(GlobalLpPool), K(LpPool), K(DequantizeLinear), K(QuantizeLinear), K(NegativeLogLikelihoodLoss),
-      K(SoftmaxCrossEntropyLoss), K(ReduceProd), K(HannWindow), K(HammingWindow), K(BlackmanWindow),
+      K(SoftmaxCrossEntropyLoss), K(ReduceProd), K(HannWindow), K(HammingWindow), K(BlackmanWindow), K(ScatterND),
+      K(ScatterElements), {"Scatter", {conv_ScatterElements, 9}},
 #undef K
 #undef K6
   };
