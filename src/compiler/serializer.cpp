@@ -106,6 +106,11 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         if (!bn.ok()) return Error(bn.error().code(), "method '" + name + "': batch-norm folding: " + bn.error().message());
         rep.num_bn_folded = bn.value();
       }
+      if (options.quantize.bits != 0) {
+        auto q = quantize_weights(g, options.quantize);
+        if (!q.ok()) return Error(q.error().code(), "method '" + name + "': " + q.error().message());
+        rep.num_quantized = q.value();
+      }
       if (options.eliminate_dead_code) rep.num_dead = eliminate_dead_code(g);
       rep.num_nodes = g.nodes().size();
       std::vector<std::string> backends = alternatives[alt];
