@@ -347,6 +347,44 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
   plan.meta.op_counts.assign(op_counts.begin(), op_counts.end());
   plan.meta.cpu_op_counts.assign(cpu_op_counts.begin(), cpu_op_counts.end());
   plan.meta.delegate_counts.assign(delegate_counts.begin(), delegate_counts.end());
+  // Constant bytes by dtype and by weight scheme (quantized ops: src/ir/ops/quant.h).
+  {
+    std::map<std::string, uint64_t> by_dtype, by_scheme;
+    std::vector<std::string> scheme(plan.value_types.size());
+    std::vector<bool> counted(plan.value_types.size(), false);
+    for (const PlannedInstruction& pi : plan.instructions) {
+      if (!pi.backend_name.empty()) {
+        for (const auto& c : pi.delegate_constants) {
+          by_dtype["delegate"] += c.size();
+          by_scheme["delegate"] += c.size();
+        }
+        continue;
+      }
+      if (pi.op.rfind("kiln.weight_quantized_", 0) != 0) continue;
+      const int64_t bits = pi.attrs.get_int("bits", 8);
+      const int64_t gs = pi.attrs.get_int("group_size", 0);
+      const bool asym = pi.args.size() > 3 && pi.args[3] >= 0;
+      const std::string name = bits == 8 ? "int8 per channel"
+                                         : "int4 " + (gs == 0 ? std::string("per channel") : "g" + std::to_string(gs)) +
+                                               (asym ? " asym" : " sym");
+      for (size_t i = 1; i < 4 && i < pi.args.size(); ++i) {
+        if (pi.args[i] >= 0) scheme[static_cast<size_t>(pi.args[i])] = name;
+      }
+    }
+    for (const PlannedInstruction& pi : plan.instructions) {
+      if (!pi.backend_name.empty()) continue;
+      for (int32_t a : pi.args) {
+        if (a < 0 || !plan.constant_data[static_cast<size_t>(a)] || counted[static_cast<size_t>(a)]) continue;
+        counted[static_cast<size_t>(a)] = true;
+        const TensorType& t = plan.value_types[static_cast<size_t>(a)];
+        by_dtype[dtype_name(t.dtype)] += t.nbytes();
+        const std::string& sc = scheme[static_cast<size_t>(a)];
+        by_scheme[sc.empty() ? std::string(dtype_name(t.dtype)) : sc] += t.nbytes();
+      }
+    }
+    plan.meta.constant_bytes_by_dtype.assign(by_dtype.begin(), by_dtype.end());
+    plan.meta.constant_bytes_by_scheme.assign(by_scheme.begin(), by_scheme.end());
+  }
   return plan;
 }
 

@@ -225,3 +225,64 @@ def test_export_module_quantized(scheme, group_size):
     assert err < (0.02 if scheme == "w8" else 0.2), err
     assert len(q.data) < len(fp32.data)
     assert q.report["methods"][0]["num_quantized"] == 5
+
+
+def test_inspect_bytes_by_dtype_and_scheme(tmp_path):
+    """kiln inspect --json: constant bytes per dtype and per quantization scheme, exact."""
+    import json
+    import os
+    import subprocess
+    cli = os.environ.get("KILN_CLI", os.path.join(os.path.dirname(__file__), "..", "..", "build", "tools", "kiln"))
+    if not os.path.isfile(cli):
+        pytest.fail(f"{cli} not built")
+    rng = np.random.default_rng(4)
+    weights = {"w0": rng.standard_normal((33, 40)).astype(np.float32), "b0": np.zeros(33, np.float32),
+               "w1t": rng.standard_normal((33, 50)).astype(np.float32),
+               "w2t": rng.standard_normal((50, 9)).astype(np.float32), "b2": np.zeros(9, np.float32)}
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", _graph(weights))
+    data, _ = pb.compile(quantize="w4", group_size=32, symmetric=False, scale_dtype="float16", quantize_exclude=["addmm*"])
+    path = tmp_path / "q.kiln"
+    path.write_bytes(data)
+    out = json.loads(subprocess.run([cli, "inspect", str(path), "--json"], check=True, capture_output=True,
+                                    text=True).stdout)
+    m = out["methods"][0]
+    # fc0: K=40 -> 2 groups, packed 33 x 20; mm1: K=33 -> 2 groups, packed 50 x 17; scales+zeros fp16.
+    q = 33 * 20 + 33 * 2 * 2 * 2 + 50 * 17 + 50 * 2 * 2 * 2
+    f32 = (33 + 50 * 9 + 9) * 4  # b0, the excluded addmm weight and its bias
+    assert m["constant_bytes_by_scheme"] == {"float32": f32, "int4 g32 asym": q}
+    assert m["constant_bytes_by_dtype"] == {"float16": (33 + 50) * 2 * 2 * 2, "float32": f32,
+                                            "uint8": 33 * 20 + 50 * 17}
+    text = subprocess.run([cli, "inspect", str(path)], check=True, capture_output=True, text=True).stdout
+    assert "int4 g32 asym" in text
+
+
+@pytest.mark.parametrize("backend", [b for b in ("xnnpack", "mlx") if b in _kiln.backend_names()])
+def test_delegates_decline_quantized_nodes(backend):
+    """Backends without quantized support leave the quantized nodes to Kiln's kernels, with a reason."""
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(1, 3, 12, 12)
+    res = kiln.export(m, (x,), quantize="w8", backends=(backend,), verbose=False)
+    cpu = {c["op"]: c for c in res.report["methods"][0]["delegation"]["cpu_ops"]}
+    assert "kiln.weight_quantized_convolution" in cpu and cpu["kiln.weight_quantized_convolution"]["reasons"]
+    with torch.no_grad():
+        ref = m(x).numpy()
+    out = kiln.load_bytes(res.data, backend_settings={"mlx.device": "cpu"} if backend == "mlx" else {}).run(x.numpy())[0]
+    assert np.abs(out - ref).max() <= 0.02 * np.abs(ref).max()
+
+
+def test_cli_export_quantize(tmp_path):
+    import subprocess
+    import sys
+    import os
+    out = tmp_path / "tiny.kiln"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "python"),
+                                                        os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "kiln", "export", "mobilenet_v3_small", "--input-shape", "1x3x64x64",
+                        "--quantize", "w4", "--group-size", "32", "--quantize-exclude", "features.0.*", "-o", str(out)],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "weights quantized (w4)" in r.stderr
+    prog = kiln.load(out)
+    assert prog.run(np.zeros((1, 3, 64, 64), np.float32))[0].shape == (1, 1000)
