@@ -198,8 +198,11 @@ PYBIND11_MODULE(_kiln, m) {
                          std::vector<std::string> backends, std::string require_delegation, bool fold_batch_norm,
                          const std::string& compute_dtype, std::vector<std::vector<std::string>> alternatives,
                          const std::string& quantize, int64_t group_size, bool symmetric, const std::string& scale_dtype,
-                         std::vector<std::string> quantize_exclude) {
+                         std::vector<std::string> quantize_exclude, const std::string& weights_dtype) {
         CompileOptions o;
+        auto wdt = dtype_from_name(weights_dtype);
+        if (!wdt) check(Error(ErrorCode::InvalidArgument, "weights_dtype: unknown dtype '" + weights_dtype + "'"));
+        o.weights_dtype = *wdt;
         o.quantize = quantize_options(quantize, group_size, symmetric, scale_dtype, std::move(quantize_exclude));
         auto cdt = dtype_from_name(compute_dtype);
         if (!cdt) check(Error(ErrorCode::InvalidArgument, "compute_dtype: unknown dtype '" + compute_dtype + "'"));
@@ -268,6 +271,7 @@ PYBIND11_MODULE(_kiln, m) {
          py::arg("alternatives") = std::vector<std::vector<std::string>>{},
          py::arg("quantize") = "", py::arg("group_size") = 128, py::arg("symmetric") = true,
          py::arg("scale_dtype") = "float32", py::arg("quantize_exclude") = std::vector<std::string>{},
+         py::arg("weights_dtype") = "float32",
          "Compiles; returns (program bytes, report dict). backends: delegate backends in order of "
          "preference; require_delegation: fail unless every node is delegated to that backend; "
          "fold_batch_norm: fold inference batch norms into the convolution/linear feeding them; "
@@ -278,7 +282,8 @@ PYBIND11_MODULE(_kiln, m) {
          "(replaces backends/require_delegation; report['methods'] then has one entry per alternative). "
          "quantize: '' (off), 'w8' (int8 per output channel) or 'w4' (int4 in groups of group_size along the "
          "reduction dim; symmetric or not); scale_dtype 'float32' or 'float16'; quantize_exclude: fnmatch patterns of "
-         "node debug names / weight names left in float32.");
+         "node debug names / weight names left in float32. weights_dtype: 'float32' or 'float16' (float32 constants of "
+         ">= 1024 elements stored as float16 in the file, widened to float32 at load).");
   m.def("quantize_matrix", [](py::array_t<float, py::array::c_style | py::array::forcecast> w, const std::string& scheme,
                               int64_t group_size, bool symmetric, const std::string& scale_dtype) {
         if (w.ndim() != 2) throw py::value_error("w must be 2-D [rows, k]");

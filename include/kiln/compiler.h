@@ -118,6 +118,12 @@ struct CompileOptions {
   std::vector<std::vector<std::string>> alternatives;
   /// Weight-only quantization (off by default). Runs after batch-norm folding, before partitioning.
   QuantizeOptions quantize;
+  /// Float32 (default) or Float16: how the float32 constants that kernel calls read (weights left
+  /// unquantized, biases, norm parameters) are stored in the file. Float16 stores each such constant
+  /// of at least 1024 elements whose finite values all lie within float16's range as binary16; the
+  /// loader widens it back to float32 once at load, into memory owned by the loaded program
+  /// (file size halves for them; resident memory does not). Delegate payload constants are untouched.
+  DType weights_dtype = DType::Float32;
 };
 
 /// How the partitioner split one method between delegates and Kiln's CPU kernels.

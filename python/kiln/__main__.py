@@ -146,7 +146,7 @@ def cmd_compile(args) -> int:
 
 def _quant_kwargs(args) -> dict:
     return {"quantize": args.quantize, "group_size": args.group_size, "symmetric": not args.asymmetric,
-            "scale_dtype": args.scale_dtype, "exclude": args.quantize_exclude}
+            "scale_dtype": args.scale_dtype, "exclude": args.quantize_exclude, "weights_dtype": args.weights_dtype}
 
 
 def _add_delegation_args(p, built: str):
@@ -169,6 +169,9 @@ def _add_delegation_args(p, built: str):
     p.add_argument("--asymmetric", action="store_true", help="w4: min/max groups with zeros (default symmetric)")
     p.add_argument("--scale-dtype", choices=("float32", "float16"), default="float32",
                    help="dtype of the quantization scales and zeros (default float32)")
+    p.add_argument("--weights-dtype", choices=("float32", "float16"), default="float32",
+                   help="storage of the float32 weights not quantized: float16 halves them in the file (widened "
+                        "to float32 at load)")
     p.add_argument("--quantize-exclude", nargs="+", default=[], metavar="PATTERN",
                    help="module paths / weight names (fnmatch patterns, e.g. 'features.0.*') left in float32")
     p.add_argument("-o", "--output", required=True, metavar="OUT.kiln", help="program file to write")

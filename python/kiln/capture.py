@@ -1347,7 +1347,8 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
                      report_json: str | os.PathLike | None = None, verbose: bool = True,
                      t0: float | None = None, alternatives: Sequence[Sequence[str]] = (),
                      quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
-                     scale_dtype: str = "float32", exclude: Sequence[str] = ()) -> ExportResult:
+                     scale_dtype: str = "float32", exclude: Sequence[str] = (),
+                     weights_dtype: str = "float32") -> ExportResult:
     """Compiles captured methods ({name: CaptureResult}) into one program with the C++ compiler,
     writes `out` (and the report as JSON to `report_json`) when given and prints the report unless
     verbose=False. `backends`/`require_delegation`/`alternatives`: see export(). Raises ExportError
@@ -1380,7 +1381,8 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
         data, report = pb.compile(fold_constants=fold_constants, backends=delegates, require_delegation=require,
                                   fold_batch_norm=fold_batch_norm, alternatives=alts,
                                   quantize=quantize or "", group_size=group_size, symmetric=symmetric,
-                                  scale_dtype=scale_dtype, quantize_exclude=list(exclude))
+                                  scale_dtype=scale_dtype, quantize_exclude=list(exclude),
+                                  weights_dtype=weights_dtype)
     except KilnError as e:
         code = e.args[1] if len(e.args) > 1 else None
         if require and code == "NotSupported" and "not delegated to required backend" in e.args[0]:
@@ -1429,7 +1431,8 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
                    report_json: str | os.PathLike | None = None, verbose: bool = True,
                    alternatives: Sequence[Sequence[str]] = (),
                    quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
-                   scale_dtype: str = "float32", exclude: Sequence[str] = ()) -> ExportResult:
+                   scale_dtype: str = "float32", exclude: Sequence[str] = (),
+                     weights_dtype: str = "float32") -> ExportResult:
     """Exports several methods into one program: ``{"encode": (module, args), "decode": (module2,
     args2, "decode_method"), ...}`` (an optional third item names the module method; default
     "forward"). Constants with identical bytes are stored once across methods. Writes `out` when
@@ -1454,7 +1457,7 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
                             fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
                             report_json=report_json, verbose=verbose, t0=t0, alternatives=alternatives,
                             quantize=quantize, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype,
-                            exclude=exclude)
+                            exclude=exclude, weights_dtype=weights_dtype)
 
 
 def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", out: str | os.PathLike | None = None,
@@ -1462,7 +1465,8 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
            fold_batch_norm: bool = True, strict: bool = False, report_json: str | os.PathLike | None = None,
            verbose: bool = True, alternatives: Sequence[Sequence[str]] = (),
            quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
-           scale_dtype: str = "float32", exclude: Sequence[str] = ()) -> ExportResult:
+           scale_dtype: str = "float32", exclude: Sequence[str] = (),
+                     weights_dtype: str = "float32") -> ExportResult:
     """Exports ``module.<method>`` (default forward) for `example_inputs` (a tensor or tuple; the
     program takes exactly these shapes and dtypes) into a program with one method named `method`,
     written to `out` when given.
@@ -1483,12 +1487,15 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
     `group_size` values along the reduction dim, symmetric or (symmetric=False) with zeros);
     scale_dtype "float32" or "float16"; exclude: fnmatch patterns of module paths / weight names to
     keep in float32 (e.g. ["features.0.*"]). Activations stay float32 (src/ir/ops/quant.h).
+    weights_dtype: "float16" stores the float32 constants the kernels read (>= 1024 elements) as
+    float16 in the file; the loader widens them to float32 once at load.
     Prints progress and a report unless verbose=False. Returns an ExportResult; raises ExportError."""
     return export_program({method: (module, example_inputs, method)}, out=out, backends=backends,
                           require_delegation=require_delegation, fold_constants=fold_constants,
                           fold_batch_norm=fold_batch_norm, strict=strict, report_json=report_json,
                           verbose=verbose, alternatives=alternatives, quantize=quantize, group_size=group_size,
-                          symmetric=symmetric, scale_dtype=scale_dtype, exclude=exclude)
+                          symmetric=symmetric, scale_dtype=scale_dtype, exclude=exclude,
+                          weights_dtype=weights_dtype)
 
 
 def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", out: str | os.PathLike | None = None,
@@ -1496,7 +1503,8 @@ def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", o
                           fold_constants: bool = True, fold_batch_norm: bool = True,
                           report_json: str | os.PathLike | None = None, verbose: bool = True,
                           quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
-                          scale_dtype: str = "float32", exclude: Sequence[str] = ()) -> ExportResult:
+                          scale_dtype: str = "float32", exclude: Sequence[str] = (),
+                     weights_dtype: str = "float32") -> ExportResult:
     """Compiles an ExportedProgram saved with ``torch.export.save(ep, path)`` (a .pt2 file) into a
     program with one method named `method`. Its inputs take the shapes and dtypes of the saved
     program's placeholders (its example inputs). Options as for export(). Raises ExportError
@@ -1523,4 +1531,4 @@ def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", o
                             fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
                             report_json=report_json, verbose=verbose, t0=t0,
                             quantize=quantize, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype,
-                            exclude=exclude)
+                            exclude=exclude, weights_dtype=weights_dtype)

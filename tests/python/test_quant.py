@@ -286,3 +286,43 @@ def test_cli_export_quantize(tmp_path):
     assert "weights quantized (w4)" in r.stderr
     prog = kiln.load(out)
     assert prog.run(np.zeros((1, 3, 64, 64), np.float32))[0].shape == (1, 1000)
+
+
+class Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 32, 3, padding=1)   # 864 weights: stays float32
+        self.pw = torch.nn.Conv2d(32, 64, 1)               # 2048: float16
+        self.fc = torch.nn.Linear(64, 40)                  # 2560: float16
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.pw(torch.relu(self.conv(x)))).mean((2, 3)))
+
+
+def test_weights_dtype_float16():
+    """weights_dtype='float16': float32 weights of >= 1024 elements stored as binary16 (file smaller),
+    widened at load; the output equals eager with those weights rounded to float16."""
+    torch.manual_seed(0)
+    m = Wide().eval()
+    x = torch.randn(2, 3, 12, 12)
+    fp32 = kiln.export(m, (x,), verbose=False)
+    half = kiln.export(m, (x,), weights_dtype="float16", verbose=False)
+    ref_m = Wide().eval()
+    ref_m.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        for p in ref_m.parameters():
+            if p.numel() >= 1024:
+                p.copy_(p.half().float())
+        ref = ref_m(x).numpy()
+        plain = m(x).numpy()
+    out = kiln.load_bytes(half.data).run(x.numpy())[0]
+    assert_close(out, ref, 1e-5, "float16-stored weights")
+    assert np.abs(out - plain).max() > 0  # the rounding is real
+    big = sum(p.numel() for p in m.parameters() if p.numel() >= 1024)
+    assert big == 2048 + 2560
+    assert half.report["constant_bytes"] == fp32.report["constant_bytes"] - 2 * big
+    # With quantization, the weights that stay float (the excluded ones) are stored as float16.
+    q = kiln.export(m, (x,), quantize="w8", exclude=["fc"], weights_dtype="float16", verbose=False)
+    assert q.report["methods"][0]["num_quantized"] == 2
+    out = kiln.load_bytes(q.data).run(x.numpy())[0]
+    assert np.abs(out - plain).max() <= 0.02 * np.abs(plain).max()
