@@ -25,7 +25,7 @@ namespace {
 constexpr int64_t kSlice = 256;  // columns dequantized at a time (fits a stack buffer, L1-sized)
 
 /// out[i, j] (+)= x[i, :] . w[j, :] for i < m <= 4, rows j in [j0, j1).
-void gemv_rows(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, int64_t j0, int64_t j1) {
+__attribute__((target("avx2,fma"))) void gemv_rows(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, int64_t j0, int64_t j1) {
   const int64_t k = w.layout.k, n = w.layout.rows;
   alignas(64) float buf[kSlice];
   for (int64_t j = j0; j < j1; ++j) {
@@ -51,7 +51,7 @@ void gemv_rows(const QuantView& w, const float* x, int64_t m, const float* bias,
 }
 
 /// B packer for linear: op(B)[p, j] = w[j, p] (x @ w^T), dequantized per 16-column panel.
-void pack_weight_panel(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
+__attribute__((target("avx2,fma"))) void pack_weight_panel(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
   const auto& w = *static_cast<const QuantView*>(ctx);
   alignas(64) float buf[kSlice];
   const int64_t stride = cpu::gemm_panel_stride(kc);
@@ -105,7 +105,7 @@ struct Im2col {
   const ConvGeometry* g;
 };
 
-void pack_im2col(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
+__attribute__((target("avx2,fma"))) void pack_im2col(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
   const auto& im = *static_cast<const Im2col*>(ctx);
   const ConvGeometry& g = *im.g;
   const int64_t H = g.in_size[0], W = g.in_size[1], OW = g.out_size[1], KH = g.kernel[0], KW = g.kernel[1];
@@ -135,6 +135,53 @@ void pack_im2col(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc
   }
 }
 
+__attribute__((target("avx2,fma"))) void depthwise_plane(const QuantView& w, const ConvGeometry& g, const float* in, const float* bias, float* out,
+                                                         int64_t t) {
+  const int64_t K = w.layout.k, H = g.in_size[0], W = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1];
+  const int64_t HW = OH * OW;
+  const int64_t c = t % g.out_channels;
+  float taps[64 * 64];
+  std::vector<float> big;
+  float* wt = taps;
+  if (K > 64 * 64) {
+    big.resize(static_cast<size_t>(K));
+    wt = big.data();
+  }
+  w.dequantize(c, 0, K, wt);
+  const float* plane = in + t * H * W;
+  float* o = out + t * HW;
+  const float b0 = bias ? bias[c] : 0.0f;
+  // Row by row, tap by tap: for each tap the output columns whose input column is inside the
+  // image form one range [lo, hi), so the inner loop has no bounds checks (vectorizes for stride 1).
+  const int64_t sx = g.stride[1], px = g.padding[1], dx = g.dilation[1];
+  for (int64_t oy = 0; oy < OH; ++oy) {
+    float* orow = o + oy * OW;
+    for (int64_t ox = 0; ox < OW; ++ox) orow[ox] = b0;
+    for (int64_t ky = 0; ky < g.kernel[0]; ++ky) {
+      const int64_t iy = oy * g.stride[0] - g.padding[0] + ky * g.dilation[0];
+      if (iy < 0 || iy >= H) continue;
+      const float* irow = plane + iy * W;
+      for (int64_t kx = 0; kx < g.kernel[1]; ++kx) {
+        const int64_t off = kx * dx - px;  // ix = ox * sx + off
+        const int64_t lo = off >= 0 ? 0 : (-off + sx - 1) / sx;
+        const int64_t hi = std::min<int64_t>(OW, W - off <= 0 ? 0 : (W - off + sx - 1) / sx);
+        const float wv = wt[ky * g.kernel[1] + kx];
+        if (sx == 1) {
+          const float* src = irow + off;
+          for (int64_t ox = lo; ox < hi; ++ox) orow[ox] += wv * src[ox];
+        } else {
+          for (int64_t ox = lo; ox < hi; ++ox) orow[ox] += wv * irow[ox * sx + off];
+        }
+      }
+    }
+  }
+}
+
+/// Dequantizes rows [r0, r0 + rows) into buf [rows, k].
+__attribute__((target("avx2,fma"))) void dequantize_rows(const QuantView& w, int64_t r0, int64_t r, float* buf) {
+  w.dequantize(r0 + r, 0, w.layout.k, buf + r * w.layout.k);
+}
+
 Error convolution(const KernelArgs& a) {
   const Tensor& x = *a.inputs[0];
   const std::vector<int64_t> ks = a.attrs.get_ints("kernel_size");
@@ -159,35 +206,7 @@ Error convolution(const KernelArgs& a) {
   float* out = a.outputs[0]->data_as<float>();
 
   if (cin_g == 1 && cout_g == 1) {  // depthwise: one plane per task
-    cpu::parallel_tasks(a.pool, g.batch * g.out_channels, [&](int64_t t) {
-      const int64_t c = t % g.out_channels;
-      float taps[64 * 64];
-      std::vector<float> big;
-      float* wt = taps;
-      if (K > 64 * 64) {
-        big.resize(static_cast<size_t>(K));
-        wt = big.data();
-      }
-      w.dequantize(c, 0, K, wt);
-      const float* plane = in + t * H * W;
-      float* o = out + t * HW;
-      const float b0 = bias ? bias[c] : 0.0f;
-      for (int64_t oy = 0; oy < OH; ++oy) {
-        for (int64_t ox = 0; ox < OW; ++ox) {
-          float acc = 0.0f;
-          for (int64_t ky = 0; ky < g.kernel[0]; ++ky) {
-            const int64_t iy = oy * g.stride[0] - g.padding[0] + ky * g.dilation[0];
-            if (iy < 0 || iy >= H) continue;
-            for (int64_t kx = 0; kx < g.kernel[1]; ++kx) {
-              const int64_t ix = ox * g.stride[1] - g.padding[1] + kx * g.dilation[1];
-              if (ix < 0 || ix >= W) continue;
-              acc += plane[iy * W + ix] * wt[ky * g.kernel[1] + kx];
-            }
-          }
-          o[oy * OW + ox] = acc + b0;
-        }
-      }
-    });
+    cpu::parallel_tasks(a.pool, g.batch * g.out_channels, [&](int64_t t) { depthwise_plane(w, g, in, bias, out, t); });
     return {};
   }
 
@@ -199,7 +218,7 @@ Error convolution(const KernelArgs& a) {
     for (int64_t r0 = 0; r0 < cout_g; r0 += block) {
       const int64_t rows = std::min(block, cout_g - r0);
       const int64_t oc0 = grp * cout_g + r0;
-      cpu::parallel_tasks(a.pool, rows, [&](int64_t r) { w.dequantize(oc0 + r, 0, K, wbuf.data() + r * K); });
+      cpu::parallel_tasks(a.pool, rows, [&](int64_t r) { dequantize_rows(w, oc0, r, wbuf.data()); });
       cpu::GemmEpilogue ep;
       if (bias) {
         ep.bias_kind = cpu::GemmBias::PerRow;
@@ -221,8 +240,9 @@ Error convolution(const KernelArgs& a) {
   return {};
 }
 
+/// AVX2+FMA CPUs (the hot loops are compiled for them); others run the portable kernels.
 bool accepts(const KernelSignature& sig) {
-  return sig.inputs[0] != nullptr && sig.inputs[0]->dtype == DType::Float32 && sig.outputs[0] != nullptr &&
+  return cpu::has_avx2_fma() && sig.inputs[0] != nullptr && sig.inputs[0]->dtype == DType::Float32 && sig.outputs[0] != nullptr &&
          sig.outputs[0]->dtype == DType::Float32;
 }
 
