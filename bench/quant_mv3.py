@@ -60,6 +60,45 @@ def photos() -> list[np.ndarray]:
     return out
 
 
+def dequantized(w: np.ndarray, kw: dict) -> np.ndarray:
+    """w [rows, k] float32 -> the float32 weight Kiln's packed form encodes (src/ir/ops/quant.h), from the
+    bytes kiln._kiln.quantize_matrix (the compiler's quantizer) returns."""
+    scheme, gs = kw["quantize"], kw.get("group_size", 128)
+    sdt = np.dtype(kw.get("scale_dtype", "float32"))
+    packed, scales, zeros = kiln._kiln.quantize_matrix(w, scheme, gs, kw.get("symmetric", True), sdt.name)
+    rows, k = w.shape
+    gs = k if scheme == "w8" else min(gs, k)
+    s = np.repeat(scales.view(sdt).astype(np.float32).reshape(rows, -1), gs, axis=1)[:, :k]
+    if scheme == "w8":
+        return packed.view(np.int8).reshape(rows, k).astype(np.float32) * s
+    b = packed.reshape(rows, -1)
+    u = np.stack([b & 0xF, b >> 4], axis=-1).reshape(rows, -1)[:, :k].astype(np.float32)
+    out = (u - 8) * s
+    if zeros.size:
+        out = out + np.repeat(zeros.view(sdt).astype(np.float32).reshape(rows, -1), gs, axis=1)[:, :k]
+    return out
+
+
+def fake_quantized(model: torch.nn.Module, kw: dict) -> torch.nn.Module:
+    """PyTorch reference of a quantized program: batch norms folded into their convolutions
+    (torch.nn.utils.fusion.fuse_conv_bn_eval, as Kiln's fold_batch_norm pass), then every Conv2d /
+    Linear weight replaced by its dequantized Kiln quantization; runs in eager float32."""
+    import copy
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+    m = copy.deepcopy(model).eval()
+    for mod in m.modules():
+        if isinstance(mod, torch.nn.Sequential) and len(mod) >= 2 and isinstance(mod[0], torch.nn.Conv2d) \
+                and isinstance(mod[1], torch.nn.BatchNorm2d):
+            mod[0] = fuse_conv_bn_eval(mod[0], mod[1])
+            mod[1] = torch.nn.Identity()
+    with torch.no_grad():
+        for mod in m.modules():
+            if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+                w = mod.weight.detach().numpy().reshape(mod.weight.shape[0], -1).astype(np.float32)
+                mod.weight.copy_(torch.from_numpy(dequantized(w, kw)).reshape(mod.weight.shape))
+    return m
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--weights", help="torchvision state dict of mobilenet_v3_large (default: demo random weights)")
@@ -93,21 +132,29 @@ def main(argv=None) -> int:
                 eager = torch.cat([model(torch.from_numpy(x)) for x in inputs]).numpy()
             print(f"fp32 program vs eager: max |logit diff| {np.abs(ref - eager).max():.2e}", file=sys.stderr)
         top1 = float(np.mean(logits.argmax(1) == ref.argmax(1)))
+        check = float("nan")
+        if kw.get("quantize") and kw.get("weights_dtype", "float32") == "float32":
+            fq = fake_quantized(model, kw)
+            with torch.no_grad():
+                sim = torch.cat([fq(torch.from_numpy(x)) for x in inputs]).numpy()
+            check = float(np.abs(logits - sim).max() / np.abs(sim).max())
         rel = np.abs(logits - ref).max(1) / np.abs(ref).max(1)
         b = json.loads(subprocess.run([args.cli, "bench", path, "--threads", str(args.threads), "--runs",
                                        str(args.runs), "--json"], check=True, capture_output=True, text=True).stdout)
         rows.append((label, os.path.getsize(path), top1, float(rel.max()), float(rel.mean()), b["median_ms"],
-                     b["peak_rss_mib"]))
+                     b["peak_rss_mib"], check))
         print(rows[-1], file=sys.stderr, flush=True)
     base = rows[0][1]
     half = rows[1][1]
     print(f"mobilenet_v3_large, {len(inputs)} inputs ({len(inputs) // 2} scikit-image photos and their mirrors), "
           f"cpu kernels, {args.threads} threads, median of {args.runs} runs\n")
-    print("| program | file size | vs fp32 | vs fp16 | top-1 = fp32 | rel. logit error max / mean | latency | peak RSS |")
-    print("|---|---|---|---|---|---|---|---|")
-    for label, size, top1, rmax, rmean, ms, rss in rows:
+    print("| program | file size | vs fp32 | vs fp16 | top-1 = fp32 | rel. logit error max / mean | "
+          "vs PyTorch fake-quant | latency | peak RSS |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, size, top1, rmax, rmean, ms, rss, check in rows:
+        chk = "" if check != check else f"{check:.1e}"
         print(f"| {label} | {size / 2**20:.2f} MiB | {size / base:.2f}x | {size / half:.2f}x | {top1 * 100:.1f}% | "
-              f"{rmax:.4f} / {rmean:.4f} | {ms:.2f} ms | {rss:.1f} MiB |")
+              f"{rmax:.4f} / {rmean:.4f} | {chk} | {ms:.2f} ms | {rss:.1f} MiB |")
     return 0
 
 

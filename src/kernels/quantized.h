@@ -50,16 +50,27 @@ inline void QuantView::dequantize(int64_t n, int64_t c0, int64_t len, float* out
     const int64_t g = c / gs;
     const int64_t gend = (g + 1) * gs < end ? (g + 1) * gs : end;
     const float s = scale(n, g);
+    const int64_t cnt = gend - c;
     if (layout.bits == 8) {
-      const auto* q = reinterpret_cast<const int8_t*>(row);
-      for (; c < gend; ++c) *out++ = static_cast<float>(q[c]) * s;
+      const auto* q = reinterpret_cast<const int8_t*>(row) + c;
+      for (int64_t i = 0; i < cnt; ++i) out[i] = static_cast<float>(q[i]) * s;
     } else {
       const float z = zero(n, g);
-      for (; c < gend; ++c) {
-        const int u = (row[c >> 1] >> ((c & 1) * 4)) & 0xF;
-        *out++ = static_cast<float>(u - 8) * s + z;
+      int64_t i = 0;
+      if (c & 1) {  // odd start: the high nibble of its byte
+        out[0] = static_cast<float>((row[c >> 1] >> 4) - 8) * s + z;
+        i = 1;
       }
+      const uint8_t* b = row + ((c + i) >> 1);
+      const int64_t pairs = (cnt - i) / 2;
+      for (int64_t j = 0; j < pairs; ++j) {
+        out[i + 2 * j] = static_cast<float>((b[j] & 0xF) - 8) * s + z;
+        out[i + 2 * j + 1] = static_cast<float>((b[j] >> 4) - 8) * s + z;
+      }
+      if (i + 2 * pairs < cnt) out[cnt - 1] = static_cast<float>((b[pairs] & 0xF) - 8) * s + z;
     }
+    out += cnt;
+    c = gend;
   }
 }
 

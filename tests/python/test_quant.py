@@ -112,8 +112,14 @@ CONVS = [  # (C_in, C_out, H, W, kernel, stride, padding, dilation, groups)
     (16, 12, 8, 8, 1, 1, 0, 1, 1),     # pointwise (GEMM path)
     (8, 8, 10, 9, 3, 1, 1, 1, 8),      # depthwise
     (12, 24, 7, 7, 5, 2, 2, 1, 12),    # depthwise, channel multiplier 2
+    (4, 4, 13, 21, 3, 1, 1, 1, 4),     # depthwise, rows wider than 8 (vector columns and edges)
+    (3, 3, 9, 30, 5, 1, 4, 2, 3),      # depthwise, dilated, padding beyond the taps' reach
+    (3, 3, 8, 4, 3, 1, 1, 2, 3),       # depthwise, no interior column
+    (5, 5, 11, 19, 3, 2, 1, 1, 5),     # depthwise, stride 2
     (8, 6, 9, 9, 3, 1, 2, 2, 2),       # grouped, dilated
     (40, 31, 6, 5, 3, 1, 1, 1, 1),     # K = 360 (not a multiple of 32 or 128)
+    (100, 33, 1, 1, 1, 1, 0, 1, 1),    # squeeze-excite: 1x1 on a 1x1 image (matrix-vector path)
+    (20, 9, 2, 2, 1, 2, 0, 1, 1),      # 1x1, stride 2 on 2x2 -> 1x1 output (not the matrix-vector path)
 ]
 
 

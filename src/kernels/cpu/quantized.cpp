@@ -5,10 +5,11 @@
 //   that dequantizes 256-column slices of one weight row into a stack buffer;
 // - linear, more rows: cpu::sgemm_packed_b with a B packer that dequantizes each 16-column panel
 //   as the GEMM asks for it;
-// - convolution: depthwise (one input and output channel per group) as a direct loop with the
-//   kH * kW dequantized taps; otherwise blocks of output channels are dequantized (at most
+// - convolution: depthwise (one input and output channel per group; C * kH * kW weights) dequantized
+//   per call into scratch and run by the selected aten.convolution kernel; otherwise blocks of output channels are dequantized (at most
 //   ~1M floats per block, parallel over rows) and multiplied with the input by cpu::sgemm
 //   (1x1, stride 1, no padding) or cpu::sgemm_packed_b with an implicit im2col packer.
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -135,48 +136,6 @@ __attribute__((target("avx2,fma"))) void pack_im2col(const void* ctx, int64_t j0
   }
 }
 
-__attribute__((target("avx2,fma"))) void depthwise_plane(const QuantView& w, const ConvGeometry& g, const float* in, const float* bias, float* out,
-                                                         int64_t t) {
-  const int64_t K = w.layout.k, H = g.in_size[0], W = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1];
-  const int64_t HW = OH * OW;
-  const int64_t c = t % g.out_channels;
-  float taps[64 * 64];
-  std::vector<float> big;
-  float* wt = taps;
-  if (K > 64 * 64) {
-    big.resize(static_cast<size_t>(K));
-    wt = big.data();
-  }
-  w.dequantize(c, 0, K, wt);
-  const float* plane = in + t * H * W;
-  float* o = out + t * HW;
-  const float b0 = bias ? bias[c] : 0.0f;
-  // Row by row, tap by tap: for each tap the output columns whose input column is inside the
-  // image form one range [lo, hi), so the inner loop has no bounds checks (vectorizes for stride 1).
-  const int64_t sx = g.stride[1], px = g.padding[1], dx = g.dilation[1];
-  for (int64_t oy = 0; oy < OH; ++oy) {
-    float* orow = o + oy * OW;
-    for (int64_t ox = 0; ox < OW; ++ox) orow[ox] = b0;
-    for (int64_t ky = 0; ky < g.kernel[0]; ++ky) {
-      const int64_t iy = oy * g.stride[0] - g.padding[0] + ky * g.dilation[0];
-      if (iy < 0 || iy >= H) continue;
-      const float* irow = plane + iy * W;
-      for (int64_t kx = 0; kx < g.kernel[1]; ++kx) {
-        const int64_t off = kx * dx - px;  // ix = ox * sx + off
-        const int64_t lo = off >= 0 ? 0 : (-off + sx - 1) / sx;
-        const int64_t hi = std::min<int64_t>(OW, W - off <= 0 ? 0 : (W - off + sx - 1) / sx);
-        const float wv = wt[ky * g.kernel[1] + kx];
-        if (sx == 1) {
-          const float* src = irow + off;
-          for (int64_t ox = lo; ox < hi; ++ox) orow[ox] += wv * src[ox];
-        } else {
-          for (int64_t ox = lo; ox < hi; ++ox) orow[ox] += wv * irow[ox * sx + off];
-        }
-      }
-    }
-  }
-}
-
 /// Dequantizes rows [r0, r0 + rows) into buf [rows, k].
 __attribute__((target("avx2,fma"))) void dequantize_rows(const QuantView& w, int64_t r0, int64_t r, float* buf) {
   w.dequantize(r0 + r, 0, w.layout.k, buf + r * w.layout.k);
@@ -205,8 +164,33 @@ Error convolution(const KernelArgs& a) {
   const float* bias = data_or_null(b);
   float* out = a.outputs[0]->data_as<float>();
 
-  if (cin_g == 1 && cout_g == 1) {  // depthwise: one plane per task
-    cpu::parallel_tasks(a.pool, g.batch * g.out_channels, [&](int64_t t) { depthwise_plane(w, g, in, bias, out, t); });
+  if (cin_g == 1 && cout_g == 1) {
+    // Depthwise: the weight is only C * kH * kW values (no GEMM reads it repeatedly), so it is
+    // dequantized per call into a scratch buffer and run by the aten.convolution kernel that the
+    // registry selects for these types (the optimized depthwise one on AVX2 CPUs).
+    std::vector<float> wf(static_cast<size_t>(w.layout.rows * K));
+    for (int64_t r = 0; r < w.layout.rows; ++r) w.dequantize(r, 0, K, wf.data() + r * K);
+    Tensor wt{DType::Float32, dense.sizes, wf.data()};
+    const TensorType xt = x.type(), wtt = wt.type(), ot = a.outputs[0]->type();
+    const TensorType* in_types[3] = {&xt, &wtt, b ? &bt : nullptr};
+    const TensorType* out_types[1] = {&ot};
+    const KernelSignature sig{in_types, out_types, ca};
+    KernelFn fn = KernelRegistry::get().select("aten.convolution", sig, KernelSet::Optimized);
+    if (fn == nullptr) return Error(ErrorCode::Internal, "no aten.convolution kernel");
+    const Tensor* ins[3] = {&x, &wt, b};
+    return fn(KernelArgs{ins, a.outputs, ca, a.pool});
+  }
+
+  if (groups == 1 && H == 1 && W == 1 && HW == 1 && g.kernel[0] == 1 && g.kernel[1] == 1 && g.padding[0] == 0 && g.padding[1] == 0) {
+    // 1x1 convolution of a 1x1 image (squeeze-excite): a matrix-vector product per image.
+    for (int64_t nb = 0; nb < g.batch; ++nb) {
+      const float* xin = in + nb * g.in_channels * H * W;  // [C_in] (H = W = 1)
+      float* o = out + nb * g.out_channels;
+      constexpr int64_t kRowsPerTask = 16;
+      cpu::parallel_tasks(a.pool, (g.out_channels + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+        gemv_rows(w, xin, 1, bias, o, t * kRowsPerTask, std::min(g.out_channels, (t + 1) * kRowsPerTask));
+      });
+    }
     return {};
   }
 
