@@ -41,6 +41,12 @@ CONFIGS = [  # (label, export kwargs)
     ("w4 g32", {"quantize": "w4", "group_size": 32}),
     ("w4 g32 asym", {"quantize": "w4", "group_size": 32, "symmetric": False}),
     ("w4 g32 + fp16 rest", {"quantize": "w4", "group_size": 32, "scale_dtype": "float16", "weights_dtype": "float16"}),
+    # 4-bit everywhere but the first convolution and the depthwise ones (kH * kW = 9 or 25 values
+    # per channel), which stay float32.
+    ("w4 g32, dw + first conv fp32", {"quantize": "w4", "group_size": 32,
+                                      "exclude": ["features.0.*", "features.1.block.0.*", "features.*.block.1.*"]}),
+    ("w8, dw + first conv fp32", {"quantize": "w8",
+                                  "exclude": ["features.0.*", "features.1.block.0.*", "features.*.block.1.*"]}),
 ]
 
 

@@ -332,3 +332,34 @@ def test_weights_dtype_float16():
     assert q.report["methods"][0]["num_quantized"] == 2
     out = kiln.load_bytes(q.data).run(x.numpy())[0]
     assert np.abs(out - plain).max() <= 0.02 * np.abs(plain).max()
+
+
+@pytest.mark.skipif("mlx" not in _kiln.backend_names(), reason="the mlx backend is not built")
+@pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype", [s for s in SCHEMES if s[0] == "w4"])
+def test_mlx_quantized_linear(scheme, group_size, symmetric, scale_dtype):
+    """mlx (MLX's CPU device): 4-bit linear as mlx quantized_matmul on the same packed bytes where
+    the group size divides K (else declined with the reason and run by Kiln's kernels); equal to
+    the NumPy reference that dequantizes the same packed weights."""
+    rng = np.random.default_rng(5)
+    for n in (1, 31, 32, 96, 100):
+        for k in (32, 96, 1000, 256):
+            w = rng.standard_normal((n, k)).astype(np.float32)
+            packed, s, z, wd = quantize(w, scheme, group_size, symmetric, scale_dtype)
+            bias = rng.standard_normal(n).astype(np.float32)
+            x = rng.standard_normal((3, k)).astype(np.float32)
+            g = kiln.Graph()
+            ids = [_add(g, "x", x, False)] + [-1 if c is None else _add(g, f"c{i}", c, True)
+                                               for i, c in enumerate([packed, s, z, bias])]
+            g.set_outputs(list(g.add_node("kiln.weight_quantized_linear", ids, {"bits": 4, "group_size": group_size})))
+            pb = kiln.ProgramBuilder()
+            pb.add_method("forward", g)
+            data, rep = pb.compile(backends=["mlx"])
+            d = rep["methods"][0]["delegation"]
+            fits = k % min(group_size, k) == 0 and min(group_size, k) in (32, 64, 128)
+            mlx_nodes = sum(b["nodes"] for b in d["backends"] if b["backend"] == "mlx")
+            assert mlx_nodes == (1 if fits else 0), (n, k, d)
+            if not fits:
+                assert "does not fit MLX's quantized_matmul" in str(d["cpu_ops"])
+            got = kiln.load_bytes(data, backend_settings={"mlx.device": "cpu"}).run(x)[0]
+            expected = (x.astype(np.float64) @ wd.astype(np.float64).T + bias).astype(np.float32)
+            assert_close(got, expected, 1e-5, f"mlx {scheme} g{group_size} n={n} k={k}")
