@@ -88,8 +88,10 @@ def dequantized(w: np.ndarray, kw: dict) -> np.ndarray:
 def fake_quantized(model: torch.nn.Module, kw: dict) -> torch.nn.Module:
     """PyTorch reference of a quantized program: batch norms folded into their convolutions
     (torch.nn.utils.fusion.fuse_conv_bn_eval, as Kiln's fold_batch_norm pass), then every Conv2d /
-    Linear weight replaced by its dequantized Kiln quantization; runs in eager float32."""
+    Linear weight replaced by its dequantized Kiln quantization (except modules matching an
+    `exclude` pattern, as Kiln's pass); runs in eager float32."""
     import copy
+    import fnmatch
     from torch.nn.utils.fusion import fuse_conv_bn_eval
     m = copy.deepcopy(model).eval()
     for mod in m.modules():
@@ -98,7 +100,9 @@ def fake_quantized(model: torch.nn.Module, kw: dict) -> torch.nn.Module:
             mod[0] = fuse_conv_bn_eval(mod[0], mod[1])
             mod[1] = torch.nn.Identity()
     with torch.no_grad():
-        for mod in m.modules():
+        for name, mod in m.named_modules():
+            if any(fnmatch.fnmatchcase(name, p) for p in kw.get("exclude", ())):
+                continue
             if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
                 w = mod.weight.detach().numpy().reshape(mod.weight.shape[0], -1).astype(np.float32)
                 mod.weight.copy_(torch.from_numpy(dequantized(w, kw)).reshape(mod.weight.shape))
@@ -145,22 +149,25 @@ def main(argv=None) -> int:
                 sim = torch.cat([fq(torch.from_numpy(x)) for x in inputs]).numpy()
             check = float(np.abs(logits - sim).max() / np.abs(sim).max())
         rel = np.abs(logits - ref).max(1) / np.abs(ref).max(1)
-        b = json.loads(subprocess.run([args.cli, "bench", path, "--threads", str(args.threads), "--runs",
-                                       str(args.runs), "--json"], check=True, capture_output=True, text=True).stdout)
+        b = {"median_ms": float("nan"), "peak_rss_mib": float("nan")}
+        if args.runs > 0:  # --runs 0: no timing (bench/quant_latency.py times in interleaved rounds)
+            b = json.loads(subprocess.run([args.cli, "bench", path, "--threads", str(args.threads), "--runs",
+                                           str(args.runs), "--json"], check=True, capture_output=True, text=True).stdout)
         rows.append((label, os.path.getsize(path), top1, float(rel.max()), float(rel.mean()), b["median_ms"],
                      b["peak_rss_mib"], check))
         print(rows[-1], file=sys.stderr, flush=True)
     base = rows[0][1]
     half = rows[1][1]
+    timed = args.runs > 0
     print(f"mobilenet_v3_large, {len(inputs)} inputs ({len(inputs) // 2} scikit-image photos and their mirrors), "
-          f"cpu kernels, {args.threads} threads, median of {args.runs} runs\n")
+          f"cpu kernels" + (f", {args.threads} threads, median of {args.runs} runs" if timed else "") + "\n")
     print("| program | file size | vs fp32 | vs fp16 | top-1 = fp32 | rel. logit error max / mean | "
-          "vs PyTorch fake-quant | latency | peak RSS |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "vs PyTorch fake-quant |" + (" latency | peak RSS |" if timed else ""))
+    print("|---|---|---|---|---|---|---|" + ("---|---|" if timed else ""))
     for label, size, top1, rmax, rmean, ms, rss, check in rows:
         chk = "" if check != check else f"{check:.1e}"
         print(f"| {label} | {size / 2**20:.2f} MiB | {size / base:.2f}x | {size / half:.2f}x | {top1 * 100:.1f}% | "
-              f"{rmax:.4f} / {rmean:.4f} | {chk} | {ms:.2f} ms | {rss:.1f} MiB |")
+              f"{rmax:.4f} / {rmean:.4f} | {chk} |" + (f" {ms:.2f} ms | {rss:.1f} MiB |" if timed else ""))
     return 0
 
 
