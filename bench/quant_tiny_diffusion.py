@@ -33,6 +33,8 @@ CONFIGS = [
     ("w4 g32", {"quantize": "w4", "group_size": 32}),
     ("w4 g32 asym", {"quantize": "w4", "group_size": 32, "symmetric": False}),
     ("w4 g32 + fp16 rest", {"quantize": "w4", "group_size": 32, "scale_dtype": "float16", "weights_dtype": "float16"}),
+    ("w4 g128 + fp16 rest", {"quantize": "w4", "group_size": 128, "scale_dtype": "float16", "weights_dtype": "float16"}),
+    ("w8 + fp16 rest", {"quantize": "w8", "scale_dtype": "float16", "weights_dtype": "float16"}),
 ]
 
 

@@ -120,6 +120,7 @@ CONVS = [  # (C_in, C_out, H, W, kernel, stride, padding, dilation, groups)
     (40, 31, 6, 5, 3, 1, 1, 1, 1),     # K = 360 (not a multiple of 32 or 128)
     (100, 33, 1, 1, 1, 1, 0, 1, 1),    # squeeze-excite: 1x1 on a 1x1 image (matrix-vector path)
     (20, 9, 2, 2, 1, 2, 0, 1, 1),      # 1x1, stride 2 on 2x2 -> 1x1 output (not the matrix-vector path)
+    (7282, 20, 3, 3, 3, 1, 0, 1, 1),   # K = 65538: output channels in two dequantized blocks (16 + 4)
 ]
 
 
@@ -127,11 +128,12 @@ CONVS = [  # (C_in, C_out, H, W, kernel, stride, padding, dilation, groups)
 def test_quantized_conv(scheme, group_size, symmetric, scale_dtype):
     rng = np.random.default_rng(2)
     bits = 8 if scheme == "w8" else 4
-    for cin, cout, h, wd_, ks, st, pad, dil, groups in CONVS:
+    for i, (cin, cout, h, wd_, ks, st, pad, dil, groups) in enumerate(CONVS):
+        batch = 1 + i % 2  # one image (per-block aten.convolution path) and two (GEMM paths)
         w = rng.standard_normal((cout, cin // groups, ks, ks)).astype(np.float32)
         packed, s, z, wdq = quantize(w.reshape(cout, -1), scheme, group_size, symmetric, scale_dtype)
         bias = rng.standard_normal(cout).astype(np.float32)
-        x = rng.standard_normal((2, cin, h, wd_)).astype(np.float32)
+        x = rng.standard_normal((batch, cin, h, wd_)).astype(np.float32)
         expected = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(wdq.reshape(w.shape)).double(),
                                               torch.from_numpy(bias).double(), st, pad, dil, groups).float().numpy()
         attrs = {"bits": bits, "group_size": group_size, "kernel_size": [ks, ks], "stride": [st], "padding": [pad],

@@ -136,6 +136,21 @@ __attribute__((target("avx2,fma"))) void pack_im2col(const void* ctx, int64_t j0
   }
 }
 
+/// Runs aten.convolution(x, w, b) (float32, attributes `ca`) into `out` with the kernel the registry
+/// selects for these types (the optimized one where it accepts the call).
+Error run_float_conv(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& out, const Attributes& ca, ThreadPool* pool) {
+  const TensorType xt = x.type(), wtt = w.type(), ot = out.type();
+  const TensorType bt = b ? b->type() : TensorType{};
+  const TensorType* in_types[3] = {&xt, &wtt, b ? &bt : nullptr};
+  const TensorType* out_types[1] = {&ot};
+  const KernelSignature sig{in_types, out_types, ca};
+  KernelFn fn = KernelRegistry::get().select("aten.convolution", sig, KernelSet::Optimized);
+  if (fn == nullptr) return Error(ErrorCode::Internal, "no aten.convolution kernel");
+  const Tensor* ins[3] = {&x, &w, b};
+  Tensor* outs[1] = {&out};
+  return fn(KernelArgs{ins, outs, ca, pool});
+}
+
 /// Dequantizes rows [r0, r0 + rows) into buf [rows, k].
 __attribute__((target("avx2,fma"))) void dequantize_rows(const QuantView& w, int64_t r0, int64_t r, float* buf) {
   w.dequantize(r0 + r, 0, w.layout.k, buf + r * w.layout.k);
@@ -171,14 +186,7 @@ Error convolution(const KernelArgs& a) {
     std::vector<float> wf(static_cast<size_t>(w.layout.rows * K));
     for (int64_t r = 0; r < w.layout.rows; ++r) w.dequantize(r, 0, K, wf.data() + r * K);
     Tensor wt{DType::Float32, dense.sizes, wf.data()};
-    const TensorType xt = x.type(), wtt = wt.type(), ot = a.outputs[0]->type();
-    const TensorType* in_types[3] = {&xt, &wtt, b ? &bt : nullptr};
-    const TensorType* out_types[1] = {&ot};
-    const KernelSignature sig{in_types, out_types, ca};
-    KernelFn fn = KernelRegistry::get().select("aten.convolution", sig, KernelSet::Optimized);
-    if (fn == nullptr) return Error(ErrorCode::Internal, "no aten.convolution kernel");
-    const Tensor* ins[3] = {&x, &wt, b};
-    return fn(KernelArgs{ins, a.outputs, ca, a.pool});
+    return run_float_conv(x, wt, b, *a.outputs[0], ca, a.pool);
   }
 
   if (groups == 1 && H == 1 && W == 1 && HW == 1 && g.kernel[0] == 1 && g.kernel[1] == 1 && g.padding[0] == 0 && g.padding[1] == 0) {
@@ -207,6 +215,15 @@ Error convolution(const KernelArgs& a) {
       if (bias) {
         ep.bias_kind = cpu::GemmBias::PerRow;
         ep.bias = bias + oc0;
+      }
+      if (!pointwise && groups == 1 && g.batch == 1) {
+        // One image: this block of output channels is one contiguous [1, rows, OH, OW] slice of
+        // the output, computed by the aten.convolution kernel with the dequantized block as weight.
+        Tensor wt{DType::Float32, {rows, cin_g, g.kernel[0], g.kernel[1]}, wbuf.data()};
+        Tensor bt_blk{DType::Float32, {rows}, const_cast<float*>(bias ? bias + oc0 : nullptr)};
+        Tensor ot{DType::Float32, {1, rows, OH, OW}, out + oc0 * HW};
+        KILN_RETURN_IF_ERROR(run_float_conv(x, wt, bias ? &bt_blk : nullptr, ot, ca, a.pool));
+        continue;
       }
       for (int64_t nb = 0; nb < g.batch; ++nb) {
         const float* xin = in + (nb * g.in_channels + grp * cin_g) * H * W;
