@@ -28,6 +28,29 @@ struct KilnError {
   Error error;
 };
 
+void check(const Error& e);
+
+/// CompileOptions::quantize from the Python arguments ('' = off, 'w8', 'w4').
+QuantizeOptions quantize_options(const std::string& scheme, int64_t group_size, bool symmetric,
+                                 const std::string& scale_dtype, std::vector<std::string> exclude) {
+  QuantizeOptions q;
+  if (scheme.empty() || scheme == "none") return q;
+  if (scheme == "w8") {
+    q.bits = 8;
+  } else if (scheme == "w4") {
+    q.bits = 4;
+  } else {
+    check(Error(ErrorCode::InvalidArgument, "quantize: unknown scheme '" + scheme + "' (expected 'w8' or 'w4')"));
+  }
+  q.group_size = group_size;
+  q.symmetric = symmetric;
+  auto sd = dtype_from_name(scale_dtype);
+  if (!sd) check(Error(ErrorCode::InvalidArgument, "scale_dtype: unknown dtype '" + scale_dtype + "'"));
+  q.scale_dtype = *sd;
+  q.exclude = std::move(exclude);
+  return q;
+}
+
 template <typename T>
 T unwrap(Result<T> r) {
   if (!r.ok()) throw KilnError{r.error()};
@@ -176,8 +199,14 @@ PYBIND11_MODULE(_kiln, m) {
       })
       .def("compile", [](const ProgramBuilder& pb, bool fold_constants, bool eliminate_dead_code,
                          std::vector<std::string> backends, std::string require_delegation, bool fold_batch_norm,
-                         const std::string& compute_dtype, std::vector<std::vector<std::string>> alternatives) {
+                         const std::string& compute_dtype, std::vector<std::vector<std::string>> alternatives,
+                         const std::string& quantize, int64_t group_size, bool symmetric, const std::string& scale_dtype,
+                         std::vector<std::string> quantize_exclude, const std::string& weights_dtype) {
         CompileOptions o;
+        auto wdt = dtype_from_name(weights_dtype);
+        if (!wdt) check(Error(ErrorCode::InvalidArgument, "weights_dtype: unknown dtype '" + weights_dtype + "'"));
+        o.weights_dtype = *wdt;
+        o.quantize = quantize_options(quantize, group_size, symmetric, scale_dtype, std::move(quantize_exclude));
         auto cdt = dtype_from_name(compute_dtype);
         if (!cdt) check(Error(ErrorCode::InvalidArgument, "compute_dtype: unknown dtype '" + compute_dtype + "'"));
         o.compute_dtype = *cdt;
@@ -206,6 +235,7 @@ PYBIND11_MODULE(_kiln, m) {
           d["num_folded"] = mr.num_folded;
           d["num_bn_folded"] = mr.num_bn_folded;
           d["num_dead"] = mr.num_dead;
+          d["num_quantized"] = mr.num_quantized;
           d["arena_bytes"] = mr.arena_bytes;
           d["activation_bytes"] = mr.activation_bytes;
           d["constant_bytes"] = mr.constant_bytes;
@@ -242,6 +272,9 @@ PYBIND11_MODULE(_kiln, m) {
          py::arg("backends") = std::vector<std::string>{}, py::arg("require_delegation") = "",
          py::arg("fold_batch_norm") = true, py::arg("compute_dtype") = "float32",
          py::arg("alternatives") = std::vector<std::vector<std::string>>{},
+         py::arg("quantize") = "", py::arg("group_size") = 128, py::arg("symmetric") = true,
+         py::arg("scale_dtype") = "float32", py::arg("quantize_exclude") = std::vector<std::string>{},
+         py::arg("weights_dtype") = "float32",
          "Compiles; returns (program bytes, report dict). backends: delegate backends in order of "
          "preference; require_delegation: fail unless every node is delegated to that backend; "
          "fold_batch_norm: fold inference batch norms into the convolution/linear feeding them; "
@@ -249,7 +282,11 @@ PYBIND11_MODULE(_kiln, m) {
          "report['methods'][i]['delegation'] = {backends: [{backend, segments, nodes, constant_bytes}], "
          "cpu_ops: [{op, count, reasons: [(backend, reason)]}]}. alternatives: e.g. [['mlx'], ['xnnpack']]: every "
          "method is compiled once per backend list and the loader runs the first whose backends are available "
-         "(replaces backends/require_delegation; report['methods'] then has one entry per alternative).");
+         "(replaces backends/require_delegation; report['methods'] then has one entry per alternative). "
+         "quantize: '' (off), 'w8' (int8 per output channel) or 'w4' (int4 in groups of group_size along the "
+         "reduction dim; symmetric or not); scale_dtype 'float32' or 'float16'; quantize_exclude: fnmatch patterns of "
+         "node debug names / weight names left in float32. weights_dtype: 'float32' or 'float16' (float32 constants of "
+         ">= 1024 elements stored as float16 in the file, widened to float32 at load).");
 #ifdef KILN_HAVE_ONNX
   m.def("import_onnx", [](const std::string& path, const std::map<std::string, std::vector<int64_t>>& input_shapes,
                           const std::map<std::string, py::array>& constant_inputs) {
@@ -287,6 +324,22 @@ PYBIND11_MODULE(_kiln, m) {
   m.def("onnx_supported_ops", [] { return onnx::supported_op_types(); },
         "ONNX op types the importer maps onto Kiln ops.");
 #endif
+  m.def("quantize_matrix", [](py::array_t<float, py::array::c_style | py::array::forcecast> w, const std::string& scheme,
+                              int64_t group_size, bool symmetric, const std::string& scale_dtype) {
+        if (w.ndim() != 2) throw py::value_error("w must be 2-D [rows, k]");
+        QuantizeOptions o = quantize_options(scheme, group_size, symmetric, scale_dtype, {});
+        std::vector<uint8_t> packed, scales, zeros;
+        check(quantize_matrix(w.data(), w.shape(0), w.shape(1), o, packed, scales, zeros));
+        auto bytes = [](const std::vector<uint8_t>& v) {
+          py::array_t<uint8_t> a(static_cast<py::ssize_t>(v.size()));
+          if (!v.empty()) std::memcpy(a.mutable_data(), v.data(), v.size());
+          return a;
+        };
+        return py::make_tuple(bytes(packed), bytes(scales), bytes(zeros));
+      }, py::arg("w"), py::arg("scheme"), py::arg("group_size") = 128, py::arg("symmetric") = true,
+      py::arg("scale_dtype") = "float32",
+      "Quantizes a float32 matrix [rows, k] as the compiler's quantization pass does ('w8' or 'w4'); returns raw "
+      "bytes (packed weight, scales, zeros; zeros empty when symmetric). Layout: src/ir/ops/quant.h.");
   m.def("backend_names", [] { return BackendRegistry::get().names(); },
         "Delegate backends compiled into this build (e.g. ['xnnpack']).");
 

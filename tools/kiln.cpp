@@ -96,7 +96,8 @@ std::string json_tensors(const std::vector<std::string>& names, const std::vecto
 }
 
 /// {"name": count, ...} in the given order.
-std::string json_counts(const std::vector<std::pair<std::string, int>>& counts) {
+template <typename N>
+std::string json_counts(const std::vector<std::pair<std::string, N>>& counts) {
   std::string out = "{";
   for (size_t i = 0; i < counts.size(); ++i) {
     out += (i ? ", " : "") + json_str(counts[i].first) + ": " + std::to_string(counts[i].second);
@@ -157,6 +158,8 @@ int cmd_inspect(const InspectArgs& a) {
         << ",\n      \"arena_bytes\": " << m.arena_bytes << ",\n      \"op_counts\": " << json_counts(m.op_counts)
         << ",\n      \"cpu_op_counts\": " << json_counts(m.cpu_op_counts)
         << ",\n      \"delegate_segments\": " << json_counts(m.delegate_counts)
+        << ",\n      \"constant_bytes_by_dtype\": " << json_counts(m.constant_bytes_by_dtype)
+        << ",\n      \"constant_bytes_by_scheme\": " << json_counts(m.constant_bytes_by_scheme)
         << ",\n      \"alternative\": " << m.alternative << ",\n      \"num_alternatives\": " << m.num_alternatives
         << ",\n      \"unavailable\": " << (m.unavailable.empty() ? std::string("null") : json_str(m.unavailable)) << "\n    }";
     }
@@ -195,6 +198,14 @@ int cmd_inspect(const InspectArgs& a) {
     }
     if (!m.unavailable.empty()) o << "  NOT RUNNABLE    " << m.unavailable << "\n";
     o << "  arena           " << m.arena_bytes << " bytes\n";
+    auto bytes_list = [&](const char* label, const std::vector<std::pair<std::string, uint64_t>>& v) {
+      if (v.empty()) return;
+      o << label;
+      for (size_t i = 0; i < v.size(); ++i) o << (i ? ", " : "") << v[i].first << " " << v[i].second;
+      o << " bytes\n";
+    };
+    bytes_list("  constants       by dtype: ", m.constant_bytes_by_dtype);
+    bytes_list("                  by scheme: ", m.constant_bytes_by_scheme);
     if (!m.cpu_op_counts.empty()) {
       o << "  cpu kernels     ";
       for (size_t i = 0; i < m.cpu_op_counts.size(); ++i) {
@@ -728,7 +739,7 @@ int main(int argc, char** argv) {
                                        "constant_bytes, methods[name, inputs, outputs, num_instructions, "
                                        "num_kernel_calls, num_delegate_calls, num_cpu_kernel_calls, "
                                        "num_portable_kernel_calls, arena_bytes, op_counts, cpu_op_counts, "
-                                       "delegate_segments])");
+                                       "delegate_segments, constant_bytes_by_dtype, constant_bytes_by_scheme])");
   inspect->footer("Example: kiln inspect model.kiln --json");
 
   RunArgs ra;

@@ -81,6 +81,18 @@ class Graph {
   std::vector<ValueId> outputs_;
 };
 
+/// Weight-only quantization of constant weights (src/compiler/quantize.cpp; layout and formula:
+/// src/ir/ops/quant.h). Activations stay float32.
+struct QuantizeOptions {
+  int bits = 0;                ///< 0 = off; 8 = int8 symmetric per output channel; 4 = int4 group-wise
+  int64_t group_size = 128;    ///< 4-bit: columns per group (>= 2; capped at the row length); 8-bit ignores it
+  bool symmetric = true;       ///< 4-bit: symmetric (no zeros) or asymmetric (min/max with zeros)
+  DType scale_dtype = DType::Float32;  ///< Float32 or Float16 scales (and zeros)
+  /// Layers left in float32: glob patterns (fnmatch, e.g. "features.0.*", "*classifier*") matched
+  /// against the node's debug_name and its weight's name.
+  std::vector<std::string> exclude;
+};
+
 /// Compile options.
 struct CompileOptions {
   bool fold_constants = true;
@@ -104,6 +116,14 @@ struct CompileOptions {
   /// (MethodMeta::alternative says which). Replaces `backends`; not combined with
   /// `require_delegation` (InvalidArgument).
   std::vector<std::vector<std::string>> alternatives;
+  /// Weight-only quantization (off by default). Runs after batch-norm folding, before partitioning.
+  QuantizeOptions quantize;
+  /// Float32 (default) or Float16: how the float32 constants that kernel calls read (weights left
+  /// unquantized, biases, norm parameters) are stored in the file. Float16 stores each such constant
+  /// of at least 1024 elements whose finite values all lie within float16's range as binary16; the
+  /// loader widens it back to float32 once at load, into memory owned by the loaded program
+  /// (file size halves for them; resident memory does not). Delegate payload constants are untouched.
+  DType weights_dtype = DType::Float32;
 };
 
 /// How the partitioner split one method between delegates and Kiln's CPU kernels.
@@ -137,6 +157,7 @@ struct MethodReport {
   size_t num_folded = 0;           ///< nodes removed by constant folding
   size_t num_bn_folded = 0;        ///< batch norms folded into their convolution / linear
   size_t num_dead = 0;             ///< nodes removed by dead-code elimination
+  size_t num_quantized = 0;        ///< linear / matmul / convolution nodes given quantized weights
   uint64_t arena_bytes = 0;        ///< planned arena size
   uint64_t activation_bytes = 0;   ///< sum of all planned values' sizes (arena without reuse)
   uint64_t constant_bytes = 0;     ///< constants this method uses
@@ -184,6 +205,25 @@ Result<size_t> fold_constants(Graph& graph);
 /// beta = 0, b = 0 when absent), writes the batch norm's output and the batch norm is removed.
 /// Returns the number of batch norms folded.
 Result<size_t> fold_batch_norm(Graph& graph);
+
+/// Weight-only quantization pass (src/compiler/quantize.cpp). Replaces, when their weight is a
+/// float32 constant and neither the node's debug_name nor the weight's name matches an exclude
+/// pattern: aten.linear(x, w [N, K], b?) and aten.mm(x [M, K], w [K, N]) and aten.addmm(b [N], x,
+/// w [K, N]) (alpha = beta = 1) by kiln.weight_quantized_linear; aten.convolution (2-D, not
+/// transposed, depthwise included) by kiln.weight_quantized_convolution. Quantizer (computed in
+/// double, the scale rounded to scale_dtype before the values are rounded against it):
+///   8-bit: per output row, s = max|w| / 127, q = clamp(round(w / s), -127, 127);
+///   4-bit symmetric: per group, s = max|w| / 7, u = clamp(round(w / s) + 8, 0, 15);
+///   4-bit asymmetric: per group, s = (max - min) / 15, z = min + 8 s,
+///                     u = clamp(round((w - z) / s) + 8, 0, 15)   (all-equal groups: s = 0, z = w).
+/// Returns the number of nodes rewritten; InvalidArgument for bad options.
+Result<size_t> quantize_weights(Graph& graph, const QuantizeOptions& options);
+
+/// Quantizes one float32 matrix w [rows, k] as quantize_weights does (for tests and tools):
+/// fills the packed weight (rows * row_bytes bytes), scales and zeros (rows * G values of
+/// options.scale_dtype, raw bytes; zeros empty when symmetric). InvalidArgument for bad options.
+Error quantize_matrix(const float* w, int64_t rows, int64_t k, const QuantizeOptions& options,
+                      std::vector<uint8_t>& packed, std::vector<uint8_t>& scales, std::vector<uint8_t>& zeros);
 
 /// The partitioner (src/compiler/partitioner.cpp): for each backend in order, asks its
 /// support() for every node not yet delegated, grows maximal connected sets of supported nodes

@@ -46,6 +46,13 @@ struct MethodMeta {
   std::vector<std::pair<std::string, int>> cpu_op_counts;
   /// Delegate segments per backend (e.g. {"xnnpack", 1}), sorted by backend name.
   std::vector<std::pair<std::string, int>> delegate_counts;
+  /// Bytes of the constant tensors this method's kernel calls read (each counted once), by dtype
+  /// (e.g. {"float32", n}, {"uint8", n}) and by weight scheme: the packed weights of the quantized
+  /// ops together with their scales and zeros under "int8 per channel" or "int4 g<group> sym|asym",
+  /// every other constant under its dtype. Constants of delegate payloads count under "delegate"
+  /// in both lists (their element types are the backend's business). Sorted by name.
+  std::vector<std::pair<std::string, uint64_t>> constant_bytes_by_dtype;
+  std::vector<std::pair<std::string, uint64_t>> constant_bytes_by_scheme;
   /// Empty, or why load_method will return NotFound: a delegate backend of this method is not
   /// compiled in or not available (only with LoadOptions::defer_backend_errors).
   std::string unavailable;

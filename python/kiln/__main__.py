@@ -110,7 +110,7 @@ def cmd_export(args) -> int:
     example = torch.randn(*args.input_shape, dtype=dtype)
     try:
         result = export(model, (example,), out=args.output, backends=backends, require_delegation=require,
-                        report_json=args.report_json, verbose=not args.quiet)
+                        report_json=args.report_json, verbose=not args.quiet, **_quant_kwargs(args))
     except ExportError as e:
         print(f"error: export of {name} failed: {e}", file=sys.stderr)
         return 1
@@ -141,7 +141,7 @@ def cmd_compile(args) -> int:
     try:
         result = compile_exported_file(args.file, method=args.method, out=args.output, backends=backends,
                                        require_delegation=require, report_json=args.report_json,
-                                       verbose=not args.quiet)
+                                       verbose=not args.quiet, **_quant_kwargs(args))
     except ExportError as e:
         print(f"error: compile of {args.file} failed: {e}", file=sys.stderr)
         return 1
@@ -172,13 +172,18 @@ def _compile_onnx(args, backends, require) -> int:
     try:
         result = konnx.compile_onnx(args.file, out=args.output, input_shapes=shapes, backends=backends,
                                     require_delegation=require, report_json=args.report_json, method=args.method,
-                                    verbose=not args.quiet)
+                                    verbose=not args.quiet, **_quant_kwargs(args))
     except (KilnError, ExportError) as e:
         print(f"error: compile of {args.file} failed: {e.args[0]}", file=sys.stderr)
         return 1
     if args.quiet:
         print(result.path)
     return 0
+
+
+def _quant_kwargs(args) -> dict:
+    return {"quantize": args.quantize, "group_size": args.group_size, "symmetric": not args.asymmetric,
+            "scale_dtype": args.scale_dtype, "exclude": args.quantize_exclude, "weights_dtype": args.weights_dtype}
 
 
 def _add_delegation_args(p, built: str):
@@ -193,6 +198,19 @@ def _add_delegation_args(p, built: str):
     p.add_argument("--report-json", metavar="PATH",
                    help="also write the compile report (per method: nodes, arena, constants, delegate segments "
                         "per backend, nodes left to CPU kernels by op with each backend's reason) as JSON")
+    p.add_argument("--quantize", choices=("w8", "w4"),
+                   help="weight-only quantization of linear/matmul/convolution weights: w8 = int8 per output "
+                        "channel, w4 = int4 in groups along the reduction dim (docs/quantization.md)")
+    p.add_argument("--group-size", type=int, default=128, choices=(32, 64, 128),
+                   help="w4: weights per group (default 128)")
+    p.add_argument("--asymmetric", action="store_true", help="w4: min/max groups with zeros (default symmetric)")
+    p.add_argument("--scale-dtype", choices=("float32", "float16"), default="float32",
+                   help="dtype of the quantization scales and zeros (default float32)")
+    p.add_argument("--weights-dtype", choices=("float32", "float16"), default="float32",
+                   help="storage of the float32 weights not quantized: float16 halves them in the file (widened "
+                        "to float32 at load)")
+    p.add_argument("--quantize-exclude", nargs="+", default=[], metavar="PATTERN",
+                   help="module paths / weight names (fnmatch patterns, e.g. 'features.0.*') left in float32")
     p.add_argument("-o", "--output", required=True, metavar="OUT.kiln", help="program file to write")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the written path")
 

@@ -1346,14 +1346,19 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
                      fold_constants: bool = True, fold_batch_norm: bool = True,
                      report_json: str | os.PathLike | None = None, verbose: bool = True,
                      t0: float | None = None, alternatives: Sequence[Sequence[str]] = (),
-                     compute_dtype: str = "float32") -> ExportResult:
+                     compute_dtype: str = "float32",
+                     quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
+                     scale_dtype: str = "float32", exclude: Sequence[str] = (),
+                     weights_dtype: str = "float32") -> ExportResult:
     """Compiles captured methods ({name: CaptureResult}) into one program with the C++ compiler,
     writes `out` (and the report as JSON to `report_json`) when given and prints the report unless
     verbose=False. `backends`/`require_delegation`/`alternatives`: see export(). compute_dtype:
     "float32" (default), "float16" or "bfloat16", the precision delegates that support it (mlx)
     compute in (the program's types stay float32; docs/mlx.md "Precision"). Raises ExportError
     (code = the Kiln error code name when the compiler refused, e.g. "NotSupported" for
-    require_delegation)."""
+    require_delegation). quantize/group_size/symmetric/scale_dtype/exclude: see export()."""
+    if quantize not in (None, "", "none", "w8", "w4"):
+        raise ExportError(f"quantize must be 'w8' or 'w4' (or None), got {quantize!r}")
     alts = []
     if alternatives:
         if backends or require_delegation:
@@ -1377,7 +1382,10 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     log("[kiln] compiling" + (f" (delegating to {', '.join(delegates)})" if delegates else "") + " ...")
     try:
         data, report = pb.compile(fold_constants=fold_constants, backends=delegates, require_delegation=require,
-                                  fold_batch_norm=fold_batch_norm, alternatives=alts, compute_dtype=compute_dtype)
+                                  fold_batch_norm=fold_batch_norm, alternatives=alts, compute_dtype=compute_dtype,
+                                  quantize=quantize or "", group_size=group_size, symmetric=symmetric,
+                                  scale_dtype=scale_dtype, quantize_exclude=list(exclude),
+                                  weights_dtype=weights_dtype)
     except KilnError as e:
         code = e.args[1] if len(e.args) > 1 else None
         if require and code == "NotSupported" and "not delegated to required backend" in e.args[0]:
@@ -1408,8 +1416,9 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
         cap = captures[m["name"]]
         bn = f", {m['num_bn_folded']} batch norms folded" if m.get("num_bn_folded") else ""
         alt = f" [alternative {m['alternative']}: {', '.join(alts[m['alternative']]) or 'cpu kernels'}]" if alts else ""
+        qn = f", {m['num_quantized']} weights quantized ({quantize})" if m.get("num_quantized") else ""
         lines.append(f"[kiln]   {m['name']}{alt}: {cap.aten_nodes} {getattr(cap, 'source_label', 'ATen')} nodes -> {m['num_nodes']} Kiln nodes "
-                     f"({m['num_folded']} folded{bn}, {m['num_dead']} dead), arena {_fmt_bytes(m['arena_bytes'])}, "
+                     f"({m['num_folded']} folded{bn}{qn}, {m['num_dead']} dead), arena {_fmt_bytes(m['arena_bytes'])}, "
                      f"constants {_fmt_bytes(m['constant_bytes'])}")
     lines += format_delegation(report)
     if report_json is not None:
@@ -1424,7 +1433,10 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
                    backends: Sequence[str] = (), require_delegation: str | None = None,
                    fold_constants: bool = True, fold_batch_norm: bool = True, strict: bool = False,
                    report_json: str | os.PathLike | None = None, verbose: bool = True,
-                   alternatives: Sequence[Sequence[str]] = (), compute_dtype: str = "float32") -> ExportResult:
+                   alternatives: Sequence[Sequence[str]] = (), compute_dtype: str = "float32",
+                   quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
+                   scale_dtype: str = "float32", exclude: Sequence[str] = (),
+                   weights_dtype: str = "float32") -> ExportResult:
     """Exports several methods into one program: ``{"encode": (module, args), "decode": (module2,
     args2, "decode_method"), ...}`` (an optional third item names the module method; default
     "forward"). Constants with identical bytes are stored once across methods. Writes `out` when
@@ -1448,13 +1460,18 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
     return compile_captures(captures, out=out, backends=backends, require_delegation=require_delegation,
                             fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
                             report_json=report_json, verbose=verbose, t0=t0, alternatives=alternatives,
-                            compute_dtype=compute_dtype)
+                            compute_dtype=compute_dtype,
+                            quantize=quantize, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype,
+                            exclude=exclude, weights_dtype=weights_dtype)
 
 
 def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", out: str | os.PathLike | None = None,
            backends: Sequence[str] = (), require_delegation: str | None = None, fold_constants: bool = True,
            fold_batch_norm: bool = True, strict: bool = False, report_json: str | os.PathLike | None = None,
-           verbose: bool = True, alternatives: Sequence[Sequence[str]] = ()) -> ExportResult:
+           verbose: bool = True, alternatives: Sequence[Sequence[str]] = (),
+           quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
+           scale_dtype: str = "float32", exclude: Sequence[str] = (),
+                     weights_dtype: str = "float32") -> ExportResult:
     """Exports ``module.<method>`` (default forward) for `example_inputs` (a tensor or tuple; the
     program takes exactly these shapes and dtypes) into a program with one method named `method`,
     written to `out` when given.
@@ -1470,17 +1487,29 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
     alternatives: instead of backends, several backend lists in order of preference, e.g.
     (("mlx",), ("xnnpack",)): the file holds one lowering per list and the runtime runs the first
     whose backends are available on the device (LoadedProgram.method().alternative says which).
+    quantize: weight-only quantization of the constant weights of linear / matmul / convolution
+    nodes: "w8" (int8, symmetric, one scale per output channel) or "w4" (int4, groups of
+    `group_size` values along the reduction dim, symmetric or (symmetric=False) with zeros);
+    scale_dtype "float32" or "float16"; exclude: fnmatch patterns of module paths / weight names to
+    keep in float32 (e.g. ["features.0.*"]). Activations stay float32 (src/ir/ops/quant.h).
+    weights_dtype: "float16" stores the float32 constants the kernels read (>= 1024 elements) as
+    float16 in the file; the loader widens them to float32 once at load.
     Prints progress and a report unless verbose=False. Returns an ExportResult; raises ExportError."""
     return export_program({method: (module, example_inputs, method)}, out=out, backends=backends,
                           require_delegation=require_delegation, fold_constants=fold_constants,
                           fold_batch_norm=fold_batch_norm, strict=strict, report_json=report_json,
-                          verbose=verbose, alternatives=alternatives)
+                          verbose=verbose, alternatives=alternatives, quantize=quantize, group_size=group_size,
+                          symmetric=symmetric, scale_dtype=scale_dtype, exclude=exclude,
+                          weights_dtype=weights_dtype)
 
 
 def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", out: str | os.PathLike | None = None,
                           backends: Sequence[str] = (), require_delegation: str | None = None,
                           fold_constants: bool = True, fold_batch_norm: bool = True,
-                          report_json: str | os.PathLike | None = None, verbose: bool = True) -> ExportResult:
+                          report_json: str | os.PathLike | None = None, verbose: bool = True,
+                          quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
+                          scale_dtype: str = "float32", exclude: Sequence[str] = (),
+                     weights_dtype: str = "float32") -> ExportResult:
     """Compiles an ExportedProgram saved with ``torch.export.save(ep, path)`` (a .pt2 file) into a
     program with one method named `method`. Its inputs take the shapes and dtypes of the saved
     program's placeholders (its example inputs). Options as for export(). Raises ExportError
@@ -1505,4 +1534,6 @@ def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", o
     cap = capture_exported(ep, progress=log)
     return compile_captures({method: cap}, out=out, backends=backends, require_delegation=require_delegation,
                             fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
-                            report_json=report_json, verbose=verbose, t0=t0)
+                            report_json=report_json, verbose=verbose, t0=t0,
+                            quantize=quantize, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype,
+                            exclude=exclude, weights_dtype=weights_dtype)

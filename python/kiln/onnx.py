@@ -69,10 +69,12 @@ class _OnnxCapture:
 def compile_onnx(path: str | os.PathLike, *, out: str | os.PathLike | None = None,
                  input_shapes: Mapping[str, Sequence[int]] | None = None, backends: Sequence[str] = (),
                  require_delegation: str | None = None, report_json: str | os.PathLike | None = None,
-                 method: str = "forward", verbose: bool = False, alternatives: Sequence[Sequence[str]] = ()):
+                 method: str = "forward", verbose: bool = False, alternatives: Sequence[Sequence[str]] = (),
+                 **quantization):
     """Imports an ONNX model and compiles it into one program with the C++ compiler, exactly as
     kiln.export does for PyTorch models (same report, same backends / require_delegation /
-    alternatives / report_json options; see kiln.capture.export). Returns kiln.capture.ExportResult
+    alternatives / report_json options; see kiln.capture.export; `quantization`: quantize, group_size,
+    symmetric, scale_dtype, exclude, weights_dtype as for kiln.capture.compile_captures). Returns kiln.capture.ExportResult
     (path, data, report, text, ...). Raises KilnError for import errors and ExportError for compile
     errors."""
     from .capture import compile_captures  # imports torch (only for the report helpers)
@@ -81,4 +83,4 @@ def compile_onnx(path: str | os.PathLike, *, out: str | os.PathLike | None = Non
     graph, info = import_onnx(path, input_shapes)
     return compile_captures({method: _OnnxCapture(graph, info)}, out=out, backends=backends,
                             require_delegation=require_delegation, report_json=report_json, verbose=verbose,
-                            t0=t0, alternatives=alternatives)
+                            t0=t0, alternatives=alternatives, **quantization)

@@ -1,5 +1,6 @@
 // ProgramBuilder::compile: passes, memory planning and the one writer of .kiln files.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -91,6 +92,30 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
   } else if (!options.backends.empty() || !options.require_delegation.empty()) {
     return Error(ErrorCode::InvalidArgument, "alternatives replace backends and require_delegation: give one or the other");
   }
+  if (options.weights_dtype != DType::Float32 && options.weights_dtype != DType::Float16) {
+    return Error(ErrorCode::InvalidArgument, std::string("weights_dtype must be float32 or float16, got ") +
+                                                 dtype_name(options.weights_dtype));
+  }
+  // weights_dtype float16: the binary16 copy of each eligible float32 constant (null: kept float32).
+  std::map<const std::vector<uint8_t>*, ConstantBytes> half_of;
+  auto as_half = [&](const Value& v) -> ConstantBytes {
+    if (options.weights_dtype != DType::Float16 || v.type.dtype != DType::Float32 || v.type.numel() < 1024) return nullptr;
+    auto it = half_of.find(v.constant.get());
+    if (it != half_of.end()) return it->second;
+    const auto* f = reinterpret_cast<const float*>(v.constant->data());
+    const size_t n = static_cast<size_t>(v.type.numel());
+    ConstantBytes out;
+    bool ok = true;
+    for (size_t i = 0; i < n && ok; ++i) ok = std::isfinite(f[i]) && std::fabs(f[i]) <= 65504.0f;
+    if (ok) {
+      auto bytes = std::make_shared<std::vector<uint8_t>>(n * 2);
+      auto* h = reinterpret_cast<uint16_t*>(bytes->data());
+      for (size_t i = 0; i < n; ++i) h[i] = float_to_half(f[i]);
+      out = std::move(bytes);
+    }
+    half_of[v.constant.get()] = out;
+    return out;
+  };
   for (const auto& [name, original] : methods_) {
     for (size_t alt = 0; alt < alternatives.size(); ++alt) {
       Graph g = original;
@@ -105,6 +130,11 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         auto bn = fold_batch_norm(g);
         if (!bn.ok()) return Error(bn.error().code(), "method '" + name + "': batch-norm folding: " + bn.error().message());
         rep.num_bn_folded = bn.value();
+      }
+      if (options.quantize.bits != 0) {
+        auto q = quantize_weights(g, options.quantize);
+        if (!q.ok()) return Error(q.error().code(), "method '" + name + "': " + q.error().message());
+        rep.num_quantized = q.value();
       }
       if (options.eliminate_dead_code) rep.num_dead = eliminate_dead_code(g);
       rep.num_nodes = g.nodes().size();
@@ -151,16 +181,18 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         if (slot >= 0) return slot;
         const Value& v = values[static_cast<size_t>(id)];
         int constant = -1;
+        ConstantBytes half = v.constant ? as_half(v) : nullptr;
         if (v.constant) {
-          constant = constants.add(v.constant);
-          rep.constant_bytes += v.constant->size();
+          const ConstantBytes& stored = half ? half : v.constant;
+          constant = constants.add(stored);
+          rep.constant_bytes += stored->size();
         }
         std::vector<uint8_t> dim_order(v.type.sizes.size());
         for (size_t i = 0; i < dim_order.size(); ++i) dim_order[i] = static_cast<uint8_t>(i);
         fb_values.push_back(fb::CreateTensor(b, static_cast<fb::DType>(v.type.dtype), b.CreateVector(v.type.sizes),
                                              b.CreateVector(dim_order), constant,
                                              v.constant ? -1 : arena_offset[static_cast<size_t>(id)],
-                                             v.name.empty() ? 0 : b.CreateString(v.name)));
+                                             v.name.empty() ? 0 : b.CreateString(v.name), half != nullptr));
         slot = static_cast<int32_t>(fb_values.size() - 1);
         return slot;
       };

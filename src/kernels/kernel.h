@@ -123,6 +123,7 @@ void register_portable_pool(KernelRegistry& r);
 void register_portable_upsample(KernelRegistry& r);
 void register_portable_reduction(KernelRegistry& r);
 void register_portable_shape(KernelRegistry& r);
+void register_portable_quant(KernelRegistry& r);  // portable/quant.cpp: weight-only quantized ops
 
 // Optimized cpu kernels (src/kernels/cpu/*.cpp); registered after the portable ones.
 void register_cpu_kernels(KernelRegistry& r);
@@ -134,5 +135,6 @@ void register_cpu_norm(KernelRegistry& r);        // cpu/norm.cpp: layer/group/b
 void register_cpu_softmax(KernelRegistry& r);     // cpu/softmax.cpp: _softmax, _log_softmax
 void register_cpu_activation(KernelRegistry& r);  // cpu/activation.cpp: unary float ops
 void register_cpu_elementwise(KernelRegistry& r); // cpu/elementwise.cpp: add, sub, mul, div
+void register_cpu_quantized(KernelRegistry& r);   // cpu/quantized.cpp: weight-only quantized linear/conv
 
 }  // namespace kiln

@@ -16,7 +16,9 @@ const KernelRegistry& KernelRegistry::get() {
     register_portable_upsample(r);
     register_portable_reduction(r);
     register_portable_shape(r);
+    register_portable_quant(r);
     register_cpu_kernels(r);
+    register_cpu_quantized(r);
     return r;
   }();
   return registry;

@@ -212,7 +212,7 @@ Error check_no_aliasing(const MethodPlan& plan, const PlannedInstruction& pi, co
 
 Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpan>& segments,
                                const std::vector<ConstantSpan>& constants, bool defer_backend_errors,
-                               const BackendSettings& settings) {
+                               const BackendSettings& settings, std::map<int32_t, std::shared_ptr<float>>& widened) {
   MethodPlan plan;
   if (m == nullptr || m->name() == nullptr) return bad("method without a name");
   const std::string where = "method '" + m->name()->str() + "'";
@@ -222,6 +222,7 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
   const size_t nv = m->values() ? m->values()->size() : 0;
   plan.value_types.resize(nv);
   plan.constant_data.assign(nv, nullptr);
+  plan.stored_half.assign(nv, 0);
   plan.arena_offsets.assign(nv, -1);
   std::vector<std::string> names(nv);
   for (size_t i = 0; i < nv; ++i) {
@@ -235,6 +236,26 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     if (t->constant() >= 0) {
       if (static_cast<size_t>(t->constant()) >= constants.size()) return bad(vw + ": constant index out of range");
       const ConstantSpan& c = constants[static_cast<size_t>(t->constant())];
+      if (t->stored_as_float16()) {
+        // Stored as binary16, widened to float32 once (CompileOptions::weights_dtype).
+        if (type->dtype != DType::Float32) return bad(vw + ": only float32 constants can be stored as float16");
+        const uint64_t n = static_cast<uint64_t>(type->numel());
+        if (c.nbytes != n * 2) return bad(vw + ": float16-stored constant holds " + std::to_string(c.nbytes) + " bytes, type needs " + std::to_string(n * 2));
+        auto& w = widened[t->constant()];
+        if (!w) {
+          void* p = std::aligned_alloc(64, ((n * 4 + 63) / 64) * 64 + 64);
+          if (p == nullptr) return Error(ErrorCode::MemoryAllocationFailed, vw + ": cannot allocate " + std::to_string(n * 4) + " bytes to widen a float16 constant");
+          w = std::shared_ptr<float>(static_cast<float*>(p), [](float* q) { std::free(q); });
+          uint16_t h;
+          for (uint64_t e = 0; e < n; ++e) {
+            std::memcpy(&h, c.data + e * 2, 2);
+            w.get()[e] = half_to_float(h);
+          }
+        }
+        plan.constant_data[i] = reinterpret_cast<const uint8_t*>(w.get());
+        plan.stored_half[i] = 1;
+        continue;
+      }
       if (c.nbytes != nbytes) return bad(vw + ": constant holds " + std::to_string(c.nbytes) + " bytes, type needs " + std::to_string(nbytes));
       plan.constant_data[i] = c.data;
     } else if (t->constant() != -1) {
@@ -347,6 +368,47 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
   plan.meta.op_counts.assign(op_counts.begin(), op_counts.end());
   plan.meta.cpu_op_counts.assign(cpu_op_counts.begin(), cpu_op_counts.end());
   plan.meta.delegate_counts.assign(delegate_counts.begin(), delegate_counts.end());
+  // Constant bytes by dtype and by weight scheme (quantized ops: src/ir/ops/quant.h).
+  {
+    std::map<std::string, uint64_t> by_dtype, by_scheme;
+    std::vector<std::string> scheme(plan.value_types.size());
+    std::vector<bool> counted(plan.value_types.size(), false);
+    for (const PlannedInstruction& pi : plan.instructions) {
+      if (!pi.backend_name.empty()) {
+        for (const auto& c : pi.delegate_constants) {
+          by_dtype["delegate"] += c.size();
+          by_scheme["delegate"] += c.size();
+        }
+        continue;
+      }
+      if (pi.op.rfind("kiln.weight_quantized_", 0) != 0) continue;
+      const int64_t bits = pi.attrs.get_int("bits", 8);
+      const int64_t gs = pi.attrs.get_int("group_size", 0);
+      const bool asym = pi.args.size() > 3 && pi.args[3] >= 0;
+      const std::string name = bits == 8 ? "int8 per channel"
+                                         : "int4 " + (gs == 0 ? std::string("per channel") : "g" + std::to_string(gs)) +
+                                               (asym ? " asym" : " sym");
+      for (size_t i = 1; i < 4 && i < pi.args.size(); ++i) {
+        if (pi.args[i] >= 0) scheme[static_cast<size_t>(pi.args[i])] = name;
+      }
+    }
+    for (const PlannedInstruction& pi : plan.instructions) {
+      if (!pi.backend_name.empty()) continue;
+      for (int32_t a : pi.args) {
+        if (a < 0 || !plan.constant_data[static_cast<size_t>(a)] || counted[static_cast<size_t>(a)]) continue;
+        counted[static_cast<size_t>(a)] = true;
+        const TensorType& t = plan.value_types[static_cast<size_t>(a)];
+        const bool half = plan.stored_half[static_cast<size_t>(a)] != 0;
+        const std::string dt = half ? "float16 (widened to float32 at load)" : dtype_name(t.dtype);
+        const uint64_t nb = half ? t.nbytes() / 2 : t.nbytes();
+        by_dtype[dt] += nb;
+        const std::string& sc = scheme[static_cast<size_t>(a)];
+        by_scheme[sc.empty() ? dt : sc] += nb;
+      }
+    }
+    plan.meta.constant_bytes_by_dtype.assign(by_dtype.begin(), by_dtype.end());
+    plan.meta.constant_bytes_by_scheme.assign(by_scheme.begin(), by_scheme.end());
+  }
   return plan;
 }
 
@@ -455,7 +517,7 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
   // one is verified, and the first whose delegate backends are all available is kept.
   std::vector<std::vector<MethodPlan>> groups;
   for (const fb::Method* m : *prog->methods()) {
-    auto plan = plan_method(m, segments, constants, /*defer_backend_errors=*/true, settings);
+    auto plan = plan_method(m, segments, constants, /*defer_backend_errors=*/true, settings, data->widened);
     if (!plan.ok()) return plan.error();
     auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& v) { return v[0].meta.name == plan->meta.name; });
     if (g == groups.end()) {

@@ -1,6 +1,7 @@
 // Internal state of a loaded Program and the verified, resolved plan of each method.
 #pragma once
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -48,6 +49,7 @@ struct MethodPlan {
   MethodMeta meta;
   std::vector<TensorType> value_types;
   std::vector<const uint8_t*> constant_data;  // per value; null unless constant
+  std::vector<uint8_t> stored_half;           // per value; 1 for a float32 constant stored as float16
   std::vector<int64_t> arena_offsets;         // per value; -1 for constants
   std::vector<int32_t> inputs;
   std::vector<int32_t> outputs;
@@ -60,6 +62,9 @@ struct ProgramData {
   uint64_t constant_bytes = 0;
   BackendSettings backend_settings;  // LoadOptions::backend_settings, handed to delegate init
   std::vector<MethodPlan> methods;
+  // Float32 copies (64-byte aligned) of the constants stored as float16, by constant index;
+  // widened once at load and shared by every method that reads them.
+  std::map<int32_t, std::shared_ptr<float>> widened;
 };
 
 /// Verifies `bytes` and builds the method plans (the loader: src/runtime/loader.cpp).

@@ -79,7 +79,11 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
                                  ("nn.functional.upsample_bilinear", "")],
 }
 # Kiln ops that no OpInfo exercises, with the reason (listed in docs/op-coverage.md).
-NO_OPINFO: dict[str, str] = {}
+NO_OPINFO: dict[str, str] = {
+    "kiln.weight_quantized_linear": "Kiln's weight-only quantized op (no ATen OpInfo); tests/python/test_quant.py "
+                                    "checks it against NumPy/PyTorch dequantization references",
+    "kiln.weight_quantized_convolution": "as kiln.weight_quantized_linear (tests/python/test_quant.py)",
+}
 
 
 def op_set_from_doc() -> list[str]:

@@ -466,6 +466,47 @@ mx::array linear(BuildCtx& c, const NodeView&, const Inputs& in, const std::vect
   if (in[2]) y = mx::add(y, *in[2], c.dev);
   return y;
 }
+// kiln.weight_quantized_linear (layout: src/ir/ops/quant.h) as MLX's affine quantized_matmul, for
+// the layouts that fit it: 4-bit, group size 32, 64 or 128 dividing K, constant weight, scales and
+// zeros. MLX's affine format (mlx/ops.cpp quantize) is w = scale * u + bias with u the unsigned
+// nibble packed low bits first in little-endian uint32 words: the same bytes as Kiln's packed rows
+// (viewed as uint32, not repacked), with bias = zero - 8 * scale (computed once at init).
+Error check_quantized_linear(const NodeView& n) {
+  if (!n.in[0] || n.in[0]->dtype != DType::Float32) return no("input is not float32");
+  if (n.attrs.get_int("bits", 8) != 4) {
+    return no("8-bit weights (Kiln's int8 per-channel layout is not MLX's unsigned affine format; runs on Kiln's kernels)");
+  }
+  for (size_t i = 1; i < 4; ++i) {
+    if (n.in[i] && !n.in_const[i]) return no("quantized weight, scales and zeros must be constants");
+  }
+  if (n.in[4] && n.in[4]->dtype != DType::Float32) return no("bias is not float32");
+  const int64_t k = n.in[0]->sizes.back();
+  int64_t gs = n.attrs.get_int("group_size", 0);
+  if (gs == 0 || gs > k) gs = k;
+  if ((gs != 32 && gs != 64 && gs != 128) || k % gs != 0) {
+    return no("group size " + std::to_string(gs) + " with K = " + std::to_string(k) +
+              " does not fit MLX's quantized_matmul (group size 32, 64 or 128 dividing K)");
+  }
+  return ok();
+}
+std::vector<mx::array> prepare_quantized_linear(const NodeView& n, const Inputs& consts, mx::Device dev) {
+  if (!consts[1] || !consts[2]) return {};
+  mx::array w = mx::view(*consts[1], mx::uint32, dev);  // [N, K / 8]
+  mx::array s = mx::astype(*consts[2], mx::float32, dev);
+  mx::array b = mx::multiply(s, mx::array(-8.0f), dev);
+  if (consts[3]) b = mx::add(b, mx::astype(*consts[3], mx::float32, dev), dev);
+  (void)n;
+  return {mx::contiguous(w, false, dev), s, b};
+}
+mx::array quantized_linear(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>& prep) {
+  const int64_t k = n.in[0]->sizes.back();
+  int64_t gs = n.attrs.get_int("group_size", 0);
+  if (gs == 0 || gs > k) gs = k;
+  mx::array y = mx::quantized_matmul(*in[0], prep.at(0), prep.at(1), prep.at(2), true, static_cast<int>(gs), 4, "affine",
+                                     c.dev);
+  if (in[4]) y = mx::add(y, *in[4], c.dev);
+  return y;
+}
 // addmm: beta * self + alpha * (mat1 @ mat2); beta = 0 ignores self (PyTorch's rule).
 mx::array addmm(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
   const double alpha = n.attrs.get_float("alpha", 1.0), beta = n.attrs.get_float("beta", 1.0);
@@ -853,6 +894,7 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.constant_pad_nd", {any_dtype, constant_pad}},
       {"aten.convolution", {check_conv, conv, prepare_conv, false, 0b10}},
       {"aten.linear", {float32_inputs, linear}},
+      {"kiln.weight_quantized_linear", {check_quantized_linear, quantized_linear, prepare_quantized_linear, false, 0b1110}},
       {"aten.addmm", {float32_inputs, addmm}},
       {"aten.mm", {float32_inputs, matmul}},
       {"aten.bmm", {float32_inputs, matmul}},

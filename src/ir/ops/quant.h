@@ -1,0 +1,50 @@
+// Weight-only quantized ops (kiln.weight_quantized_linear, kiln.weight_quantized_convolution):
+// the layout of a quantized weight, validated once here and shared by the ops' inference
+// (src/ir/ops/quant.cpp), the quantization pass (src/compiler/quantize.cpp) and the kernels
+// (src/kernels/quantized.h).
+//
+// A quantized weight is a matrix of `rows` rows (output features / output channels) and `k`
+// columns (the reduction dimension: in_features, or C_in/groups * kH * kW of a convolution weight
+// flattened in PyTorch's [C_out, C_in/groups, kH, kW] order). Each row is cut into G = ceil(k / gs)
+// groups of gs consecutive columns (the last one shorter when gs does not divide k); each group
+// has one scale (and, asymmetric 4-bit, one zero). gs = k for per-channel quantization.
+//
+//   bits 8: weight int8 [rows, k], q in [-127, 127]:           w[n, c] = q[n, c] * s[n, c / gs]
+//   bits 4: weight uint8 [rows, ceil(k / 2)], two values per byte, column c in byte c / 2, low
+//           nibble for even c, high nibble for odd c; u in [0, 15]:
+//           symmetric  (no zeros): w[n, c] = (u[n, c] - 8) * s[n, c / gs]
+//           asymmetric (zeros):    w[n, c] = (u[n, c] - 8) * s[n, c / gs] + z[n, c / gs]
+//   (the 4-bit formula and the offset 8 are those of ATen's _weight_int4pack_mm,
+//   aten/src/ATen/native/cpu/int4mm_kernel.cpp; the nibble order is MLX's, mlx/ops.cpp quantize,
+//   so the bytes read as little-endian uint32 words are MLX's packed layout.)
+// scales (and zeros): float32 or float16 [rows, G]; a float16 scale is widened to float32 exactly.
+#pragma once
+
+#include <cstdint>
+
+#include "kiln/attributes.h"
+#include "kiln/error.h"
+#include "kiln/tensor.h"
+
+namespace kiln {
+
+/// The validated layout of one quantized weight.
+struct QuantLayout {
+  int bits = 8;               ///< 4 or 8
+  int64_t rows = 0;           ///< N: output features / channels
+  int64_t k = 0;              ///< reduction length of a row (>= 1)
+  int64_t group_size = 0;     ///< columns per group, 1 <= group_size <= k
+  int64_t num_groups = 0;     ///< G = ceil(k / group_size)
+  int64_t row_bytes = 0;      ///< bytes of one packed row: k (8-bit) or ceil(k / 2) (4-bit)
+  bool has_zeros = false;     ///< asymmetric (4-bit only)
+  DType scale_dtype = DType::Float32;  ///< Float32 or Float16 (scales and zeros)
+};
+
+/// Checks a quantized weight (weight, scales, optional zeros) for a reduction length `k` and the
+/// attributes `bits` (4 or 8) and `group_size` (0 = per channel, i.e. one group of k columns; else
+/// >= 1, capped at k). InvalidArgument names the tensor whose dtype or shape does not match
+/// (a hostile file cannot make a kernel read outside the packed weight, scales or zeros).
+Result<QuantLayout> quant_layout(const TensorType& weight, const TensorType& scales, const TensorType* zeros, int64_t k,
+                                 const Attributes& attrs);
+
+}  // namespace kiln

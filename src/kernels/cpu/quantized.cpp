@@ -1,0 +1,257 @@
+// Optimized cpu kernels of the weight-only quantized ops (layout and formula: src/ir/ops/quant.h;
+// reference: src/kernels/portable/quant.cpp). The packed weight is read in place and dequantized
+// tile by tile inside the GEMM / convolution loop (never a full float copy of the weight):
+// - linear, few rows (m <= 4, decoding / classifier heads): a blocked matrix-vector product
+//   that dequantizes 256-column slices of one weight row into a stack buffer;
+// - linear, more rows: cpu::sgemm_packed_b with a B packer that dequantizes each 16-column panel
+//   as the GEMM asks for it;
+// - convolution: depthwise (one input and output channel per group; C * kH * kW weights) dequantized
+//   per call into scratch and run by the selected aten.convolution kernel; otherwise blocks of output channels are dequantized (at most
+//   ~1M floats per block, parallel over rows) and multiplied with the input by cpu::sgemm
+//   (1x1, stride 1, no padding) or cpu::sgemm_packed_b with an implicit im2col packer.
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "ir/ops/conv.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel_util.h"
+#include "kernels/portable/util.h"
+#include "kernels/quantized.h"
+
+namespace kiln {
+namespace {
+
+constexpr int64_t kSlice = 256;  // columns dequantized at a time (fits a stack buffer, L1-sized)
+
+/// out[i, j] (+)= x[i, :] . w[j, :] for i < m <= 4, rows j in [j0, j1).
+__attribute__((target("avx2,fma"))) void gemv_rows(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, int64_t j0, int64_t j1) {
+  const int64_t k = w.layout.k, n = w.layout.rows;
+  alignas(64) float buf[kSlice];
+  for (int64_t j = j0; j < j1; ++j) {
+    float acc[4][8] = {};
+    for (int64_t c0 = 0; c0 < k; c0 += kSlice) {
+      const int64_t len = std::min(kSlice, k - c0);
+      w.dequantize(j, c0, len, buf);
+      for (int64_t i = 0; i < m; ++i) {
+        const float* xi = x + i * k + c0;
+        int64_t p = 0;
+        for (; p + 8 <= len; p += 8) {
+          for (int t = 0; t < 8; ++t) acc[i][t] += xi[p + t] * buf[p + t];
+        }
+        for (; p < len; ++p) acc[i][p & 7] += xi[p] * buf[p];
+      }
+    }
+    for (int64_t i = 0; i < m; ++i) {
+      float s = 0.0f;
+      for (int t = 0; t < 8; ++t) s += acc[i][t];
+      out[i * n + j] = s + (bias ? bias[j] : 0.0f);
+    }
+  }
+}
+
+/// B packer for linear: op(B)[p, j] = w[j, p] (x @ w^T), dequantized per 16-column panel.
+__attribute__((target("avx2,fma"))) void pack_weight_panel(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
+  const auto& w = *static_cast<const QuantView*>(ctx);
+  alignas(64) float buf[kSlice];
+  const int64_t stride = cpu::gemm_panel_stride(kc);
+  for (int64_t jj = 0; jj < nc; ++jj) {
+    const int64_t jp = jj / cpu::kGemmPanelCols, t = jj % cpu::kGemmPanelCols;
+    float* panel = out + jp * stride;
+    w.dequantize(j0 + jj, p0, kc, buf);
+    for (int64_t p = 0; p < kc; ++p) panel[p * cpu::kGemmPanelCols + t] = buf[p];
+  }
+  // Columns past nc in the last panel are zero.
+  const int64_t rem = nc % cpu::kGemmPanelCols;
+  if (rem != 0) {
+    float* panel = out + (nc / cpu::kGemmPanelCols) * stride;
+    for (int64_t p = 0; p < kc; ++p) {
+      for (int64_t t = rem; t < cpu::kGemmPanelCols; ++t) panel[p * cpu::kGemmPanelCols + t] = 0.0f;
+    }
+  }
+}
+
+Error linear(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  const int64_t k = x.sizes.back();
+  auto wv = quant_view(a, k);
+  if (!wv.ok()) return wv.error();
+  const QuantView& w = wv.value();
+  const int64_t m = x.numel() / k, n = w.layout.rows;
+  const float* px = x.data_as<const float>();
+  const float* bias = data_or_null(a.inputs[4]);
+  float* out = a.outputs[0]->data_as<float>();
+  if (m == 0) return {};
+  if (m <= 4) {
+    constexpr int64_t kRowsPerTask = 16;
+    cpu::parallel_tasks(a.pool, (n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+      gemv_rows(w, px, m, bias, out, t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
+    });
+    return {};
+  }
+  cpu::GemmEpilogue ep;
+  if (bias) {
+    ep.bias_kind = cpu::GemmBias::PerCol;
+    ep.bias = bias;
+  }
+  cpu::sgemm_packed_b(m, n, k, 1.0f, px, k, cpu::GemmBPacker{pack_weight_panel, &w}, 0.0f, out, n, ep, a.pool);
+  return {};
+}
+
+/// Implicit im2col of one image and group: op(B)[r, j] = input[c, oy*s - p + ky*d, ox*s - p + kx*d]
+/// (0 outside), r = (c * kH + ky) * kW + kx, j = oy * OW + ox.
+struct Im2col {
+  const float* in;  // [cin_g, H, W] of this image and group
+  const ConvGeometry* g;
+};
+
+__attribute__((target("avx2,fma"))) void pack_im2col(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
+  const auto& im = *static_cast<const Im2col*>(ctx);
+  const ConvGeometry& g = *im.g;
+  const int64_t H = g.in_size[0], W = g.in_size[1], OW = g.out_size[1], KH = g.kernel[0], KW = g.kernel[1];
+  const int64_t stride = cpu::gemm_panel_stride(kc);
+  constexpr int P = cpu::kGemmPanelCols;
+  for (int64_t jp = 0; jp * P < nc; ++jp) {
+    int64_t iy0[P], ix0[P];
+    bool valid[P];
+    for (int t = 0; t < P; ++t) {
+      const int64_t j = j0 + jp * P + t;
+      valid[t] = jp * P + t < nc;
+      iy0[t] = valid[t] ? (j / OW) * g.stride[0] - g.padding[0] : 0;
+      ix0[t] = valid[t] ? (j % OW) * g.stride[1] - g.padding[1] : 0;
+    }
+    float* panel = out + jp * stride;
+    for (int64_t p = 0; p < kc; ++p) {
+      const int64_t r = p0 + p;
+      const int64_t c = r / (KH * KW), ky = (r / KW) % KH, kx = r % KW;
+      const float* plane = im.in + c * H * W;
+      const int64_t dy = ky * g.dilation[0], dx = kx * g.dilation[1];
+      float* dst = panel + p * P;
+      for (int t = 0; t < P; ++t) {
+        const int64_t iy = iy0[t] + dy, ix = ix0[t] + dx;
+        dst[t] = (valid[t] && iy >= 0 && iy < H && ix >= 0 && ix < W) ? plane[iy * W + ix] : 0.0f;
+      }
+    }
+  }
+}
+
+/// Runs aten.convolution(x, w, b) (float32, attributes `ca`) into `out` with the kernel the registry
+/// selects for these types (the optimized one where it accepts the call).
+Error run_float_conv(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& out, const Attributes& ca, ThreadPool* pool) {
+  const TensorType xt = x.type(), wtt = w.type(), ot = out.type();
+  const TensorType bt = b ? b->type() : TensorType{};
+  const TensorType* in_types[3] = {&xt, &wtt, b ? &bt : nullptr};
+  const TensorType* out_types[1] = {&ot};
+  const KernelSignature sig{in_types, out_types, ca};
+  KernelFn fn = KernelRegistry::get().select("aten.convolution", sig, KernelSet::Optimized);
+  if (fn == nullptr) return Error(ErrorCode::Internal, "no aten.convolution kernel");
+  const Tensor* ins[3] = {&x, &w, b};
+  Tensor* outs[1] = {&out};
+  return fn(KernelArgs{ins, outs, ca, pool});
+}
+
+/// Dequantizes rows [r0, r0 + rows) into buf [rows, k].
+__attribute__((target("avx2,fma"))) void dequantize_rows(const QuantView& w, int64_t r0, int64_t r, float* buf) {
+  w.dequantize(r0 + r, 0, w.layout.k, buf + r * w.layout.k);
+}
+
+Error convolution(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  const std::vector<int64_t> ks = a.attrs.get_ints("kernel_size");
+  const int64_t groups = a.attrs.get_int("groups", 1);
+  const int64_t cin_g = x.sizes[1] / groups;
+  auto wv = quant_view(a, cin_g * ks[0] * ks[1]);
+  if (!wv.ok()) return wv.error();
+  const QuantView& w = wv.value();
+  const Tensor* b = a.inputs[4];
+  const TensorType bt = b ? b->type() : TensorType{};
+  const TensorType dense{DType::Float32, {w.layout.rows, cin_g, ks[0], ks[1]}};
+  Attributes ca{{"stride", a.attrs.get_ints("stride")}, {"padding", a.attrs.get_ints("padding")},
+                {"dilation", a.attrs.get_ints("dilation")}, {"transposed", false},
+                {"output_padding", std::vector<int64_t>{0}}, {"groups", groups}};
+  auto geo = conv_geometry(x.type(), dense, b ? &bt : nullptr, ca);
+  if (!geo.ok()) return geo.error();
+  const ConvGeometry& g = geo.value();
+  const int64_t K = w.layout.k, cout_g = g.out_channels / groups;
+  const int64_t H = g.in_size[0], W = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1], HW = OH * OW;
+  const float* in = x.data_as<const float>();
+  const float* bias = data_or_null(b);
+  float* out = a.outputs[0]->data_as<float>();
+
+  if (cin_g == 1 && cout_g == 1) {
+    // Depthwise: the weight is only C * kH * kW values (no GEMM reads it repeatedly), so it is
+    // dequantized per call into a scratch buffer and run by the aten.convolution kernel that the
+    // registry selects for these types (the optimized depthwise one on AVX2 CPUs).
+    std::vector<float> wf(static_cast<size_t>(w.layout.rows * K));
+    for (int64_t r = 0; r < w.layout.rows; ++r) w.dequantize(r, 0, K, wf.data() + r * K);
+    Tensor wt{DType::Float32, dense.sizes, wf.data()};
+    return run_float_conv(x, wt, b, *a.outputs[0], ca, a.pool);
+  }
+
+  if (groups == 1 && H == 1 && W == 1 && HW == 1 && g.kernel[0] == 1 && g.kernel[1] == 1 && g.padding[0] == 0 && g.padding[1] == 0) {
+    // 1x1 convolution of a 1x1 image (squeeze-excite): a matrix-vector product per image.
+    for (int64_t nb = 0; nb < g.batch; ++nb) {
+      const float* xin = in + nb * g.in_channels * H * W;  // [C_in] (H = W = 1)
+      float* o = out + nb * g.out_channels;
+      constexpr int64_t kRowsPerTask = 16;
+      cpu::parallel_tasks(a.pool, (g.out_channels + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+        gemv_rows(w, xin, 1, bias, o, t * kRowsPerTask, std::min(g.out_channels, (t + 1) * kRowsPerTask));
+      });
+    }
+    return {};
+  }
+
+  const bool pointwise = g.kernel[0] == 1 && g.kernel[1] == 1 && g.stride[0] == 1 && g.stride[1] == 1 &&
+                         g.padding[0] == 0 && g.padding[1] == 0;
+  const int64_t block = std::clamp<int64_t>((int64_t{1} << 20) / K, 16, std::max<int64_t>(cout_g, 1));
+  std::vector<float> wbuf(static_cast<size_t>(std::min(block, cout_g) * K));
+  for (int64_t grp = 0; grp < groups; ++grp) {
+    for (int64_t r0 = 0; r0 < cout_g; r0 += block) {
+      const int64_t rows = std::min(block, cout_g - r0);
+      const int64_t oc0 = grp * cout_g + r0;
+      cpu::parallel_tasks(a.pool, rows, [&](int64_t r) { dequantize_rows(w, oc0, r, wbuf.data()); });
+      cpu::GemmEpilogue ep;
+      if (bias) {
+        ep.bias_kind = cpu::GemmBias::PerRow;
+        ep.bias = bias + oc0;
+      }
+      if (!pointwise && groups == 1 && g.batch == 1) {
+        // One image: this block of output channels is one contiguous [1, rows, OH, OW] slice of
+        // the output, computed by the aten.convolution kernel with the dequantized block as weight.
+        Tensor wt{DType::Float32, {rows, cin_g, g.kernel[0], g.kernel[1]}, wbuf.data()};
+        Tensor bt_blk{DType::Float32, {rows}, const_cast<float*>(bias ? bias + oc0 : nullptr)};
+        Tensor ot{DType::Float32, {1, rows, OH, OW}, out + oc0 * HW};
+        KILN_RETURN_IF_ERROR(run_float_conv(x, wt, bias ? &bt_blk : nullptr, ot, ca, a.pool));
+        continue;
+      }
+      for (int64_t nb = 0; nb < g.batch; ++nb) {
+        const float* xin = in + (nb * g.in_channels + grp * cin_g) * H * W;
+        float* o = out + (nb * g.out_channels + oc0) * HW;
+        if (pointwise) {
+          cpu::sgemm(false, false, rows, HW, K, 1.0f, wbuf.data(), K, xin, HW, 0.0f, o, HW, ep, a.pool);
+        } else {
+          const Im2col im{xin, &g};
+          cpu::sgemm_packed_b(rows, HW, K, 1.0f, wbuf.data(), K, cpu::GemmBPacker{pack_im2col, &im}, 0.0f, o, HW, ep,
+                              a.pool);
+        }
+      }
+    }
+  }
+  return {};
+}
+
+/// AVX2+FMA CPUs (the hot loops are compiled for them); others run the portable kernels.
+bool accepts(const KernelSignature& sig) {
+  return cpu::has_avx2_fma() && sig.inputs[0] != nullptr && sig.inputs[0]->dtype == DType::Float32 && sig.outputs[0] != nullptr &&
+         sig.outputs[0]->dtype == DType::Float32;
+}
+
+}  // namespace
+
+void register_cpu_quantized(KernelRegistry& r) {
+  r.add_optimized("kiln.weight_quantized_linear", linear, accepts);
+  r.add_optimized("kiln.weight_quantized_convolution", convolution, accepts);
+}
+
+}  // namespace kiln

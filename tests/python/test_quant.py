@@ -1,0 +1,367 @@
+"""Weight-only quantization (issue 7): kiln.weight_quantized_linear / _convolution on the portable
+and cpu kernels against NumPy / PyTorch references that dequantize the same packed weights, and
+the compiler's quantization pass (linear, mm, addmm, convolution incl. depthwise)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from kiln import _kiln
+from oprunner import assert_close
+
+SCHEMES = [  # (scheme, group_size, symmetric, scale_dtype)
+    ("w8", 0, True, "float32"),
+    ("w8", 0, True, "float16"),
+    ("w4", 32, True, "float32"),
+    ("w4", 32, False, "float16"),
+    ("w4", 128, True, "float16"),
+    ("w4", 128, False, "float32"),
+]
+
+
+def dequantize(packed, scales, zeros, rows, k, scheme, group_size, scale_dtype):
+    """NumPy reference of src/ir/ops/quant.h: the float32 weight [rows, k] the packed bytes encode."""
+    gs = k if scheme == "w8" else min(group_size, k)
+    g = -(-k // gs)
+    s = scales.view(np.dtype(scale_dtype)).astype(np.float32).reshape(rows, g)
+    s_full = np.repeat(s, gs, axis=1)[:, :k]
+    if scheme == "w8":
+        q = packed.view(np.int8).reshape(rows, k).astype(np.float32)
+        return q * s_full
+    b = packed.reshape(rows, (k + 1) // 2)
+    u = np.stack([b & 0xF, b >> 4], axis=-1).reshape(rows, -1)[:, :k].astype(np.int32)
+    w = (u - 8).astype(np.float32) * s_full
+    if zeros.size:
+        z = zeros.view(np.dtype(scale_dtype)).astype(np.float32).reshape(rows, g)
+        w = w + np.repeat(z, gs, axis=1)[:, :k]
+    return w
+
+
+def quantize(w, scheme, group_size, symmetric, scale_dtype):
+    packed, scales, zeros = _kiln.quantize_matrix(w, scheme, max(group_size, 2), symmetric, scale_dtype)
+    rows, k = w.shape
+    gs = k if scheme == "w8" else min(group_size, k)
+    g = -(-k // gs)
+    sdt = np.dtype(scale_dtype)
+    packed = packed.view(np.int8) if scheme == "w8" else packed
+    packed = packed.reshape(rows, -1)
+    scales_t = scales.view(sdt).reshape(rows, g)
+    zeros_t = zeros.view(sdt).reshape(rows, g) if zeros.size else None
+    return packed, scales_t, zeros_t, dequantize(packed.view(np.uint8), scales, zeros, rows, k, scheme, group_size, scale_dtype)
+
+
+def _add(g, name, a, const):
+    dt = {np.dtype("float32"): "float32", np.dtype("float16"): "float16", np.dtype("int8"): "int8",
+          np.dtype("uint8"): "uint8"}[a.dtype]
+    if const:
+        return g.add_constant(name, dt, list(a.shape), np.ascontiguousarray(a).view(np.uint8).reshape(-1))
+    return g.add_input(name, dt, list(a.shape))
+
+
+def run_both(op, x, consts, attrs):
+    """Runs op(x, *consts) (consts: arrays or None, embedded as constants) on the portable and the
+    cpu kernels; returns both outputs."""
+    g = kiln.Graph()
+    ids = [_add(g, "x", x, False)]
+    for i, c in enumerate(consts):
+        ids.append(-1 if c is None else _add(g, f"c{i}", c, True))
+    g.set_outputs(list(g.add_node(op, ids, attrs)))
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    data, _ = pb.compile()
+    return [kiln.load_bytes(data, portable_kernels_only=p).run(x)[0] for p in (True, False)]
+
+
+@pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype", SCHEMES)
+def test_quantized_linear_grid(scheme, group_size, symmetric, scale_dtype):
+    rng = np.random.default_rng(0)
+    bits = 8 if scheme == "w8" else 4
+    for n in (1, 31, 32, 96, 100):
+        for k in (32, 96, 1000):
+            w = rng.standard_normal((n, k)).astype(np.float32)
+            packed, s, z, wd = quantize(w, scheme, group_size, symmetric, scale_dtype)
+            # The quantizer's own bound: every weight within half a step (plus the scale's rounding).
+            step = np.abs(np.repeat(s.astype(np.float32), k if bits == 8 else min(group_size, k), axis=1)[:, :k])
+            assert np.all(np.abs(wd - w) <= 0.5 * step * 1.01 + 1e-6), (n, k)
+            bias = rng.standard_normal(n).astype(np.float32)
+            for m in (1, 3, 7):
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                expected = (x.astype(np.float64) @ wd.astype(np.float64).T + bias).astype(np.float32)
+                for got, kind in zip(run_both("kiln.weight_quantized_linear", x, [packed, s, z, bias],
+                                              {"bits": bits, "group_size": group_size}), ("portable", "cpu")):
+                    assert_close(got, expected, 1e-5, f"{kind} {scheme} g{group_size} n={n} k={k} m={m}")
+
+
+@pytest.mark.parametrize("n,k", [(31, 96), (100, 1000)])
+def test_w8_matches_aten_weight_int8pack_mm(n, k):
+    """8-bit semantics equal PyTorch's own weight-only op aten._weight_int8pack_mm(x, w_int8, scales)."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    packed, s, _, _ = quantize(w, "w8", 0, True, "float32")
+    x = rng.standard_normal((5, k)).astype(np.float32)
+    ref = torch.ops.aten._weight_int8pack_mm(torch.from_numpy(x), torch.from_numpy(packed.copy()),
+                                             torch.from_numpy(s.reshape(n).copy())).numpy()
+    for got in run_both("kiln.weight_quantized_linear", x, [packed, s, None, None], {"bits": 8}):
+        assert_close(got, ref, 1e-5, "vs aten._weight_int8pack_mm")
+
+
+CONVS = [  # (C_in, C_out, H, W, kernel, stride, padding, dilation, groups)
+    (5, 7, 9, 11, 3, 2, 1, 1, 1),
+    (16, 12, 8, 8, 1, 1, 0, 1, 1),     # pointwise (GEMM path)
+    (8, 8, 10, 9, 3, 1, 1, 1, 8),      # depthwise
+    (12, 24, 7, 7, 5, 2, 2, 1, 12),    # depthwise, channel multiplier 2
+    (4, 4, 13, 21, 3, 1, 1, 1, 4),     # depthwise, rows wider than 8 (vector columns and edges)
+    (3, 3, 9, 30, 5, 1, 4, 2, 3),      # depthwise, dilated, padding beyond the taps' reach
+    (3, 3, 8, 4, 3, 1, 1, 2, 3),       # depthwise, no interior column
+    (5, 5, 11, 19, 3, 2, 1, 1, 5),     # depthwise, stride 2
+    (8, 6, 9, 9, 3, 1, 2, 2, 2),       # grouped, dilated
+    (40, 31, 6, 5, 3, 1, 1, 1, 1),     # K = 360 (not a multiple of 32 or 128)
+    (100, 33, 1, 1, 1, 1, 0, 1, 1),    # squeeze-excite: 1x1 on a 1x1 image (matrix-vector path)
+    (20, 9, 2, 2, 1, 2, 0, 1, 1),      # 1x1, stride 2 on 2x2 -> 1x1 output (not the matrix-vector path)
+    (7282, 20, 3, 3, 3, 1, 0, 1, 1),   # K = 65538: output channels in two dequantized blocks (16 + 4)
+]
+
+
+@pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype", SCHEMES)
+def test_quantized_conv(scheme, group_size, symmetric, scale_dtype):
+    rng = np.random.default_rng(2)
+    bits = 8 if scheme == "w8" else 4
+    for i, (cin, cout, h, wd_, ks, st, pad, dil, groups) in enumerate(CONVS):
+        batch = 1 + i % 2  # one image (per-block aten.convolution path) and two (GEMM paths)
+        w = rng.standard_normal((cout, cin // groups, ks, ks)).astype(np.float32)
+        packed, s, z, wdq = quantize(w.reshape(cout, -1), scheme, group_size, symmetric, scale_dtype)
+        bias = rng.standard_normal(cout).astype(np.float32)
+        x = rng.standard_normal((batch, cin, h, wd_)).astype(np.float32)
+        expected = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(wdq.reshape(w.shape)).double(),
+                                              torch.from_numpy(bias).double(), st, pad, dil, groups).float().numpy()
+        attrs = {"bits": bits, "group_size": group_size, "kernel_size": [ks, ks], "stride": [st], "padding": [pad],
+                 "dilation": [dil], "groups": groups}
+        for got, kind in zip(run_both("kiln.weight_quantized_convolution", x, [packed, s, z, bias], attrs),
+                             ("portable", "cpu")):
+            assert_close(got, expected, 1e-5, f"{kind} {scheme} g{group_size} conv {cin}->{cout} k{ks} g{groups}")
+
+
+def test_bad_layouts_rejected():
+    """The op's inference (run again by the loader) rejects packed sizes that do not match."""
+    x = np.zeros((2, 100), np.float32)
+    ok_w = np.zeros((4, 50), np.uint8)
+    ok_s = np.zeros((4, 4), np.float32)
+    bad = [
+        (np.zeros((4, 49), np.uint8), ok_s, None, {"bits": 4, "group_size": 32}),   # short rows
+        (ok_w, np.zeros((4, 3), np.float32), None, {"bits": 4, "group_size": 32}),  # too few groups
+        (ok_w, ok_s, np.zeros((4, 4), np.float16), {"bits": 4, "group_size": 32}),  # zeros dtype != scales
+        (ok_w, ok_s, None, {"bits": 3, "group_size": 32}),                          # bits
+        (np.zeros((4, 100), np.int8), np.zeros((4, 1), np.float32), np.zeros((4, 1), np.float32), {"bits": 8}),
+        (ok_w.view(np.int8), ok_s, None, {"bits": 4, "group_size": 32}),            # int8 for 4-bit
+    ]
+    for w, s, z, attrs in bad:
+        g = kiln.Graph()
+        ids = [_add(g, "x", x, False), _add(g, "w", w, True), _add(g, "s", s, True),
+               -1 if z is None else _add(g, "z", z, True), -1]
+        with pytest.raises(Exception, match="InvalidArgument|must"):
+            g.add_node("kiln.weight_quantized_linear", ids, attrs)
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.dw = torch.nn.Conv2d(16, 16, 3, padding=1, groups=16)
+        self.pw = torch.nn.Conv2d(16, 40, 1)
+        self.fc = torch.nn.Linear(40, 10)
+        self.head = torch.nn.Linear(10, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.pw(torch.relu(self.dw(self.conv(x)))))
+        return self.head(torch.relu(self.fc(x.mean((2, 3)))))
+
+
+def _graph(weights, transposed_mm=False):
+    """x [4, 40] -> linear(w0, b0) -> mm(w1 as [K, N]) -> addmm(b2, ., w2 as [K, N])."""
+    g = kiln.Graph()
+    x = g.add_input("x", "float32", [4, 40])
+    ids = {name: _add(g, name, a, True) for name, a in weights.items()}
+    h = g.add_node("aten.linear", [x, ids["w0"], ids["b0"]], {}, "fc0")[0]
+    h = g.add_node("aten.mm", [h, ids["w1t"]], {}, "mm1")[0]
+    h = g.add_node("aten.addmm", [ids["b2"], h, ids["w2t"]], {}, "addmm2")[0]
+    g.set_outputs([h])
+    return g
+
+
+@pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype", [SCHEMES[0], SCHEMES[3], SCHEMES[4]])
+def test_pass_linear_mm_addmm(scheme, group_size, symmetric, scale_dtype):
+    rng = np.random.default_rng(3)
+    w0 = rng.standard_normal((33, 40)).astype(np.float32)
+    w1 = rng.standard_normal((50, 33)).astype(np.float32)   # mm weight as [N, K]
+    w2 = rng.standard_normal((9, 50)).astype(np.float32)
+    b0 = rng.standard_normal(33).astype(np.float32)
+    b2 = rng.standard_normal(9).astype(np.float32)
+    weights = {"w0": w0, "b0": b0, "w1t": np.ascontiguousarray(w1.T), "w2t": np.ascontiguousarray(w2.T), "b2": b2}
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", _graph(weights))
+    data, report = pb.compile(quantize=scheme, group_size=group_size or 128, symmetric=symmetric, scale_dtype=scale_dtype)
+    assert report["methods"][0]["num_quantized"] == 3
+    x = rng.standard_normal((4, 40)).astype(np.float32)
+    dq = [quantize(w, scheme, group_size or 128, symmetric, scale_dtype)[3].astype(np.float64) for w in (w0, w1, w2)]
+    ref = x.astype(np.float64) @ dq[0].T + b0
+    ref = ref @ dq[1].T
+    ref = (ref @ dq[2].T + b2).astype(np.float32)
+    for portable in (True, False):
+        assert_close(kiln.load_bytes(data, portable_kernels_only=portable).run(x)[0], ref, 1e-5, f"portable={portable}")
+    # Excluding a layer by name keeps it float32.
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", _graph(weights))
+    _, report = pb.compile(quantize=scheme, group_size=group_size or 128, quantize_exclude=["mm*"])
+    assert report["methods"][0]["num_quantized"] == 2
+
+
+@pytest.mark.parametrize("scheme,group_size", [("w8", 128), ("w4", 32)])
+def test_export_module_quantized(scheme, group_size):
+    """Captured module (conv, depthwise, pointwise, linear): the quantized program is close to the
+    float32 one (quantization error only) and its constants are smaller."""
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(2, 3, 12, 12)
+    with torch.no_grad():
+        ref = m(x).numpy()
+    fp32 = kiln.export(m, (x,))
+    q = kiln.export(m, (x,), quantize=scheme, group_size=group_size)
+    out = kiln.load_bytes(q.data).run(x.numpy())[0]
+    err = np.abs(out - ref).max() / np.abs(ref).max()
+    assert err < (0.02 if scheme == "w8" else 0.2), err
+    assert len(q.data) < len(fp32.data)
+    assert q.report["methods"][0]["num_quantized"] == 5
+
+
+def test_inspect_bytes_by_dtype_and_scheme(tmp_path):
+    """kiln inspect --json: constant bytes per dtype and per quantization scheme, exact."""
+    import json
+    import os
+    import subprocess
+    cli = os.environ.get("KILN_CLI", os.path.join(os.path.dirname(__file__), "..", "..", "build", "tools", "kiln"))
+    if not os.path.isfile(cli):
+        pytest.fail(f"{cli} not built")
+    rng = np.random.default_rng(4)
+    weights = {"w0": rng.standard_normal((33, 40)).astype(np.float32), "b0": np.zeros(33, np.float32),
+               "w1t": rng.standard_normal((33, 50)).astype(np.float32),
+               "w2t": rng.standard_normal((50, 9)).astype(np.float32), "b2": np.zeros(9, np.float32)}
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", _graph(weights))
+    data, _ = pb.compile(quantize="w4", group_size=32, symmetric=False, scale_dtype="float16", quantize_exclude=["addmm*"])
+    path = tmp_path / "q.kiln"
+    path.write_bytes(data)
+    out = json.loads(subprocess.run([cli, "inspect", str(path), "--json"], check=True, capture_output=True,
+                                    text=True).stdout)
+    m = out["methods"][0]
+    # fc0: K=40 -> 2 groups, packed 33 x 20; mm1: K=33 -> 2 groups, packed 50 x 17; scales+zeros fp16.
+    q = 33 * 20 + 33 * 2 * 2 * 2 + 50 * 17 + 50 * 2 * 2 * 2
+    f32 = (33 + 50 * 9 + 9) * 4  # b0, the excluded addmm weight and its bias
+    assert m["constant_bytes_by_scheme"] == {"float32": f32, "int4 g32 asym": q}
+    assert m["constant_bytes_by_dtype"] == {"float16": (33 + 50) * 2 * 2 * 2, "float32": f32,
+                                            "uint8": 33 * 20 + 50 * 17}
+    text = subprocess.run([cli, "inspect", str(path)], check=True, capture_output=True, text=True).stdout
+    assert "int4 g32 asym" in text
+
+
+@pytest.mark.parametrize("backend", [b for b in ("xnnpack", "mlx") if b in _kiln.backend_names()])
+def test_delegates_decline_quantized_nodes(backend):
+    """Backends without quantized support leave the quantized nodes to Kiln's kernels, with a reason."""
+    torch.manual_seed(0)
+    m = Net().eval()
+    x = torch.randn(1, 3, 12, 12)
+    res = kiln.export(m, (x,), quantize="w8", backends=(backend,), verbose=False)
+    cpu = {c["op"]: c for c in res.report["methods"][0]["delegation"]["cpu_ops"]}
+    assert "kiln.weight_quantized_convolution" in cpu and cpu["kiln.weight_quantized_convolution"]["reasons"]
+    with torch.no_grad():
+        ref = m(x).numpy()
+    out = kiln.load_bytes(res.data, backend_settings={"mlx.device": "cpu"} if backend == "mlx" else {}).run(x.numpy())[0]
+    assert np.abs(out - ref).max() <= 0.02 * np.abs(ref).max()
+
+
+def test_cli_export_quantize(tmp_path):
+    import subprocess
+    import sys
+    import os
+    out = tmp_path / "tiny.kiln"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([os.path.join(os.path.dirname(__file__), "..", "..", "python"),
+                                                        os.environ.get("PYTHONPATH", "")]))
+    r = subprocess.run([sys.executable, "-m", "kiln", "export", "mobilenet_v3_small", "--input-shape", "1x3x64x64",
+                        "--quantize", "w4", "--group-size", "32", "--quantize-exclude", "features.0.*", "-o", str(out)],
+                       capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "weights quantized (w4)" in r.stderr
+    prog = kiln.load(out)
+    assert prog.run(np.zeros((1, 3, 64, 64), np.float32))[0].shape == (1, 1000)
+
+
+class Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 32, 3, padding=1)   # 864 weights: stays float32
+        self.pw = torch.nn.Conv2d(32, 64, 1)               # 2048: float16
+        self.fc = torch.nn.Linear(64, 40)                  # 2560: float16
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.pw(torch.relu(self.conv(x)))).mean((2, 3)))
+
+
+def test_weights_dtype_float16():
+    """weights_dtype='float16': float32 weights of >= 1024 elements stored as binary16 (file smaller),
+    widened at load; the output equals eager with those weights rounded to float16."""
+    torch.manual_seed(0)
+    m = Wide().eval()
+    x = torch.randn(2, 3, 12, 12)
+    fp32 = kiln.export(m, (x,), verbose=False)
+    half = kiln.export(m, (x,), weights_dtype="float16", verbose=False)
+    ref_m = Wide().eval()
+    ref_m.load_state_dict(m.state_dict())
+    with torch.no_grad():
+        for p in ref_m.parameters():
+            if p.numel() >= 1024:
+                p.copy_(p.half().float())
+        ref = ref_m(x).numpy()
+        plain = m(x).numpy()
+    out = kiln.load_bytes(half.data).run(x.numpy())[0]
+    assert_close(out, ref, 1e-5, "float16-stored weights")
+    assert np.abs(out - plain).max() > 0  # the rounding is real
+    big = sum(p.numel() for p in m.parameters() if p.numel() >= 1024)
+    assert big == 2048 + 2560
+    assert half.report["constant_bytes"] == fp32.report["constant_bytes"] - 2 * big
+    # With quantization, the weights that stay float (the excluded ones) are stored as float16.
+    q = kiln.export(m, (x,), quantize="w8", exclude=["fc"], weights_dtype="float16", verbose=False)
+    assert q.report["methods"][0]["num_quantized"] == 2
+    out = kiln.load_bytes(q.data).run(x.numpy())[0]
+    assert np.abs(out - plain).max() <= 0.02 * np.abs(plain).max()
+
+
+@pytest.mark.skipif("mlx" not in _kiln.backend_names(), reason="the mlx backend is not built")
+@pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype", [s for s in SCHEMES if s[0] == "w4"])
+def test_mlx_quantized_linear(scheme, group_size, symmetric, scale_dtype):
+    """mlx (MLX's CPU device): 4-bit linear as mlx quantized_matmul on the same packed bytes where
+    the group size divides K (else declined with the reason and run by Kiln's kernels); equal to
+    the NumPy reference that dequantizes the same packed weights."""
+    rng = np.random.default_rng(5)
+    for n in (1, 31, 32, 96, 100):
+        for k in (32, 96, 1000, 256):
+            w = rng.standard_normal((n, k)).astype(np.float32)
+            packed, s, z, wd = quantize(w, scheme, group_size, symmetric, scale_dtype)
+            bias = rng.standard_normal(n).astype(np.float32)
+            x = rng.standard_normal((3, k)).astype(np.float32)
+            g = kiln.Graph()
+            ids = [_add(g, "x", x, False)] + [-1 if c is None else _add(g, f"c{i}", c, True)
+                                               for i, c in enumerate([packed, s, z, bias])]
+            g.set_outputs(list(g.add_node("kiln.weight_quantized_linear", ids, {"bits": 4, "group_size": group_size})))
+            pb = kiln.ProgramBuilder()
+            pb.add_method("forward", g)
+            data, rep = pb.compile(backends=["mlx"])
+            d = rep["methods"][0]["delegation"]
+            fits = k % min(group_size, k) == 0 and min(group_size, k) in (32, 64, 128)
+            mlx_nodes = sum(b["nodes"] for b in d["backends"] if b["backend"] == "mlx")
+            assert mlx_nodes == (1 if fits else 0), (n, k, d)
+            if not fits:
+                assert "does not fit MLX's quantized_matmul" in str(d["cpu_ops"])
+            got = kiln.load_bytes(data, backend_settings={"mlx.device": "cpu"}).run(x)[0]
+            expected = (x.astype(np.float64) @ wd.astype(np.float64).T + bias).astype(np.float32)
+            assert_close(got, expected, 1e-5, f"mlx {scheme} g{group_size} n={n} k={k}")
