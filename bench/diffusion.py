@@ -74,7 +74,7 @@ class _Method:
         return M()
 
 
-def prepare(work: str, seed: int):
+def prepare(work: str, seed: int, methods=METHODS):
     import numpy as np
     import torch
     models = load_models()
@@ -89,7 +89,7 @@ def prepare(work: str, seed: int):
     for k, v in (("ids", ids), ("latent", latent), ("timestep", t), ("text", text)):
         np.save(os.path.join(work, f"{k}.npy"), v.numpy())
     feeds = {"ids": ids, "latent": latent, "timestep": t, "text": text}
-    for m in METHODS:
+    for m in methods:  # only the methods asked for: the UNet's ONNX export alone takes minutes
         path = os.path.join(work, f"{m}.onnx")
         if os.path.exists(path):
             continue
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     runs = dict(zip(METHODS, a.runs))
 
     if a.prepare:
-        prepare(a.work, a.seed)
+        prepare(a.work, a.seed, a.methods)
         return 0
     if a.worker:
         e, m = a.worker
@@ -226,7 +226,8 @@ def main(argv=None) -> int:
     if not all(os.path.exists(os.path.join(a.work, f)) for f in ["ids.npy", "text.npy"] +
                [f"{m}.onnx" for m in a.methods] * ("ort" in a.engines)):
         print("[bench] preparing inputs and ONNX files ...", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, __file__, "--prepare", "--work", a.work, "--seed", str(a.seed)], check=True, env=env)
+        subprocess.run([sys.executable, __file__, "--prepare", "--work", a.work, "--seed", str(a.seed), "--methods",
+                        *a.methods], check=True, env=env)
     # Results of earlier runs for other methods/engines are kept (re-run a part with --methods/--engines).
     results = []
     if os.path.exists(res_path):
