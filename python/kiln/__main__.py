@@ -267,13 +267,15 @@ def main(argv=None) -> int:
     e.set_defaults(func=cmd_export)
 
     c = sub.add_parser(
-        "compile", help="compile an ExportedProgram saved with torch.export.save (.pt2) to a .kiln program",
-        description="Reads FILE.pt2 (torch.export.save(torch.export.export(model, example_inputs), FILE)), maps "
-                    "it onto Kiln's op set, compiles it and writes one .kiln file. The program's inputs have "
-                    "the shapes and dtypes of the saved program's example inputs. Export the model in eval "
-                    "mode (training-mode batch norm is refused).",
+        "compile", help="compile an ExportedProgram (.pt2) or an ONNX model (.onnx) to a .kiln program",
+        description="Reads FILE.pt2 (torch.export.save(torch.export.export(model, example_inputs), FILE)) or "
+                    "FILE.onnx (opsets up to 17, through Kiln's C++ ONNX importer: docs/onnx.md), maps it onto "
+                    "Kiln's op set, compiles it and writes one .kiln file. A .pt2 program's inputs have the "
+                    "shapes and dtypes of its example inputs (export the model in eval mode: training-mode "
+                    "batch norm is refused); an ONNX model's dynamic input dims are fixed with --input-shape.",
         epilog="examples:\n"
                "  python -m kiln compile model.pt2 -o model.kiln\n"
+               "  python -m kiln compile model.onnx --input-shape x=1x3x640x640 -o model.kiln\n"
                "  python -m kiln compile model.pt2 -o model_xnnpack.kiln --backends xnnpack \\\n"
                "      --require-delegation xnnpack --report-json report.json\n\n"
                "exit status: 0 written, 1 compile failed, 2 bad arguments or missing file",

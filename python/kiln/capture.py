@@ -1341,6 +1341,29 @@ def _write_json(path, report: dict):
         f.write("\n")
 
 
+def _check_quantize_options(quantize, group_size, symmetric, scale_dtype, exclude) -> tuple:
+    """Refuses quantization options that would be ignored (given without quantize, or group_size
+    with w8, which has one scale per output channel) and returns `exclude` as a tuple of patterns
+    (a single string is one pattern, not its characters; None is none). Raises ExportError."""
+    if exclude is None:
+        exclude = ()
+    elif isinstance(exclude, (str, bytes, os.PathLike)):
+        exclude = (os.fsdecode(exclude),)
+    exclude = tuple(exclude)
+    if not all(isinstance(p, str) for p in exclude):
+        raise ExportError(f"exclude must be fnmatch patterns (strings), got {list(exclude)!r}")
+    if quantize in (None, "", "none"):
+        given = [name for name, on in (("exclude", bool(exclude)), ("symmetric=False", not symmetric),
+                                        (f"scale_dtype={scale_dtype!r}", scale_dtype != "float32"),
+                                        (f"group_size={group_size}", group_size != 128)) if on]
+        if given:
+            raise ExportError(f"{', '.join(given)} only apply with quantize='w8' or 'w4'")
+    elif quantize == "w8" and (group_size != 128 or not symmetric):
+        raise ExportError((f"group_size={group_size}" if group_size != 128 else "symmetric=False") +
+                          " applies to quantize='w4' only (w8 is symmetric, one scale per output channel)")
+    return exclude
+
+
 def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.PathLike | None = None,
                      backends: Sequence[str] = (), require_delegation: str | None = None,
                      fold_constants: bool = True, fold_batch_norm: bool = True,
@@ -1359,6 +1382,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     require_delegation). quantize/group_size/symmetric/scale_dtype/exclude: see export()."""
     if quantize not in (None, "", "none", "w8", "w4"):
         raise ExportError(f"quantize must be 'w8' or 'w4' (or None), got {quantize!r}")
+    exclude = _check_quantize_options(quantize, group_size, symmetric, scale_dtype, exclude)
     alts = []
     if alternatives:
         if backends or require_delegation:
@@ -1420,6 +1444,10 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
         lines.append(f"[kiln]   {m['name']}{alt}: {cap.aten_nodes} {getattr(cap, 'source_label', 'ATen')} nodes -> {m['num_nodes']} Kiln nodes "
                      f"({m['num_folded']} folded{bn}{qn}, {m['num_dead']} dead), arena {_fmt_bytes(m['arena_bytes'])}, "
                      f"constants {_fmt_bytes(m['constant_bytes'])}")
+    if quantize in ("w8", "w4") and not any(m.get("num_quantized") for m in report["methods"]):
+        lines.append(f"[kiln]   warning: quantize={quantize!r} quantized nothing: no linear, matmul or convolution "
+                     "with a constant float32 weight" + (f" outside the exclude patterns {list(exclude)}"
+                                                           if exclude else ""))
     lines += format_delegation(report)
     if report_json is not None:
         lines.append(f"[kiln]   report: {os.fspath(report_json)}")

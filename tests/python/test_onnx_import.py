@@ -329,3 +329,20 @@ def test_torch_onnx_exports_match_onnxruntime(which, tmp_path):
     (got,) = compile_run(p, {}, x.numpy(), backends=["xnnpack"] if "xnnpack" in kiln._kiln.backend_names() else [])
     (want,) = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": x.numpy()})
     assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("pads,opad,strides", [([1, 0, 0, 1], [1, 0], [2, 2]), ([2, 0, 0, 0], [0, 0], [2, 1]),
+                                               ([0, 1, 2, 0], [1, 1], [3, 2]), ([1, 1, 1, 1], [1, 0], [2, 2])])
+def test_conv_transpose_asymmetric_pads_match_onnxruntime(pads, opad, strides, tmp_path):
+    # Asymmetric pads whose begin side cannot become output_padding (it would exceed the stride)
+    # are a convolution padded by the smaller side plus a slice off each end.
+    rs = np.random.RandomState(3)
+    w = numpy_helper.from_array(rs.randn(3, 2, 3, 3).astype(np.float32), "w")
+    node = helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="ct", strides=strides, pads=pads,
+                            output_padding=opad)
+    p = save(make_model([node], [f32("x", [1, 3, 5, 6])], [f32("y", None)], [w]), tmp_path)
+    x = rs.randn(1, 3, 5, 6).astype(np.float32)
+    (got,) = compile_run(p, {}, x)
+    (want,) = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

@@ -3,6 +3,8 @@ and cpu kernels against NumPy / PyTorch references that dequantize the same pack
 the compiler's quantization pass (linear, mm, addmm, convolution incl. depthwise)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -365,3 +367,28 @@ def test_mlx_quantized_linear(scheme, group_size, symmetric, scale_dtype):
             got = kiln.load_bytes(data, backend_settings={"mlx.device": "cpu"}).run(x)[0]
             expected = (x.astype(np.float64) @ wd.astype(np.float64).T + bias).astype(np.float32)
             assert_close(got, expected, 1e-5, f"mlx {scheme} g{group_size} n={n} k={k}")
+
+
+def test_quantization_options_that_would_be_ignored_are_refused():
+    """Options that would change nothing are errors, not silently dropped; a single exclude string
+    is one pattern (not its characters); quantizing nothing is said in the report."""
+    from kiln.capture import ExportError
+    lin = torch.nn.Sequential(torch.nn.Linear(64, 48)).eval()
+    x = torch.randn(2, 64)
+    for kw, what in (({"exclude": ["0"]}, "exclude"), ({"symmetric": False}, "symmetric=False"),
+                     ({"scale_dtype": "float16"}, "scale_dtype"), ({"group_size": 32}, "group_size=32"),
+                     ({"quantize": "w8", "group_size": 32}, "applies to quantize='w4' only"),
+                     ({"quantize": "w8", "symmetric": False}, "applies to quantize='w4' only"),
+                     ({"quantize": "w4", "exclude": [3]}, "fnmatch patterns")):
+        with pytest.raises(ExportError, match=re.escape(what)):
+            kiln.export(lin, (x,), verbose=False, **kw)
+    # One string is one pattern: "z*" matches no layer, so the weight is still quantized.
+    res = kiln.export(lin, (x,), verbose=False, quantize="w4", group_size=32, exclude="z*")
+    assert res.report["methods"][0]["num_quantized"] == 1
+    res = kiln.export(lin, (x,), verbose=False, quantize="w4", group_size=32, exclude=None)
+    assert res.report["methods"][0]["num_quantized"] == 1
+    res = kiln.export(lin, (x,), verbose=False, quantize="w4", group_size=32, exclude="*")
+    assert res.report["methods"][0]["num_quantized"] == 0
+    assert "quantized nothing" in res.text and "exclude patterns ['*']" in res.text
+    relu = torch.nn.ReLU().eval()
+    assert "quantized nothing" in kiln.export(relu, (x,), verbose=False, quantize="w8").text

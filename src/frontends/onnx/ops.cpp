@@ -1536,15 +1536,26 @@ Error conv_ConvTranspose(NodeCtx& c) {
       }
     }
   }
-  Ints padding(n), out_pad(n), trim(n, 0);
+  // aten.convolution pads both ends alike and takes output_padding < max(stride, dilation)
+  // (PyTorch's rule). Asymmetric pads: the larger begin pad becomes extra output_padding when that
+  // stays within the rule; otherwise the convolution pads by the smaller of the two and slices
+  // the rest off each end (trim_begin / trim).
+  Ints padding(n), out_pad(n), trim(n, 0), trim_begin(n, 0);
   for (size_t i = 0; i < n; ++i) {
     const int64_t pb = pads[i], pe = pads[i + n];
-    padding[i] = pb;
-    if (pb >= pe) {
+    const int64_t limit = std::max(strides[i], dil[i]);
+    if (opad[i] >= limit) {
+      return c.unsupported("output_padding " + std::to_string(opad[i]) + " >= max(stride, dilation) = " +
+                           std::to_string(limit));
+    }
+    if (pb >= pe && opad[i] + (pb - pe) < limit) {
+      padding[i] = pb;
       out_pad[i] = opad[i] + (pb - pe);
     } else {
+      padding[i] = std::min(pb, pe);
       out_pad[i] = opad[i];
-      trim[i] = pe - pb;
+      trim_begin[i] = pb - padding[i];
+      trim[i] = pe - padding[i];
     }
   }
   TRY(y0, c.emit("aten.convolution", {x, w, b},
@@ -1552,10 +1563,10 @@ Error conv_ConvTranspose(NodeCtx& c) {
                   {"output_padding", out_pad}, {"groups", group}}));
   ValueId y = y0;
   for (size_t i = 0; i < n; ++i) {
-    if (!trim[i]) continue;
+    if (!trim[i] && !trim_begin[i]) continue;
     const int64_t d = c.type(y).sizes[2 + i];
-    if (trim[i] >= d) return c.invalid("pads remove the whole output");
-    TRY(v, c.emit("aten.slice", {y}, {{"dim", static_cast<int64_t>(2 + i)}, {"start", int64_t{0}}, {"end", d - trim[i]}, {"step", int64_t{1}}}));
+    if (trim[i] + trim_begin[i] >= d) return c.invalid("pads remove the whole output");
+    TRY(v, c.emit("aten.slice", {y}, {{"dim", static_cast<int64_t>(2 + i)}, {"start", trim_begin[i]}, {"end", d - trim[i]}, {"step", int64_t{1}}}));
     y = v;
   }
   return c.set_output(0, y);
