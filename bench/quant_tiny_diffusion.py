@@ -11,7 +11,7 @@ against PyTorch eager.
 Weights: models.build("tiny", seed) (seeded random, not trained). Inputs: random token ids, an
 N(0, 1) latent, timestep 500 and eager's text embedding for denoise, an N(0, 1) latent for decode.
 denoise returns the x0 prediction (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t), so the UNet's error
-is scaled by 1 / sqrt(abar_t) (1.9 at t = 500) relative to its output range. Prints a Markdown table
+enters multiplied by sqrt(1 - abar_t) / sqrt(abar_t) (1.62 at t = 500). Prints a Markdown table
 (docs/quantization.md).
 """
 from __future__ import annotations
