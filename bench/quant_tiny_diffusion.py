@@ -1,16 +1,23 @@
 #!/usr/bin/env python3
-"""Weight-only quantization of the tiny diffusion stand-ins (tests/python/tiny_models.py: a CLIP-like
-text encoder, an SD-like UNet, a TAESD-like decoder) in one three-method program: file size and, per
-method, the relative output error max|y - y_fp32| / max|y_fp32| of each scheme against the float32
-program, plus the same against a PyTorch eager run of the same weights (fp32 only).
+"""Weight-only quantization of the TINY configuration of the diffusion pipeline
+(examples/diffusion/models.py: CLIP-style text encoder, SD-1.5-style UNet, TAESD-style decoder) as
+one three-method program (encode / denoise / decode, exported like examples/diffusion/export.py, no
+delegate, cpu kernels): file size and, per method, the relative output error
+max|y - y_fp32| / max|y_fp32| of each scheme against the float32 program, plus the float32 program
+against PyTorch eager.
 
-    PYTHONPATH=python python bench/quant_tiny_diffusion.py
+    PYTHONPATH=python python bench/quant_tiny_diffusion.py [--seed 0]
 
-Random weights (torch.manual_seed(0)); not the real diffusion pipeline (examples/diffusion, issue 6,
-was not on main when this was written). Prints a Markdown table (docs/quantization.md).
+Weights: models.build("tiny", seed) (seeded random, not trained). Inputs: random token ids, an
+N(0, 1) latent, timestep 500 and eager's text embedding for denoise, an N(0, 1) latent for decode.
+denoise returns the x0 prediction (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t), so the UNet's error
+enters multiplied by sqrt(1 - abar_t) / sqrt(abar_t) (1.62 at t = 500). Prints a Markdown table
+(docs/quantization.md).
 """
 from __future__ import annotations
 
+import argparse
+import importlib.util
 import os
 import sys
 
@@ -20,10 +27,20 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
-sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
 
 import kiln  # noqa: E402
-from tiny_models import TAESDish, TextEnc, TinyUNet  # noqa: E402
+
+
+def load_models():
+    """examples/diffusion/models.py imported by path (as examples/diffusion/export.py does)."""
+    name = "kiln_diffusion_models"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", "diffusion", "models.py"))
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
 
 CONFIGS = [
     ("fp32", {}),
@@ -38,16 +55,24 @@ CONFIGS = [
 ]
 
 
-def main() -> int:
-    torch.manual_seed(0)
-    enc, unet, dec = TextEnc().eval(), TinyUNet().eval(), TAESDish().eval()
-    ids = torch.randint(0, 100, (1, 16))
-    x = torch.randn(1, 4, 32, 32)
-    t = torch.full((1, 1), 0.5)
-    methods = {"encode": (enc, (ids,)), "denoise": (unet, (x, t)), "decode": (dec, (x,))}
-    feeds = {"encode": [ids.numpy()], "denoise": [x.numpy(), t.numpy()], "decode": [x.numpy()]}
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    models = load_models()
+    pipe = models.build("tiny", seed=args.seed)
+    tc, uc = pipe.text.cfg, pipe.unet.cfg
+    g = torch.Generator().manual_seed(args.seed + 1)
+    ids = torch.randint(0, tc.vocab, (1, tc.tokens), generator=g)
+    lat = torch.randn(1, uc.latent_channels, uc.latent_size, uc.latent_size, generator=g)
+    t = torch.tensor([500], dtype=torch.int64)
     with torch.no_grad():
-        eager = {"encode": enc(ids).numpy(), "denoise": unet(x, t).numpy(), "decode": dec(x).numpy()}
+        emb = pipe.encode(ids)
+        eager = {"encode": emb.numpy(), "denoise": pipe.denoise(lat, t, emb).numpy(),
+                 "decode": pipe.decode(lat).numpy()}
+    ex = pipe.example_inputs()
+    methods = {m: (pipe, ex[m], m) for m in ("encode", "denoise", "decode")}
+    feeds = {"encode": [ids.numpy()], "denoise": [lat.numpy(), t.numpy(), emb.numpy()], "decode": [lat.numpy()]}
     ref, rows = None, []
     for label, kw in CONFIGS:
         res = kiln.export_program(methods, verbose=False, **kw)

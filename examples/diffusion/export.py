@@ -16,6 +16,11 @@ table in FILE between the markers <!-- diffusion-table:<size> --> and <!-- /diff
 (appending the section when absent) from every report JSON of that size found in --out-dir, so sets
 exported by separate runs end up in one table. Weights: seeded random (--seed), or --weights
 state_dict.pt (keys of models.Pipeline). Exit status 1 if a set failed.
+
+Weight-only quantization (docs/quantization.md): --quantize w8|w4 [--group-size G] [--scale-dtype
+float16] and/or --weights-dtype float16 (the float32 constants not quantized, stored as binary16) are
+passed to export_program for every set; the file name then gets a suffix naming them, e.g.
+diffusion_full_portable_w4g128_s16_fp16.kiln (such files are left out of the --report table).
 """
 from __future__ import annotations
 
@@ -54,18 +59,33 @@ def load_models():
     return sys.modules[name]
 
 
-def program_path(out_dir: str, size: str, name: str) -> str:
-    return os.path.join(out_dir, f"diffusion_{size}_{name}.kiln")
+def quant_suffix(quant: dict | None) -> str:
+    """File-name suffix for the export_program quantization keywords in `quant` ("" when none):
+    _w8 / _w4g<group_size>, _s16 for float16 scales, _fp16 for weights_dtype float16."""
+    q = quant or {}
+    s = ""
+    if q.get("quantize"):
+        s += f"_{q['quantize']}" + (f"g{q.get('group_size', 128)}" if q["quantize"] == "w4" else "")
+        if q.get("scale_dtype", "float32") == "float16":
+            s += "_s16"
+    if q.get("weights_dtype", "float32") == "float16":
+        s += "_fp16"
+    return s
 
 
-def export_set(pipe, size: str, name: str, out_dir: str, verbose: bool = True):
+def program_path(out_dir: str, size: str, name: str, quant: dict | None = None) -> str:
+    return os.path.join(out_dir, f"diffusion_{size}_{name}{quant_suffix(quant)}.kiln")
+
+
+def export_set(pipe, size: str, name: str, out_dir: str, verbose: bool = True, quant: dict | None = None):
     """Exports the three methods of `pipe` for backend set `name` to program_path(...) and its report
-    JSON. Returns the ExportResult; raises kiln.ExportError."""
+    JSON. `quant`: export_program's quantization keywords (quantize, group_size, scale_dtype,
+    weights_dtype) or None. Returns the ExportResult; raises kiln.ExportError."""
     from kiln.capture import export_program
     ex = pipe.example_inputs()
-    path = program_path(out_dir, size, name)
+    path = program_path(out_dir, size, name, quant)
     return export_program({m: (pipe, ex[m], m) for m in METHODS}, out=path, report_json=path + ".report.json",
-                          verbose=verbose, **SETS[name])
+                          verbose=verbose, **SETS[name], **(quant or {}))
 
 
 def _mb(n: int) -> str:
@@ -121,7 +141,17 @@ def main(argv=None) -> int:
     p.add_argument("--report-only", action="store_true", help="only rebuild the table from the JSONs in --out-dir")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--weights", help="state_dict of models.Pipeline (torch.save); default seeded random")
+    p.add_argument("--quantize", choices=("w8", "w4"), help="weight-only quantization (docs/quantization.md)")
+    p.add_argument("--group-size", type=int, default=128, help="w4 group size (default 128)")
+    p.add_argument("--scale-dtype", choices=("float32", "float16"), default="float32")
+    p.add_argument("--weights-dtype", choices=("float32", "float16"), default="float32",
+                   help="storage of the float32 constants that are not quantized")
     args = p.parse_args(argv)
+    quant = {}
+    if args.quantize:
+        quant.update(quantize=args.quantize, group_size=args.group_size, scale_dtype=args.scale_dtype)
+    if args.weights_dtype != "float32":
+        quant["weights_dtype"] = args.weights_dtype
 
     status = 0
     if not args.report_only:
@@ -137,7 +167,7 @@ def main(argv=None) -> int:
         for name in args.backends:
             t0 = time.perf_counter()
             try:
-                r = export_set(pipe, args.size, name, args.out_dir)
+                r = export_set(pipe, args.size, name, args.out_dir, quant=quant)
                 print(f"[diffusion] {name}: {r.path} ({r.file_size / 1e6:.1f} MB) in {time.perf_counter() - t0:.1f} s, "
                       f"peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6:.2f} GB", flush=True)
                 del r
