@@ -24,6 +24,10 @@ struct KernelState {
   /// True when the kernel also computes the follow-on instruction offered to prepare
   /// (KernelPrepareArgs::next): it writes that instruction's output, which the runtime then skips.
   bool fused_next = false;
+  /// Indices of constant inputs the kernel never reads again after prepare, because the state
+  /// holds what it needs (e.g. convolution weights packed for the GEMM). The runtime may drop
+  /// their pages from memory (FileBytes::release_pages: re-read from the file if read again).
+  std::vector<size_t> released_inputs;
 };
 
 /// Arguments of one kernel call. Inputs follow the op's schema order (nullptr = None);

@@ -414,6 +414,17 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
 
 }  // namespace
 
+void FileBytes::release_pages(const void* p, size_t n) const {
+  if (!mapped_ || p == nullptr || n == 0) return;
+  const auto lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
+  auto begin = reinterpret_cast<uintptr_t>(p), end = begin + n;
+  if (begin < lo || end > hi) return;
+  const auto page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  begin = (begin + page - 1) / page * page;  // whole pages inside the range only
+  end = end / page * page;
+  if (begin < end) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 FileBytes::~FileBytes() {
   if (mapped_) munmap(const_cast<uint8_t*>(data_), size_);
   std::free(owned_);

@@ -224,6 +224,11 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
       im.states[k] = std::move(state.value());
       if (!im.states[k]) continue;
       im.prepared_bytes += im.states[k]->bytes;
+      for (size_t i : im.states[k]->released_inputs) {  // weights now held packed: drop the file's pages
+        if (i < constants.size() && constants[i] != nullptr) {
+          data_->bytes->release_pages(constants[i]->data, constants[i]->nbytes());
+        }
+      }
       if (im.states[k]->fused_next && next) {
         im.outs[k][0] = &im.values[static_cast<size_t>(plan->instructions[k + 1].outputs[0])];
         im.skip[k + 1] = 1;

@@ -20,6 +20,11 @@ class FileBytes {
   ~FileBytes();
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }
+  /// Drops the whole pages of [p, p + n) that lie in a read-only file mapping from this process's
+  /// memory (madvise MADV_DONTNEED): their contents stay valid and are re-read from the file if
+  /// anything reads them again. For bytes a kernel copied into its own state (packed weights), so
+  /// the copy does not double the resident size. No-op for an owned buffer or outside the mapping.
+  void release_pages(const void* p, size_t n) const;
 
  private:
   const uint8_t* data_ = nullptr;

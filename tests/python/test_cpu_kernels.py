@@ -4,6 +4,8 @@ portable_kernels_only=True (reference kernels) and False (cpu kernels), at 1 and
 
 fp32 tolerance: max abs error <= 1e-5 * max|expected| (scaled up for long reductions).
 """
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -139,3 +141,40 @@ def test_transposed_convolution_matches_eager(case, threads):
     assert_close(ref, expected, rel=1e-5, what=f"portable transposed conv {case}")
     if _has_avx2_fma():  # the cpu kernel took the convolution (and the relu into its stores)
         assert kiln.load_bytes(data, num_threads=threads).method().num_fused_instructions == 1
+
+
+def _mapping_rss_kib(path: str) -> int:
+    """Resident KiB of this process's mappings of `path` (/proc/self/smaps)."""
+    total, inside = 0, False
+    real = os.path.realpath(path)
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split()
+            if len(head) >= 5 and "-" in head[0] and ":" in head[3]:  # a mapping's header line
+                inside = len(head) >= 6 and os.path.realpath(head[5]) == real
+            elif inside and line.startswith("Rss:"):
+                total += int(head[1])
+    return total
+
+
+@pytest.mark.skipif(not _has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
+def test_packed_weights_do_not_stay_resident_twice(tmp_path):
+    """Convolution weights packed at load are the only copy the cpu kernel reads: the file's pages
+    of those weights are dropped from memory (re-read from the file if anything reads them), so a
+    program's resident size does not hold every weight twice. Results still match eager."""
+    torch.manual_seed(3)
+    layers = []
+    for _ in range(4):
+        layers += [torch.nn.Conv2d(256, 256, 3, padding=1), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers).eval()  # 9.4 MB of weights
+    x = torch.randn(1, 256, 6, 6)
+    path = str(tmp_path / "convs.kiln")
+    kiln.export(model, (x,), out=path, verbose=False)
+    prog = kiln.load(path, num_threads=1)
+    method = prog.method()
+    assert method.prepared_bytes > 9_000_000
+    resident = _mapping_rss_kib(path) * 1024
+    assert resident < 0.25 * os.path.getsize(path), (resident, os.path.getsize(path))
+    with torch.no_grad():
+        expected = model(x).numpy()
+    assert_close(prog.run(x.numpy())[0], expected, rel=1e-5, what="convs with released weight pages")

@@ -491,6 +491,7 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
         cpu::pack_a_for_gemm(cout_g, Kdim, pw + grp * cout_g * Kdim, Kdim, st->packed.data() + grp * st->group_stride);
       }
       st->bytes = st->packed.size() * sizeof(float);
+      st->released_inputs = {1};  // the GEMM paths read only the packed copy (M, N > 1 here)
     }
   }
   if (!st->fused_next && st->packed.empty()) return std::unique_ptr<KernelState>();
