@@ -673,7 +673,10 @@ int cmd_compile(const CompileArgs& a) {
       std::cerr << "kiln compile: " << p.error().message() << "\n";
       return kExitUsage;
     }
-    io.input_shapes[p->first] = p->second;
+    if (!io.input_shapes.emplace(p->first, p->second).second) {
+      std::cerr << "kiln compile: --input-shape gives input '" << p->first << "' twice\n";
+      return kExitUsage;
+    }
   }
   CompileOptions co;
   for (const auto& list : a.backends) {  // "--backends cpu,xnnpack" or repeated

@@ -127,6 +127,9 @@ def cmd_compile(args) -> int:
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if os.path.isdir(args.file):
+        print(f"error: {args.file} is a directory, not a model file", file=sys.stderr)
+        return 2
     if not os.path.isfile(args.file):
         print(f"error: no such file: {args.file}", file=sys.stderr)
         return 2
@@ -162,6 +165,8 @@ def _compile_onnx(args, backends, require) -> int:
         try:
             if not name:
                 raise argparse.ArgumentTypeError("no NAME=")
+            if name in shapes:
+                raise argparse.ArgumentTypeError(f"input '{name}' given twice")
             shapes[name] = parse_shape(dims)
         except argparse.ArgumentTypeError as e:
             print(f"error: --input-shape '{text}': expected NAME=SIZES, e.g. x=1x3x224x224 ({e})", file=sys.stderr)

@@ -346,3 +346,24 @@ def test_conv_transpose_asymmetric_pads_match_onnxruntime(pads, opad, strides, t
     (want,) = ort.InferenceSession(p, providers=["CPUExecutionProvider"]).run(None, {"x": x})
     assert got.shape == want.shape
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.skipif(not os.path.isfile(KILN_CLI), reason="kiln CLI not built in build/")
+def test_cli_repeated_input_shape_and_directory_are_errors(tmp_path):
+    p = save(conv_model(), tmp_path)
+    out = os.path.join(tmp_path, "m.kiln")
+    r = subprocess.run([KILN_CLI, "compile", p, "--input-shape", "x=1x3x8x8", "--input-shape", "x=1x3x4x4", "-o", out],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "input 'x' twice" in r.stderr, r.stderr
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    r = subprocess.run([sys.executable, "-m", "kiln", "compile", p, "--input-shape", "x=1x3x8x8", "--input-shape",
+                        "x=1x3x4x4", "-o", out], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 2 and "given twice" in r.stderr, r.stderr
+    d = os.path.join(tmp_path, "dir.onnx")
+    os.mkdir(d)
+    r = subprocess.run([KILN_CLI, "compile", d, "--input-shape", "x=1x3x8x8", "-o", out], capture_output=True, text=True)
+    assert r.returncode != 0 and "is a directory" in r.stderr, r.stderr
+    r = subprocess.run([sys.executable, "-m", "kiln", "compile", d, "-o", out], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 2 and "is a directory" in r.stderr, r.stderr
+    assert not os.path.exists(out)

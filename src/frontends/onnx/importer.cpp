@@ -710,6 +710,7 @@ Result<ImportedModel> import_model_bytes(std::span<const uint8_t> bytes, const s
 Result<ImportedModel> import_model(const std::string& path, const ImportOptions& options) {
   namespace fs = std::filesystem;
   std::error_code ec;
+  if (fs::is_directory(path, ec)) return Error(ErrorCode::InvalidArgument, path + " is a directory, not an ONNX file");
   if (!fs::is_regular_file(path, ec)) return Error(ErrorCode::NotFound, "no such file: " + path);
   const uintmax_t size = fs::file_size(path, ec);
   if (ec) return Error(ErrorCode::NotFound, "cannot stat " + path);
