@@ -17,7 +17,6 @@ enters multiplied by sqrt(1 - abar_t) / sqrt(abar_t) (1.62 at t = 500). Prints a
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 
@@ -31,15 +30,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 import kiln  # noqa: E402
 
 
-def load_models():
-    """examples/diffusion/models.py imported by path (as examples/diffusion/export.py does)."""
-    name = "kiln_diffusion_models"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "examples", "diffusion", "models.py"))
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
+from diffusion import load_models  # noqa: E402  (bench/diffusion.py: examples/diffusion/models.py by path)
 
 
 CONFIGS = [
