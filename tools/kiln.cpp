@@ -688,7 +688,18 @@ int cmd_compile(const CompileArgs& a) {
     }
   }
   co.require_delegation = a.require_delegation;
-  if (!co.require_delegation.empty() && co.backends.empty()) co.backends.push_back(co.require_delegation);
+  if (!co.require_delegation.empty()) {
+    if (a.backends.empty()) {
+      co.backends.push_back(co.require_delegation);  // no --backends: the required one is the one requested
+    } else if (std::find(co.backends.begin(), co.backends.end(), co.require_delegation) == co.backends.end()) {
+      // "--backends cpu --require-delegation xnnpack" asks for two contradicting things: say so, delegate nothing.
+      std::string given;
+      for (const auto& list : a.backends) given += (given.empty() ? "" : ",") + list;
+      std::cerr << "kiln compile: --require-delegation " << co.require_delegation
+                << " is not among the requested backends (--backends " << given << ")\n";
+      return kExitUsage;
+    }
+  }
   const auto t0 = std::chrono::steady_clock::now();
   auto m = onnx::import_model(a.file, io);
   if (!m.ok()) return fail(where, m.error());

@@ -257,6 +257,11 @@ def test_cli_compile(tmp_path):
     assert r.returncode == 1 and "dynamic shape" in r.stderr
     r = subprocess.run([KILN_CLI, "compile", p, "--input-shape", "x=1xAx8", "-o", out], capture_output=True, text=True)
     assert r.returncode == 2 and "expected NAME=SIZES" in r.stderr
+    r = subprocess.run([KILN_CLI, "compile", p, "--input-shape", "x=1x3x8x8", "--backends", "cpu",
+                        "--require-delegation", "xnnpack", "-o", os.path.join(tmp_path, "never.kiln")],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "not among the requested backends (--backends cpu)" in r.stderr, r.stderr
+    assert not os.path.exists(os.path.join(tmp_path, "never.kiln"))
 
 
 def test_hostile_sizes_are_errors_not_allocations(tmp_path):
