@@ -197,6 +197,7 @@ std::vector<float> normal_noise(uint64_t seed, size_t n) {
 
 std::string read_file(const std::string& path, std::string* data) {
   std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) return "'" + path + "': is a directory, not a file";
   if (!std::filesystem::is_regular_file(path, ec)) return "'" + path + "': no such file";
   std::ifstream in(path, std::ios::binary);
   if (!in) return "'" + path + "': cannot open";
@@ -300,6 +301,11 @@ int run(const Options& opt) {
                   latent_type.to_string() + " needs " + std::to_string(latent_n * sizeof(float)));
     latent.resize(latent_n);
     std::memcpy(latent.data(), data.data(), data.size());
+    for (size_t i = 0; i < latent_n; ++i) {  // a NaN / inf latent would silently give a black or garbage image
+      if (!std::isfinite(latent[i]))
+        return fail("--latent-in '" + opt.latent_in + "': value " + std::to_string(i) + " is " +
+                    std::to_string(latent[i]) + "; the latent must be finite");
+    }
     std::printf("latent:  %s read from %s\n", latent_type.to_string().c_str(), opt.latent_in.c_str());
   } else {
     latent = normal_noise(opt.seed, latent_n);

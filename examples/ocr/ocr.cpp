@@ -469,11 +469,24 @@ int run(const Options& opt) {
   }
   const DetParams dp;
 
+  // An image that cannot be read is reported and skipped: the others are still read, and the exit
+  // status is 1 at the end. A model that fails to run stops everything (exit 1 at once).
+  int status = 0;
   for (const std::string& path : opt.images) {
     std::error_code ec;
-    if (!std::filesystem::is_regular_file(path, ec)) return fail("image '" + path + "': no such file");
+    if (std::filesystem::is_directory(path, ec)) {
+      status = fail("image '" + path + "': is a directory, not an image file");
+      continue;
+    }
+    if (!std::filesystem::is_regular_file(path, ec)) {
+      status = fail("image '" + path + "': no such file");
+      continue;
+    }
     const cv::Mat img = cv::imread(path, cv::IMREAD_COLOR);
-    if (img.empty()) return fail("image '" + path + "': cannot decode");
+    if (img.empty()) {
+      status = fail("image '" + path + "': cannot decode (not an image format OpenCV reads)");
+      continue;
+    }
 
     // 2. Detection.
     auto t0 = std::chrono::steady_clock::now();
@@ -568,7 +581,7 @@ int run(const Options& opt) {
     }
     std::fflush(stdout);
   }
-  return 0;
+  return status;
 }
 
 }  // namespace

@@ -243,6 +243,11 @@ def test_generate_errors(pipe, generate_bin, tmp_path):
     err("--tokens", "1", "--latent-in", tmp_path / "nope.f32", want="no such file")
     (tmp_path / "short.f32").write_bytes(b"\0" * 12)
     err("--tokens", "1", "--latent-in", tmp_path / "short.f32", want="needs 4096")
+    nan = np.zeros(4096 // 4, np.float32)
+    nan[5] = np.nan
+    (tmp_path / "nan.f32").write_bytes(nan.tobytes())
+    err("--tokens", "1", "--latent-in", tmp_path / "nan.f32", want="value 5 is nan; the latent must be finite")
+    err("--tokens", "1", "--latent-in", tmp_path, want="is a directory, not a file")
     # the embedding's index check: the default pad id 49407 is out of range for the tiny vocabulary
     err("--tokens", "1", want="encode: ")
     p = run_generate(tmp_path / "missing.kiln", "--tokens", "1")

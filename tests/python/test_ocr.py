@@ -241,6 +241,13 @@ def test_model_matches_onnxruntime(model, config, programs, model_inputs, onnx_d
 def test_ocr_errors_are_clear(programs, pages, tmp_path):
     r = run_ocr("--models", programs["dir"], "--backend", "portable", str(tmp_path / "missing.png"))
     assert r.returncode == 1 and "missing.png" in r.stderr and "no such file" in r.stderr, r.stderr
+    # bad images are reported and skipped; the good one after them is still read; exit status 1
+    junk = tmp_path / "junk.png"
+    junk.write_bytes(b"not a png")
+    r = run_ocr("--models", programs["dir"], "--backend", "portable", str(tmp_path), str(junk), pages[0][0])
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "is a directory" in r.stderr and "junk.png': cannot decode" in r.stderr, r.stderr
+    assert f"image: {pages[0][0]}" in r.stdout and "text=" in r.stdout, r.stdout
     r = run_ocr("--models", str(tmp_path), "--backend", "portable", pages[0][0])
     assert r.returncode == 1 and "ppocr_keys.txt" in r.stderr, r.stderr
     # det where rec is expected: the shape check names the file and what it expected
