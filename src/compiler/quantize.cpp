@@ -73,11 +73,23 @@ Error quantize_matrix(const float* w, int64_t rows, int64_t k, const QuantizeOpt
       const int64_t c0 = g * gs, c1 = std::min(k, c0 + gs);
       double lo = wr[c0], hi = wr[c0], amax = 0.0;
       for (int64_t c = c0; c < c1; ++c) {
+        if (!std::isfinite(wr[c])) {  // its scale would be inf and every value of the group NaN or 0
+          return invalid("quantize: weight element [" + std::to_string(n) + ", " + std::to_string(c) + "] is " +
+                         (std::isnan(wr[c]) ? "nan" : "inf") + "; a non-finite weight cannot be quantized");
+        }
         lo = std::min(lo, static_cast<double>(wr[c]));
         hi = std::max(hi, static_cast<double>(wr[c]));
         amax = std::max(amax, std::fabs(static_cast<double>(wr[c])));
       }
       const size_t si = static_cast<size_t>(n * G + g);
+      if (o.scale_dtype == DType::Float16) {  // the scale (and zero) as stored must stay finite
+        const double sv = o.bits == 8 ? amax / 127.0 : o.symmetric ? amax / 7.0 : (hi - lo) / 15.0;
+        const double zv = o.bits == 4 && !o.symmetric ? std::fabs(lo) + 8.0 * sv : 0.0;
+        if (std::max(sv, zv) > 65504.0) {
+          return invalid("quantize: weight row " + std::to_string(n) + " has values up to " + std::to_string(amax) +
+                         " in magnitude; their scale overflows float16 (use float32 scales)");
+        }
+      }
       if (o.bits == 8) {
         const double s = store_scale(scales, si, amax / 127.0, o.scale_dtype);
         for (int64_t c = c0; c < c1; ++c) {
@@ -153,7 +165,11 @@ Result<size_t> quantize_weights(Graph& graph, const QuantizeOptions& o) {
         src = tmp.data();
       }
       std::vector<uint8_t> packed, scales, zeros;
-      KILN_RETURN_IF_ERROR(quantize_matrix(src, rows, k, o, packed, scales, zeros));
+      if (Error e = quantize_matrix(src, rows, k, o, packed, scales, zeros); !e.ok()) {
+        const std::string& wname = graph.value(wid).name;
+        return Error(e.code(), e.message() + " (weight '" + (wname.empty() ? n.debug_name : wname) + "' of node '" +
+                                   n.debug_name + "'; exclude the layer from quantization)");
+      }
       const int64_t gs = o.bits == 8 ? k : std::min(o.group_size, k);
       const int64_t G = (k + gs - 1) / gs;
       const std::string base = graph.value(wid).name.empty() ? n.debug_name : graph.value(wid).name;

@@ -392,3 +392,22 @@ def test_quantization_options_that_would_be_ignored_are_refused():
     assert "quantized nothing" in res.text and "exclude patterns ['*']" in res.text
     relu = torch.nn.ReLU().eval()
     assert "quantized nothing" in kiln.export(relu, (x,), verbose=False, quantize="w8").text
+
+
+def test_non_finite_or_huge_weights_are_refused_not_nan():
+    """A weight with inf/NaN would get an infinite scale and dequantize to NaN (or 0): the compile
+    fails naming the layer; a weight whose float16 scale would overflow asks for float32 scales."""
+    lin = torch.nn.Sequential(torch.nn.Linear(64, 8)).eval()
+    x = torch.randn(2, 64)
+    with torch.no_grad():
+        lin[0].weight[3, 5] = float("inf")
+    for kw in ({"quantize": "w8"}, {"quantize": "w4", "group_size": 32}):
+        with pytest.raises(Exception, match=r"weight element \[3, 5\] is inf; a non-finite weight cannot be quantized"):
+            kiln.export(lin, (x,), verbose=False, **kw)
+    with torch.no_grad():
+        lin[0].weight[3, 5] = 1e6  # w4 symmetric scale 1e6 / 7 > 65504
+    with pytest.raises(Exception, match="overflows float16"):
+        kiln.export(lin, (x,), verbose=False, quantize="w4", group_size=32, scale_dtype="float16")
+    res = kiln.export(lin, (x,), verbose=False, quantize="w4", group_size=32)  # float32 scales hold it
+    got = kiln.load_bytes(res.data).run(x.numpy())[0]
+    assert np.isfinite(got).all()
