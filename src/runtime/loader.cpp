@@ -559,6 +559,13 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
     if (pick < chosen.meta.skipped_alternatives.size()) chosen.meta.skipped_alternatives.resize(pick);
     data->methods.push_back(std::move(chosen));
   }
+  // Float16-stored constants are read once, to widen them: their file pages are dropped again
+  // (re-read from the file if a delegate or a later load reads them), so that an fp16-weights
+  // program does not hold both the float16 and the float32 copy.
+  for (const auto& [index, widened] : data->widened) {
+    const ConstantSpan& c = constants[static_cast<size_t>(index)];
+    bytes->release_pages(c.data, c.nbytes);
+  }
   data->bytes = std::move(bytes);
   data->backend_settings = settings;
   return data;

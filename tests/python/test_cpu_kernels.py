@@ -178,3 +178,17 @@ def test_packed_weights_do_not_stay_resident_twice(tmp_path):
     with torch.no_grad():
         expected = model(x).numpy()
     assert_close(prog.run(x.numpy())[0], expected, rel=1e-5, what="convs with released weight pages")
+
+    # Weights stored as float16 are widened once at load: the file's float16 pages are dropped too.
+    path16 = str(tmp_path / "convs_fp16.kiln")
+    kiln.export(model, (x,), out=path16, verbose=False, weights_dtype="float16")
+    prog16 = kiln.load(path16, num_threads=1)
+    resident = _mapping_rss_kib(path16) * 1024
+    assert resident < 0.25 * os.path.getsize(path16), (resident, os.path.getsize(path16))
+    with torch.no_grad():
+        y = x
+        for m in layers:  # eager with each conv weight rounded to float16 (biases stay float32)
+            y = (torch.nn.functional.conv2d(y, m.weight.half().float(), m.bias, padding=1)
+                 if isinstance(m, torch.nn.Conv2d) else m(y))
+        expected16 = y.numpy()
+    assert_close(prog16.run(x.numpy())[0], expected16, rel=1e-5, what="float16-stored convs, pages released")
