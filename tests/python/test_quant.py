@@ -433,6 +433,28 @@ def test_mlx_quantized_conv(scheme, group_size, symmetric, scale_dtype):
 
 
 @needs_mlx
+@pytest.mark.parametrize("scheme,group_size,symmetric", [("w8", 0, True), ("w4", 32, False), ("w4", 128, True)])
+def test_mlx_quantized_weights_as_inputs(scheme, group_size, symmetric):
+    """Packed weight, scales and zeros given as method inputs (not constants): delegated to mlx on
+    the in-graph dequantization path (quantized_matmul needs constants) and equal to NumPy."""
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((31, 96)).astype(np.float32)
+    packed, s, z, wd = quantize(w, scheme, group_size, symmetric, "float32")
+    x = rng.standard_normal((3, 96)).astype(np.float32)
+    g = kiln.Graph()
+    ids = [_add(g, "x", x, False), _add(g, "w", packed, False), _add(g, "s", s, False),
+           -1 if z is None else _add(g, "z", z, False), -1]
+    g.set_outputs(list(g.add_node("kiln.weight_quantized_linear", ids,
+                                  {"bits": 8 if scheme == "w8" else 4, "group_size": group_size})))
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    data, rep = pb.compile(backends=["mlx"], require_delegation="mlx")
+    feeds = [x, packed, s] + ([] if z is None else [z])
+    got = kiln.load_bytes(data, backend_settings={"mlx.device": "cpu"}).run(*feeds)[0]
+    assert_close(got, (x.astype(np.float64) @ wd.astype(np.float64).T).astype(np.float32), 1e-5, scheme)
+
+
+@needs_mlx
 @pytest.mark.parametrize("compute_dtype,tol", [("float16", 1e-3), ("bfloat16", 1e-2)])
 def test_mlx_quantized_reduced_precision(compute_dtype, tol):
     """With the mlx precision option, the quantized nodes compute in float16 / bfloat16: still

@@ -538,9 +538,15 @@ mx::array dequantize_weight(BuildCtx& c, const mx::array& packed, const mx::arra
   return v;
 }
 
+// Both quantized ops: float32 input and bias; weight, scales and zeros need not be constants (the
+// in-graph path reads them as inputs; quantized_matmul is used only when they are constants).
 Error check_quantized(const NodeView& n) {
   if (!n.in[0] || n.in[0]->dtype != DType::Float32) return no("input is not float32");
   if (n.in[4] && n.in[4]->dtype != DType::Float32) return no("bias is not float32");
+  // The weight dequantized in the graph is [rows, K] (rows, K validated by the op's inference).
+  if (!fits_quantized_matmul(n) && n.in[1]->sizes[0] * quant_k(n) > (int64_t{1} << 31)) {
+    return no("the dequantized weight would have more than 2^31 elements");
+  }
   return ok();
 }
 std::vector<mx::array> prepare_quantized_linear(const NodeView& n, const Inputs& consts, mx::Device dev) {
