@@ -17,6 +17,7 @@
 #include "ir/op_registry.h"
 #include "ir/ops/conv.h"
 #include "ir/ops/pool.h"
+#include "ir/ops/quant.h"
 
 namespace kiln::mlxb {
 namespace {
@@ -405,11 +406,13 @@ mx::array conv_by_taps(BuildCtx& c, const mx::array& x, const mx::array& w, cons
   return *acc;
 }
 
-mx::array conv(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>& prep) {
-  const ConvGeometry g = conv_geometry(in_type(n, 0), in_type(n, 1), n.in[2] ? &*n.in[2] : nullptr, n.attrs).value();
+// The convolution of geometry `g` (src/ir/ops/conv.h) of input x (Kiln's layout: [N, C, L] or
+// [N, C, H, W]) with weight w already in MLX's layout (conv_weight) plus bias [C_out] if given;
+// result in Kiln's layout. Shared by aten.convolution and kiln.weight_quantized_convolution.
+mx::array conv_with_weight(BuildCtx& c, const mx::array& input, const mx::array& w, const std::optional<mx::array>& bias,
+                           const ConvGeometry& g) {
   const bool two = g.spatial_dims == 2;
-  const mx::array w = prep.empty() ? conv_weight(*in[1], g, c.dev) : prep[0];
-  mx::array x = two ? mx::transpose(*in[0], {0, 2, 3, 1}, c.dev) : mx::transpose(*in[0], {0, 2, 1}, c.dev);
+  mx::array x = two ? mx::transpose(input, {0, 2, 3, 1}, c.dev) : mx::transpose(input, {0, 2, 1}, c.dev);
   const int first = two ? 0 : 1;  // ConvGeometry describes 1-D as 2-D with H = 1
   std::vector<int> stride, pad_lo, pad_hi, dil, ones;
   std::vector<std::pair<int, int>> crop;  // transposed: output rows to drop (start, end)
@@ -454,58 +457,127 @@ mx::array conv(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vect
     }
   }
   y = two ? mx::transpose(y, {0, 3, 1, 2}, c.dev) : mx::transpose(y, {0, 2, 1}, c.dev);
-  if (in[2]) y = mx::add(y, channel_param(*in[2], y.ndim(), c.dev), c.dev);
+  if (bias) y = mx::add(y, channel_param(*bias, y.ndim(), c.dev), c.dev);
   return y;
+}
+mx::array conv(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>& prep) {
+  const ConvGeometry g = conv_geometry(in_type(n, 0), in_type(n, 1), n.in[2] ? &*n.in[2] : nullptr, n.attrs).value();
+  const mx::array w = prep.empty() ? conv_weight(*in[1], g, c.dev) : prep[0];
+  return conv_with_weight(c, *in[0], w, in[2], g);
 }
 
 // ---------------------------------------------------------------- linear algebra
 
-// linear: x @ w^T + b (torch.nn.functional.linear).
-mx::array linear(BuildCtx& c, const NodeView&, const Inputs& in, const std::vector<mx::array>&) {
-  mx::array y = mx::matmul(*in[0], mx::transpose(*in[1], c.dev), c.dev);
-  if (in[2]) y = mx::add(y, *in[2], c.dev);
+// linear: x @ w^T + b (torch.nn.functional.linear). w [N, K] in the compute dtype.
+mx::array linear_with_weight(BuildCtx& c, const mx::array& x, const mx::array& w, const std::optional<mx::array>& bias) {
+  mx::array y = mx::matmul(x, mx::transpose(w, c.dev), c.dev);
+  if (bias) y = mx::add(y, *bias, c.dev);
   return y;
 }
-// kiln.weight_quantized_linear (layout: src/ir/ops/quant.h) as MLX's affine quantized_matmul, for
-// the layouts that fit it: 4-bit, group size 32, 64 or 128 dividing K, constant weight, scales and
-// zeros. MLX's affine format (mlx/ops.cpp quantize) is w = scale * u + bias with u the unsigned
-// nibble packed low bits first in little-endian uint32 words: the same bytes as Kiln's packed rows
-// (viewed as uint32, not repacked), with bias = zero - 8 * scale (computed once at init).
-Error check_quantized_linear(const NodeView& n) {
+mx::array linear(BuildCtx& c, const NodeView&, const Inputs& in, const std::vector<mx::array>&) {
+  return linear_with_weight(c, *in[0], *in[1], in[2]);
+}
+
+// ---------------------------------------------------------------- weight-only quantized ops
+//
+// kiln.weight_quantized_linear / _convolution (layout and formula: src/ir/ops/quant.h). The packed
+// bytes are uploaded as they are in the file (no re-quantization or repacking at load), then:
+// - 4-bit linear whose group size is 32, 64 or 128 and divides K: MLX's affine quantized_matmul.
+//   MLX's affine format (mlx/ops.cpp quantize) is w = scale * u + bias with u the unsigned nibble
+//   packed low bits first in little-endian uint32 words: the same bytes as Kiln's packed rows
+//   (viewed as uint32), with bias = zero - 8 * scale (computed once at init).
+// - everything else (8-bit, other group sizes, K not a multiple of the group size, and every
+//   quantized convolution): the weight is dequantized inside the MLX graph on every call
+//   (dequantize_weight) and fed to the float linear / convolution lowering above.
+
+/// The reduction length K of a quantized node: the input's last dim (linear) or
+/// C_in / groups * kH * kW (convolution).
+int64_t quant_k(const NodeView& n) {
+  if (n.op == "kiln.weight_quantized_linear") return n.in[0]->sizes.back();
+  const auto ks = n.attrs.get_ints("kernel_size");
+  return n.in[0]->sizes[1] / n.attrs.get_int("groups", 1) * ks[0] * ks[1];
+}
+/// The effective group size (group_size 0 or > K means one group of K columns).
+int64_t quant_group(const NodeView& n, int64_t k) {
+  const int64_t gs = n.attrs.get_int("group_size", 0);
+  return gs == 0 || gs > k ? k : gs;
+}
+/// Whether the node is a 4-bit linear that MLX's quantized_matmul takes as it is.
+bool fits_quantized_matmul(const NodeView& n) {
+  if (n.op != "kiln.weight_quantized_linear" || n.attrs.get_int("bits", 8) != 4) return false;
+  const int64_t k = quant_k(n), gs = quant_group(n, k);
+  return (gs == 32 || gs == 64 || gs == 128) && k % gs == 0;
+}
+
+/// The float weight [rows, k] (compute dtype) that a packed weight encodes, built in the graph:
+/// bits 8: int8 q [rows, k] -> q * s; bits 4: uint8 [rows, ceil(k / 2)], column c in byte c / 2,
+/// low nibble for even c -> (u - 8) * s (+ z). Scales / zeros [rows, G], G = ceil(k / gs): each
+/// broadcast over its group of gs columns (the last group cut short at k).
+mx::array dequantize_weight(BuildCtx& c, const mx::array& packed, const mx::array& scales,
+                            const std::optional<mx::array>& zeros, int bits, int64_t k, int64_t gs) {
+  const int rows = packed.shape(0), kk = static_cast<int>(k), G = scales.shape(1), g = static_cast<int>(gs);
+  const mx::Dtype dt = c.compute;
+  mx::array q = packed;
+  if (bits == 4) {
+    const mx::array lo = mx::bitwise_and(packed, mx::array(uint8_t{15}, mx::uint8), c.dev);
+    const mx::array hi = mx::right_shift(packed, mx::array(uint8_t{4}, mx::uint8), c.dev);
+    q = mx::reshape(mx::stack({lo, hi}, 2, c.dev), {rows, 2 * packed.shape(1)}, c.dev);  // [rows, 2 ceil(k/2)]
+    if (q.shape(1) != kk) q = mx::slice(q, {0, 0}, {rows, kk}, c.dev);
+  }
+  mx::array v = mx::astype(q, dt, c.dev);
+  if (bits == 4) v = mx::subtract(v, mx::array(8.0f, dt), c.dev);
+  // Per-column scales: [rows, G] -> [rows, G, gs] -> [rows, G gs] -> first k columns.
+  auto per_column = [&](const mx::array& p) {
+    mx::array a = mx::astype(p, dt, c.dev);
+    if (G == 1) return a;  // [rows, 1] broadcasts over the row
+    a = mx::reshape(mx::broadcast_to(mx::reshape(a, {rows, G, 1}, c.dev), {rows, G, g}, c.dev), {rows, G * g}, c.dev);
+    return G * g == kk ? a : mx::slice(a, {0, 0}, {rows, kk}, c.dev);
+  };
+  v = mx::multiply(v, per_column(scales), c.dev);
+  if (zeros) v = mx::add(v, per_column(*zeros), c.dev);
+  return v;
+}
+
+// Both quantized ops: float32 input and bias; weight, scales and zeros need not be constants (the
+// in-graph path reads them as inputs; quantized_matmul is used only when they are constants).
+Error check_quantized(const NodeView& n) {
   if (!n.in[0] || n.in[0]->dtype != DType::Float32) return no("input is not float32");
-  if (n.attrs.get_int("bits", 8) != 4) {
-    return no("8-bit weights (Kiln's int8 per-channel layout is not MLX's unsigned affine format; runs on Kiln's kernels)");
-  }
-  for (size_t i = 1; i < 4; ++i) {
-    if (n.in[i] && !n.in_const[i]) return no("quantized weight, scales and zeros must be constants");
-  }
   if (n.in[4] && n.in[4]->dtype != DType::Float32) return no("bias is not float32");
-  const int64_t k = n.in[0]->sizes.back();
-  int64_t gs = n.attrs.get_int("group_size", 0);
-  if (gs == 0 || gs > k) gs = k;
-  if ((gs != 32 && gs != 64 && gs != 128) || k % gs != 0) {
-    return no("group size " + std::to_string(gs) + " with K = " + std::to_string(k) +
-              " does not fit MLX's quantized_matmul (group size 32, 64 or 128 dividing K)");
+  // The weight dequantized in the graph is [rows, K] (rows, K validated by the op's inference).
+  if (!fits_quantized_matmul(n) && n.in[1]->sizes[0] * quant_k(n) > (int64_t{1} << 31)) {
+    return no("the dequantized weight would have more than 2^31 elements");
   }
   return ok();
 }
 std::vector<mx::array> prepare_quantized_linear(const NodeView& n, const Inputs& consts, mx::Device dev) {
-  if (!consts[1] || !consts[2]) return {};
+  if (!fits_quantized_matmul(n) || !consts[1] || !consts[2] || (n.in[3] && !consts[3])) return {};
   mx::array w = mx::view(*consts[1], mx::uint32, dev);  // [N, K / 8]
   mx::array s = mx::astype(*consts[2], mx::float32, dev);
   mx::array b = mx::multiply(s, mx::array(-8.0f), dev);
   if (consts[3]) b = mx::add(b, mx::astype(*consts[3], mx::float32, dev), dev);
-  (void)n;
   return {mx::contiguous(w, false, dev), s, b};
 }
 mx::array quantized_linear(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>& prep) {
-  const int64_t k = n.in[0]->sizes.back();
-  int64_t gs = n.attrs.get_int("group_size", 0);
-  if (gs == 0 || gs > k) gs = k;
-  mx::array y = mx::quantized_matmul(*in[0], prep.at(0), prep.at(1), prep.at(2), true, static_cast<int>(gs), 4, "affine",
-                                     c.dev);
-  if (in[4]) y = mx::add(y, *in[4], c.dev);
-  return y;
+  const int64_t k = quant_k(n), gs = quant_group(n, k);
+  if (!prep.empty()) {
+    mx::array y = mx::quantized_matmul(*in[0], prep.at(0), prep.at(1), prep.at(2), true, static_cast<int>(gs), 4,
+                                       "affine", c.dev);
+    if (in[4]) y = mx::add(y, *in[4], c.dev);
+    return y;
+  }
+  const int bits = static_cast<int>(n.attrs.get_int("bits", 8));
+  return linear_with_weight(c, *in[0], dequantize_weight(c, *in[1], *in[2], in[3], bits, k, gs), in[4]);
+}
+mx::array quantized_conv(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const auto ks = n.attrs.get_ints("kernel_size");
+  const TensorType dense{DType::Float32, {n.in[1]->sizes[0], n.in[0]->sizes[1] / n.attrs.get_int("groups", 1), ks[0], ks[1]}};
+  const ConvGeometry g =
+      conv_geometry(in_type(n, 0), dense, n.in[4] ? &*n.in[4] : nullptr, quantized_conv_attrs(n.attrs)).value();
+  const int64_t k = quant_k(n);
+  mx::array w = dequantize_weight(c, *in[1], *in[2], in[3], static_cast<int>(n.attrs.get_int("bits", 8)), k,
+                                  quant_group(n, k));
+  w = mx::reshape(w, shape_of(dense.sizes), c.dev);  // PyTorch's [C_out, C_in/groups, kH, kW]
+  return conv_with_weight(c, *in[0], conv_weight(w, g, c.dev), in[4], g);
 }
 // addmm: beta * self + alpha * (mat1 @ mat2); beta = 0 ignores self (PyTorch's rule).
 mx::array addmm(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
@@ -894,7 +966,8 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.constant_pad_nd", {any_dtype, constant_pad}},
       {"aten.convolution", {check_conv, conv, prepare_conv, false, 0b10}},
       {"aten.linear", {float32_inputs, linear}},
-      {"kiln.weight_quantized_linear", {check_quantized_linear, quantized_linear, prepare_quantized_linear, false, 0b1110}},
+      {"kiln.weight_quantized_linear", {check_quantized, quantized_linear, prepare_quantized_linear, false, 0b1110}},
+      {"kiln.weight_quantized_convolution", {check_quantized, quantized_conv}},
       {"aten.addmm", {float32_inputs, addmm}},
       {"aten.mm", {float32_inputs, matmul}},
       {"aten.bmm", {float32_inputs, matmul}},

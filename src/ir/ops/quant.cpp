@@ -26,16 +26,6 @@ Result<std::vector<TensorType>> infer_linear(InputTypes in, const Attributes& at
   return std::vector<TensorType>{{DType::Float32, std::move(out)}};
 }
 
-/// The aten.convolution attributes of a quantized convolution (never transposed).
-Attributes conv_attrs(const Attributes& attrs) {
-  return Attributes{{"stride", attrs.get_ints("stride")},
-                    {"padding", attrs.get_ints("padding")},
-                    {"dilation", attrs.get_ints("dilation")},
-                    {"transposed", false},
-                    {"output_padding", std::vector<int64_t>{0}},
-                    {"groups", attrs.get_int("groups", 1)}};
-}
-
 // kiln.weight_quantized_convolution(input [N, C_in, H, W], weight, scales, zeros?, bias? [C_out])
 // -> [N, C_out, H_out, W_out], as aten.convolution with the dequantized weight
 // [C_out, C_in/groups, kernel_size[0], kernel_size[1]].
@@ -56,7 +46,7 @@ Result<std::vector<TensorType>> infer_conv(InputTypes in, const Attributes& attr
   if (cin_g < 1) return invalid("input has no channels");
   if (in[1]->dim() != 2) return invalid("weight must be 2-D [C_out, packed row bytes], got " + in[1]->to_string());
   const TensorType dense{DType::Float32, {in[1]->sizes[0], cin_g, ks[0], ks[1]}};
-  auto g = conv_geometry(x, dense, in[4], conv_attrs(attrs));
+  auto g = conv_geometry(x, dense, in[4], quantized_conv_attrs(attrs));
   if (!g.ok()) return g.error();
   auto q = quant_layout(*in[1], *in[2], in[3], cin_g * ks[0] * ks[1], attrs);
   if (!q.ok()) return q.error();
@@ -64,6 +54,15 @@ Result<std::vector<TensorType>> infer_conv(InputTypes in, const Attributes& attr
 }
 
 }  // namespace
+
+Attributes quantized_conv_attrs(const Attributes& attrs) {
+  return Attributes{{"stride", attrs.get_ints("stride")},
+                    {"padding", attrs.get_ints("padding")},
+                    {"dilation", attrs.get_ints("dilation")},
+                    {"transposed", false},
+                    {"output_padding", std::vector<int64_t>{0}},
+                    {"groups", attrs.get_int("groups", 1)}};
+}
 
 Result<QuantLayout> quant_layout(const TensorType& weight, const TensorType& scales, const TensorType* zeros, int64_t k,
                                  const Attributes& attrs) {

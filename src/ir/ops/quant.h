@@ -47,4 +47,10 @@ struct QuantLayout {
 Result<QuantLayout> quant_layout(const TensorType& weight, const TensorType& scales, const TensorType* zeros, int64_t k,
                                  const Attributes& attrs);
 
+/// The aten.convolution attributes (stride, padding, dilation, groups; never transposed) of a
+/// kiln.weight_quantized_convolution with normalized attributes `attrs`: with the dequantized
+/// weight float32 [C_out, C_in/groups, kernel_size[0], kernel_size[1]], conv_geometry
+/// (src/ir/ops/conv.h) gives the op's geometry (its inference and the backends use this one rule).
+Attributes quantized_conv_attrs(const Attributes& attrs);
+
 }  // namespace kiln
