@@ -186,7 +186,9 @@ class ProgramBuilder {
   std::vector<std::pair<std::string, Graph>> methods_;
 };
 
-/// Writes bytes to path (NotFound / InvalidArgument with the OS error on failure).
+/// Writes bytes to path without ever leaving a partial file: a temporary beside it renamed over it
+/// once complete (a process that has the old program mapped keeps its bytes); an existing device
+/// or FIFO is written in place. NotFound (missing folder) / InvalidArgument with the OS error.
 Error write_file(const std::string& path, const std::vector<uint8_t>& bytes);
 
 // Passes (src/ir/passes.cpp, src/compiler/memory_planner.cpp); each fits on a screen.

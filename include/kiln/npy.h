@@ -56,7 +56,8 @@ Result<Array> read_file(const std::string& path);
 /// on a multiple of 64 bytes, as NumPy does). InvalidArgument for bfloat16.
 Result<std::vector<uint8_t>> encode(const Tensor& tensor);
 
-/// encode() then writes `path` (NotFound with the OS error when it cannot be written).
+/// encode() then writes `path` as kiln::write_file does (complete or not at all: a temporary renamed
+/// over it; devices written in place). NotFound / InvalidArgument with the OS error.
 Error write_file(const std::string& path, const Tensor& tensor);
 
 }  // namespace kiln::npy

@@ -1312,8 +1312,19 @@ def _default_progress(msg: str):
 def _write_atomically(path: str, data: bytes):
     """Writes `data` to a temporary file beside `path` and renames it over `path`, so that a
     process that has the old program memory-mapped keeps its (unlinked) bytes instead of
-    seeing the file truncated under it (SIGBUS). Raises OSError."""
+    seeing the file truncated under it (SIGBUS). An existing device or FIFO (e.g. /dev/null) is
+    written in place, never replaced by a regular file. Raises OSError."""
+    import stat
     import tempfile
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
+        with open(path, "wb") as f:  # a device (/dev/null) or FIFO: written into, never replaced
+            f.write(data)
+        return
+    path = os.path.realpath(path)  # a symlink to a file: replace the file it names, keep the link
     d = os.path.dirname(path) or "."
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".kiln-", suffix=".tmp", dir=d)

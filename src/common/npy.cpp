@@ -1,6 +1,8 @@
 // .npy reader and writer (see npy.h for the format and the supported dtypes).
 #include "kiln/npy.h"
 
+#include "common/file_write.h"
+
 #include <sys/stat.h>
 
 #include <bit>
@@ -303,12 +305,7 @@ Result<std::vector<uint8_t>> encode(const Tensor& tensor) {
 Error write_file(const std::string& path, const Tensor& tensor) {
   auto bytes = encode(tensor);
   if (!bytes.ok()) return bytes.error();
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  if (f == nullptr) return Error(ErrorCode::NotFound, "cannot write '" + path + "': " + std::strerror(errno));
-  const bool written = std::fwrite(bytes->data(), 1, bytes->size(), f) == bytes->size();
-  const bool closed = std::fclose(f) == 0;
-  if (!written || !closed) return Error(ErrorCode::InvalidArgument, "cannot write '" + path + "': " + std::strerror(errno));
-  return Error::success();
+  return write_file_replacing(path, bytes->data(), bytes->size());
 }
 
 }  // namespace kiln::npy

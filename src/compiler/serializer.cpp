@@ -6,6 +6,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/file_write.h"
 #include "kiln/compiler.h"
 #include "program_generated.h"
 #include "runtime/file_format.h"
@@ -323,11 +324,7 @@ std::string CompiledProgram::report() const {
 }
 
 Error write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) return Error(ErrorCode::InvalidArgument, "cannot open '" + path + "' for writing: " + std::strerror(errno));
-  f.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!f) return Error(ErrorCode::InvalidArgument, "failed writing '" + path + "': " + std::strerror(errno));
-  return {};
+  return write_file_replacing(path, bytes.data(), bytes.size());
 }
 
 }  // namespace kiln

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import re
 import subprocess
 import sys
@@ -405,6 +406,24 @@ def test_py_compile_pt2_delegation_report_and_requirement(saved_pt2, tmp_path):
     assert r.returncode == 1, r.stderr
     assert "not delegated to required backend 'xnnpack'" in r.stderr and "aten.native_group_norm (gn)" in r.stderr
     assert not out2.exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
+def test_export_to_a_device_writes_into_it(tmp_path):
+    """-o /dev/full is an error (the device stays a device, not replaced by a regular file); a
+    program written to /dev/null is written into it."""
+    lin = torch.nn.Linear(4, 3).eval()
+    x = torch.randn(1, 4)
+    with pytest.raises(Exception, match="cannot write /dev/full: No space left on device"):
+        kiln.export(lin, (x,), out="/dev/full", verbose=False)
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+    kiln.export(lin, (x,), out="/dev/null", verbose=False)
+    assert stat.S_ISCHR(os.stat("/dev/null").st_mode)
+    target = tmp_path / "real.kiln"  # a symlink keeps pointing at the (replaced) program
+    target.write_bytes(b"old")
+    (tmp_path / "link.kiln").symlink_to(target)
+    kiln.export(lin, (x,), out=str(tmp_path / "link.kiln"), verbose=False)
+    assert (tmp_path / "link.kiln").is_symlink() and kiln.load(str(target)).run(x.numpy())[0].shape == (1, 3)
 
 
 def test_py_cli_help_and_errors(tmp_path):

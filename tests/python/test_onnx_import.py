@@ -2,6 +2,7 @@
 malformed and hostile files (never a crash), external data confined to the model's directory,
 and the `kiln compile model.onnx` CLI."""
 import os
+import stat
 import subprocess
 import sys
 
@@ -262,6 +263,21 @@ def test_cli_compile(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "not among the requested backends (--backends cpu)" in r.stderr, r.stderr
     assert not os.path.exists(os.path.join(tmp_path, "never.kiln"))
+
+    # Recompiling over a program that a process has loaded (memory-mapped) leaves that process's
+    # program intact (the new file is renamed over the old one, not written into it); a device
+    # is written into, never replaced, and a full one is an error.
+    loaded = kiln.load(out)
+    r = subprocess.run([KILN_CLI, "compile", p, "--input-shape", "x=2x3x8x8", "-o", out], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert np.abs(loaded.run(x)[0] - want).max() <= 1e-5 * np.abs(want).max()
+    assert kiln.load(out).method().inputs[0]["sizes"] == [2, 3, 8, 8]
+    assert not [f for f in os.listdir(tmp_path) if f.startswith(".kiln-")]
+    if os.path.exists("/dev/full"):
+        r = subprocess.run([KILN_CLI, "compile", p, "--input-shape", "x=1x3x8x8", "-o", "/dev/full"],
+                           capture_output=True, text=True)
+        assert r.returncode == 1 and "No space left on device" in r.stderr, r.stderr
+        assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
 
 
 def test_hostile_sizes_are_errors_not_allocations(tmp_path):
