@@ -103,11 +103,8 @@ def cmd_export(args) -> int:
     except Exception as ex:  # unknown name; unreadable, non-state-dict or mismatched weights
         print(f"error: cannot build {name}: {type(ex).__name__}: {ex}", file=sys.stderr)
         return 2
-    dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[args.dtype]
-    if dtype != torch.float32:
-        model = model.to(dtype)
     torch.manual_seed(1)
-    example = torch.randn(*args.input_shape, dtype=dtype)
+    example = torch.randn(*args.input_shape)
     try:
         result = export(model, (example,), out=args.output, backends=backends, require_delegation=require,
                         report_json=args.report_json, verbose=not args.quiet, **_quant_kwargs(args))
@@ -188,7 +185,8 @@ def _compile_onnx(args, backends, require) -> int:
 
 def _quant_kwargs(args) -> dict:
     return {"quantize": args.quantize, "group_size": args.group_size, "symmetric": not args.asymmetric,
-            "scale_dtype": args.scale_dtype, "exclude": args.quantize_exclude, "weights_dtype": args.weights_dtype}
+            "scale_dtype": args.scale_dtype, "exclude": args.quantize_exclude, "weights_dtype": args.weights_dtype,
+            "compute_dtype": args.compute_dtype}
 
 
 def _add_delegation_args(p, built: str):
@@ -216,6 +214,10 @@ def _add_delegation_args(p, built: str):
                         "to float32 at load)")
     p.add_argument("--quantize-exclude", nargs="+", default=[], metavar="PATTERN",
                    help="module paths / weight names (fnmatch patterns, e.g. 'features.0.*') left in float32")
+    p.add_argument("--compute-dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="precision of the delegates that support it (mlx computes its segments in it); "
+                        "the program's inputs, outputs and weights stay float32, and Kiln's CPU kernels "
+                        "and xnnpack compute float32 (default float32)")
     p.add_argument("-o", "--output", required=True, metavar="OUT.kiln", help="program file to write")
     p.add_argument("-q", "--quiet", action="store_true", help="print only the written path")
 
@@ -262,9 +264,8 @@ def main(argv=None) -> int:
     e.add_argument("--model", help="the same as MODEL (kept for older scripts)")
     e.add_argument("--input-shape", type=parse_shape, default=(1, 3, 224, 224), metavar="NxCxHxW",
                    help="shape of the single input tensor the program will take (default 1x3x224x224)")
-    e.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32",
-                   help="dtype of the input and weights (default float32; Kiln's portable kernels compute "
-                        "in float32, so float16/bfloat16 need a backend that supports them)")
+    e.add_argument("--dtype", dest="compute_dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="the same as --compute-dtype (kept for older scripts)")
     e.add_argument("--weights", metavar="PATH",
                    help="state_dict saved with torch.save(model.state_dict(), PATH); without it the model "
                         "gets seeded random weights (torch.manual_seed(0)) and its labels are meaningless")

@@ -1510,7 +1510,7 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
            verbose: bool = True, alternatives: Sequence[Sequence[str]] = (),
            quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
            scale_dtype: str = "float32", exclude: Sequence[str] = (),
-                     weights_dtype: str = "float32") -> ExportResult:
+           weights_dtype: str = "float32", compute_dtype: str = "float32") -> ExportResult:
     """Exports ``module.<method>`` (default forward) for `example_inputs` (a tensor or tuple; the
     program takes exactly these shapes and dtypes) into a program with one method named `method`,
     written to `out` when given.
@@ -1533,13 +1533,16 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
     keep in float32 (e.g. ["features.0.*"]). Activations stay float32 (src/ir/ops/quant.h).
     weights_dtype: "float16" stores the float32 constants the kernels read (>= 1024 elements) as
     float16 in the file; the loader widens them to float32 once at load.
+    compute_dtype: "float32" (default), "float16" or "bfloat16": the precision of delegates that
+    support it (mlx computes its segments in that dtype; inputs and outputs stay float32; Kiln's
+    CPU kernels and xnnpack always compute float32); see compile_captures().
     Prints progress and a report unless verbose=False. Returns an ExportResult; raises ExportError."""
     return export_program({method: (module, example_inputs, method)}, out=out, backends=backends,
                           require_delegation=require_delegation, fold_constants=fold_constants,
                           fold_batch_norm=fold_batch_norm, strict=strict, report_json=report_json,
                           verbose=verbose, alternatives=alternatives, quantize=quantize, group_size=group_size,
                           symmetric=symmetric, scale_dtype=scale_dtype, exclude=exclude,
-                          weights_dtype=weights_dtype)
+                          weights_dtype=weights_dtype, compute_dtype=compute_dtype)
 
 
 def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", out: str | os.PathLike | None = None,
@@ -1548,7 +1551,7 @@ def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", o
                           report_json: str | os.PathLike | None = None, verbose: bool = True,
                           quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
                           scale_dtype: str = "float32", exclude: Sequence[str] = (),
-                     weights_dtype: str = "float32") -> ExportResult:
+                          weights_dtype: str = "float32", compute_dtype: str = "float32") -> ExportResult:
     """Compiles an ExportedProgram saved with ``torch.export.save(ep, path)`` (a .pt2 file) into a
     program with one method named `method`. Its inputs take the shapes and dtypes of the saved
     program's placeholders (its example inputs). Options as for export(). Raises ExportError
@@ -1575,4 +1578,4 @@ def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", o
                             fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
                             report_json=report_json, verbose=verbose, t0=t0,
                             quantize=quantize, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype,
-                            exclude=exclude, weights_dtype=weights_dtype)
+                            exclude=exclude, weights_dtype=weights_dtype, compute_dtype=compute_dtype)

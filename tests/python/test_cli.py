@@ -408,6 +408,25 @@ def test_py_compile_pt2_delegation_report_and_requirement(saved_pt2, tmp_path):
     assert not out2.exists()
 
 
+@pytest.mark.skipif("mlx" not in kiln._kiln.backend_names(), reason="the mlx backend is not built")
+def test_py_export_compute_dtype_for_mlx(tmp_path):
+    """--compute-dtype bfloat16 (and its old spelling --dtype) exports a float32-input program whose
+    mlx segment computes in bfloat16: close to the float32 program, not equal to it."""
+    out32, out16 = tmp_path / "m32.kiln", tmp_path / "m16.kiln"
+    common = ("export", "mobilenet_v3_small", "--input-shape", "1x3x64x64", "-q")
+    r = py_kiln(*common, "-o", out32)
+    assert r.returncode == 0, r.stderr
+    for flag in ("--compute-dtype", "--dtype"):
+        r = py_kiln(*common, "--backends", "mlx", "--require-delegation", "mlx", flag, "bfloat16", "-o", out16)
+        assert r.returncode == 0, r.stderr
+        prog = kiln.load(out16, backend_settings={"mlx.device": "cpu"})
+        assert prog.method().inputs[0]["dtype"] == "float32"
+        x = np.random.RandomState(0).randn(1, 3, 64, 64).astype(np.float32)
+        want = kiln.load(out32).run(x)[0]
+        err = float(np.abs(prog.run(x)[0] - want).max() / np.abs(want).max())
+        assert 1e-6 < err < 5e-2, err
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
 def test_export_to_a_device_writes_into_it(tmp_path):
     """-o /dev/full is an error (the device stays a device, not replaced by a regular file); a
