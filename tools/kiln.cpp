@@ -235,6 +235,13 @@ struct ExecOptions {
   std::string kernels = "cpu";     ///< "cpu" (optimized where one accepts the call) or "portable"
 };
 
+/// A bad option value: printed as "kiln WHERE: message", exit status 2 (usage), as for CLI11's own
+/// parse errors.
+int usage_fail(const char* where, const Error& e) {
+  fail(where, e);
+  return kExitUsage;
+}
+
 /// Checks --threads and --kernels; InvalidArgument naming the bad value.
 Error check_exec_options(const ExecOptions& e) {
   if (e.threads < 0 || e.threads > kMaxThreads) {
@@ -355,7 +362,7 @@ int cmd_run(const RunArgs& a) {
   using Clock = std::chrono::steady_clock;
   auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
 
-  if (Error e = check_exec_options(a.exec); !e.ok()) return fail("run", e);
+  if (Error e = check_exec_options(a.exec); !e.ok()) return usage_fail("run", e);
   const auto t0 = Clock::now();
   auto program = Program::load(a.file, cli_load_options());
   if (!program.ok()) return fail("run", program.error());
@@ -479,12 +486,12 @@ int cmd_bench(const BenchArgs& a) {
   using Clock = std::chrono::steady_clock;
   auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
 
-  if (Error e = check_exec_options(a.exec); !e.ok()) return fail("bench", e);
+  if (Error e = check_exec_options(a.exec); !e.ok()) return usage_fail("bench", e);
   if (a.runs < 1 || a.runs > 1000000) {
-    return fail("bench", Error(ErrorCode::InvalidArgument, "--runs must be between 1 and 1000000, got " + std::to_string(a.runs)));
+    return usage_fail("bench", Error(ErrorCode::InvalidArgument, "--runs must be between 1 and 1000000, got " + std::to_string(a.runs)));
   }
   if (a.warmup < 0 || a.warmup > 1000000) {
-    return fail("bench", Error(ErrorCode::InvalidArgument, "--warmup must be between 0 and 1000000, got " + std::to_string(a.warmup)));
+    return usage_fail("bench", Error(ErrorCode::InvalidArgument, "--warmup must be between 0 and 1000000, got " + std::to_string(a.warmup)));
   }
 
   const auto t0 = Clock::now();
@@ -688,6 +695,11 @@ int cmd_compile(const CompileArgs& a) {
     }
   }
   co.require_delegation = a.require_delegation;
+  if (co.require_delegation == "cpu" || co.require_delegation == "portable") {
+    std::cerr << "kiln compile: --require-delegation takes a delegate backend (xnnpack, mlx), not '"
+              << co.require_delegation << "': Kiln's own kernels run whatever no delegate takes\n";
+    return kExitUsage;
+  }
   if (!co.require_delegation.empty()) {
     if (a.backends.empty()) {
       co.backends.push_back(co.require_delegation);  // no --backends: the required one is the one requested
@@ -785,7 +797,11 @@ int main(int argc, char** argv) {
   bench->add_option("--input,--input-npy,-i", ba.inputs,
                     "Input .npy file, once per method input in order (as for 'kiln run'); without any, inputs are "
                     "seeded random data of the method's input types (floats N(0,1), integers in [0, 3])");
-  bench->add_option("--seed", ba.seed, "Seed of the random inputs")->capture_default_str();
+  bench->add_option("--seed", ba.seed, "Seed of the random inputs (0 to 2^64-1)")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.find('-') != std::string::npos ? std::string("must be >= 0") : std::string(); },
+          "", "non-negative"))
+      ->capture_default_str();
   bench->add_flag("--json", ba.json, "Print one JSON object (keys: file, method, threads, kernels, runs, warmup, "
                                      "inputs, load_ms, init_ms, min_ms, median_ms, p90_ms, max_ms, mean_ms, "
                                      "peak_rss_mib, kernel_calls, cpu_kernel_calls, portable_kernel_calls, "

@@ -137,8 +137,8 @@ def test_bench_npy_input_and_seed(cli, program, tmp_path):
     assert r["inputs"] == "random(seed=42)"
 
 
-def one_line_error(p, *needles):
-    assert p.returncode != 0
+def one_line_error(p, *needles, rc=None):
+    assert p.returncode != 0 if rc is None else p.returncode == rc, (p.returncode, p.stderr)
     assert p.stdout == ""
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1, p.stderr
@@ -154,11 +154,12 @@ def test_bench_errors(cli, program, tmp_path):
     one_line_error(kiln_cmd(cli, "bench", program, "--method", "decode"), "NotFound", "'decode'", "forward")
     for bad in ("two", "abc", "2.5"):
         one_line_error(kiln_cmd(cli, "bench", program, "--threads", bad), "--threads")
-    for bad in ("-1", "100000"):
-        one_line_error(kiln_cmd(cli, "bench", program, "--threads", bad), "InvalidArgument", "--threads", bad)
-    one_line_error(kiln_cmd(cli, "bench", program, "--runs", 0), "InvalidArgument", "--runs")
-    one_line_error(kiln_cmd(cli, "bench", program, "--warmup", -2), "InvalidArgument", "--warmup")
-    one_line_error(kiln_cmd(cli, "bench", program, "--kernels", "fast"), "InvalidArgument", "--kernels", "fast")
+    for bad in ("-1", "100000"):  # bad option values are usage errors (exit status 2)
+        one_line_error(kiln_cmd(cli, "bench", program, "--threads", bad), "InvalidArgument", "--threads", bad, rc=2)
+    one_line_error(kiln_cmd(cli, "bench", program, "--runs", 0), "InvalidArgument", "--runs", rc=2)
+    one_line_error(kiln_cmd(cli, "bench", program, "--warmup", -2), "InvalidArgument", "--warmup", rc=2)
+    one_line_error(kiln_cmd(cli, "bench", program, "--kernels", "fast"), "InvalidArgument", "--kernels", "fast", rc=2)
+    one_line_error(kiln_cmd(cli, "bench", program, "--seed", -1), "--seed", "must be >= 0", rc=2)
     np.save(tmp_path / "bad.npy", np.ones((1, 4, 10, 9), np.float32))
     one_line_error(kiln_cmd(cli, "bench", program, "-i", tmp_path / "bad.npy"), "InvalidArgument", "shape")
     one_line_error(kiln_cmd(cli, "bench", program, "-i", tmp_path / "x.npy", "-i", tmp_path / "x.npy"),
@@ -180,8 +181,8 @@ def test_run_threads_kernels_match_numpy(cli, program, tmp_path, threads, kernel
 
 
 def test_run_bad_threads_and_kernels(cli, program):
-    one_line_error(kiln_cmd(cli, "run", program, "--threads", -3), "kiln run: InvalidArgument", "--threads")
-    one_line_error(kiln_cmd(cli, "run", program, "--kernels", "gpu"), "kiln run: InvalidArgument", "--kernels")
+    one_line_error(kiln_cmd(cli, "run", program, "--threads", -3), "kiln run: InvalidArgument", "--threads", rc=2)
+    one_line_error(kiln_cmd(cli, "run", program, "--kernels", "gpu"), "kiln run: InvalidArgument", "--kernels", rc=2)
 
 
 # ---- kiln inspect: kernel sets and delegate segments ----

@@ -263,6 +263,9 @@ def test_cli_compile(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "not among the requested backends (--backends cpu)" in r.stderr, r.stderr
     assert not os.path.exists(os.path.join(tmp_path, "never.kiln"))
+    r = subprocess.run([KILN_CLI, "compile", p, "--input-shape", "x=1x3x8x8", "--require-delegation", "cpu",
+                        "-o", os.path.join(tmp_path, "never.kiln")], capture_output=True, text=True)
+    assert r.returncode == 2 and "takes a delegate backend (xnnpack, mlx), not 'cpu'" in r.stderr, r.stderr
 
     # Recompiling over a program that a process has loaded (memory-mapped) leaves that process's
     # program intact (the new file is renamed over the old one, not written into it); a device
