@@ -544,15 +544,23 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
     while (pick < alts.size() && !alts[pick].meta.unavailable.empty()) ++pick;
     std::vector<std::string> skipped;
     for (size_t a = 0; a < std::min(pick, alts.size()); ++a) skipped.push_back(alts[a].meta.unavailable);
+    std::string why;  // every alternative unavailable: each one's reason
     if (pick == alts.size()) {
-      if (!defer_backend_errors) {
-        std::string why = skipped[0];
+      why = skipped[0];
+      if (alts.size() > 1) {
+        why = "no alternative of method '" + alts[0].meta.name + "' can run here: alternative 0: " + skipped[0];
         for (size_t a = 1; a < skipped.size(); ++a) why += "; alternative " + std::to_string(a) + ": " + skipped[a];
-        return Error(ErrorCode::NotFound, why);
       }
-      pick = 0;  // keep the preferred one; load_method returns its NotFound
+      if (!defer_backend_errors) return Error(ErrorCode::NotFound, why);
+      pick = 0;  // keep the preferred one; load_method returns NotFound with every alternative's reason
     }
     MethodPlan chosen = std::move(alts[pick]);
+    if (!why.empty() && alts.size() > 1) {
+      chosen.meta.unavailable = why;
+      for (auto& ins : chosen.instructions) {
+        if (!ins.backend_error.ok()) ins.backend_error = Error(ErrorCode::NotFound, why);
+      }
+    }
     chosen.meta.alternative = pick;
     chosen.meta.num_alternatives = alts.size();
     chosen.meta.skipped_alternatives = std::move(skipped);

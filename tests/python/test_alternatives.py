@@ -91,6 +91,14 @@ def test_no_alternative_available_is_not_found_listing_each(any_program):
                        env={**os.environ, "KILN_MLX_DEVICE": "", "KILN_XNNPACK_DISABLE": "1"})
     assert r.returncode != 0
     assert "NotFound" in r.stderr and "mlx" in r.stderr and "xnnpack" in r.stderr
+    # The CLI loads with deferred backend errors (so that inspect works): running names each one too.
+    cli = os.path.join(os.path.dirname(__file__), "..", "..", "build", "tools", "kiln")
+    if os.path.isfile(cli):
+        r = subprocess.run([cli, "bench", str(path), "--runs", "1", "--warmup", "0"], capture_output=True, text=True,
+                           timeout=300, env={**os.environ, "KILN_MLX_DEVICE": "", "KILN_XNNPACK_DISABLE": "1"})
+        assert r.returncode == 1 and "no alternative of method 'forward' can run here: alternative 0: " in r.stderr
+        assert "backend 'mlx' is not available" in r.stderr.split("alternative 1: ")[0], r.stderr
+        assert "alternative 1: " in r.stderr and "xnnpack" in r.stderr.split("alternative 1: ")[1], r.stderr
 
 
 def test_alternatives_exclude_backends_and_require():
