@@ -5,14 +5,17 @@
 // decreasing size order, each at the lowest-waste gap among already-placed values whose
 // lifetimes overlap it.
 //
-// Fusion-friendly lifetimes: when node i is a convolution whose only output v is read only by
-// node i + 1, an activation that the runtime may fuse into the convolution (see fusable_next in
-// src/runtime/program.cpp and cpu::post_op_of), that activation's output starts living at node i
-// instead of i + 1, so it never shares bytes with the convolution's inputs and the fused kernel
-// can write it directly.
+// In-place activations: when node i is a convolution whose output v (not a method output) is read
+// only by node i + 1, an activation that may run in place (runs_in_place: the ones the runtime
+// may fuse into the convolution, see fusable_next in src/runtime/program.cpp and cpu::post_op_of),
+// of the same type, the activation's output w takes exactly v's bytes: one slot living from node
+// i to w's last use. Fused, the convolution writes the activated values there directly; unfused,
+// the activation runs in place. Either way w never shares bytes with the convolution's inputs,
+// and the pair needs one buffer instead of two.
 #include <algorithm>
 #include <string_view>
 
+#include "ir/op_registry.h"
 #include "kiln/compiler.h"
 
 namespace kiln {
@@ -21,10 +24,6 @@ namespace {
 constexpr uint64_t kAlign = 64;
 uint64_t align_up(uint64_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
 
-bool fusable_activation(std::string_view op) {
-  return op == "aten.relu" || op == "aten.hardswish" || op == "aten.hardsigmoid" || op == "aten.hardtanh" ||
-         op == "aten.clamp" || op == "aten.sigmoid" || op == "aten.silu";
-}
 }  // namespace
 
 MemoryPlan plan_memory(const Graph& graph) {
@@ -45,27 +44,35 @@ MemoryPlan plan_memory(const Graph& graph) {
   for (ValueId o : graph.outputs()) {
     if (!values[static_cast<size_t>(o)].constant) last[static_cast<size_t>(o)] = end;
   }
-  // Fusion-friendly lifetimes (see the top of this file).
+  // In-place activations (see the top of this file): alias[w] = v.
   std::vector<int> readers(values.size(), 0);
   for (const auto& n : nodes) {
     for (ValueId in : n.inputs) {
       if (in != kNoValue) ++readers[static_cast<size_t>(in)];
     }
   }
+  std::vector<bool> is_output(values.size(), false);
+  for (ValueId o : graph.outputs()) is_output[static_cast<size_t>(o)] = true;
+  std::vector<ValueId> alias(values.size(), kNoValue);
   for (int64_t i = 0; i + 1 < end; ++i) {
     const auto& a = nodes[static_cast<size_t>(i)];
     const auto& b = nodes[static_cast<size_t>(i + 1)];
-    if (a.op != "aten.convolution" || !fusable_activation(b.op) || a.outputs.size() != 1 || b.outputs.size() != 1 ||
-        b.inputs.empty() || b.inputs[0] != a.outputs[0] || readers[static_cast<size_t>(a.outputs[0])] != 1) {
+    if (a.op != "aten.convolution" || !runs_in_place(b.op) || a.outputs.size() != 1 || b.outputs.size() != 1 ||
+        b.inputs.empty() || b.inputs[0] != a.outputs[0]) {
       continue;
     }
-    const auto w = static_cast<size_t>(b.outputs[0]);
-    if (!values[w].constant) first[w] = std::min(first[w], i);
+    const auto v = static_cast<size_t>(a.outputs[0]), w = static_cast<size_t>(b.outputs[0]);
+    if (readers[v] != 1 || is_output[v] || values[v].constant || values[w].constant || first[w] == -2 ||
+        !(values[v].type == values[w].type)) {
+      continue;
+    }
+    alias[w] = a.outputs[0];
+    last[v] = std::max(last[v], last[w]);  // v's slot lives as long as w
   }
 
   MemoryPlan plan;
   for (size_t v = 0; v < values.size(); ++v) {
-    if (values[v].constant || first[v] == -2) continue;
+    if (values[v].constant || first[v] == -2 || alias[v] != kNoValue) continue;
     plan.values.push_back({static_cast<ValueId>(v), 0, values[v].type.nbytes(), first[v], last[v]});
     plan.total_bytes += align_up(values[v].type.nbytes());
   }
@@ -95,6 +102,15 @@ MemoryPlan plan_memory(const Graph& graph) {
     pv.offset = best != UINT64_MAX ? best : cursor;
     plan.arena_bytes = std::max(plan.arena_bytes, pv.offset + need);
     placed.push_back(idx);
+  }
+  // Aliased activation outputs take their input's slot.
+  std::vector<uint64_t> offset_of(values.size(), 0);
+  for (const PlannedValue& pv : plan.values) offset_of[static_cast<size_t>(pv.value)] = pv.offset;
+  for (size_t w = 0; w < values.size(); ++w) {
+    const ValueId v = alias[w];
+    if (v == kNoValue) continue;
+    plan.values.push_back({static_cast<ValueId>(w), offset_of[static_cast<size_t>(v)], values[w].type.nbytes(),
+                           first[w], last[w]});
   }
   return plan;
 }

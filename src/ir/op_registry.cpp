@@ -203,4 +203,9 @@ DType result_type(const TensorType& a, const TensorType& b) {
   return category(zero) > category(dim) ? promote_types(dim, zero) : dim;
 }
 
+bool runs_in_place(std::string_view op) {
+  return op == "aten.relu" || op == "aten.hardswish" || op == "aten.hardsigmoid" || op == "aten.hardtanh" ||
+         op == "aten.clamp" || op == "aten.sigmoid" || op == "aten.silu";
+}
+
 }  // namespace kiln

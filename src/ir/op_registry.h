@@ -63,6 +63,14 @@ struct OpDef {
   Result<std::vector<TensorType>> infer_types(InputTypes inputs, const Attributes& normalized) const;
 };
 
+/// True for the activations the memory planner may compute in place, writing their output over
+/// exactly the bytes of their input 0 (when they are its only reader): aten.relu, hardswish,
+/// hardsigmoid, hardtanh, clamp, sigmoid, silu, the ones a convolution can fuse into its stores
+/// (cpu::post_op_of). Every kernel of these ops (portable and cpu) computes out[i] from in[i]
+/// alone, reading each element before writing it. The loader accepts that exact aliasing for them
+/// and no other overlap of an instruction's output with its inputs.
+bool runs_in_place(std::string_view op);
+
 /// Registry of all ops. Built once on first use (explicit registration functions, no static
 /// initializers), read-only afterwards, safe to use from many threads.
 class OpRegistry {

@@ -192,9 +192,19 @@ Error check_no_aliasing(const MethodPlan& plan, const PlannedInstruction& pi, co
   auto overlap = [](std::pair<uint64_t, uint64_t> a, std::pair<uint64_t, uint64_t> b) {
     return a.first < a.second && b.first < b.second && a.first < b.second && b.first < a.second;
   };
+  // The one exception: an in-place activation (runs_in_place) whose single output occupies
+  // exactly the bytes of its input 0, a value of the same type (the planner's conv + activation
+  // pairs); its kernels read each element before writing it.
+  const bool in_place = pi.outputs.size() == 1 && !pi.args.empty() && pi.args[0] >= 0 &&
+                        pi.args[0] != pi.outputs[0] && runs_in_place(pi.op) &&
+                        plan.arena_offsets[static_cast<size_t>(pi.args[0])] >= 0 &&
+                        range(pi.args[0]) == range(pi.outputs[0]) &&
+                        plan.value_types[static_cast<size_t>(pi.args[0])] == plan.value_types[static_cast<size_t>(pi.outputs[0])];
   for (size_t o = 0; o < pi.outputs.size(); ++o) {
     const auto ro = range(pi.outputs[o]);
-    for (int32_t a : pi.args) {
+    for (size_t k = 0; k < pi.args.size(); ++k) {
+      const int32_t a = pi.args[k];
+      if (k == 0 && in_place) continue;
       if (a >= 0 && (a == pi.outputs[o] || overlap(ro, range(a)))) {
         return bad(iw + ": output value " + std::to_string(pi.outputs[o]) + " overlaps input value " + std::to_string(a) +
                    " in the arena");

@@ -100,3 +100,64 @@ def test_repeated_runs_reuse_prepared_state(exported):
     other = kiln.load_bytes(data, num_threads=2).run(x)[0]
     assert np.array_equal(first, second)
     assert np.array_equal(first, other)
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_activation_after_conv_shares_its_buffer(portable):
+    """conv -> relu -> conv -> silu: each activation takes its convolution output's arena bytes
+    (computed in place, or fused into the convolution's stores), so the arena holds the input and
+    two feature maps, not four; results equal eager with the cpu kernels and with portable ones."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.SiLU()).eval()
+    x = torch.randn(1, 3, 32, 32)
+    res = kiln.export(model, (x,), verbose=False)
+    fmap = 8 * 32 * 32 * 4
+    assert res.report["methods"][0]["arena_bytes"] <= 3 * 32 * 32 * 4 + 2 * fmap, res.report["methods"][0]
+    with torch.no_grad():
+        expected = model(x).numpy()
+    got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())[0]
+    assert_close(got, expected, rel=1e-5, what=f"conv+activation in place (portable={portable})")
+    # The activation output that is also read by a later node keeps its own life: relu's output
+    # feeds both the next conv and the residual add.
+    class Res(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Conv2d(8, 8, 3, padding=1)
+            self.b = torch.nn.Conv2d(8, 8, 3, padding=1)
+
+        def forward(self, x):
+            y = torch.relu(self.a(x))
+            return torch.relu(self.b(y)) + y
+
+    m2 = Res().eval()
+    x2 = torch.randn(1, 8, 20, 24)
+    with torch.no_grad():
+        expected2 = m2(x2).numpy()
+    data2 = kiln.export(m2, (x2,), verbose=False).data
+    got2 = kiln.load_bytes(data2, portable_kernels_only=portable).run(x2.numpy())[0]
+    assert_close(got2, expected2, rel=1e-5, what=f"residual over in-place activations (portable={portable})")
+
+
+@pytest.mark.parametrize("portable", [False, True])
+def test_conv_output_that_is_a_method_output_is_not_overwritten(portable):
+    """A convolution output returned by the method keeps its own bytes (the activation after it
+    must not run in place over it): both outputs equal eager (relu's differ from the conv's)."""
+    class TwoOut(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c = torch.nn.Conv2d(4, 6, 3, padding=1)
+
+        def forward(self, x):
+            y = self.c(x)
+            return y, torch.relu(y)
+
+    torch.manual_seed(2)
+    m = TwoOut().eval()
+    x = torch.randn(1, 4, 9, 11)
+    with torch.no_grad():
+        e1, e2 = (t.numpy() for t in m(x))
+    assert (e1 < 0).any()
+    got = kiln.load_bytes(kiln.export(m, (x,), verbose=False).data, portable_kernels_only=portable).run(x.numpy())
+    assert_close(got[0], e1, rel=1e-5, what="conv output")
+    assert_close(got[1], e2, rel=1e-5, what="relu output")
