@@ -911,6 +911,7 @@ Error conv_Range(NodeCtx& c) {
     auto put = [&](auto v) { std::memcpy(bytes.data() + static_cast<size_t>(i) * sizeof(v), &v, sizeof(v)); };
     switch (dt) {
       case DType::Float32: put(static_cast<float>(sv[0]) + static_cast<float>(i) * static_cast<float>(dv[0])); break;
+      case DType::Float64: put(sv[0] + static_cast<double>(i) * dv[0]); break;
       case DType::Int64: put(static_cast<int64_t>(sv[0]) + i * static_cast<int64_t>(dv[0])); break;
       case DType::Int32: put(static_cast<int32_t>(sv[0] + static_cast<double>(i) * dv[0])); break;
       default: return c.unsupported(std::string("dtype ") + dtype_name(dt));
@@ -2166,8 +2167,30 @@ Error conv_Trilu(NodeCtx& c) {
   return c.set_output(0, y);
 }
 
-// CumSum along a constant axis: a matrix product with a constant 0/1 triangle (exclusive / reverse
-// choose which); integer inputs go through float32 (exact while sums stay below 2^24).
+// Reverses x along `axis` as an embedding lookup: x with axis moved first, viewed [n, rest], rows
+// gathered in the order n-1 .. 0.
+Result<ValueId> flip_axis(NodeCtx& c, ValueId x, int64_t axis) {
+  const Ints s = c.type(x).sizes;
+  const int64_t n = s[static_cast<size_t>(axis)];
+  ValueId xt = x;
+  if (axis != 0) {
+    TRY(v, c.emit("aten.transpose", {x}, {{"dim0", int64_t{0}}, {"dim1", axis}}));
+    xt = v;
+  }
+  const Ints ts = c.type(xt).sizes;
+  TRY(x2, view(c, xt, {n, numel_of(ts) / std::max<int64_t>(n, 1)}));
+  Ints rev(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) rev[static_cast<size_t>(i)] = n - 1 - i;
+  TRY(iv, c.int64_vector(rev));
+  TRY(e, c.emit("aten.embedding", {x2, iv}));
+  TRY(y, view(c, e, ts));
+  if (axis == 0) return y;
+  return c.emit("aten.transpose", {y}, {{"dim0", int64_t{0}}, {"dim1", axis}});
+}
+
+// CumSum along a constant axis: aten.cumsum (float32/float64 sums accumulate in double, integer
+// ones wrap in int64, then convert back to int32); reverse = flip, cumsum, flip; exclusive shifts
+// the running sum by one along the axis (a zero slice, then all but the last sum), so it is exact.
 Error conv_CumSum(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(av, c.input(1));
@@ -2176,39 +2199,38 @@ Error conv_CumSum(NodeCtx& c) {
   TRY(ax, c.const_ints(av, "axis"));
   if (ax.size() != 1) return c.invalid("axis must be a scalar");
   const int64_t r = c.rank(x);
+  if (r == 0) return c.invalid("input must have rank >= 1");
   TRY(axis, wrap_axis(c, ax[0], r, "axis"));
   const DType dt = c.type(x).dtype;
-  if (dt != DType::Float32 && dt != DType::Int32 && dt != DType::Int64) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  if (dt != DType::Float32 && dt != DType::Float64 && dt != DType::Int32 && dt != DType::Int64) {
+    return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  }
   const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
-  // weight [n_out, n_in] for aten.linear over the last dim.
-  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n) * static_cast<double>(n), 4, "the summation matrix"));
-  std::vector<uint8_t> w(static_cast<size_t>(n * n) * 4, 0);
-  for (int64_t o = 0; o < n; ++o) {
-    for (int64_t i = 0; i < n; ++i) {
-      const bool take = reverse ? (exclusive ? i > o : i >= o) : (exclusive ? i < o : i <= o);
-      const float one = take ? 1.0f : 0.0f;
-      std::memcpy(w.data() + static_cast<size_t>(o * n + i) * 4, &one, 4);
-    }
+  ValueId in = x;
+  if (reverse && n > 1) {
+    TRY(v, flip_axis(c, x, axis));
+    in = v;
   }
-  TRY(wv, c.constant(TensorType{DType::Float32, {n, n}}, std::move(w)));
-  ValueId xf = x;
-  if (dt != DType::Float32) {
-    TRY(v, c.emit("aten._to_copy", {x}, {{"dtype", std::string("float32")}}));
-    xf = v;
-  }
-  ValueId xt = xf;
-  if (axis != r - 1) {
-    TRY(v, c.emit("aten.transpose", {xf}, {{"dim0", axis}, {"dim1", r - 1}}));
-    xt = v;
-  }
-  TRY(l, c.emit("aten.linear", {xt, wv, kNoValue}));
-  ValueId y = l;
-  if (axis != r - 1) {
-    TRY(v, c.emit("aten.transpose", {l}, {{"dim0", axis}, {"dim1", r - 1}}));
+  TRY(cs, c.emit("aten.cumsum", {in}, {{"dim", axis}}));
+  ValueId y = cs;
+  if (c.type(y).dtype != dt) {
+    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(dt))}}));
     y = v;
   }
-  if (dt != DType::Float32) {
-    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(dt))}}));
+  if (exclusive && n > 0) {
+    Ints zs = c.type(x).sizes;
+    zs[static_cast<size_t>(axis)] = 1;
+    TRY(zero, c.constant(TensorType{dt, zs}, std::vector<uint8_t>(static_cast<size_t>(numel_of(zs)) * dtype_size(dt), 0)));
+    ValueId parts_y = zero;
+    if (n > 1) {
+      TRY(head, c.emit("aten.slice", {y}, {{"dim", axis}, {"start", int64_t{0}}, {"end", n - 1}, {"step", int64_t{1}}}));
+      TRY(v, c.emit("aten.cat", {zero, head}, {{"dim", axis}}));
+      parts_y = v;
+    }
+    y = parts_y;
+  }
+  if (reverse && n > 1) {
+    TRY(v, flip_axis(c, y, axis));
     y = v;
   }
   return c.set_output(0, y);
