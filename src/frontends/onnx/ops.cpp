@@ -2286,34 +2286,54 @@ Error conv_GatherElements(NodeCtx& c) {
   return c.set_output(0, y);
 }
 
-// GatherND (batch_dims = 0): out[i..., rest] = data[indices[i..., :], rest] as an embedding lookup
-// into data viewed [prod(data.shape[:k]), rest] at the linear index sum_j indices[..., j] * stride_j.
+// GatherND: out[b..., i..., rest] = data[b..., indices[b..., i..., :], rest] as an embedding lookup
+// into data viewed [prod(data.shape[:batch_dims + k]), rest] at the linear index
+// batch_offset(b) + sum_j indices[..., j] * stride_j (strides over data.shape[batch_dims:batch_dims + k];
+// batch_offset is a constant: the flat batch index times prod(data.shape[batch_dims:batch_dims + k])).
 Error conv_GatherND(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(idx0, c.input(1));
   TRY(bd, c.attr_int("batch_dims", 0));
-  if (bd != 0) return c.unsupported("attribute 'batch_dims' = " + std::to_string(bd));
   const Ints ds = c.type(x).sizes, is = c.type(idx0).sizes;
   if (is.empty()) return c.invalid("indices must have rank >= 1");
+  const int64_t rd = static_cast<int64_t>(ds.size()), ri = static_cast<int64_t>(is.size());
+  if (bd < 0 || bd >= std::min(rd, ri)) return c.invalid("batch_dims must be in [0, min(data rank, indices rank))");
+  for (int64_t d = 0; d < bd; ++d) {
+    if (ds[static_cast<size_t>(d)] != is[static_cast<size_t>(d)]) return c.invalid("the first batch_dims dims of data and indices must be equal");
+  }
   const int64_t k = is.back();
-  if (k < 1 || k > static_cast<int64_t>(ds.size())) return c.invalid("indices' last dim must be in [1, data rank]");
+  if (k < 1 || k > rd - bd) return c.invalid("indices' last dim must be in [1, data rank - batch_dims]");
   Ints stride(static_cast<size_t>(k), 1);
-  for (int64_t j = k - 2; j >= 0; --j) stride[static_cast<size_t>(j)] = stride[static_cast<size_t>(j + 1)] * ds[static_cast<size_t>(j + 1)];
-  int64_t lead = 1, rest = 1;
-  for (int64_t j = 0; j < static_cast<int64_t>(ds.size()); ++j) (j < k ? lead : rest) *= ds[static_cast<size_t>(j)];
+  for (int64_t j = k - 2; j >= 0; --j) stride[static_cast<size_t>(j)] = stride[static_cast<size_t>(j + 1)] * ds[static_cast<size_t>(bd + j + 1)];
+  int64_t lead = 1, rest = 1, batch = 1, block = 1;
+  for (int64_t j = 0; j < rd; ++j) (j < bd + k ? lead : rest) *= ds[static_cast<size_t>(j)];
+  for (int64_t j = 0; j < bd; ++j) batch *= ds[static_cast<size_t>(j)];
+  for (int64_t j = bd; j < bd + k; ++j) block *= ds[static_cast<size_t>(j)];
   ValueId idx = idx0;
   if (c.type(idx0).dtype != DType::Int64) {
     TRY(v, c.emit("aten._to_copy", {idx0}, {{"dtype", std::string("int64")}}));
     idx = v;
   }
-  ValueId lin = kNoValue;
+  // An index component outside [-dim, dim) would land in a neighbouring row or batch of the flat
+  // table: such positions get the linear index `lead` (out of the table), so aten.embedding fails
+  // with InvalidArgument instead of reading a wrong element.
+  ValueId lin = kNoValue, bad = kNoValue;
   for (int64_t j = 0; j < k; ++j) {
     TRY(sel, c.emit("aten.select", {idx}, {{"dim", int64_t{-1}}, {"index", j}}));
     TRY(zero, c.scalar(DType::Int64, 0));
-    TRY(dv, c.scalar(DType::Int64, static_cast<double>(ds[static_cast<size_t>(j)])));
+    TRY(dv, c.scalar(DType::Int64, static_cast<double>(ds[static_cast<size_t>(bd + j)])));
     TRY(neg, c.emit("aten.lt", {sel, zero}));
     TRY(sh, c.emit("aten.add", {sel, dv}));
     TRY(w, c.emit("aten.where", {neg, sh, sel}));
+    TRY(lo, c.emit("aten.lt", {w, zero}));
+    TRY(hi, c.emit("aten.ge", {w, dv}));
+    TRY(oob, c.emit("aten.logical_or", {lo, hi}));
+    if (bad == kNoValue) {
+      bad = oob;
+    } else {
+      TRY(o, c.emit("aten.logical_or", {bad, oob}));
+      bad = o;
+    }
     TRY(st, c.scalar(DType::Int64, static_cast<double>(stride[static_cast<size_t>(j)])));
     TRY(term, c.emit("aten.mul", {w, st}));
     if (lin == kNoValue) {
@@ -2323,10 +2343,24 @@ Error conv_GatherND(NodeCtx& c) {
       lin = a;
     }
   }
+  if (bd > 0) {
+    Ints bs(is.begin(), is.begin() + bd);
+    bs.resize(static_cast<size_t>(ri - 1), 1);  // broadcasts over the non-batch index dims
+    std::vector<int64_t> offs(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) offs[static_cast<size_t>(b)] = b * block;
+    std::vector<uint8_t> ob(offs.size() * 8);
+    std::memcpy(ob.data(), offs.data(), ob.size());
+    TRY(bo, c.constant(TensorType{DType::Int64, bs}, std::move(ob)));
+    TRY(a, c.emit("aten.add", {lin, bo}));
+    lin = a;
+  }
+  TRY(beyond, c.scalar(DType::Int64, static_cast<double>(lead)));
+  TRY(checked, c.emit("aten.where", {bad, beyond, lin}));
+  lin = checked;
   TRY(d2, view(c, x, {lead, rest}));
   TRY(e, c.emit("aten.embedding", {d2, lin}));
   Ints out(is.begin(), is.end() - 1);
-  out.insert(out.end(), ds.begin() + k, ds.end());
+  out.insert(out.end(), ds.begin() + bd + k, ds.end());
   TRY(y, view(c, e, out));
   return c.set_output(0, y);
 }
@@ -2735,13 +2769,55 @@ Error scatter_by_map(NodeCtx& c, ValueId data, ValueId updates, const std::vecto
   return c.set_output(0, y);
 }
 
-// ScatterND (reduction "none"): indices [..., k] (constant) address slices of data of rank r - k.
+// Scatter with reduction "add" / "mul" (ATen scatter_reduce / index_put_(accumulate=True)
+// semantics, as the ONNX reference: every update is combined into its element in update order).
+// `srcs[j]` lists, in order, the flat update indices landing on data element j. Round r combines
+// each element's r-th update: out = where(mask_r, out OP embedding(updates, idx_r), out), so
+// duplicates accumulate in the reference's order. Arithmetic dtypes only (float32, float64, int32,
+// int64: aten.add / aten.mul).
+Error scatter_reduce_by_map(NodeCtx& c, ValueId data, ValueId updates, const std::vector<std::vector<int64_t>>& srcs,
+                            const std::string& red) {
+  const TensorType dt = c.type(data);
+  if (dt.dtype != DType::Float32 && dt.dtype != DType::Float64 && dt.dtype != DType::Int32 && dt.dtype != DType::Int64) {
+    return c.unsupported("reduction '" + red + "' on dtype " + dtype_name(dt.dtype));
+  }
+  size_t rounds = 0;
+  for (const auto& s : srcs) rounds = std::max(rounds, s.size());
+  if (rounds > 64) return c.unsupported("more than 64 updates land on one element (reduction '" + red + "')");
+  TRY(uf, view(c, updates, {c.type(updates).numel(), 1}));
+  ValueId out = data;
+  for (size_t r = 0; r < rounds; ++r) {
+    std::vector<uint8_t> mask(srcs.size());
+    std::vector<int64_t> idx(srcs.size(), 0);
+    for (size_t j = 0; j < srcs.size(); ++j) {
+      mask[j] = r < srcs[j].size();
+      if (mask[j]) idx[j] = srcs[j][r];
+    }
+    TRY(mv, c.constant(TensorType{DType::Bool, dt.sizes}, std::move(mask)));
+    std::vector<uint8_t> ib(idx.size() * 8);
+    if (!idx.empty()) std::memcpy(ib.data(), idx.data(), ib.size());
+    TRY(iv, c.constant(TensorType{DType::Int64, dt.sizes}, std::move(ib)));
+    TRY(e, c.emit("aten.embedding", {uf, iv}));
+    TRY(g, view(c, e, dt.sizes));
+    TRY(comb, c.emit(red == "add" ? "aten.add" : "aten.mul", {out, g}));
+    TRY(y, c.emit("aten.where", {mv, comb, out}));
+    out = y;
+  }
+  if (rounds == 0) {
+    TRY(y, c.emit("aten.clone", {data}));
+    out = y;
+  }
+  return c.set_output(0, out);
+}
+
+// ScatterND (reduction "none", "add", "mul"): indices [..., k] (constant) address slices of data of
+// rank r - k.
 Error conv_ScatterND(NodeCtx& c) {
   TRY(data, c.input(0));
   TRY(iv, c.input(1));
   TRY(updates, c.input(2));
   TRY(red, c.attr_string("reduction", "none"));
-  if (red != "none") return c.unsupported("attribute 'reduction' = '" + red + "'");
+  if (red != "none" && red != "add" && red != "mul") return c.unsupported("attribute 'reduction' = '" + red + "'");
   KILN_RETURN_IF_ERROR(check_same_dtype(c, data, updates));
   TRY(ind, c.const_ints(iv, "indices"));
   const Ints ds = c.type(data).sizes, is = c.type(iv).sizes;
@@ -2756,6 +2832,7 @@ Error conv_ScatterND(NodeCtx& c) {
   if (c.type(updates).sizes != us) return c.invalid("updates must have shape " + sizes_to_string(us));
   KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(numel_of(ds)), 9, "the scatter map"));
   std::vector<int64_t> src(static_cast<size_t>(numel_of(ds)), -1);
+  std::vector<std::vector<int64_t>> srcs(red == "none" ? 0 : src.size());
   for (int64_t i = 0; i < nidx; ++i) {
     int64_t off = 0;
     for (int64_t d = 0; d < k; ++d) {
@@ -2765,20 +2842,24 @@ Error conv_ScatterND(NodeCtx& c) {
       if (v < 0) v += n;
       off = off * n + v;
     }
-    for (int64_t e = 0; e < slice; ++e) src[static_cast<size_t>(off * slice + e)] = i * slice + e;
+    for (int64_t e = 0; e < slice; ++e) {
+      if (red == "none") src[static_cast<size_t>(off * slice + e)] = i * slice + e;
+      else srcs[static_cast<size_t>(off * slice + e)].push_back(i * slice + e);
+    }
   }
+  if (red != "none") return scatter_reduce_by_map(c, data, updates, srcs, red);
   return scatter_by_map(c, data, updates, src);
 }
 
-// ScatterElements / Scatter (reduction "none"): data[i with i[axis] = indices[i]] = updates[i] for
-// constant indices.
+// ScatterElements / Scatter (reduction "none", "add", "mul"): data[i with i[axis] = indices[i]] =
+// updates[i] (or combined with it) for constant indices.
 Error conv_ScatterElements(NodeCtx& c) {
   TRY(data, c.input(0));
   TRY(iv, c.input(1));
   TRY(updates, c.input(2));
   TRY(axis_raw, c.attr_int("axis", 0));
   TRY(red, c.attr_string("reduction", "none"));
-  if (red != "none") return c.unsupported("attribute 'reduction' = '" + red + "'");
+  if (red != "none" && red != "add" && red != "mul") return c.unsupported("attribute 'reduction' = '" + red + "'");
   KILN_RETURN_IF_ERROR(check_same_dtype(c, data, updates));
   TRY(ind, c.const_ints(iv, "indices"));
   const Ints ds = c.type(data).sizes, is = c.type(iv).sizes;
@@ -2790,6 +2871,7 @@ Error conv_ScatterElements(NodeCtx& c) {
   }
   KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(numel_of(ds)), 9, "the scatter map"));
   std::vector<int64_t> src(static_cast<size_t>(numel_of(ds)), -1);
+  std::vector<std::vector<int64_t>> srcs(red == "none" ? 0 : src.size());
   const int64_t n = numel_of(is);
   for (int64_t flat = 0; flat < n; ++flat) {
     int64_t rem = flat, off = 0, mul = 1;
@@ -2805,8 +2887,10 @@ Error conv_ScatterElements(NodeCtx& c) {
       off += coord * mul;
       mul *= ds[static_cast<size_t>(d)];
     }
-    src[static_cast<size_t>(off)] = flat;
+    if (red == "none") src[static_cast<size_t>(off)] = flat;
+    else srcs[static_cast<size_t>(off)].push_back(flat);
   }
+  if (red != "none") return scatter_reduce_by_map(c, data, updates, srcs, red);
   return scatter_by_map(c, data, updates, src);
 }
 
