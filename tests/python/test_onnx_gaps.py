@@ -157,3 +157,61 @@ def test_float64_model_matches_onnxruntime(tmp_path):
     assert got[0].dtype == np.float64 and got[1].dtype == np.float32
     assert_close(got[0], want[0], rel=1e-12)
     assert_close(got[1], want[1], rel=1e-6)
+
+
+# --------------------------------------------------------------------------------------------------
+# MaxPool's Indices output (aten.max_pool2d_with_indices)
+
+@pytest.mark.parametrize("cfg", [
+    dict(kernel_size=[2, 2], stride=[2, 2], padding=[0, 0], dilation=[1, 1], ceil_mode=False),
+    dict(kernel_size=[3, 3], stride=[1, 2], padding=[1, 1], dilation=[1, 1], ceil_mode=True),
+    dict(kernel_size=[2, 3], stride=[2, 1], padding=[1, 0], dilation=[2, 1], ceil_mode=False),
+])
+def test_max_pool2d_with_indices_op_matches_torch(cfg):
+    torch = pytest.importorskip("torch")
+    from oprunner import run_op
+    rng = np.random.default_rng(6)
+    x = rng.integers(-3, 3, size=(2, 3, 7, 8)).astype(np.float32)  # many ties: the first maximum wins
+    x[0, 0, 1, 1] = np.nan
+    x[1, 2, 3, 3] = x[1, 2, 3, 5] = np.nan  # two NaNs in a window: ATen keeps the last one
+    x[1, 1] = -np.inf
+    vals, idx = run_op("aten.max_pool2d_with_indices", [x], cfg)
+    rv, ri = torch.ops.aten.max_pool2d_with_indices(torch.from_numpy(x), cfg["kernel_size"], cfg["stride"],
+                                                    cfg["padding"], cfg["dilation"], cfg["ceil_mode"])
+    np.testing.assert_array_equal(vals, rv.numpy())
+    np.testing.assert_array_equal(idx, ri.numpy())
+    (plain,) = run_op("aten.max_pool2d", [x], cfg)
+    np.testing.assert_array_equal(plain, rv.numpy())
+
+
+@pytest.mark.parametrize("storage_order", [0, 1])
+@pytest.mark.parametrize("attrs", [
+    dict(kernel_shape=[2, 2], strides=[2, 2]),
+    dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]),
+    dict(kernel_shape=[3, 2], strides=[2, 1], pads=[1, 0, 1, 0], ceil_mode=1),
+])
+def test_onnx_maxpool_indices_match_onnxruntime(storage_order, attrs, tmp_path):
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 3, 6, 5)).astype(np.float32)
+    data = model_bytes([helper.make_node("MaxPool", ["x"], ["y", "i"], storage_order=storage_order, **attrs)],
+                       [vi("x", x)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                                      helper.make_tensor_value_info("i", TensorProto.INT64, None)], opset=12)
+    got, want = run_both(data, {"x": x}, tmp_path)
+    np.testing.assert_array_equal(got[0], want[0])
+    np.testing.assert_array_equal(got[1], want[1])
+
+
+def test_onnx_maxpool_indices_1d_and_refusals(tmp_path):
+    x = np.random.default_rng(8).standard_normal((2, 3, 9)).astype(np.float32)
+    data = model_bytes([helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[3], strides=[2])],
+                       [vi("x", x)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                                      helper.make_tensor_value_info("i", TensorProto.INT64, None)], opset=12)
+    got, want = run_both(data, {"x": x}, tmp_path)
+    np.testing.assert_array_equal(got[1], want[1])
+    asym = model_bytes([helper.make_node("MaxPool", ["x"], ["y", "i"], kernel_shape=[3], pads=[0, 2])],
+                       [vi("x", x)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+                                      helper.make_tensor_value_info("i", TensorProto.INT64, None)], opset=12)
+    path = tmp_path / "a.onnx"
+    path.write_bytes(asym)
+    with pytest.raises(kiln.KilnError, match="Indices output with asymmetric pads"):
+        kiln.onnx.compile_onnx(str(path), input_shapes={"x": [2, 3, 9]})

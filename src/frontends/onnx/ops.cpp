@@ -1575,6 +1575,63 @@ Error conv_ConvTranspose(NodeCtx& c) {
 
 // MaxPool / AveragePool (2-D; 1-D through an added dim). ceil_mode, count_include_pad,
 // dilations (MaxPool), storage_order (affects only the unsupported Indices output).
+// Adds one node with several outputs (no eager constant evaluation); errors as NodeCtx::emit.
+Result<std::vector<ValueId>> emit_multi(NodeCtx& c, const std::string& op, std::vector<ValueId> inputs,
+                                        const Attributes& attrs) {
+  const std::string debug = c.node.name().empty() ? c.node.op_type() + "#" + std::to_string(c.index) : c.node.name();
+  auto outs = c.im.graph.add_node(op, inputs, attrs, debug);
+  if (!outs.ok()) {
+    const ErrorCode code = outs.error().code() == ErrorCode::InvalidArgument ? ErrorCode::InvalidProgram : outs.error().code();
+    return Error(code, c.where() + ": " + outs.error().message());
+  }
+  return outs;
+}
+
+// MaxPool with its Indices output (1-D / 2-D, symmetric pads): aten.max_pool2d_with_indices gives
+// ih * W + iw within each (n, c) plane; ONNX wants the index into the whole N x C x H x W tensor
+// ("the indices do not consider padding"), row-major (storage_order 0) or with h and w swapped in
+// the plane (storage_order 1: ih + iw * H), as the ONNX reference op_max_pool.py computes it.
+// `x` is the (possibly float32-converted, 1-D -> [N, C, 1, L] viewed) input; xs0 the original sizes.
+Error max_pool_with_indices(NodeCtx& c, ValueId x, const Ints& xs0, const Spatial& s, bool ceil, int64_t storage_order,
+                            DType in_dt) {
+  const Ints xs = c.type(x).sizes;  // [N, C, H, W]
+  const int64_t n = xs[0], ch = xs[1], h = xs[2], w = xs[3];
+  TRY(outs, emit_multi(c, "aten.max_pool2d_with_indices", {x},
+                       {{"kernel_size", s.kernel}, {"stride", s.strides}, {"padding", s.pad_begin},
+                        {"dilation", s.dilations}, {"ceil_mode", ceil}}));
+  ValueId y = outs[0], idx = outs[1];
+  if (storage_order == 1 && h > 1) {
+    TRY(wv, c.scalar(DType::Int64, static_cast<double>(w)));
+    TRY(hv, c.scalar(DType::Int64, static_cast<double>(h)));
+    TRY(row, c.emit("aten.div", {idx, wv}, {{"rounding_mode", std::string("floor")}}));
+    TRY(rw, c.emit("aten.mul", {row, wv}));
+    TRY(col, c.emit("aten.sub", {idx, rw}));
+    TRY(ch2, c.emit("aten.mul", {col, hv}));
+    TRY(v, c.emit("aten.add", {ch2, row}));
+    idx = v;
+  }
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n) * static_cast<double>(ch), 8, "the plane offsets"));
+  std::vector<int64_t> offs(static_cast<size_t>(n * ch));
+  for (int64_t p = 0; p < n * ch; ++p) offs[static_cast<size_t>(p)] = p * h * w;
+  std::vector<uint8_t> ob(offs.size() * 8);
+  if (!ob.empty()) std::memcpy(ob.data(), offs.data(), ob.size());
+  TRY(base, c.constant(TensorType{DType::Int64, {n, ch, 1, 1}}, std::move(ob)));
+  TRY(full, c.emit("aten.add", {idx, base}));
+  idx = full;
+  if (xs0.size() == 3) {
+    Ints o = c.type(y).sizes;
+    TRY(v, view(c, y, {o[0], o[1], o[3]}));
+    TRY(vi, view(c, idx, {o[0], o[1], o[3]}));
+    y = v, idx = vi;
+  }
+  if (c.type(y).dtype != in_dt) {
+    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(in_dt))}}));
+    y = v;
+  }
+  KILN_RETURN_IF_ERROR(c.set_output(0, y));
+  return c.set_output(1, idx);
+}
+
 Error pool(NodeCtx& c, bool is_max) {
   TRY(x0, c.input(0));
   const Ints xs0 = c.type(x0).sizes;
@@ -1585,10 +1642,13 @@ Error pool(NodeCtx& c, bool is_max) {
   TRY(ceil, c.attr_int("ceil_mode", 0));
   TRY(s, spatial_attrs(c, Ints(xs0.begin() + 2, xs0.end()), kernel, is_max));
   int64_t cip = 0;
+  int64_t storage_order = 0;
+  const bool want_indices = is_max && c.has_output(1);
   if (is_max) {
     TRY(so, c.attr_int("storage_order", 0));
-    (void)so;  // row/column-major order of the Indices output only
-    if (c.has_output(1)) return c.unsupported("the Indices output");
+    if (so != 0 && so != 1) return c.invalid("storage_order must be 0 or 1");
+    storage_order = so;  // row/column-major order of the Indices output only
+    if (want_indices && xs0.size() == 5) return c.unsupported("the Indices output of 3-D pooling");
   } else {
     TRY(v, c.attr_int("count_include_pad", 0));
     cip = v;
@@ -1619,6 +1679,10 @@ Error pool(NodeCtx& c, bool is_max) {
     too_big |= s.pad_begin[i] > s.kernel[i] / 2;
   }
   if ((asym || too_big) && ceil) return c.unsupported("asymmetric pads (or pads larger than half the kernel) with ceil_mode = 1");
+  if ((asym || too_big) && want_indices) {
+    return c.unsupported("the Indices output with asymmetric pads (or pads larger than half the kernel)");
+  }
+  if (want_indices) return max_pool_with_indices(c, x, xs0, s, ceil != 0, storage_order, in_dt);
   if ((asym || too_big) && !is_max && !cip) {
     // Average over the valid elements only: sum-pool(zero-padded x) / sum-pool(zero-padded ones),
     // both as avg_pool2d without padding (the kernel-area divisors cancel).
