@@ -215,3 +215,21 @@ def test_onnx_maxpool_indices_1d_and_refusals(tmp_path):
     path.write_bytes(asym)
     with pytest.raises(kiln.KilnError, match="Indices output with asymmetric pads"):
         kiln.onnx.compile_onnx(str(path), input_shapes={"x": [2, 3, 9]})
+
+
+@pytest.mark.parametrize("bad", [5, -6])
+def test_gather_elements_out_of_range_index_is_an_error(bad, tmp_path):
+    x = np.arange(15, dtype=np.float32).reshape(3, 5)
+    idx = np.array([[1, bad], [0, 0]], np.int64)  # 5 along axis 1 would otherwise read x[1, 0]
+    data = model_bytes([helper.make_node("GatherElements", ["x", "i"], ["y"], axis=1)],
+                       [vi("x", x), vi("i", idx)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    path = tmp_path / "m.onnx"
+    path.write_bytes(data)
+    r = kiln.onnx.compile_onnx(str(path), input_shapes={"x": [3, 5], "i": [2, 2]})
+    prog = kiln.load_bytes(r.data)
+    with pytest.raises(kiln.KilnError) as e:
+        prog.run(x, idx)
+    assert e.value.args[1] == "InvalidArgument"
+    ok = np.array([[1, -1], [0, 4]], np.int64)
+    (y,) = prog.run(x, ok)
+    np.testing.assert_array_equal(y, np.take_along_axis(x[:2], np.where(ok < 0, ok + 5, ok), 1))

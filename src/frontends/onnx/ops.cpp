@@ -2343,7 +2343,14 @@ Error conv_GatherElements(NodeCtx& c) {
   std::vector<uint8_t> bb(base.size() * 8);
   if (!base.empty()) std::memcpy(bb.data(), base.data(), bb.size());
   TRY(bv, c.constant(TensorType{DType::Int64, is}, std::move(bb)));
-  TRY(lin, c.emit("aten.add", {ws, bv}));
+  TRY(lin0, c.emit("aten.add", {ws, bv}));
+  // An index outside [-dim, dim) would read a neighbouring element of the flat table: give it the
+  // index numel (out of the table) so aten.embedding fails with InvalidArgument.
+  TRY(lo, c.emit("aten.lt", {w, zero}));
+  TRY(hi, c.emit("aten.ge", {w, dv}));
+  TRY(bad, c.emit("aten.logical_or", {lo, hi}));
+  TRY(beyond, c.scalar(DType::Int64, static_cast<double>(numel_of(ds))));
+  TRY(lin, c.emit("aten.where", {bad, beyond, lin0}));
   TRY(flat, view(c, x, {numel_of(ds), 1}));
   TRY(e, c.emit("aten.embedding", {flat, lin}));
   TRY(y, view(c, e, is));
