@@ -205,6 +205,10 @@ def test_delegates_leave_float64_to_the_portable_kernels():
         expected = m(x)
     for b in backends:
         res = kiln.export(m, (x,), backends=(b,), verbose=False)
+        deleg = res.report["methods"][0]["delegation"]
+        assert deleg["backends"][0]["nodes"] == 0, deleg
+        reasons = [r for op in deleg["cpu_ops"] for _, r in op["reasons"] if op["op"] != "aten.cumsum"]
+        assert reasons and all("float64" in r for r in reasons), reasons
         got = kiln.load_bytes(res.data).run(x.numpy())
         for g, e in zip(got, expected):
             assert_close(g, e.numpy(), rel=REL if e.dtype == torch.float64 else 1e-6, what=b)
