@@ -1065,8 +1065,17 @@ def _sum_mean(b: _Builder, args, kwargs):
     return b.generic(_packet_name(b.node.target), args, kwargs, extra=extra)
 
 
+def _cumsum(b: _Builder, args, kwargs):
+    # cumsum(self, dim, *, dtype=None): Kiln's dtype attribute is the Kiln dtype name.
+    bound = b.bind(b.node.target, args, kwargs)
+    attrs = {"dim": bound["dim"]}
+    if bound.get("dtype") is not None:
+        attrs["dtype"] = kiln_dtype(bound["dtype"], "the dtype= argument")
+    return b.emit("aten.cumsum", [b.tensor(bound["self"])], attrs)
+
+
 _HANDLERS: dict[str, Callable] = {
-    "aten.sum": _sum_mean, "aten.mean": _sum_mean, "aten.roll": _roll,
+    "aten.sum": _sum_mean, "aten.cumsum": _cumsum, "aten.mean": _sum_mean, "aten.roll": _roll,
     "aten.max.dim": _max_min_dim(True), "aten.min.dim": _max_min_dim(False),
     "aten.max.default": _max_min_all("aten.amax"), "aten.min.default": _max_min_all("aten.amin"),
     "aten.maximum": _maximum_minimum("aten.gt"), "aten.minimum": _maximum_minimum("aten.lt"),
