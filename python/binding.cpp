@@ -100,6 +100,7 @@ std::string numpy_format(DType d) {
     case DType::Int8: return "int8";
     case DType::UInt8: return "uint8";
     case DType::Bool: return "bool";
+    case DType::Float64: return "float64";
   }
   return "float32";
 }

@@ -448,6 +448,7 @@ void fill_random(npy::Array& a, std::mt19937_64& rng) {
       case DType::Int8: p[i] = static_cast<uint8_t>(small(rng)); break;
       case DType::UInt8: p[i] = static_cast<uint8_t>(small(rng)); break;
       case DType::Bool: p[i] = static_cast<uint8_t>(bit(rng)); break;
+      case DType::Float64: { const double v = normal(rng); std::memcpy(p + 8 * i, &v, 8); break; }
     }
   }
 }

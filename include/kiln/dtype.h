@@ -9,18 +9,23 @@
 namespace kiln {
 
 /// Element type. Values match kiln.fb.DType in schema/program.fbs.
-enum class DType : int8_t { Float32 = 0, Float16, BFloat16, Int64, Int32, Int8, UInt8, Bool };
+/// Float64 was appended last (value 8) so that files written before it keep their meaning.
+enum class DType : int8_t { Float32 = 0, Float16, BFloat16, Int64, Int32, Int8, UInt8, Bool, Float64 };
 
-constexpr int kNumDTypes = 8;
+constexpr int kNumDTypes = 9;
 
-/// Bytes per element: 4, 2, 2, 8, 4, 1, 1, 1.
+/// Bytes per element: 4, 2, 2, 8, 4, 1, 1, 1, 8.
 size_t dtype_size(DType dtype);
-/// Short name as in PyTorch: "float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool".
+/// Short name as in PyTorch: "float32", "float16", "bfloat16", "int64", "int32", "int8", "uint8", "bool",
+/// "float64".
 const char* dtype_name(DType dtype);
 /// Inverse of dtype_name; nullopt for an unknown name.
 std::optional<DType> dtype_from_name(std::string_view name);
-/// True for Float32, Float16, BFloat16.
+/// True for Float32, Float16, BFloat16, Float64.
 bool is_floating(DType dtype);
+/// True for the float types a delegate may compute in (CompileOptions::compute_dtype):
+/// Float32, Float16, BFloat16 (not Float64, which only the portable kernels run).
+bool is_compute_float(DType dtype);
 /// True when the raw value is one of the enumerators (files are untrusted).
 bool is_valid_dtype(int value);
 

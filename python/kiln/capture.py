@@ -74,11 +74,12 @@ class ExportError(RuntimeError):
 _TORCH_TO_KILN = {
     torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16", torch.int64: "int64",
     torch.int32: "int32", torch.int8: "int8", torch.uint8: "uint8", torch.bool: "bool",
+    torch.float64: "float64",
 }
 
 
 def kiln_dtype(dtype: torch.dtype, what: str = "tensor") -> str:
-    """Kiln's name for a torch dtype ("float32", ...); ExportError for dtypes Kiln lacks (float64,
+    """Kiln's name for a torch dtype ("float32", ...); ExportError for dtypes Kiln lacks (int16,
     complex, ...)."""
     try:
         return _TORCH_TO_KILN[dtype]
@@ -319,7 +320,9 @@ class _Builder:
             vid, _ = self._const_ids[key]
         else:
             orig = t
-            if t.dtype == torch.float64 and t.dim() == 0:
+            if t.dtype == torch.float64 and t.dim() == 0 and not self._float64_node():
+                # a 0-d float64 (a Python float lifted by torch.export) next to float32 tensors: store
+                # it as float32 so the float32 kernels read one dtype (0-d tensors do not promote).
                 t = t.to(torch.float32)
             name = name or self._names.get(key)
             dt = kiln_dtype(t.dtype, f"constant '{name or 'tensor'}'")
@@ -327,6 +330,13 @@ class _Builder:
             vid = self.g.add_constant(name or f"const{self.num_const}", dt, list(t.shape), _tensor_bytes(t))
             self._const_ids[key] = (vid, orig)  # keeps `orig` alive: its id() stays unique
         return _V(vid, t.dtype, tuple(t.shape))
+
+    def _float64_node(self) -> bool:
+        """True when the FX node being converted has a float64 tensor output (float64 computations
+        keep their 0-d float64 constants exact)."""
+        out = _meta_val(self.node) if self.node is not None else None
+        outs = out if isinstance(out, (list, tuple)) else [out]
+        return any(isinstance(o, torch.Tensor) and o.dtype == torch.float64 for o in outs)
 
     def tensor(self, v, scalar_dtype: torch.dtype | None = None) -> _V:
         """A tensor argument as a graph value: a value, a known constant, or a Python number (-> 0-d)."""
@@ -1055,8 +1065,17 @@ def _sum_mean(b: _Builder, args, kwargs):
     return b.generic(_packet_name(b.node.target), args, kwargs, extra=extra)
 
 
+def _cumsum(b: _Builder, args, kwargs):
+    # cumsum(self, dim, *, dtype=None): Kiln's dtype attribute is the Kiln dtype name.
+    bound = b.bind(b.node.target, args, kwargs)
+    attrs = {"dim": bound["dim"]}
+    if bound.get("dtype") is not None:
+        attrs["dtype"] = kiln_dtype(bound["dtype"], "the dtype= argument")
+    return b.emit("aten.cumsum", [b.tensor(bound["self"])], attrs)
+
+
 _HANDLERS: dict[str, Callable] = {
-    "aten.sum": _sum_mean, "aten.mean": _sum_mean, "aten.roll": _roll,
+    "aten.sum": _sum_mean, "aten.cumsum": _cumsum, "aten.mean": _sum_mean, "aten.roll": _roll,
     "aten.max.dim": _max_min_dim(True), "aten.min.dim": _max_min_dim(False),
     "aten.max.default": _max_min_all("aten.amax"), "aten.min.default": _max_min_all("aten.amin"),
     "aten.maximum": _maximum_minimum("aten.gt"), "aten.minimum": _maximum_minimum("aten.lt"),

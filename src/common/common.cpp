@@ -34,7 +34,7 @@ size_t dtype_size(DType dtype) {
   switch (dtype) {
     case DType::Float32: case DType::Int32: return 4;
     case DType::Float16: case DType::BFloat16: return 2;
-    case DType::Int64: return 8;
+    case DType::Int64: case DType::Float64: return 8;
     case DType::Int8: case DType::UInt8: case DType::Bool: return 1;
   }
   return 0;
@@ -50,6 +50,7 @@ const char* dtype_name(DType dtype) {
     case DType::Int8: return "int8";
     case DType::UInt8: return "uint8";
     case DType::Bool: return "bool";
+    case DType::Float64: return "float64";
   }
   return "invalid";
 }
@@ -61,7 +62,8 @@ std::optional<DType> dtype_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-bool is_floating(DType d) { return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16; }
+bool is_floating(DType d) { return is_compute_float(d) || d == DType::Float64; }
+bool is_compute_float(DType d) { return d == DType::Float32 || d == DType::Float16 || d == DType::BFloat16; }
 bool is_valid_dtype(int value) { return value >= 0 && value < kNumDTypes; }
 
 float half_to_float(uint16_t h) {

@@ -153,6 +153,7 @@ class HeaderParser {
 std::optional<DType> dtype_of_descr(const std::string& d) {
   if (d == "<f4") return DType::Float32;
   if (d == "<f2") return DType::Float16;
+  if (d == "<f8") return DType::Float64;
   if (d == "<i8") return DType::Int64;
   if (d == "<i4") return DType::Int32;
   if (d == "|i1" || d == "<i1") return DType::Int8;
@@ -162,10 +163,9 @@ std::optional<DType> dtype_of_descr(const std::string& d) {
 }
 
 std::string explain_descr(const std::string& d) {
-  std::string why = "dtype '" + d + "' is not supported (supported: <f4 float32, <f2 float16, <i8 int64, "
+  std::string why = "dtype '" + d + "' is not supported (supported: <f4 float32, <f2 float16, <f8 float64, <i8 int64, "
                     "<i4 int32, |i1 int8, |u1 uint8, |b1 bool)";
   if (!d.empty() && d[0] == '>') why += "; the file is big-endian: save it little-endian, e.g. a.astype(a.dtype.newbyteorder('<'))";
-  if (d == "<f8") why += "; convert float64 with a.astype(np.float32)";
   return why;
 }
 
@@ -175,6 +175,7 @@ Result<std::string> descr_of(DType dtype) {
   switch (dtype) {
     case DType::Float32: return std::string("<f4");
     case DType::Float16: return std::string("<f2");
+    case DType::Float64: return std::string("<f8");
     case DType::Int64: return std::string("<i8");
     case DType::Int32: return std::string("<i4");
     case DType::Int8: return std::string("|i1");

@@ -113,7 +113,7 @@ Subgraph make_subgraph(const Graph& g, std::vector<size_t> nodes) {
 
 Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>& backends, DType compute_dtype) {
   DelegationReport report;
-  if (!is_floating(compute_dtype)) {
+  if (!is_compute_float(compute_dtype)) {
     return Error(ErrorCode::InvalidArgument, std::string("compute_dtype must be float32, float16 or bfloat16, got ") +
                                                  dtype_name(compute_dtype));
   }

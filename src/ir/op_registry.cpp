@@ -185,6 +185,7 @@ DType promote_types(DType a, DType b) {
       case DType::BFloat16: return 5;
       case DType::Float16: return 6;
       case DType::Float32: return 7;
+      case DType::Float64: return 8;
     }
     return 0;
   };

@@ -4,6 +4,11 @@
 
 #include <filesystem>
 
+#include <cmath>
+#include <cstring>
+
+#include "ir/op_registry.h"
+#include "program_generated.h"
 #include "runtime_test_util.h"
 
 namespace kiln {
@@ -164,6 +169,62 @@ TEST(ProgramFormat, MissingMethodAndMissingFileAreNotFound) {
   auto dir = Program::load(std::filesystem::temp_directory_path().string());
   ASSERT_FALSE(dir.ok());
   EXPECT_NE(dir.error().code(), ErrorCode::Ok);
+}
+
+}  // namespace
+}  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// The dtype tables: Float64 is value 8 (appended, so older files keep their meaning), 8 bytes,
+// floating but not a delegate compute dtype, the highest float in type promotion, and the
+// program file's enum agrees with the C++ one.
+TEST(DTypeTable, Float64IsAppendedAndConsistent) {
+  EXPECT_EQ(static_cast<int>(DType::Float64), 8);
+  EXPECT_EQ(kNumDTypes, 9);
+  EXPECT_EQ(static_cast<int>(fb::DType::Float64), 8);
+  EXPECT_EQ(static_cast<int>(fb::DType::MAX), kNumDTypes - 1);
+  for (int i = 0; i < kNumDTypes; ++i) {
+    const DType d = static_cast<DType>(i);
+    EXPECT_TRUE(is_valid_dtype(i));
+    EXPECT_GT(dtype_size(d), 0u) << i;
+    EXPECT_EQ(dtype_from_name(dtype_name(d)), d) << dtype_name(d);
+  }
+  EXPECT_FALSE(is_valid_dtype(kNumDTypes));
+  EXPECT_EQ(dtype_size(DType::Float64), 8u);
+  EXPECT_STREQ(dtype_name(DType::Float64), "float64");
+  EXPECT_TRUE(is_floating(DType::Float64));
+  EXPECT_FALSE(is_compute_float(DType::Float64));
+  EXPECT_TRUE(is_compute_float(DType::BFloat16));
+  EXPECT_EQ(promote_types(DType::Float32, DType::Float64), DType::Float64);
+  EXPECT_EQ(promote_types(DType::Float64, DType::Int64), DType::Float64);
+  EXPECT_EQ(promote_types(DType::Float16, DType::Float64), DType::Float64);
+}
+
+// A float64 constant and input survive the serializer and the loader bit for bit, and the
+// portable add computes in double (1 + 2^-40 would round to 1 in float32).
+TEST(DTypeTable, Float64ProgramRoundTrips) {
+  const std::vector<double> c = {1.0 + std::ldexp(1.0, -40), -3.25, 1e300};
+  std::vector<uint8_t> cb(c.size() * 8);
+  std::memcpy(cb.data(), c.data(), cb.size());
+  Graph g;
+  ValueId x = g.add_input("x", {DType::Float64, {3}});
+  KILN_ASSERT_OK_AND_ASSIGN(cid, g.add_constant("c", {DType::Float64, {3}}, cb));
+  KILN_ASSERT_OK_AND_ASSIGN(y, g.add_node("aten.add", {x, cid}, {}));
+  ASSERT_EQ(g.value(y[0]).type.dtype, DType::Float64);
+  ASSERT_TRUE(g.set_outputs({y[0]}).ok());
+  ProgramBuilder pb;
+  ASSERT_TRUE(pb.add_method("forward", std::move(g)).ok());
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, pb.compile());
+  KILN_ASSERT_OK_AND_ASSIGN(program, Program::load_from_buffer(compiled.bytes));
+  KILN_ASSERT_OK_AND_ASSIGN(m, program->load_method("forward"));
+  std::vector<double> xv = {1.0, 0.5, 1e300};
+  KILN_ASSERT_OK_AND_ASSIGN(outs, m.execute({Tensor{DType::Float64, {3}, xv.data()}}));
+  ASSERT_EQ(outs[0].dtype, DType::Float64);
+  const double* o = outs[0].data_as<double>();
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(o[i], xv[i] + c[i]) << i;
+  EXPECT_NE(o[0], 2.0);
 }
 
 }  // namespace

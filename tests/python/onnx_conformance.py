@@ -46,8 +46,9 @@ import kiln  # noqa: E402
 import kiln.onnx  # noqa: E402
 
 DEBIAN_DATA = "/usr/share/libonnx-testdata/data"
-# TensorProto element types that are Kiln dtypes: FLOAT, UINT8, INT8, INT32, INT64, BOOL, FLOAT16, BFLOAT16.
-KILN_ONNX_TYPES = {1, 2, 3, 6, 7, 9, 10, 16}
+# TensorProto element types that are Kiln dtypes: FLOAT, UINT8, INT8, INT32, INT64, BOOL, FLOAT16, DOUBLE,
+# BFLOAT16.
+KILN_ONNX_TYPES = {1, 2, 3, 6, 7, 9, 10, 11, 16}
 RTOL, ATOL = 1e-3, 1e-5
 
 # Why op types without a converter are not supported (shown in the report; the default reason
@@ -310,8 +311,8 @@ def write_doc(path: str, results: list[dict], summary: dict, supported: set, sec
         f"{summary['supported_op_pass']} pass (**{100 * summary['supported_op_pass_rate']:.1f}%**); the others are "
         "refused with NotSupported (an element type that is not a Kiln dtype, random training-mode "
         "ops, ...) or fail, as listed below",
-        f"- of those, the cases whose inputs and outputs are all Kiln dtypes (float32, float16, bfloat16, int64, "
-        f"int32, int8, uint8, bool; not double, int16, uint16/32/64, string): {summary['kiln_dtype_cases']}, of which "
+        f"- of those, the cases whose inputs and outputs are all Kiln dtypes (float32, float16, bfloat16, float64, "
+        f"int64, int32, int8, uint8, bool; not int16, uint16/32/64, string): {summary['kiln_dtype_cases']}, of which "
         f"{summary['kiln_dtype_pass']} pass (**{100 * summary['kiln_dtype_pass_rate']:.1f}%**)",
         f"- pass rate among the cases Kiln accepted (imported and compiled): "
         f"**{100 * summary['attempted_pass_rate']:.1f}%**",

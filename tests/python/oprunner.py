@@ -9,7 +9,7 @@ import numpy as np
 import kiln
 
 _NP_TO_KILN = {
-    np.dtype("float32"): "float32", np.dtype("float16"): "float16", np.dtype("int64"): "int64",
+    np.dtype("float32"): "float32", np.dtype("float16"): "float16", np.dtype("int64"): "int64", np.dtype("float64"): "float64",
     np.dtype("int32"): "int32", np.dtype("int8"): "int8", np.dtype("uint8"): "uint8", np.dtype("bool"): "bool",
 }
 

@@ -263,7 +263,9 @@ def run_error(cli, programs, tmp_path, x, y=None):
 
 def test_wrong_dtype_names_the_input(cli, programs, tmp_path):
     err = run_error(cli, programs, tmp_path, np.zeros((2, 3), np.float64))
-    assert "InvalidArgument" in err and "input 'x'" in err and "'<f8' is not supported" in err, err
+    assert "InvalidArgument" in err and "input 'x'" in err and "float64" in err and "float32[2, 3]" in err, err
+    err = run_error(cli, programs, tmp_path, np.zeros((2, 3), np.complex64))
+    assert "InvalidArgument" in err and "input 'x'" in err and "'<c8' is not supported" in err, err
     err = run_error(cli, programs, tmp_path, np.zeros((2, 3), np.int32))
     assert "input 'x'" in err and "dtype int32" in err and "float32[2, 3]" in err, err
     err = run_error(cli, programs, tmp_path, np.zeros((2, 3), np.float32), np.zeros(3, np.float16))

@@ -568,7 +568,7 @@ def test_where_broadcast_mismatch_rejected(shapes):
     ("aten.clamp", [("float32", (2,))], {}, "InvalidArgument"),
     ("aten.clamp", [("float32", (2,))], {"min": None, "max": None}, "InvalidArgument"),
     ("aten.where", [("float32", (2,)), ("float32", (2,)), ("float32", (2,))], {}, "NotSupported"),
-    ("aten._to_copy", [("float32", (2,))], {"dtype": "float64"}, "InvalidArgument"),
+    ("aten._to_copy", [("float32", (2,))], {"dtype": "float128"}, "InvalidArgument"),
     ("aten.leaky_relu", [("float32", (2,))], {"negative_slope": "x"}, "InvalidArgument"),
 ])
 def test_invalid_configurations_rejected(op, types, attrs, code):

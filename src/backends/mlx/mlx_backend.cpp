@@ -196,7 +196,7 @@ Result<std::vector<uint8_t>> lower_subgraph(const Subgraph& sg) {
   Writer w;
   w.u32(kMagic);
   w.u32(kVersion);
-  if (!is_floating(sg.compute_dtype)) return Error(ErrorCode::InvalidArgument, "mlx: compute dtype must be a float type");
+  if (!is_compute_float(sg.compute_dtype)) return Error(ErrorCode::InvalidArgument, "mlx: compute dtype must be a float type");
   w.u8(static_cast<uint8_t>(sg.compute_dtype));
   w.u32(static_cast<uint32_t>(sg.inputs.size()));
   w.u32(static_cast<uint32_t>(sg.outputs.size()));
@@ -469,7 +469,7 @@ class MlxBackend : public Backend {
     const uint32_t version = r.u32();
     if (version != kVersion) return bad("version " + std::to_string(version) + " (this runtime reads version 1)");
     const uint8_t compute = r.u8();
-    if (!r.ok() || !is_valid_dtype(compute) || !is_floating(static_cast<DType>(compute))) {
+    if (!r.ok() || !is_valid_dtype(compute) || !is_compute_float(static_cast<DType>(compute))) {
       return bad("compute dtype must be float32, float16 or bfloat16");
     }
     const uint32_t ni = r.u32(), no = r.u32(), nc = r.u32();

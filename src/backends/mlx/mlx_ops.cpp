@@ -1011,6 +1011,7 @@ mx::Dtype to_mx(DType dtype) {
     case DType::Int8: return mx::int8;
     case DType::UInt8: return mx::uint8;
     case DType::Bool: return mx::bool_;
+    case DType::Float64: break;  // never lowered: check_node declines float64 values
   }
   return mx::float32;
 }
@@ -1026,6 +1027,8 @@ Error check_node(const NodeView& n) {
     }
     if (t.dim() > 8) return no(what + " has rank > 8");
     if (t.numel() > (int64_t{1} << 31)) return no(what + " " + t.to_string() + " has more than 2^31 elements");
+    // MLX has no float64 on the GPU: such nodes stay on the portable kernels.
+    if (t.dtype == DType::Float64) return no(what + " is float64");
     return ok();
   };
   for (size_t i = 0; i < n.in.size(); ++i) {

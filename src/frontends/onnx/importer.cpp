@@ -63,9 +63,10 @@ Result<DType> kiln_dtype(int t) {
     case ::onnx::TensorProto::INT8: return DType::Int8;
     case ::onnx::TensorProto::UINT8: return DType::UInt8;
     case ::onnx::TensorProto::BOOL: return DType::Bool;
+    case ::onnx::TensorProto::DOUBLE: return DType::Float64;
     default:
       return not_supported("element type " + onnx_type_name(t) +
-                           " is not a Kiln dtype (float32, float16, bfloat16, int64, int32, int8, uint8, bool)");
+                           " is not a Kiln dtype (float32, float16, bfloat16, float64, int64, int32, int8, uint8, bool)");
   }
 }
 
@@ -182,6 +183,7 @@ Result<HostTensor> read_tensor(const ::onnx::TensorProto& t, const std::string& 
   switch (h.type.dtype) {
     case DType::Float32: stored = t.float_data_size(), field = "float_data"; break;
     case DType::Int64: stored = t.int64_data_size(), field = "int64_data"; break;
+    case DType::Float64: stored = t.double_data_size(), field = "double_data"; break;
     default: stored = t.int32_data_size(); break;
   }
   if (stored != numel) return count_error(field, stored);
@@ -194,6 +196,10 @@ Result<HostTensor> read_tensor(const ::onnx::TensorProto& t, const std::string& 
     case DType::Int64:
       if (t.int64_data_size() != numel) return count_error("int64_data", t.int64_data_size());
       store_as<int64_t>(h.bytes, t.int64_data());
+      break;
+    case DType::Float64:
+      if (t.double_data_size() != numel) return count_error("double_data", t.double_data_size());
+      store_as<double>(h.bytes, t.double_data());
       break;
     case DType::Int32:
       if (t.int32_data_size() != numel) return count_error("int32_data", t.int32_data_size());
@@ -261,6 +267,7 @@ Result<std::vector<double>> NodeCtx::const_floats(ValueId v, const std::string& 
   for (size_t i = 0; i < n; ++i) {
     switch (val.type.dtype) {
       case DType::Float32: out[i] = load<float>(p, i); break;
+      case DType::Float64: out[i] = load<double>(p, i); break;
       case DType::Float16: out[i] = half_to_float(load<uint16_t>(p, i)); break;
       case DType::BFloat16: out[i] = bfloat16_to_float(load<uint16_t>(p, i)); break;
       case DType::Int64: out[i] = static_cast<double>(load<int64_t>(p, i)); break;
@@ -411,6 +418,7 @@ Result<ValueId> NodeCtx::scalar(DType dtype, double v) {
   auto put = [&](auto x) { std::memcpy(b.data(), &x, sizeof(x)); };
   switch (dtype) {
     case DType::Float32: put(static_cast<float>(v)); break;
+    case DType::Float64: put(v); break;
     case DType::Float16: put(float_to_half(static_cast<float>(v))); break;
     case DType::BFloat16: put(float_to_bfloat16(static_cast<float>(v))); break;
     case DType::Int64: put(static_cast<int64_t>(v)); break;

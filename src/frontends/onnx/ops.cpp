@@ -911,6 +911,7 @@ Error conv_Range(NodeCtx& c) {
     auto put = [&](auto v) { std::memcpy(bytes.data() + static_cast<size_t>(i) * sizeof(v), &v, sizeof(v)); };
     switch (dt) {
       case DType::Float32: put(static_cast<float>(sv[0]) + static_cast<float>(i) * static_cast<float>(dv[0])); break;
+      case DType::Float64: put(sv[0] + static_cast<double>(i) * dv[0]); break;
       case DType::Int64: put(static_cast<int64_t>(sv[0]) + i * static_cast<int64_t>(dv[0])); break;
       case DType::Int32: put(static_cast<int32_t>(sv[0] + static_cast<double>(i) * dv[0])); break;
       default: return c.unsupported(std::string("dtype ") + dtype_name(dt));
@@ -1574,6 +1575,63 @@ Error conv_ConvTranspose(NodeCtx& c) {
 
 // MaxPool / AveragePool (2-D; 1-D through an added dim). ceil_mode, count_include_pad,
 // dilations (MaxPool), storage_order (affects only the unsupported Indices output).
+// Adds one node with several outputs (no eager constant evaluation); errors as NodeCtx::emit.
+Result<std::vector<ValueId>> emit_multi(NodeCtx& c, const std::string& op, std::vector<ValueId> inputs,
+                                        const Attributes& attrs) {
+  const std::string debug = c.node.name().empty() ? c.node.op_type() + "#" + std::to_string(c.index) : c.node.name();
+  auto outs = c.im.graph.add_node(op, inputs, attrs, debug);
+  if (!outs.ok()) {
+    const ErrorCode code = outs.error().code() == ErrorCode::InvalidArgument ? ErrorCode::InvalidProgram : outs.error().code();
+    return Error(code, c.where() + ": " + outs.error().message());
+  }
+  return outs;
+}
+
+// MaxPool with its Indices output (1-D / 2-D, symmetric pads): aten.max_pool2d_with_indices gives
+// ih * W + iw within each (n, c) plane; ONNX wants the index into the whole N x C x H x W tensor
+// ("the indices do not consider padding"), row-major (storage_order 0) or with h and w swapped in
+// the plane (storage_order 1: ih + iw * H), as the ONNX reference op_max_pool.py computes it.
+// `x` is the (possibly float32-converted, 1-D -> [N, C, 1, L] viewed) input; xs0 the original sizes.
+Error max_pool_with_indices(NodeCtx& c, ValueId x, const Ints& xs0, const Spatial& s, bool ceil, int64_t storage_order,
+                            DType in_dt) {
+  const Ints xs = c.type(x).sizes;  // [N, C, H, W]
+  const int64_t n = xs[0], ch = xs[1], h = xs[2], w = xs[3];
+  TRY(outs, emit_multi(c, "aten.max_pool2d_with_indices", {x},
+                       {{"kernel_size", s.kernel}, {"stride", s.strides}, {"padding", s.pad_begin},
+                        {"dilation", s.dilations}, {"ceil_mode", ceil}}));
+  ValueId y = outs[0], idx = outs[1];
+  if (storage_order == 1 && h > 1) {
+    TRY(wv, c.scalar(DType::Int64, static_cast<double>(w)));
+    TRY(hv, c.scalar(DType::Int64, static_cast<double>(h)));
+    TRY(row, c.emit("aten.div", {idx, wv}, {{"rounding_mode", std::string("floor")}}));
+    TRY(rw, c.emit("aten.mul", {row, wv}));
+    TRY(col, c.emit("aten.sub", {idx, rw}));
+    TRY(ch2, c.emit("aten.mul", {col, hv}));
+    TRY(v, c.emit("aten.add", {ch2, row}));
+    idx = v;
+  }
+  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n) * static_cast<double>(ch), 8, "the plane offsets"));
+  std::vector<int64_t> offs(static_cast<size_t>(n * ch));
+  for (int64_t p = 0; p < n * ch; ++p) offs[static_cast<size_t>(p)] = p * h * w;
+  std::vector<uint8_t> ob(offs.size() * 8);
+  if (!ob.empty()) std::memcpy(ob.data(), offs.data(), ob.size());
+  TRY(base, c.constant(TensorType{DType::Int64, {n, ch, 1, 1}}, std::move(ob)));
+  TRY(full, c.emit("aten.add", {idx, base}));
+  idx = full;
+  if (xs0.size() == 3) {
+    Ints o = c.type(y).sizes;
+    TRY(v, view(c, y, {o[0], o[1], o[3]}));
+    TRY(vi, view(c, idx, {o[0], o[1], o[3]}));
+    y = v, idx = vi;
+  }
+  if (c.type(y).dtype != in_dt) {
+    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(in_dt))}}));
+    y = v;
+  }
+  KILN_RETURN_IF_ERROR(c.set_output(0, y));
+  return c.set_output(1, idx);
+}
+
 Error pool(NodeCtx& c, bool is_max) {
   TRY(x0, c.input(0));
   const Ints xs0 = c.type(x0).sizes;
@@ -1584,10 +1642,13 @@ Error pool(NodeCtx& c, bool is_max) {
   TRY(ceil, c.attr_int("ceil_mode", 0));
   TRY(s, spatial_attrs(c, Ints(xs0.begin() + 2, xs0.end()), kernel, is_max));
   int64_t cip = 0;
+  int64_t storage_order = 0;
+  const bool want_indices = is_max && c.has_output(1);
   if (is_max) {
     TRY(so, c.attr_int("storage_order", 0));
-    (void)so;  // row/column-major order of the Indices output only
-    if (c.has_output(1)) return c.unsupported("the Indices output");
+    if (so != 0 && so != 1) return c.invalid("storage_order must be 0 or 1");
+    storage_order = so;  // row/column-major order of the Indices output only
+    if (want_indices && xs0.size() == 5) return c.unsupported("the Indices output of 3-D pooling");
   } else {
     TRY(v, c.attr_int("count_include_pad", 0));
     cip = v;
@@ -1618,6 +1679,10 @@ Error pool(NodeCtx& c, bool is_max) {
     too_big |= s.pad_begin[i] > s.kernel[i] / 2;
   }
   if ((asym || too_big) && ceil) return c.unsupported("asymmetric pads (or pads larger than half the kernel) with ceil_mode = 1");
+  if ((asym || too_big) && want_indices) {
+    return c.unsupported("the Indices output with asymmetric pads (or pads larger than half the kernel)");
+  }
+  if (want_indices) return max_pool_with_indices(c, x, xs0, s, ceil != 0, storage_order, in_dt);
   if ((asym || too_big) && !is_max && !cip) {
     // Average over the valid elements only: sum-pool(zero-padded x) / sum-pool(zero-padded ones),
     // both as avg_pool2d without padding (the kernel-area divisors cancel).
@@ -2166,8 +2231,30 @@ Error conv_Trilu(NodeCtx& c) {
   return c.set_output(0, y);
 }
 
-// CumSum along a constant axis: a matrix product with a constant 0/1 triangle (exclusive / reverse
-// choose which); integer inputs go through float32 (exact while sums stay below 2^24).
+// Reverses x along `axis` as an embedding lookup: x with axis moved first, viewed [n, rest], rows
+// gathered in the order n-1 .. 0.
+Result<ValueId> flip_axis(NodeCtx& c, ValueId x, int64_t axis) {
+  const Ints s = c.type(x).sizes;
+  const int64_t n = s[static_cast<size_t>(axis)];
+  ValueId xt = x;
+  if (axis != 0) {
+    TRY(v, c.emit("aten.transpose", {x}, {{"dim0", int64_t{0}}, {"dim1", axis}}));
+    xt = v;
+  }
+  const Ints ts = c.type(xt).sizes;
+  TRY(x2, view(c, xt, {n, numel_of(ts) / std::max<int64_t>(n, 1)}));
+  Ints rev(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) rev[static_cast<size_t>(i)] = n - 1 - i;
+  TRY(iv, c.int64_vector(rev));
+  TRY(e, c.emit("aten.embedding", {x2, iv}));
+  TRY(y, view(c, e, ts));
+  if (axis == 0) return y;
+  return c.emit("aten.transpose", {y}, {{"dim0", int64_t{0}}, {"dim1", axis}});
+}
+
+// CumSum along a constant axis: aten.cumsum (float32/float64 sums accumulate in double, integer
+// ones wrap in int64, then convert back to int32); reverse = flip, cumsum, flip; exclusive shifts
+// the running sum by one along the axis (a zero slice, then all but the last sum), so it is exact.
 Error conv_CumSum(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(av, c.input(1));
@@ -2176,39 +2263,38 @@ Error conv_CumSum(NodeCtx& c) {
   TRY(ax, c.const_ints(av, "axis"));
   if (ax.size() != 1) return c.invalid("axis must be a scalar");
   const int64_t r = c.rank(x);
+  if (r == 0) return c.invalid("input must have rank >= 1");
   TRY(axis, wrap_axis(c, ax[0], r, "axis"));
   const DType dt = c.type(x).dtype;
-  if (dt != DType::Float32 && dt != DType::Int32 && dt != DType::Int64) return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  if (dt != DType::Float32 && dt != DType::Float64 && dt != DType::Int32 && dt != DType::Int64) {
+    return c.unsupported(std::string("dtype ") + dtype_name(dt));
+  }
   const int64_t n = c.type(x).sizes[static_cast<size_t>(axis)];
-  // weight [n_out, n_in] for aten.linear over the last dim.
-  KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n) * static_cast<double>(n), 4, "the summation matrix"));
-  std::vector<uint8_t> w(static_cast<size_t>(n * n) * 4, 0);
-  for (int64_t o = 0; o < n; ++o) {
-    for (int64_t i = 0; i < n; ++i) {
-      const bool take = reverse ? (exclusive ? i > o : i >= o) : (exclusive ? i < o : i <= o);
-      const float one = take ? 1.0f : 0.0f;
-      std::memcpy(w.data() + static_cast<size_t>(o * n + i) * 4, &one, 4);
-    }
+  ValueId in = x;
+  if (reverse && n > 1) {
+    TRY(v, flip_axis(c, x, axis));
+    in = v;
   }
-  TRY(wv, c.constant(TensorType{DType::Float32, {n, n}}, std::move(w)));
-  ValueId xf = x;
-  if (dt != DType::Float32) {
-    TRY(v, c.emit("aten._to_copy", {x}, {{"dtype", std::string("float32")}}));
-    xf = v;
-  }
-  ValueId xt = xf;
-  if (axis != r - 1) {
-    TRY(v, c.emit("aten.transpose", {xf}, {{"dim0", axis}, {"dim1", r - 1}}));
-    xt = v;
-  }
-  TRY(l, c.emit("aten.linear", {xt, wv, kNoValue}));
-  ValueId y = l;
-  if (axis != r - 1) {
-    TRY(v, c.emit("aten.transpose", {l}, {{"dim0", axis}, {"dim1", r - 1}}));
+  TRY(cs, c.emit("aten.cumsum", {in}, {{"dim", axis}}));
+  ValueId y = cs;
+  if (c.type(y).dtype != dt) {
+    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(dt))}}));
     y = v;
   }
-  if (dt != DType::Float32) {
-    TRY(v, c.emit("aten._to_copy", {y}, {{"dtype", std::string(dtype_name(dt))}}));
+  if (exclusive && n > 0) {
+    Ints zs = c.type(x).sizes;
+    zs[static_cast<size_t>(axis)] = 1;
+    TRY(zero, c.constant(TensorType{dt, zs}, std::vector<uint8_t>(static_cast<size_t>(numel_of(zs)) * dtype_size(dt), 0)));
+    ValueId parts_y = zero;
+    if (n > 1) {
+      TRY(head, c.emit("aten.slice", {y}, {{"dim", axis}, {"start", int64_t{0}}, {"end", n - 1}, {"step", int64_t{1}}}));
+      TRY(v, c.emit("aten.cat", {zero, head}, {{"dim", axis}}));
+      parts_y = v;
+    }
+    y = parts_y;
+  }
+  if (reverse && n > 1) {
+    TRY(v, flip_axis(c, y, axis));
     y = v;
   }
   return c.set_output(0, y);
@@ -2257,41 +2343,68 @@ Error conv_GatherElements(NodeCtx& c) {
   std::vector<uint8_t> bb(base.size() * 8);
   if (!base.empty()) std::memcpy(bb.data(), base.data(), bb.size());
   TRY(bv, c.constant(TensorType{DType::Int64, is}, std::move(bb)));
-  TRY(lin, c.emit("aten.add", {ws, bv}));
+  TRY(lin0, c.emit("aten.add", {ws, bv}));
+  // An index outside [-dim, dim) would read a neighbouring element of the flat table: give it the
+  // index numel (out of the table) so aten.embedding fails with InvalidArgument.
+  TRY(lo, c.emit("aten.lt", {w, zero}));
+  TRY(hi, c.emit("aten.ge", {w, dv}));
+  TRY(bad, c.emit("aten.logical_or", {lo, hi}));
+  TRY(beyond, c.scalar(DType::Int64, static_cast<double>(numel_of(ds))));
+  TRY(lin, c.emit("aten.where", {bad, beyond, lin0}));
   TRY(flat, view(c, x, {numel_of(ds), 1}));
   TRY(e, c.emit("aten.embedding", {flat, lin}));
   TRY(y, view(c, e, is));
   return c.set_output(0, y);
 }
 
-// GatherND (batch_dims = 0): out[i..., rest] = data[indices[i..., :], rest] as an embedding lookup
-// into data viewed [prod(data.shape[:k]), rest] at the linear index sum_j indices[..., j] * stride_j.
+// GatherND: out[b..., i..., rest] = data[b..., indices[b..., i..., :], rest] as an embedding lookup
+// into data viewed [prod(data.shape[:batch_dims + k]), rest] at the linear index
+// batch_offset(b) + sum_j indices[..., j] * stride_j (strides over data.shape[batch_dims:batch_dims + k];
+// batch_offset is a constant: the flat batch index times prod(data.shape[batch_dims:batch_dims + k])).
 Error conv_GatherND(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(idx0, c.input(1));
   TRY(bd, c.attr_int("batch_dims", 0));
-  if (bd != 0) return c.unsupported("attribute 'batch_dims' = " + std::to_string(bd));
   const Ints ds = c.type(x).sizes, is = c.type(idx0).sizes;
   if (is.empty()) return c.invalid("indices must have rank >= 1");
+  const int64_t rd = static_cast<int64_t>(ds.size()), ri = static_cast<int64_t>(is.size());
+  if (bd < 0 || bd >= std::min(rd, ri)) return c.invalid("batch_dims must be in [0, min(data rank, indices rank))");
+  for (int64_t d = 0; d < bd; ++d) {
+    if (ds[static_cast<size_t>(d)] != is[static_cast<size_t>(d)]) return c.invalid("the first batch_dims dims of data and indices must be equal");
+  }
   const int64_t k = is.back();
-  if (k < 1 || k > static_cast<int64_t>(ds.size())) return c.invalid("indices' last dim must be in [1, data rank]");
+  if (k < 1 || k > rd - bd) return c.invalid("indices' last dim must be in [1, data rank - batch_dims]");
   Ints stride(static_cast<size_t>(k), 1);
-  for (int64_t j = k - 2; j >= 0; --j) stride[static_cast<size_t>(j)] = stride[static_cast<size_t>(j + 1)] * ds[static_cast<size_t>(j + 1)];
-  int64_t lead = 1, rest = 1;
-  for (int64_t j = 0; j < static_cast<int64_t>(ds.size()); ++j) (j < k ? lead : rest) *= ds[static_cast<size_t>(j)];
+  for (int64_t j = k - 2; j >= 0; --j) stride[static_cast<size_t>(j)] = stride[static_cast<size_t>(j + 1)] * ds[static_cast<size_t>(bd + j + 1)];
+  int64_t lead = 1, rest = 1, batch = 1, block = 1;
+  for (int64_t j = 0; j < rd; ++j) (j < bd + k ? lead : rest) *= ds[static_cast<size_t>(j)];
+  for (int64_t j = 0; j < bd; ++j) batch *= ds[static_cast<size_t>(j)];
+  for (int64_t j = bd; j < bd + k; ++j) block *= ds[static_cast<size_t>(j)];
   ValueId idx = idx0;
   if (c.type(idx0).dtype != DType::Int64) {
     TRY(v, c.emit("aten._to_copy", {idx0}, {{"dtype", std::string("int64")}}));
     idx = v;
   }
-  ValueId lin = kNoValue;
+  // An index component outside [-dim, dim) would land in a neighbouring row or batch of the flat
+  // table: such positions get the linear index `lead` (out of the table), so aten.embedding fails
+  // with InvalidArgument instead of reading a wrong element.
+  ValueId lin = kNoValue, bad = kNoValue;
   for (int64_t j = 0; j < k; ++j) {
     TRY(sel, c.emit("aten.select", {idx}, {{"dim", int64_t{-1}}, {"index", j}}));
     TRY(zero, c.scalar(DType::Int64, 0));
-    TRY(dv, c.scalar(DType::Int64, static_cast<double>(ds[static_cast<size_t>(j)])));
+    TRY(dv, c.scalar(DType::Int64, static_cast<double>(ds[static_cast<size_t>(bd + j)])));
     TRY(neg, c.emit("aten.lt", {sel, zero}));
     TRY(sh, c.emit("aten.add", {sel, dv}));
     TRY(w, c.emit("aten.where", {neg, sh, sel}));
+    TRY(lo, c.emit("aten.lt", {w, zero}));
+    TRY(hi, c.emit("aten.ge", {w, dv}));
+    TRY(oob, c.emit("aten.logical_or", {lo, hi}));
+    if (bad == kNoValue) {
+      bad = oob;
+    } else {
+      TRY(o, c.emit("aten.logical_or", {bad, oob}));
+      bad = o;
+    }
     TRY(st, c.scalar(DType::Int64, static_cast<double>(stride[static_cast<size_t>(j)])));
     TRY(term, c.emit("aten.mul", {w, st}));
     if (lin == kNoValue) {
@@ -2301,10 +2414,24 @@ Error conv_GatherND(NodeCtx& c) {
       lin = a;
     }
   }
+  if (bd > 0) {
+    Ints bs(is.begin(), is.begin() + bd);
+    bs.resize(static_cast<size_t>(ri - 1), 1);  // broadcasts over the non-batch index dims
+    std::vector<int64_t> offs(static_cast<size_t>(batch));
+    for (int64_t b = 0; b < batch; ++b) offs[static_cast<size_t>(b)] = b * block;
+    std::vector<uint8_t> ob(offs.size() * 8);
+    std::memcpy(ob.data(), offs.data(), ob.size());
+    TRY(bo, c.constant(TensorType{DType::Int64, bs}, std::move(ob)));
+    TRY(a, c.emit("aten.add", {lin, bo}));
+    lin = a;
+  }
+  TRY(beyond, c.scalar(DType::Int64, static_cast<double>(lead)));
+  TRY(checked, c.emit("aten.where", {bad, beyond, lin}));
+  lin = checked;
   TRY(d2, view(c, x, {lead, rest}));
   TRY(e, c.emit("aten.embedding", {d2, lin}));
   Ints out(is.begin(), is.end() - 1);
-  out.insert(out.end(), ds.begin() + k, ds.end());
+  out.insert(out.end(), ds.begin() + bd + k, ds.end());
   TRY(y, view(c, e, out));
   return c.set_output(0, y);
 }
@@ -2713,13 +2840,55 @@ Error scatter_by_map(NodeCtx& c, ValueId data, ValueId updates, const std::vecto
   return c.set_output(0, y);
 }
 
-// ScatterND (reduction "none"): indices [..., k] (constant) address slices of data of rank r - k.
+// Scatter with reduction "add" / "mul" (ATen scatter_reduce / index_put_(accumulate=True)
+// semantics, as the ONNX reference: every update is combined into its element in update order).
+// `srcs[j]` lists, in order, the flat update indices landing on data element j. Round r combines
+// each element's r-th update: out = where(mask_r, out OP embedding(updates, idx_r), out), so
+// duplicates accumulate in the reference's order. Arithmetic dtypes only (float32, float64, int32,
+// int64: aten.add / aten.mul).
+Error scatter_reduce_by_map(NodeCtx& c, ValueId data, ValueId updates, const std::vector<std::vector<int64_t>>& srcs,
+                            const std::string& red) {
+  const TensorType dt = c.type(data);
+  if (dt.dtype != DType::Float32 && dt.dtype != DType::Float64 && dt.dtype != DType::Int32 && dt.dtype != DType::Int64) {
+    return c.unsupported("reduction '" + red + "' on dtype " + dtype_name(dt.dtype));
+  }
+  size_t rounds = 0;
+  for (const auto& s : srcs) rounds = std::max(rounds, s.size());
+  if (rounds > 64) return c.unsupported("more than 64 updates land on one element (reduction '" + red + "')");
+  TRY(uf, view(c, updates, {c.type(updates).numel(), 1}));
+  ValueId out = data;
+  for (size_t r = 0; r < rounds; ++r) {
+    std::vector<uint8_t> mask(srcs.size());
+    std::vector<int64_t> idx(srcs.size(), 0);
+    for (size_t j = 0; j < srcs.size(); ++j) {
+      mask[j] = r < srcs[j].size();
+      if (mask[j]) idx[j] = srcs[j][r];
+    }
+    TRY(mv, c.constant(TensorType{DType::Bool, dt.sizes}, std::move(mask)));
+    std::vector<uint8_t> ib(idx.size() * 8);
+    if (!idx.empty()) std::memcpy(ib.data(), idx.data(), ib.size());
+    TRY(iv, c.constant(TensorType{DType::Int64, dt.sizes}, std::move(ib)));
+    TRY(e, c.emit("aten.embedding", {uf, iv}));
+    TRY(g, view(c, e, dt.sizes));
+    TRY(comb, c.emit(red == "add" ? "aten.add" : "aten.mul", {out, g}));
+    TRY(y, c.emit("aten.where", {mv, comb, out}));
+    out = y;
+  }
+  if (rounds == 0) {
+    TRY(y, c.emit("aten.clone", {data}));
+    out = y;
+  }
+  return c.set_output(0, out);
+}
+
+// ScatterND (reduction "none", "add", "mul"): indices [..., k] (constant) address slices of data of
+// rank r - k.
 Error conv_ScatterND(NodeCtx& c) {
   TRY(data, c.input(0));
   TRY(iv, c.input(1));
   TRY(updates, c.input(2));
   TRY(red, c.attr_string("reduction", "none"));
-  if (red != "none") return c.unsupported("attribute 'reduction' = '" + red + "'");
+  if (red != "none" && red != "add" && red != "mul") return c.unsupported("attribute 'reduction' = '" + red + "'");
   KILN_RETURN_IF_ERROR(check_same_dtype(c, data, updates));
   TRY(ind, c.const_ints(iv, "indices"));
   const Ints ds = c.type(data).sizes, is = c.type(iv).sizes;
@@ -2734,6 +2903,7 @@ Error conv_ScatterND(NodeCtx& c) {
   if (c.type(updates).sizes != us) return c.invalid("updates must have shape " + sizes_to_string(us));
   KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(numel_of(ds)), 9, "the scatter map"));
   std::vector<int64_t> src(static_cast<size_t>(numel_of(ds)), -1);
+  std::vector<std::vector<int64_t>> srcs(red == "none" ? 0 : src.size());
   for (int64_t i = 0; i < nidx; ++i) {
     int64_t off = 0;
     for (int64_t d = 0; d < k; ++d) {
@@ -2743,20 +2913,24 @@ Error conv_ScatterND(NodeCtx& c) {
       if (v < 0) v += n;
       off = off * n + v;
     }
-    for (int64_t e = 0; e < slice; ++e) src[static_cast<size_t>(off * slice + e)] = i * slice + e;
+    for (int64_t e = 0; e < slice; ++e) {
+      if (red == "none") src[static_cast<size_t>(off * slice + e)] = i * slice + e;
+      else srcs[static_cast<size_t>(off * slice + e)].push_back(i * slice + e);
+    }
   }
+  if (red != "none") return scatter_reduce_by_map(c, data, updates, srcs, red);
   return scatter_by_map(c, data, updates, src);
 }
 
-// ScatterElements / Scatter (reduction "none"): data[i with i[axis] = indices[i]] = updates[i] for
-// constant indices.
+// ScatterElements / Scatter (reduction "none", "add", "mul"): data[i with i[axis] = indices[i]] =
+// updates[i] (or combined with it) for constant indices.
 Error conv_ScatterElements(NodeCtx& c) {
   TRY(data, c.input(0));
   TRY(iv, c.input(1));
   TRY(updates, c.input(2));
   TRY(axis_raw, c.attr_int("axis", 0));
   TRY(red, c.attr_string("reduction", "none"));
-  if (red != "none") return c.unsupported("attribute 'reduction' = '" + red + "'");
+  if (red != "none" && red != "add" && red != "mul") return c.unsupported("attribute 'reduction' = '" + red + "'");
   KILN_RETURN_IF_ERROR(check_same_dtype(c, data, updates));
   TRY(ind, c.const_ints(iv, "indices"));
   const Ints ds = c.type(data).sizes, is = c.type(iv).sizes;
@@ -2768,6 +2942,7 @@ Error conv_ScatterElements(NodeCtx& c) {
   }
   KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(numel_of(ds)), 9, "the scatter map"));
   std::vector<int64_t> src(static_cast<size_t>(numel_of(ds)), -1);
+  std::vector<std::vector<int64_t>> srcs(red == "none" ? 0 : src.size());
   const int64_t n = numel_of(is);
   for (int64_t flat = 0; flat < n; ++flat) {
     int64_t rem = flat, off = 0, mul = 1;
@@ -2783,8 +2958,10 @@ Error conv_ScatterElements(NodeCtx& c) {
       off += coord * mul;
       mul *= ds[static_cast<size_t>(d)];
     }
-    src[static_cast<size_t>(off)] = flat;
+    if (red == "none") src[static_cast<size_t>(off)] = flat;
+    else srcs[static_cast<size_t>(off)].push_back(flat);
   }
+  if (red != "none") return scatter_reduce_by_map(c, data, updates, srcs, red);
   return scatter_by_map(c, data, updates, src);
 }
 

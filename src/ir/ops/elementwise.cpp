@@ -5,12 +5,13 @@
 // Dtype rules (PyTorch's, restricted to what the portable kernels implement):
 // - binary ops broadcast NumPy-style and compute in result_type(self, other) (PyTorch's type
 //   promotion, where 0-d tensors weigh less: ir/op_registry.h);
-// - arithmetic (add, sub, mul, div with rounding, neg, abs, relu) on float32, int64, int32;
+// - arithmetic (add, sub, mul, div with rounding, neg, abs, relu) on float32, float64, int64, int32;
 // - floating math (exp, log, ..., sigmoid, tanh, pow, true division) outputs float32 and takes
-//   float32 or integer/bool inputs (PyTorch promotes integers to the default float dtype);
-// - activations with float attributes (silu, gelu, hardswish, hardtanh, clamp, ...) float32;
+//   float32 or integer/bool inputs (PyTorch promotes integers to the default float dtype), or
+//   float64 -> float64;
+// - activations with float attributes (silu, gelu, hardswish, hardtanh, clamp, ...) float32, float64;
 // - comparisons on every dtype but float16/bfloat16, bool output; logical ops on any dtype;
-// - where (bool condition), _to_copy and clone on all 8 dtypes.
+// - where (bool condition), _to_copy and clone on all 9 dtypes.
 // Anything else is NotSupported; bad attribute values and shapes are InvalidArgument.
 #include <cmath>
 
@@ -21,7 +22,9 @@ namespace {
 
 using Types = Result<std::vector<TensorType>>;
 
-bool is_arith(DType d) { return d == DType::Float32 || d == DType::Int64 || d == DType::Int32; }
+bool is_arith(DType d) {
+  return d == DType::Float32 || d == DType::Float64 || d == DType::Int64 || d == DType::Int32;
+}
 
 Error not_supported(DType d, const char* allowed) {
   return Error(ErrorCode::NotSupported, std::string("dtype ") + dtype_name(d) + " not supported (" + allowed + ")");
@@ -44,7 +47,7 @@ Types infer_arith_binary(InputTypes in, const Attributes& attrs) {
   auto sizes = broadcast2(in);
   if (!sizes.ok()) return sizes.error();
   const DType dt = result_type(*in[0], *in[1]);
-  if (!is_arith(dt)) return not_supported(dt, "float32, int64, int32");
+  if (!is_arith(dt)) return not_supported(dt, "float32, float64, int64, int32");
   if (attrs.has("alpha") && !is_floating(dt)) {
     const double alpha = attrs.get_float("alpha", 1.0);
     const double limit = dt == DType::Int32 ? 2147483648.0 : 9223372036854775808.0;  // 2^31, 2^63
@@ -65,30 +68,31 @@ Types infer_sub(InputTypes in, const Attributes& attrs) {
   return infer_arith_binary(in, attrs);
 }
 
-/// div: rounding_mode None -> true division, float32 output (integer inputs promoted);
+/// div: rounding_mode None -> true division, float32 output (integer inputs promoted; float64
+/// inputs give float64);
 /// "trunc"/"floor" -> promoted dtype in {float32, int64, int32}.
 Types infer_div(InputTypes in, const Attributes& attrs) {
   auto sizes = broadcast2(in);
   if (!sizes.ok()) return sizes.error();
   const DType dt = result_type(*in[0], *in[1]);
   if (attrs.is_none("rounding_mode")) {
-    if (dt == DType::Float16 || dt == DType::BFloat16) return not_supported(dt, "float32 or integer inputs");
-    return one(DType::Float32, std::move(sizes.value()));
+    if (dt == DType::Float16 || dt == DType::BFloat16) return not_supported(dt, "float32, float64 or integer inputs");
+    return one(dt == DType::Float64 ? DType::Float64 : DType::Float32, std::move(sizes.value()));
   }
   const std::string mode = attrs.get_string("rounding_mode");
   if (mode != "trunc" && mode != "floor") {
     return Error(ErrorCode::InvalidArgument, "rounding_mode must be None, 'trunc' or 'floor', got '" + mode + "'");
   }
-  if (!is_arith(dt)) return not_supported(dt, "float32, int64, int32");
+  if (!is_arith(dt)) return not_supported(dt, "float32, float64, int64, int32");
   return one(dt, std::move(sizes.value()));
 }
 
-/// pow (Tensor_Tensor): float32 result only (integer powers are not implemented).
+/// pow (Tensor_Tensor): float32 or float64 result only (integer powers are not implemented).
 Types infer_float_binary(InputTypes in, const Attributes&) {
   auto sizes = broadcast2(in);
   if (!sizes.ok()) return sizes.error();
   const DType dt = result_type(*in[0], *in[1]);
-  if (dt != DType::Float32) return not_supported(dt, "float32 result only");
+  if (dt != DType::Float32 && dt != DType::Float64) return not_supported(dt, "float32 or float64 result only");
   return one(dt, std::move(sizes.value()));
 }
 
@@ -125,21 +129,21 @@ Types infer_where(InputTypes in, const Attributes&) {
 
 /// neg/abs/relu: same dtype, float32/int64/int32.
 Types infer_arith_unary(InputTypes in, const Attributes&) {
-  if (!is_arith(in[0]->dtype)) return not_supported(in[0]->dtype, "float32, int64, int32");
+  if (!is_arith(in[0]->dtype)) return not_supported(in[0]->dtype, "float32, float64, int64, int32");
   return std::vector<TensorType>{*in[0]};
 }
 
-/// exp/log/sqrt/rsqrt/reciprocal/erf/sin/cos/sigmoid/tanh: float32 output; float32 or
-/// integer/bool input (promoted to float32 as in PyTorch).
+/// exp/log/sqrt/rsqrt/reciprocal/erf/sin/cos/sigmoid/tanh: float32 output for a float32 or
+/// integer/bool input (promoted to float32 as in PyTorch); float64 output for a float64 input.
 Types infer_float_math(InputTypes in, const Attributes&) {
   const DType d = in[0]->dtype;
-  if (d == DType::Float16 || d == DType::BFloat16) return not_supported(d, "float32 or integer input");
-  return one(DType::Float32, in[0]->sizes);
+  if (d == DType::Float16 || d == DType::BFloat16) return not_supported(d, "float32, float64 or integer input");
+  return one(d == DType::Float64 ? DType::Float64 : DType::Float32, in[0]->sizes);
 }
 
-/// Activations defined on floats only (silu, hardswish, hardsigmoid, leaky_relu): float32.
+/// Activations defined on floats only (silu, hardswish, hardsigmoid, leaky_relu): float32, float64.
 Types infer_float_only(InputTypes in, const Attributes&) {
-  if (in[0]->dtype != DType::Float32) return not_supported(in[0]->dtype, "float32 only");
+  if (in[0]->dtype != DType::Float32 && in[0]->dtype != DType::Float64) return not_supported(in[0]->dtype, "float32, float64");
   return std::vector<TensorType>{*in[0]};
 }
 
@@ -185,7 +189,7 @@ void register_elementwise_ops(OpRegistry& r) {
   r.add({"aten.mul", binary, {}, 1, infer_arith_binary, "self * other, with broadcasting (torch.mul)"});
   r.add({"aten.div", binary, {{"rounding_mode", AttrKind::String, {}, false, true}}, 1, infer_div,
          "self / other; rounding_mode None (true division, float result), 'trunc' or 'floor' (torch.div)"});
-  r.add({"aten.pow", {{"self"}, {"exponent"}}, {}, 1, infer_float_binary, "self ** exponent, float32 (torch.pow)"});
+  r.add({"aten.pow", {{"self"}, {"exponent"}}, {}, 1, infer_float_binary, "self ** exponent, float32 or float64 (torch.pow)"});
 
   r.add({"aten.neg", unary, {}, 1, infer_arith_unary, "-self (torch.neg)"});
   r.add({"aten.abs", unary, {}, 1, infer_arith_unary, "|self| (torch.abs)"});

@@ -169,7 +169,7 @@ Result<Types> infer_sdpa(InputTypes in, const Attributes& attrs) {
   scores.push_back(S);
   if (const TensorType* m = in[3]) {
     if (attrs.get_bool("is_causal")) return invalid("attn_mask must be None when is_causal=True");
-    if (m->dtype == DType::Float16 || m->dtype == DType::BFloat16) {
+    if (m->dtype == DType::Float16 || m->dtype == DType::BFloat16 || m->dtype == DType::Float64) {
       return unsupported(std::string("attn_mask dtype ") + dtype_name(m->dtype) + " is not supported (bool or float32)");
     }
     if (m->dtype != DType::Bool && m->dtype != DType::Float32) {

@@ -1,4 +1,5 @@
-// pool op definitions: aten.max_pool2d, aten.avg_pool2d, aten.adaptive_avg_pool2d.
+// pool op definitions: aten.max_pool2d, aten.max_pool2d_with_indices, aten.avg_pool2d,
+// aten.adaptive_avg_pool2d.
 #include "ir/ops/pool.h"
 
 #include "ir/op_registry.h"
@@ -44,6 +45,13 @@ Result<std::vector<TensorType>> infer_max_pool2d(InputTypes in, const Attributes
   auto g = pool2d_geometry(*in[0], attrs, true);
   if (!g.ok()) return g.error();
   return std::vector<TensorType>{{DType::Float32, g->out_sizes}};
+}
+
+// Values as max_pool2d, plus int64 indices of the same sizes (ih * W + iw within each plane).
+Result<std::vector<TensorType>> infer_max_pool2d_with_indices(InputTypes in, const Attributes& attrs) {
+  auto g = pool2d_geometry(*in[0], attrs, true);
+  if (!g.ok()) return g.error();
+  return std::vector<TensorType>{{DType::Float32, g->out_sizes}, {DType::Int64, g->out_sizes}};
 }
 
 Result<std::vector<TensorType>> infer_avg_pool2d(InputTypes in, const Attributes& attrs) {
@@ -139,6 +147,16 @@ void register_pool_ops(OpRegistry& r) {
           {"ceil_mode", AttrKind::Bool, false}},
          1, infer_max_pool2d,
          "2-D max pooling over (C,H,W)/(N,C,H,W), NaN propagating (torch.ops.aten.max_pool2d; Pool.h output size)"});
+  r.add({"aten.max_pool2d_with_indices",
+         {{"self"}},
+         {{"kernel_size", AttrKind::Ints, {}, true},
+          {"stride", AttrKind::Ints, std::vector<int64_t>{}},
+          {"padding", AttrKind::Ints, std::vector<int64_t>{0}},
+          {"dilation", AttrKind::Ints, std::vector<int64_t>{1}},
+          {"ceil_mode", AttrKind::Bool, false}},
+         2, infer_max_pool2d_with_indices,
+         "max_pool2d plus int64 indices of the maxima, flattened within each (H, W) plane "
+         "(torch.ops.aten.max_pool2d_with_indices; MaxPoolKernel.cpp tie/NaN rules)"});
   r.add({"aten.avg_pool2d",
          {{"self"}},
          {{"kernel_size", AttrKind::Ints, {}, true},

@@ -1,11 +1,12 @@
-// Reduction op definitions: mean, sum, amax, amin, argmax, _softmax, _log_softmax.
+// Reduction op definitions: mean, sum, amax, amin, argmax, _softmax, _log_softmax, cumsum.
 // Semantics are PyTorch eager's (aten/src/ATen/native/ReduceOps.cpp, SoftMax.cpp):
 // - dims may be negative, a dim listed twice is an error, dim=None or [] reduces every dim;
 //   a 0-d input accepts dim 0 / -1 and gives a 0-d result;
 // - amax/amin/argmax reject reducing over a dim of size 0 (no identity), sum gives 0 and mean NaN;
-// - dtypes: sum float32 -> float32 and integer/bool -> int64 (torch promotes integral sums to int64);
-//   mean, _softmax, _log_softmax float32; amax/amin float32, int64, int32, int8, uint8, bool;
-//   argmax float32, int64, int32, int8, uint8 (torch has no bool argmax) -> int64.
+// - dtypes: sum and cumsum float32 -> float32, float64 -> float64 and integer/bool -> int64 (torch
+//   promotes integral sums to int64); mean, _softmax, _log_softmax float32, float64; amax/amin
+//   float32, float64, int64, int32, int8, uint8, bool; argmax float32, float64, int64, int32, int8,
+//   uint8 (torch has no bool argmax) -> int64.
 #include "ir/op_registry.h"
 #include "ir/ops/shape_rules.h"
 
@@ -18,6 +19,8 @@ using Types = Result<std::vector<TensorType>>;
 Error unsupported(DType d, const char* allowed) {
   return Error(ErrorCode::NotSupported, std::string("dtype ") + dtype_name(d) + " (supported: " + allowed + ")");
 }
+
+bool is_f32_or_f64(DType d) { return d == DType::Float32 || d == DType::Float64; }
 
 bool is_integral_or_bool(DType d) {
   return d == DType::Int64 || d == DType::Int32 || d == DType::Int8 || d == DType::UInt8 || d == DType::Bool;
@@ -44,12 +47,12 @@ Error check_nonempty(const TensorType& t, const std::vector<bool>& mask) {
 Types infer_sum(InputTypes in, const Attributes& a) {
   const TensorType& t = *in[0];
   DType out;
-  if (t.dtype == DType::Float32) {
-    out = DType::Float32;
+  if (is_f32_or_f64(t.dtype)) {
+    out = t.dtype;
   } else if (is_integral_or_bool(t.dtype)) {
     out = DType::Int64;
   } else {
-    return unsupported(t.dtype, "float32, int64, int32, int8, uint8, bool");
+    return unsupported(t.dtype, "float32, float64, int64, int32, int8, uint8, bool");
   }
   auto mask = mask_of(t, a);
   if (!mask.ok()) return mask.error();
@@ -58,7 +61,7 @@ Types infer_sum(InputTypes in, const Attributes& a) {
 
 Types infer_mean(InputTypes in, const Attributes& a) {
   const TensorType& t = *in[0];
-  if (t.dtype != DType::Float32) return unsupported(t.dtype, "float32");
+  if (!is_f32_or_f64(t.dtype)) return unsupported(t.dtype, "float32, float64");
   auto mask = mask_of(t, a);
   if (!mask.ok()) return mask.error();
   return std::vector<TensorType>{{t.dtype, sr::reduced_sizes(t.sizes, *mask, a.get_bool("keepdim"))}};
@@ -66,8 +69,8 @@ Types infer_mean(InputTypes in, const Attributes& a) {
 
 Types infer_amax_amin(InputTypes in, const Attributes& a) {
   const TensorType& t = *in[0];
-  if (t.dtype != DType::Float32 && !is_integral_or_bool(t.dtype)) {
-    return unsupported(t.dtype, "float32, int64, int32, int8, uint8, bool");
+  if (!is_f32_or_f64(t.dtype) && !is_integral_or_bool(t.dtype)) {
+    return unsupported(t.dtype, "float32, float64, int64, int32, int8, uint8, bool");
   }
   auto mask = mask_of(t, a);
   if (!mask.ok()) return mask.error();
@@ -77,8 +80,8 @@ Types infer_amax_amin(InputTypes in, const Attributes& a) {
 
 Types infer_argmax(InputTypes in, const Attributes& a) {
   const TensorType& t = *in[0];
-  if (t.dtype != DType::Float32 && (!is_integral_or_bool(t.dtype) || t.dtype == DType::Bool)) {
-    return unsupported(t.dtype, "float32, int64, int32, int8, uint8");
+  if (!is_f32_or_f64(t.dtype) && (!is_integral_or_bool(t.dtype) || t.dtype == DType::Bool)) {
+    return unsupported(t.dtype, "float32, float64, int64, int32, int8, uint8");
   }
   const bool keepdim = a.get_bool("keepdim");
   if (a.is_none("dim")) {  // over the flattened input
@@ -93,13 +96,38 @@ Types infer_argmax(InputTypes in, const Attributes& a) {
 
 Types infer_softmax(InputTypes in, const Attributes& a) {
   const TensorType& t = *in[0];
-  if (t.dtype != DType::Float32) return unsupported(t.dtype, "float32");
+  if (!is_f32_or_f64(t.dtype)) return unsupported(t.dtype, "float32, float64");
   if (a.get_bool("half_to_float")) {
-    return Error(ErrorCode::NotSupported, "half_to_float=True needs a float16 input (float32 given)");
+    return Error(ErrorCode::NotSupported, std::string("half_to_float=True needs a float16 input (") +
+                                              dtype_name(t.dtype) + " given)");
   }
   auto d = wrap_dim(a.get_int("dim"), t.dim());
   if (!d.ok()) return Error(ErrorCode::InvalidArgument, "dim: " + d.error().message());
   return std::vector<TensorType>{t};
+}
+
+/// cumsum(self, dim, dtype=None): same sizes; dim in range (a 0-d input takes dim 0 / -1); output
+/// dtype `dtype` when given (float32, float64, int64), else the input's for float32/float64 and int64
+/// for integer/bool inputs (torch.cumsum promotes integral inputs to int64).
+Types infer_cumsum(InputTypes in, const Attributes& a) {
+  const TensorType& t = *in[0];
+  auto d = wrap_dim(a.get_int("dim"), t.dim());
+  if (!d.ok()) return Error(ErrorCode::InvalidArgument, "dim: " + d.error().message());
+  if (!is_f32_or_f64(t.dtype) && !is_integral_or_bool(t.dtype)) {
+    return unsupported(t.dtype, "float32, float64, int64, int32, int8, uint8, bool");
+  }
+  DType out = is_f32_or_f64(t.dtype) ? t.dtype : DType::Int64;
+  if (!a.is_none("dtype")) {
+    const std::string name = a.get_string("dtype");
+    const auto dt = dtype_from_name(name);
+    if (!dt) return Error(ErrorCode::InvalidArgument, "unknown dtype '" + name + "'");
+    if (!is_f32_or_f64(*dt) && *dt != DType::Int64) return unsupported(*dt, "dtype float32, float64, int64");
+    if (*dt == DType::Int64 && is_f32_or_f64(t.dtype)) {
+      return Error(ErrorCode::NotSupported, "dtype int64 for a floating input is not supported");
+    }
+    out = *dt;
+  }
+  return std::vector<TensorType>{{out, t.sizes}};
 }
 
 AttrSpec dims_nullable() { return {"dim", AttrKind::Ints, {}, false, true}; }
@@ -122,6 +150,10 @@ void register_reduction_ops(OpRegistry& r) {
          infer_softmax, "exp(x - max) / sum(exp(x - max)) along dim (torch._softmax)"});
   r.add({"aten._log_softmax", {{"self"}}, {{"dim", AttrKind::Int, {}, true}, {"half_to_float", AttrKind::Bool, false}},
          1, infer_softmax, "x - max - log(sum(exp(x - max))) along dim (torch._log_softmax)"});
+  r.add({"aten.cumsum", {{"self"}}, {{"dim", AttrKind::Int, {}, true}, {"dtype", AttrKind::String, {}, false, true}}, 1,
+         infer_cumsum,
+         "running sum along dim, in the output dtype (float32/float64 sums accumulate in double); integer inputs "
+         "give int64 (torch.cumsum)"});
 }
 
 }  // namespace kiln

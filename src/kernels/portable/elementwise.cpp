@@ -37,6 +37,7 @@ constexpr bool kIsHalfLike = std::is_same_v<T, Half> || std::is_same_v<T, BFloat
 template <class T>
 constexpr DType dtype_of() {
   if constexpr (std::is_same_v<T, float>) return DType::Float32;
+  else if constexpr (std::is_same_v<T, double>) return DType::Float64;
   else if constexpr (std::is_same_v<T, Half>) return DType::Float16;
   else if constexpr (std::is_same_v<T, BFloat16>) return DType::BFloat16;
   else if constexpr (std::is_same_v<T, int64_t>) return DType::Int64;
@@ -49,7 +50,7 @@ constexpr DType dtype_of() {
   }
 }
 
-/// Calls f(Tag<T>{}) with T the storage type of `d` (any of the 8 Kiln dtypes).
+/// Calls f(Tag<T>{}) with T the storage type of `d` (any of the 9 Kiln dtypes).
 template <class F>
 decltype(auto) visit_dtype(DType d, F&& f) {
   switch (d) {
@@ -60,6 +61,7 @@ decltype(auto) visit_dtype(DType d, F&& f) {
     case DType::Int32: return f(Tag<int32_t>{});
     case DType::Int8: return f(Tag<int8_t>{});
     case DType::UInt8: return f(Tag<uint8_t>{});
+    case DType::Float64: return f(Tag<double>{});
     case DType::Bool: break;
   }
   return f(Tag<bool>{});
@@ -70,22 +72,24 @@ decltype(auto) visit_dtype(DType d, F&& f) {
 /// static_cast_with_inter_type for uint8; x86-64 truncation for int8), so -2.5 -> uint8 254
 /// and 300.0 -> 44. Out of range and NaN are undefined behaviour in C++ and hence in PyTorch;
 /// here they are defined as PyTorch shows them on x86-64: the type's minimum for int32/int64
-/// ("integer indefinite"), 0 for int8/uint8 (the low byte of INT64_MIN).
-template <class To>
-To float_to_int(float v) {
+/// ("integer indefinite"), 0 for int8/uint8 (the low byte of INT64_MIN). F is float or double
+/// (float64 converts directly, without going through float32).
+template <class To, class F>
+To float_to_int(F v) {
   if constexpr (sizeof(To) == 1) {
-    constexpr float kLimit = 9223372036854775808.0f;  // 2^63
+    constexpr F kLimit = F(9223372036854775808.0);  // 2^63
     if (!(v >= -kLimit && v < kLimit)) return To(0);
     return static_cast<To>(static_cast<int64_t>(v));  // C++20: modular narrowing
   } else {
-    constexpr float kLimit = static_cast<float>(std::numeric_limits<To>::max()) + 1.0f;  // 2^31 or 2^63
+    constexpr F kLimit = static_cast<F>(std::numeric_limits<To>::max()) + F(1);  // 2^31 or 2^63
     if (!(v >= -kLimit && v < kLimit)) return std::numeric_limits<To>::min();
     return static_cast<To>(v);
   }
 }
 
 /// Converts one element between storage types with PyTorch's `Tensor.to(dtype)` semantics:
-/// float16/bfloat16 go through float32 (round to nearest even, include/kiln/dtype.h);
+/// float16/bfloat16 go through float32 (round to nearest even, include/kiln/dtype.h; float64 ->
+/// float16 rounds to float32 first, as c10::Half(float) does in PyTorch's cast);
 /// -> bool is `v != 0` (NaN is true); bool -> number is 0/1; integer narrowing is modular;
 /// float -> integer as float_to_int.
 template <class To, class From>
@@ -103,7 +107,7 @@ To convert(From v) {
   } else if constexpr (std::is_same_v<To, bool>) {
     return v != From(0);
   } else if constexpr (std::is_integral_v<To> && std::is_floating_point_v<From>) {
-    return float_to_int<To>(v);
+    return float_to_int<To, From>(v);
   } else {
     return static_cast<To>(v);
   }
@@ -255,11 +259,12 @@ Error unsupported(const char* op, DType d) {
   return Error(ErrorCode::NotSupported, std::string(op) + ": dtype " + dtype_name(d) + " has no portable kernel");
 }
 
-/// Calls f(Tag<T>{}) for the arithmetic dtypes float32, int64, int32; NotSupported otherwise.
+/// Calls f(Tag<T>{}) for the arithmetic dtypes float32, float64, int64, int32; NotSupported otherwise.
 template <class F>
 Error visit_arith(const char* op, DType d, F&& f) {
   switch (d) {
     case DType::Float32: return f(Tag<float>{});
+    case DType::Float64: return f(Tag<double>{});
     case DType::Int64: return f(Tag<int64_t>{});
     case DType::Int32: return f(Tag<int32_t>{});
     default: return unsupported(op, d);
@@ -271,6 +276,7 @@ template <class F>
 Error visit_comparable(const char* op, DType d, F&& f) {
   switch (d) {
     case DType::Float32: return f(Tag<float>{});
+    case DType::Float64: return f(Tag<double>{});
     case DType::Int64: return f(Tag<int64_t>{});
     case DType::Int32: return f(Tag<int32_t>{});
     case DType::Int8: return f(Tag<int8_t>{});
@@ -295,20 +301,24 @@ template <class T> T wrap_neg(T x) { using U = std::make_unsigned_t<T>; return s
 
 /// max/min that return NaN when either operand is NaN (ATen's `maximum`/`minimum` and
 /// `clamp` semantics, aten/src/ATen/native/cpu/TensorCompareKernel.cpp).
-inline float nan_max(float x, float y) { return std::isnan(x) || std::isnan(y) ? x + y : (x > y ? x : y); }
-inline float nan_min(float x, float y) { return std::isnan(x) || std::isnan(y) ? x + y : (x < y ? x : y); }
+template <class T> T nan_max(T x, T y) { return std::isnan(x) || std::isnan(y) ? x + y : (x > y ? x : y); }
+template <class T> T nan_min(T x, T y) { return std::isnan(x) || std::isnan(y) ? x + y : (x < y ? x : y); }
 
 // ---------------------------------------------------------------------------------------------
 // Kernel templates: one per op class
 // ---------------------------------------------------------------------------------------------
 
 /// float32 -> float32 (or int/bool -> float32, PyTorch's int-to-float promotion of unary
-/// floating ops): out = Op(x) computed in float.
+/// floating ops): out = Op(x) computed in float; float64 -> float64 computed in double.
 template <class Op>
 Error float_unary(const KernelArgs& a) {
-  if (a.outputs[0]->dtype != DType::Float32) return unsupported("float unary op", a.outputs[0]->dtype);
   const Op op = make_op<Op>(a.attrs);
-  map_elements<float, float>(a, op);
+  if (a.outputs[0]->dtype == DType::Float64) {
+    map_elements<double, double>(a, [&](double x) { return op(x); });
+    return {};
+  }
+  if (a.outputs[0]->dtype != DType::Float32) return unsupported("float unary op", a.outputs[0]->dtype);
+  map_elements<float, float>(a, [&](float x) { return op(x); });
   return {};
 }
 
@@ -335,12 +345,17 @@ Error arith_binary(const KernelArgs& a) {
   });
 }
 
-/// Broadcasting binary op computed in float32 with a float32 output (true division, pow).
+/// Broadcasting binary op computed in float32 with a float32 output (true division, pow), or in
+/// double with a float64 output.
 template <class Op>
 Error float_binary(const KernelArgs& a) {
-  if (a.outputs[0]->dtype != DType::Float32) return unsupported("float binary op", a.outputs[0]->dtype);
   const Op op = make_op<Op>(a.attrs);
-  map_elements<float, float, float>(a, op);
+  if (a.outputs[0]->dtype == DType::Float64) {
+    map_elements<double, double, double>(a, [&](double x, double y) { return op(x, y); });
+    return {};
+  }
+  if (a.outputs[0]->dtype != DType::Float32) return unsupported("float binary op", a.outputs[0]->dtype);
+  map_elements<float, float, float>(a, [&](float x, float y) { return op(x, y); });
   return {};
 }
 
@@ -390,7 +405,7 @@ struct Mul : NoError {
   }
 };
 
-/// aten.div with rounding_mode "trunc" or "floor" (integers and float32).
+/// aten.div with rounding_mode "trunc" or "floor" (integers, float32 and float64).
 /// Floats: trunc(x / y) (BinaryOpsKernel.cpp div_trunc_kernel); floor uses the CPython-style
 /// floor division of c10/util/generic_math.h div_floor_floating: y == 0 gives x / y (inf/NaN);
 /// otherwise the quotient is derived from fmod so it is exact near integer boundaries.
@@ -432,14 +447,14 @@ struct DivRounding {
   }
 };
 
-/// aten.div (rounding_mode None): true division in float32 (integers are promoted first).
+/// aten.div (rounding_mode None): true division in float32 (integers are promoted first) or float64.
 struct TrueDiv {
-  float operator()(float x, float y) const { return x / y; }
+  template <class T> T operator()(T x, T y) const { return x / y; }
 };
 
 /// aten.pow (Tensor_Tensor): std::pow (IEEE special cases: pow(x, 0) = 1, pow(1, y) = 1).
 struct Pow {
-  float operator()(float x, float y) const { return std::pow(x, y); }
+  template <class T> T operator()(T x, T y) const { return std::pow(x, y); }
 };
 
 struct Neg {
@@ -468,40 +483,42 @@ struct Relu {
   }
 };
 
-struct Exp { float operator()(float x) const { return std::exp(x); } };
-struct Log { float operator()(float x) const { return std::log(x); } };
-struct Sqrt { float operator()(float x) const { return std::sqrt(x); } };
+// The floating functors below are templates over T = float or double: float32 ops compute in
+// float, float64 ops in double (constants are converted to T, as ATen's scalar_t kernels do).
+struct Exp { template <class T> T operator()(T x) const { return std::exp(x); } };
+struct Log { template <class T> T operator()(T x) const { return std::log(x); } };
+struct Sqrt { template <class T> T operator()(T x) const { return std::sqrt(x); } };
 /// aten.rsqrt: 1 / sqrt(x) (UnaryOpsKernel.cpp): rsqrt(0) = inf, rsqrt(-1) = NaN.
-struct Rsqrt { float operator()(float x) const { return 1.0f / std::sqrt(x); } };
-struct Reciprocal { float operator()(float x) const { return 1.0f / x; } };
-struct Erf { float operator()(float x) const { return std::erf(x); } };
-struct Sin { float operator()(float x) const { return std::sin(x); } };
-struct Cos { float operator()(float x) const { return std::cos(x); } };
-struct Tanh { float operator()(float x) const { return std::tanh(x); } };
+struct Rsqrt { template <class T> T operator()(T x) const { return T(1) / std::sqrt(x); } };
+struct Reciprocal { template <class T> T operator()(T x) const { return T(1) / x; } };
+struct Erf { template <class T> T operator()(T x) const { return std::erf(x); } };
+struct Sin { template <class T> T operator()(T x) const { return std::sin(x); } };
+struct Cos { template <class T> T operator()(T x) const { return std::cos(x); } };
+struct Tanh { template <class T> T operator()(T x) const { return std::tanh(x); } };
 
 /// aten.sigmoid: 1 / (1 + exp(-x)) (UnaryOpsKernel.cpp sigmoid_kernel).
-struct Sigmoid { float operator()(float x) const { return 1.0f / (1.0f + std::exp(-x)); } };
+struct Sigmoid { template <class T> T operator()(T x) const { return T(1) / (T(1) + std::exp(-x)); } };
 
 /// aten.silu: x * sigmoid(x), computed as x / (1 + exp(-x)) (Activation.cpp silu_kernel);
 /// silu(-inf) is NaN there too.
-struct Silu { float operator()(float x) const { return x / (1.0f + std::exp(-x)); } };
+struct Silu { template <class T> T operator()(T x) const { return x / (T(1) + std::exp(-x)); } };
 
 /// aten.hardswish: x * min(max(x + 3, 0), 6) / 6 = x * relu6(x + 3) / 6 (Activation.cpp
 /// hardswish_kernel).
 struct Hardswish {
-  float operator()(float x) const { return x * nan_min(nan_max(x + 3.0f, 0.0f), 6.0f) / 6.0f; }
+  template <class T> T operator()(T x) const { return x * nan_min(nan_max(x + T(3), T(0)), T(6)) / T(6); }
 };
 
 /// aten.hardsigmoid: min(max(x + 3, 0), 6) / 6 = relu6(x + 3) / 6 (Activation.cpp).
 struct Hardsigmoid {
-  float operator()(float x) const { return nan_min(nan_max(x + 3.0f, 0.0f), 6.0f) / 6.0f; }
+  template <class T> T operator()(T x) const { return nan_min(nan_max(x + T(3), T(0)), T(6)) / T(6); }
 };
 
 /// aten.leaky_relu: x > 0 ? x : x * negative_slope (Activation.cpp leaky_relu_kernel).
 struct LeakyRelu {
-  float slope;
-  explicit LeakyRelu(const Attributes& at) : slope(static_cast<float>(at.get_float("negative_slope", 0.01))) {}
-  float operator()(float x) const { return x > 0 ? x : x * slope; }
+  double slope;
+  explicit LeakyRelu(const Attributes& at) : slope(at.get_float("negative_slope", 0.01)) {}
+  template <class T> T operator()(T x) const { return x > 0 ? x : x * static_cast<T>(slope); }
 };
 
 /// aten.gelu. approximate "none": x * 0.5 * (1 + erf(x / sqrt(2)));
@@ -510,38 +527,39 @@ struct LeakyRelu {
 struct Gelu {
   bool tanh_mode;
   explicit Gelu(const Attributes& at) : tanh_mode(at.get_string("approximate", "none") == "tanh") {}
-  float operator()(float x) const {
+  template <class T> T operator()(T x) const {
     if (tanh_mode) {
-      constexpr float kBeta = static_cast<float>(0.79788456080286535588);  // sqrt(2 / pi)
-      constexpr float kKappa = 0.044715f;
-      const float inner = kBeta * (x + kKappa * x * x * x);
-      return 0.5f * x * (1.0f + std::tanh(inner));
+      constexpr T kBeta = static_cast<T>(0.79788456080286535588);  // sqrt(2 / pi)
+      constexpr T kKappa = static_cast<T>(0.044715);
+      const T inner = kBeta * (x + kKappa * x * x * x);
+      return T(0.5) * x * (T(1) + std::tanh(inner));
     }
-    constexpr float kAlpha = static_cast<float>(0.70710678118654752440);  // 1 / sqrt(2)
-    return x * 0.5f * (1.0f + std::erf(x * kAlpha));
+    constexpr T kAlpha = static_cast<T>(0.70710678118654752440);  // 1 / sqrt(2)
+    return x * T(0.5) * (T(1) + std::erf(x * kAlpha));
   }
 };
 
 /// aten.clamp / aten.hardtanh: min(max(x, lo), hi) with NaN propagating from x or a bound;
-/// lo > hi gives hi everywhere (PyTorch clamp semantics). Absent bounds are skipped.
+/// lo > hi gives hi everywhere (PyTorch clamp semantics). Absent bounds are skipped. The bounds
+/// are converted to the compute type (float for float32, double for float64).
 struct Clamp {
   bool has_lo = false, has_hi = false;
-  float lo = 0, hi = 0;
+  double lo = 0, hi = 0;
   explicit Clamp(const Attributes& at) {
     if (at.has("min_val")) {  // hardtanh
       has_lo = has_hi = true;
-      lo = static_cast<float>(at.get_float("min_val", -1.0));
-      hi = static_cast<float>(at.get_float("max_val", 1.0));
+      lo = at.get_float("min_val", -1.0);
+      hi = at.get_float("max_val", 1.0);
       return;
     }
     has_lo = !at.is_none("min");
     has_hi = !at.is_none("max");
-    lo = static_cast<float>(at.get_float("min"));
-    hi = static_cast<float>(at.get_float("max"));
+    lo = at.get_float("min");
+    hi = at.get_float("max");
   }
-  float operator()(float x) const {
-    if (has_lo) x = nan_max(x, lo);
-    if (has_hi) x = nan_min(x, hi);
+  template <class T> T operator()(T x) const {
+    if (has_lo) x = nan_max(x, static_cast<T>(lo));
+    if (has_hi) x = nan_min(x, static_cast<T>(hi));
     return x;
   }
 };
@@ -557,7 +575,7 @@ struct Ge { template <class T> bool operator()(T x, T y) const { return x >= y; 
 // Kernels with their own dispatch
 // ---------------------------------------------------------------------------------------------
 
-/// aten.div: rounding_mode None -> true division (float32 out); "trunc"/"floor" -> DivRounding.
+/// aten.div: rounding_mode None -> true division (float32 or float64 out); "trunc"/"floor" -> DivRounding.
 Error div(const KernelArgs& a) {
   if (a.attrs.is_none("rounding_mode")) return float_binary<TrueDiv>(a);
   return arith_binary<DivRounding>(a);
@@ -579,7 +597,7 @@ Error logical_or(const KernelArgs& a) {
 }
 
 /// aten.where(condition: bool, self, other): three-way broadcasting; self/other are converted
-/// to the output (promoted) dtype; any of the 8 dtypes.
+/// to the output (promoted) dtype; any of the 9 dtypes.
 Error where(const KernelArgs& a) {
   if (a.inputs[0]->dtype != DType::Bool) return unsupported("aten.where condition", a.inputs[0]->dtype);
   return visit_dtype(a.outputs[0]->dtype, [&](auto tag) {
@@ -589,7 +607,7 @@ Error where(const KernelArgs& a) {
   });
 }
 
-/// aten._to_copy: converts between any two of the 8 dtypes (see `convert`).
+/// aten._to_copy: converts between any two of the 9 dtypes (see `convert`).
 Error to_copy(const KernelArgs& a) {
   return visit_dtype(a.outputs[0]->dtype, [&](auto out_tag) {
     using To = typename decltype(out_tag)::type;

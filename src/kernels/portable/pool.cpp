@@ -10,24 +10,32 @@
 namespace kiln {
 namespace {
 
-/// aten.max_pool2d: out[p, oh, ow] = max over kh < KH, kw < KW of
+/// aten.max_pool2d / aten.max_pool2d_with_indices: out[p, oh, ow] = max over kh < KH, kw < KW of
 /// x[p, oh*SH - PH + kh*DH, ow*SW - PW + kw*DW], taken over the positions inside the input;
-/// NaN if any of them is NaN (as ATen's CPU kernel, MaxPoolKernel.cpp).
-Error max_pool2d(const KernelArgs& a) {
+/// NaN if any of them is NaN. `indices` (may be null) receives ih * W + iw of the chosen element
+/// within its plane. Both follow ATen's CPU kernel (aten/src/ATen/native/cpu/MaxPoolKernel.cpp
+/// cpu_max_pool): the first maximum wins (strict >), a NaN always replaces the current best (so
+/// the last NaN's index), and a window of -inf keeps the first valid position's index.
+Error max_pool2d_impl(const KernelArgs& a, const char* op, int64_t* indices) {
   const Tensor& x = *a.inputs[0];
   Tensor& out = *a.outputs[0];
   auto geo = pool2d_geometry(x.type(), a.attrs, true);
-  if (!geo.ok()) return Error(geo.error().code(), "aten.max_pool2d: " + geo.error().message());
+  if (!geo.ok()) return Error(geo.error().code(), std::string(op) + ": " + geo.error().message());
   const Pool2dGeometry& g = geo.value();
   const float* px = x.data_as<float>();
   float* po = out.data_as<float>();
   for (int64_t p = 0; p < g.planes; ++p) {
     const float* plane = px + p * g.in_h * g.in_w;
     float* oplane = po + p * g.out_h * g.out_w;
+    int64_t* iplane = indices != nullptr ? indices + p * g.out_h * g.out_w : nullptr;
     for (int64_t oh = 0; oh < g.out_h; ++oh) {
+      int64_t ih0 = oh * g.stride_h - g.pad_h;
+      while (ih0 < 0) ih0 += g.dilation_h;
       for (int64_t ow = 0; ow < g.out_w; ++ow) {
+        int64_t iw0 = ow * g.stride_w - g.pad_w;
+        while (iw0 < 0) iw0 += g.dilation_w;
         float best = -std::numeric_limits<float>::infinity();
-        bool nan = false;
+        int64_t best_i = ih0 * g.in_w + iw0;
         for (int64_t kh = 0; kh < g.kernel_h; ++kh) {
           const int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dilation_h;
           if (ih < 0 || ih >= g.in_h) continue;
@@ -35,15 +43,28 @@ Error max_pool2d(const KernelArgs& a) {
             const int64_t iw = ow * g.stride_w - g.pad_w + kw * g.dilation_w;
             if (iw < 0 || iw >= g.in_w) continue;
             const float v = plane[ih * g.in_w + iw];
-            if (std::isnan(v)) nan = true;
-            if (v > best) best = v;
+            if (v > best || std::isnan(v)) {
+              best = v;
+              best_i = ih * g.in_w + iw;
+            }
           }
         }
-        oplane[oh * g.out_w + ow] = nan ? std::numeric_limits<float>::quiet_NaN() : best;
+        oplane[oh * g.out_w + ow] = best;
+        if (iplane != nullptr) iplane[oh * g.out_w + ow] = best_i;
       }
     }
   }
   return {};
+}
+
+Error max_pool2d(const KernelArgs& a) { return max_pool2d_impl(a, "aten.max_pool2d", nullptr); }
+
+Error max_pool2d_with_indices(const KernelArgs& a) {
+  Tensor& idx = *a.outputs[1];
+  if (idx.dtype != DType::Int64 || idx.sizes != a.outputs[0]->sizes) {
+    return Error(ErrorCode::Internal, "aten.max_pool2d_with_indices: indices output must be int64 of the output's sizes");
+  }
+  return max_pool2d_impl(a, "aten.max_pool2d_with_indices", idx.data_as<int64_t>());
 }
 
 /// aten.avg_pool2d (ATen AvgPoolKernel.cpp): the window [ih0, ih0 + KH) x [iw0, iw0 + KW),
@@ -144,6 +165,7 @@ Error adaptive_avg_pool2d(const KernelArgs& a) {
 
 void register_portable_pool(KernelRegistry& r) {
   r.add("aten.max_pool2d", max_pool2d);
+  r.add("aten.max_pool2d_with_indices", max_pool2d_with_indices);
   r.add("aten.avg_pool2d", avg_pool2d);
   r.add("aten.adaptive_avg_pool2d", adaptive_avg_pool2d);
 }

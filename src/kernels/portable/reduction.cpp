@@ -1,12 +1,14 @@
-// Portable reduction kernels: sum, mean, amax, amin, argmax, _softmax, _log_softmax.
+// Portable reduction kernels: sum, mean, amax, amin, argmax, _softmax, _log_softmax, cumsum.
 // Float sums and softmax accumulate in double (more accurate than PyTorch's float cascade sum,
-// within 1e-5 relative of it); integer sums wrap in int64 as torch's do. amax/amin propagate NaN
+// within 1e-5 relative of it; float64 ones are plain double sums, within 1e-12 relative of
+// torch's cascade sum for the sizes tested); integer sums wrap in int64 as torch's do. amax/amin propagate NaN
 // and argmax returns the first maximum (NaN counting as the maximum), as torch does.
 // Which dims are reduced comes from shape_rules.h, the same rule the ops' inference uses.
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <optional>
+#include <type_traits>
 
 #include "ir/op_registry.h"
 #include "ir/ops/shape_rules.h"
@@ -16,6 +18,8 @@ namespace kiln {
 namespace {
 
 namespace sr = shape_rules;
+
+template <class T> struct TypeTag { using type = T; };
 
 /// Input strides of the kept dims (one entry per output element, row-major) and of the
 /// reduced dims (iterated row-major, so argmax sees candidates in increasing index order).
@@ -105,18 +109,21 @@ Error sum_or_mean(const KernelArgs& a, bool mean) {
   auto plan = plan_for(op, x, out, a.attrs);
   if (!plan.ok()) return plan.error();
   const ReducePlan& p = plan.value();
-  if (x.dtype == DType::Float32 && out.dtype == DType::Float32) {
+  auto float_sum = [&](auto tag) {
+    using T = typename decltype(tag)::type;
     int64_t count = 1;
     for (int64_t s : p.red_sizes) count *= s;
-    const float* px = x.data_as<const float>();
-    reduce_each(p, out.data_as<float>(), [&](int64_t base) {
+    const T* px = x.data_as<const T>();
+    reduce_each(p, out.data_as<T>(), [&](int64_t base) {
       double acc = 0.0;
       for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) { acc += static_cast<double>(px[base + off]); });
       // mean of nothing is 0/0 = NaN, as torch gives.
-      return static_cast<float>(mean ? acc / static_cast<double>(count) : acc);
+      return static_cast<T>(mean ? acc / static_cast<double>(count) : acc);
     });
-    return {};
-  }
+    return Error{};
+  };
+  if (x.dtype == DType::Float32 && out.dtype == DType::Float32) return float_sum(TypeTag<float>{});
+  if (x.dtype == DType::Float64 && out.dtype == DType::Float64) return float_sum(TypeTag<double>{});
   if (!mean && out.dtype == DType::Int64) {
     int64_t* po = out.data_as<int64_t>();
     switch (x.dtype) {
@@ -176,6 +183,7 @@ Error amax_amin(const KernelArgs& a, bool is_max) {
   if (out.dtype != x.dtype) return Error(ErrorCode::Internal, std::string(op) + ": output dtype differs from input");
   switch (x.dtype) {
     case DType::Float32: extremum<float>(x, *plan, out.data_as<float>(), is_max); return {};
+    case DType::Float64: extremum<double>(x, *plan, out.data_as<double>(), is_max); return {};
     case DType::Int64: extremum<int64_t>(x, *plan, out.data_as<int64_t>(), is_max); return {};
     case DType::Int32: extremum<int32_t>(x, *plan, out.data_as<int32_t>(), is_max); return {};
     case DType::Int8: extremum<int8_t>(x, *plan, out.data_as<int8_t>(), is_max); return {};
@@ -219,6 +227,7 @@ Error argmax(const KernelArgs& a) {
   int64_t* po = out.data_as<int64_t>();
   switch (x.dtype) {
     case DType::Float32: argmax_of<float>(x, *plan, po); return {};
+    case DType::Float64: argmax_of<double>(x, *plan, po); return {};
     case DType::Int64: argmax_of<int64_t>(x, *plan, po); return {};
     case DType::Int32: argmax_of<int32_t>(x, *plan, po); return {};
     case DType::Int8: argmax_of<int8_t>(x, *plan, po); return {};
@@ -228,14 +237,13 @@ Error argmax(const KernelArgs& a) {
 }
 
 // softmax / log_softmax along one dim, numerically stable (x - max), sums in double
-// (PyTorch aten/src/ATen/native/cpu/SoftMaxKernel.cpp computes the same quantities).
+// (PyTorch aten/src/ATen/native/cpu/SoftMaxKernel.cpp computes the same quantities). T is the
+// storage type: float (float32) or double (float64).
+template <class T>
 Error softmax_impl(const KernelArgs& a, bool log) {
   const char* op = log ? "aten._log_softmax" : "aten._softmax";
   const Tensor& x = *a.inputs[0];
   Tensor& out = *a.outputs[0];
-  if (x.dtype != DType::Float32 || out.dtype != DType::Float32 || out.sizes != x.sizes) {
-    return Error(ErrorCode::Internal, std::string(op) + ": output type differs from the input's (float32)");
-  }
   auto d = wrap_dim(a.attrs.get_int("dim"), x.dim());
   if (!d.ok()) return Error(ErrorCode::InvalidArgument, std::string(op) + ": dim: " + d.error().message());
   int64_t outer = 1, n = 1, inner = 1;
@@ -245,12 +253,12 @@ Error softmax_impl(const KernelArgs& a, bool log) {
     else if (k == *d) n = s;
     else inner *= s;
   }
-  const float* px = x.data_as<const float>();
-  float* po = out.data_as<float>();
+  const T* px = x.data_as<const T>();
+  T* po = out.data_as<T>();
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t i = 0; i < inner; ++i) {
-      const float* xs = px + o * n * inner + i;
-      float* ys = po + o * n * inner + i;
+      const T* xs = px + o * n * inner + i;
+      T* ys = po + o * n * inner + i;
       double mx = -std::numeric_limits<double>::infinity();
       bool any_nan = false;
       for (int64_t k = 0; k < n; ++k) {
@@ -263,17 +271,89 @@ Error softmax_impl(const KernelArgs& a, bool log) {
       for (int64_t k = 0; k < n; ++k) s += std::exp(static_cast<double>(xs[k * inner]) - mx);
       if (log) {
         const double lse = std::log(s);
-        for (int64_t k = 0; k < n; ++k) ys[k * inner] = static_cast<float>(static_cast<double>(xs[k * inner]) - mx - lse);
+        for (int64_t k = 0; k < n; ++k) ys[k * inner] = static_cast<T>(static_cast<double>(xs[k * inner]) - mx - lse);
       } else {
-        for (int64_t k = 0; k < n; ++k) ys[k * inner] = static_cast<float>(std::exp(static_cast<double>(xs[k * inner]) - mx) / s);
+        for (int64_t k = 0; k < n; ++k) ys[k * inner] = static_cast<T>(std::exp(static_cast<double>(xs[k * inner]) - mx) / s);
       }
     }
   }
   return {};
 }
 
-Error softmax(const KernelArgs& a) { return softmax_impl(a, false); }
-Error log_softmax(const KernelArgs& a) { return softmax_impl(a, true); }
+Error softmax_dispatch(const KernelArgs& a, bool log) {
+  const Tensor& x = *a.inputs[0];
+  const Tensor& out = *a.outputs[0];
+  if (out.dtype != x.dtype || out.sizes != x.sizes || (x.dtype != DType::Float32 && x.dtype != DType::Float64)) {
+    return Error(ErrorCode::Internal, std::string(log ? "aten._log_softmax" : "aten._softmax") +
+                                          ": output type differs from the input's (float32 or float64)");
+  }
+  return x.dtype == DType::Float64 ? softmax_impl<double>(a, log) : softmax_impl<float>(a, log);
+}
+
+Error softmax(const KernelArgs& a) { return softmax_dispatch(a, false); }
+Error log_softmax(const KernelArgs& a) { return softmax_dispatch(a, true); }
+
+// cumsum along dim: out[..., k, ...] = sum_{j <= k} x[..., j, ...], accumulated in the
+// accumulation type of the output (double for float32/float64, as ATen's CPU cumsum uses
+// acc_type<float> = double; wrapping int64 for int64 outputs), then stored in the output dtype.
+template <class Out, class Acc>
+void cumsum_typed(const Tensor& x, Tensor& out, int64_t outer, int64_t n, int64_t inner) {
+  Out* po = out.data_as<Out>();
+  auto load = [&](int64_t i) -> Acc {
+    switch (x.dtype) {
+      case DType::Float32: return static_cast<Acc>(x.data_as<const float>()[i]);
+      case DType::Float64: return static_cast<Acc>(x.data_as<const double>()[i]);
+      case DType::Int64: return static_cast<Acc>(x.data_as<const int64_t>()[i]);
+      case DType::Int32: return static_cast<Acc>(x.data_as<const int32_t>()[i]);
+      case DType::Int8: return static_cast<Acc>(x.data_as<const int8_t>()[i]);
+      default: return static_cast<Acc>(x.data_as<const uint8_t>()[i]);  // UInt8, Bool (0/1 bytes)
+    }
+  };
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      Acc acc = 0;
+      for (int64_t k = 0; k < n; ++k) {
+        const int64_t idx = (o * n + k) * inner + i;
+        if constexpr (std::is_integral_v<Acc>) {
+          acc = static_cast<Acc>(static_cast<uint64_t>(acc) + static_cast<uint64_t>(load(idx)));  // wraps, no UB
+        } else {
+          acc += static_cast<Acc>(static_cast<Out>(load(idx)));  // torch converts self to dtype first
+        }
+        po[idx] = static_cast<Out>(acc);
+      }
+    }
+  }
+}
+
+Error cumsum(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  if (out.sizes != x.sizes) return Error(ErrorCode::Internal, "aten.cumsum: output sizes differ from the input's");
+  if (x.dtype == DType::Float16 || x.dtype == DType::BFloat16) {
+    return Error(ErrorCode::NotSupported, std::string("aten.cumsum: dtype ") + dtype_name(x.dtype));
+  }
+  auto d = wrap_dim(a.attrs.get_int("dim"), x.dim());
+  if (!d.ok()) return Error(ErrorCode::InvalidArgument, "aten.cumsum: dim: " + d.error().message());
+  int64_t outer = 1, n = 1, inner = 1;
+  for (int64_t k = 0; k < x.dim(); ++k) {
+    const int64_t s = x.sizes[static_cast<size_t>(k)];
+    if (k < *d) outer *= s;
+    else if (k == *d) n = s;
+    else inner *= s;
+  }
+  if (x.numel() == 0) return {};
+  switch (out.dtype) {
+    case DType::Float32: cumsum_typed<float, double>(x, out, outer, n, inner); return {};
+    case DType::Float64: cumsum_typed<double, double>(x, out, outer, n, inner); return {};
+    case DType::Int64:
+      if (x.dtype == DType::Float32 || x.dtype == DType::Float64) {
+        return Error(ErrorCode::NotSupported, "aten.cumsum: a float input with dtype int64");
+      }
+      cumsum_typed<int64_t, int64_t>(x, out, outer, n, inner);
+      return {};
+    default: return Error(ErrorCode::NotSupported, std::string("aten.cumsum: output dtype ") + dtype_name(out.dtype));
+  }
+}
 
 }  // namespace
 
@@ -285,6 +365,7 @@ void register_portable_reduction(KernelRegistry& r) {
   r.add("aten.argmax", argmax);
   r.add("aten._softmax", softmax);
   r.add("aten._log_softmax", log_softmax);
+  r.add("aten.cumsum", cumsum);
 }
 
 }  // namespace kiln

@@ -212,6 +212,7 @@ Error embedding(const KernelArgs& a) {
 void encode_value(DType dtype, double value, uint8_t* bytes) {
   switch (dtype) {
     case DType::Float32: { const auto v = static_cast<float>(value); std::memcpy(bytes, &v, 4); return; }
+    case DType::Float64: std::memcpy(bytes, &value, 8); return;
     case DType::Float16: { const uint16_t v = float_to_half(static_cast<float>(value)); std::memcpy(bytes, &v, 2); return; }
     case DType::BFloat16: { const uint16_t v = float_to_bfloat16(static_cast<float>(value)); std::memcpy(bytes, &v, 2); return; }
     case DType::Int64: { const auto v = static_cast<int64_t>(value); std::memcpy(bytes, &v, 8); return; }
