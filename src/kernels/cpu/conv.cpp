@@ -22,6 +22,7 @@
 #include "ir/ops/conv.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel_util.h"
+#include "kernels/cpu/winograd.h"
 #include "kernels/kernel.h"
 
 namespace kiln {
@@ -87,6 +88,7 @@ struct ConvState : KernelState {
   cpu::PostOp post;             ///< fused activation (None when nothing was fused)
   std::vector<float> packed;    ///< per group, packed_a_floats(C_out_g, K) floats; empty: pack per call
   int64_t group_stride = 0;     ///< floats between consecutive groups' packed weights
+  std::vector<float> winograd;  ///< transformed filters (cpu::winograd_pack_weights); empty: no Winograd
 };
 
 /// 1x1 kernel, stride 1, no padding (dilation is then irrelevant): the plain GEMM path.
@@ -459,6 +461,8 @@ Error convolution(const KernelArgs& a) {
     depthwise(g, px, pw, pb, po, a.pool, post);
   } else if (is_plain_1x1(g)) {
     conv_1x1(g, px, pw, pb, po, a.pool, st);
+  } else if (st != nullptr && !st->winograd.empty()) {
+    cpu::conv_winograd(g, px, st->winograd.data(), pb, po, a.pool, post);
   } else {
     conv_im2col(g, px, pw, pb, po, a.pool, st);
   }
@@ -483,7 +487,11 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
   if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && OHW > 1 && !use_depthwise_kernel(g)) {
     const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
     const int64_t Kdim = cin_g * g.kernel[0] * g.kernel[1];
-    if (cout_g > 1) {
+    if (cpu::winograd_applies(g)) {  // the filters transformed for the Winograd path instead
+      cpu::winograd_pack_weights(w->data_as<float>(), g.out_channels, g.in_channels, st->winograd);
+      st->bytes = st->winograd.size() * sizeof(float);
+      st->released_inputs = {1};  // the Winograd path reads only the transformed copy
+    } else if (cout_g > 1) {
       st->group_stride = cpu::packed_a_floats(cout_g, Kdim);
       st->packed.resize(static_cast<size_t>(st->group_stride * g.groups));
       const float* pw = w->data_as<float>();
@@ -494,7 +502,7 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
       st->released_inputs = {1};  // the GEMM paths read only the packed copy (M, N > 1 here)
     }
   }
-  if (!st->fused_next && st->packed.empty()) return std::unique_ptr<KernelState>();
+  if (!st->fused_next && st->packed.empty() && st->winograd.empty()) return std::unique_ptr<KernelState>();
   return std::unique_ptr<KernelState>(std::move(st));
 }
 
