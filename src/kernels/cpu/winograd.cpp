@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/cpu/gemm.h"
@@ -52,7 +53,7 @@ struct Tiling {
   int64_t groups_per_image, groups_total;
   int64_t G;         // groups per block (task)
   int64_t v_stride;  // floats per position of the transformed input (packed B) of a block
-  int64_t m_stride;  // floats per position of the GEMM output of a block ([C_out x 8 G])
+  int64_t m_floats;  // floats of the GEMM output of a block ([C_out][36][8 G])
   int64_t pos_stride;  // floats per position of the packed filters
 };
 
@@ -91,14 +92,12 @@ __attribute__((target("avx2,fma"))) inline void at6(const __m256 m[6], __m256 y[
   y[3] = _mm256_add_ps(_mm256_fmadd_ps(_mm256_set1_ps(8.0f), d34, d12), m[5]);
 }
 
-/// The 6 column vectors of one input row of a group: d[c] lane t = base[4 t' + c] for the tile t'
-/// of lane t (order 0 2 4 6 1 3 5 7). Reads base[0, 36).
-__attribute__((target("avx2,fma"))) inline void load_row(const float* base, __m256 d[6]) {
-  __m256 a0 = _mm256_loadu_ps(base), a1 = _mm256_loadu_ps(base + 8);
-  __m256 a2 = _mm256_loadu_ps(base + 16), a3 = _mm256_loadu_ps(base + 24);
+/// The 6 column vectors of one input row of a group from the 8 loads at base + 0, 8, 16, 24 and
+/// base + 4, 12, 20, 28 (columns base[0, 36)): d[c] lane t = base[4 t' + c] for the tile t' of lane t
+/// (order 0 2 4 6 1 3 5 7).
+__attribute__((target("avx2,fma"))) inline void row_columns(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 b0,
+                                                             __m256 b1, __m256 b2, __m256 b3, __m256 d[6]) {
   transpose4_inlane(a0, a1, a2, a3);
-  __m256 b0 = _mm256_loadu_ps(base + 4), b1 = _mm256_loadu_ps(base + 12);
-  __m256 b2 = _mm256_loadu_ps(base + 20), b3 = _mm256_loadu_ps(base + 28);
   transpose4_inlane(b0, b1, b2, b3);
   d[0] = a0;
   d[1] = a1;
@@ -108,30 +107,60 @@ __attribute__((target("avx2,fma"))) inline void load_row(const float* base, __m2
   d[5] = b1;
 }
 
-/// Input transform of one group (tile row ty, tiles tx0 .. tx0 + 7) of input channel plane
-/// `plane` [IH, IW]: V[pos] lanes written at dst + pos * v_stride (8 floats each).
-__attribute__((target("avx2,fma"))) void input_group(const Tiling& T, const float* plane, int64_t ty, int64_t tx0,
-                                                     float* dst) {
-  const int64_t r0 = ty * 4 - T.PH, c0 = tx0 * 4 - T.PW;
-  const bool direct = r0 >= 0 && r0 + 6 <= T.IH && c0 >= 0 && c0 + kRowRead <= T.IW;
-  alignas(32) float buf[6][40];
+/// Where the columns of a group lie: c0 = first input column (4 tx0 - PW); `direct` when all of
+/// [c0, c0 + 36) is inside the row, else mask[i] selects the lanes of load i (offsets 0, 8, 16, 24,
+/// 4, 12, 20, 28) inside [0, IW) (masked loads read nothing outside).
+struct GroupCols {
+  int64_t c0;
+  bool direct;
+  __m256i mask[8];
+};
+
+__attribute__((target("avx2,fma"))) GroupCols group_cols(const Tiling& T, int64_t tx0) {
+  GroupCols gc;
+  gc.c0 = tx0 * 4 - T.PW;
+  gc.direct = gc.c0 >= 0 && gc.c0 + kRowRead <= T.IW;
+  if (!gc.direct) {
+    static constexpr int kOff[8] = {0, 8, 16, 24, 4, 12, 20, 28};
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int i = 0; i < 8; ++i) {
+      // column c0 + off + lane in [0, IW)  <=>  lane > -1 - (c0 + off)  and  lane < IW - (c0 + off)
+      const int64_t first = gc.c0 + kOff[i];
+      const int lo = static_cast<int>(std::clamp<int64_t>(-1 - first, -1, 8));
+      const int hi = static_cast<int>(std::clamp<int64_t>(T.IW - first, 0, 8));
+      gc.mask[i] = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo)),
+                                    _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane));
+    }
+  }
+  return gc;
+}
+
+/// Input transform of one group (tile row ty, tiles tx0 .. tx0 + 7, columns `gc`) of input
+/// channel plane `plane` [IH, IW]: V[pos] lanes written at dst + pos * v_stride (8 floats each).
+__attribute__((target("avx2,fma"))) void input_group(const Tiling& T, const float* plane, int64_t ty,
+                                                     const GroupCols& gc, float* dst) {
+  const int64_t r0 = ty * 4 - T.PH;
   __m256 h[6][6];
   for (int r = 0; r < 6; ++r) {
-    const float* row;
-    if (direct) {
-      row = plane + (r0 + r) * T.IW + c0;
-    } else {
-      float* b = buf[r];
-      std::memset(b, 0, sizeof(buf[r]));
-      const int64_t ih = r0 + r;
-      if (ih >= 0 && ih < T.IH) {
-        const int64_t lo = std::max<int64_t>(0, c0), hi = std::min<int64_t>(T.IW, c0 + kRowRead);
-        if (lo < hi) std::memcpy(b + (lo - c0), plane + ih * T.IW + lo, sizeof(float) * static_cast<size_t>(hi - lo));
-      }
-      row = b;
+    const int64_t ih = r0 + r;
+    if (ih < 0 || ih >= T.IH) {
+      for (int l = 0; l < 6; ++l) h[r][l] = _mm256_setzero_ps();
+      continue;
     }
     __m256 d[6];
-    load_row(row, d);
+    if (gc.direct) {
+      const float* b = plane + ih * T.IW + gc.c0;
+      row_columns(_mm256_loadu_ps(b), _mm256_loadu_ps(b + 8), _mm256_loadu_ps(b + 16), _mm256_loadu_ps(b + 24),
+                  _mm256_loadu_ps(b + 4), _mm256_loadu_ps(b + 12), _mm256_loadu_ps(b + 20), _mm256_loadu_ps(b + 28), d);
+    } else {
+      // (the address arithmetic may point before the row; masked-out lanes are never read)
+      const float* b = reinterpret_cast<const float*>(reinterpret_cast<intptr_t>(plane + ih * T.IW) +
+                                                      static_cast<intptr_t>(gc.c0) * 4);
+      row_columns(_mm256_maskload_ps(b, gc.mask[0]), _mm256_maskload_ps(b + 8, gc.mask[1]),
+                  _mm256_maskload_ps(b + 16, gc.mask[2]), _mm256_maskload_ps(b + 24, gc.mask[3]),
+                  _mm256_maskload_ps(b + 4, gc.mask[4]), _mm256_maskload_ps(b + 12, gc.mask[5]),
+                  _mm256_maskload_ps(b + 20, gc.mask[6]), _mm256_maskload_ps(b + 28, gc.mask[7]), d);
+    }
     bt6(d, h[r]);
   }
   for (int l = 0; l < 6; ++l) {
@@ -142,14 +171,15 @@ __attribute__((target("avx2,fma"))) void input_group(const Tiling& T, const floa
   }
 }
 
-/// Output transform of one group for one output channel: M[pos] lanes at src + pos * m_stride;
+/// Output transform of one group for one output channel: M[pos] lanes at src + pos * pos_step;
 /// writes the valid part of rows 4 ty .. 4 ty + 3, columns 4 tx0 .. 4 tx0 + 31 of `oplane` [OH, OW].
-__attribute__((target("avx2,fma"))) void output_group(const Tiling& T, const float* src, float bias,
-                                                      const PostOp& post, float* oplane, int64_t ty, int64_t tx0) {
+__attribute__((target("avx2,fma"))) void output_group(const Tiling& T, const float* src, int64_t pos_step,
+                                                      float bias, const PostOp& post, float* oplane, int64_t ty,
+                                                      int64_t tx0) {
   __m256 t[6][4];
   for (int k = 0; k < 6; ++k) {
     __m256 m[6];
-    for (int l = 0; l < 6; ++l) m[l] = _mm256_loadu_ps(src + static_cast<int64_t>(k * 6 + l) * T.m_stride);
+    for (int l = 0; l < 6; ++l) m[l] = _mm256_loadu_ps(src + static_cast<int64_t>(k * 6 + l) * pos_step);
     at6(m, t[k]);
   }
   const __m256 vb = _mm256_set1_ps(bias);
@@ -205,35 +235,44 @@ void run_block(const Tiling& T, const float* x, const float* packed, const float
   const int64_t ng = g1 - g0;
   const int64_t N = ng * kLanes;  // GEMM columns of this block
   const int64_t npanels = (N + kGemmPanelCols - 1) / kGemmPanelCols;
-  float* V = block_scratch(static_cast<size_t>(kPos * (T.v_stride + T.m_stride)));
+  float* V = block_scratch(static_cast<size_t>(kPos * T.v_stride + T.m_floats));
   float* M = V + kPos * T.v_stride;
   const int64_t IHW = T.IH * T.IW, OHW = T.OH * T.OW;
-  // 1. input transform, straight into the packed B panels
+  struct Where {
+    int64_t n, ty, tx0;
+  };
+  constexpr int64_t kMaxG = 64;
+  Where where[kMaxG];
+  GroupCols cols[kMaxG];
   for (int64_t gi = 0; gi < ng; ++gi) {
     const int64_t gid = g0 + gi;
-    const int64_t n = gid / T.groups_per_image, rem = gid % T.groups_per_image;
-    const int64_t ty = rem / T.gx, tx0 = rem % T.gx * kLanes;
-    const float* xn = x + n * T.cin * IHW;
-    for (int64_t c = 0; c < T.cin; ++c) {
-      const int64_t kb = c / kGemmKBlock, p = c % kGemmKBlock;
-      const int64_t kc = std::min<int64_t>(kGemmKBlock, T.cin - kb * kGemmKBlock);
-      float* dst = V + kb * npanels * gemm_panel_stride(kGemmKBlock) + gi / 2 * gemm_panel_stride(kc) +
-                   p * kGemmPanelCols + gi % 2 * kLanes;
-      input_group(T, xn + c * IHW, ty, tx0, dst);
+    const int64_t rem = gid % T.groups_per_image;
+    where[gi] = {gid / T.groups_per_image, rem / T.gx, rem % T.gx * kLanes};
+    cols[gi] = group_cols(T, where[gi].tx0);
+  }
+  // 1. input transform, straight into the packed B panels; channel by channel, so that the
+  //    group's input rows are read left to right and each panel row (2 groups) is written whole.
+  for (int64_t c = 0; c < T.cin; ++c) {
+    const int64_t kb = c / kGemmKBlock, p = c % kGemmKBlock;
+    const int64_t kc = std::min<int64_t>(kGemmKBlock, T.cin - kb * kGemmKBlock);
+    float* vc = V + kb * npanels * gemm_panel_stride(kGemmKBlock) + p * kGemmPanelCols;
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      input_group(T, x + (where[gi].n * T.cin + c) * IHW, where[gi].ty, cols[gi],
+                  vc + gi / 2 * gemm_panel_stride(kc) + gi % 2 * kLanes);
     }
   }
-  // 2. one GEMM per position
+  // 2. one GEMM per position. M is [C_out][36][N]: position pos is the [C_out x N] matrix at
+  //    M + pos * N with row stride 36 N, so that the output transform's 36 reads of one channel
+  //    are close together (positions a large power of two apart would share L1 sets).
   for (int64_t pos = 0; pos < kPos; ++pos) {
-    sgemm_prepacked(T.cout, N, T.cin, packed + pos * T.pos_stride, V + pos * T.v_stride, M + pos * T.m_stride, N);
+    sgemm_prepacked(T.cout, N, T.cin, packed + pos * T.pos_stride, V + pos * T.v_stride, M + pos * N, kPos * N);
   }
-  // 3. output transform (M[pos] is [C_out x N]: lanes of group gi at column 8 gi)
-  for (int64_t gi = 0; gi < ng; ++gi) {
-    const int64_t gid = g0 + gi;
-    const int64_t n = gid / T.groups_per_image, rem = gid % T.groups_per_image;
-    const int64_t ty = rem / T.gx, tx0 = rem % T.gx * kLanes;
-    float* on = out + n * T.cout * OHW;
-    for (int64_t o = 0; o < T.cout; ++o) {
-      output_group(T, M + o * N + gi * kLanes, bias != nullptr ? bias[o] : 0.0f, post, on + o * OHW, ty, tx0);
+  // 3. output transform (lanes of group gi at column 8 gi), channel by channel
+  for (int64_t o = 0; o < T.cout; ++o) {
+    const float b = bias != nullptr ? bias[o] : 0.0f;
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      output_group(T, M + o * kPos * N + gi * kLanes, N, b, post, out + (where[gi].n * T.cout + o) * OHW, where[gi].ty,
+                   where[gi].tx0);
     }
   }
 }
@@ -306,11 +345,11 @@ void conv_winograd(const ConvGeometry& g, const float* x, const float* packed, c
   int64_t G = std::max<int64_t>(1, budget / (kPos * kLanes * (T.cin + T.cout)));
   const int64_t threads = pool != nullptr ? pool->num_threads() : 1;
   if (threads > 1) G = std::min(G, std::max<int64_t>(1, T.groups_total / (4 * threads)));
-  G = std::min(G, T.groups_total);
+  G = std::min({G, T.groups_total, int64_t{64}});  // run_block's kMaxG
   if (G > 1) G = G / 2 * 2;  // whole 16-column panels
   T.G = G;
   T.v_stride = (prepacked_b_floats(G * kLanes, T.cin) + 15) / 16 * 16;
-  T.m_stride = T.cout * G * kLanes;
+  T.m_floats = T.cout * kPos * G * kLanes;
   const int64_t blocks = (T.groups_total + G - 1) / G;
   parallel_tasks(pool, blocks, [&](int64_t b) {
     run_block(T, x, packed, bias, out, post, b * G, std::min(T.groups_total, (b + 1) * G));
