@@ -1,9 +1,11 @@
 // Optimized cpu kernel for aten.convolution (float32, 1-D and 2-D; NCHW).
 //
-// Four paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
+// Five paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
 //   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernel, each output plane a flat 1-D
 //     correlation over the padded, stride-split input plane (see DwLayout);
 //   1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
+//   3x3, stride 1, dilation 1, one group, constant weights, large enough (cpu::winograd_applies):
+//     Winograd F(4x4, 3x3) (winograd.cpp), filters transformed once in conv_prepare;
 //   everything else: GEMM per group on the im2col matrix, packed on the fly (no im2col buffer).
 //   transposed: GEMM into a column buffer, then col2im (conv_transposed).
 //
@@ -483,8 +485,9 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
   const Tensor* w = p.constants.size() > 1 ? p.constants[1] : nullptr;
   const int64_t OHW = g.out_size[0] * g.out_size[1];
   // GEMM paths with a constant weight and more than one output column (a single column is a
-  // matrix-vector product, which reads the weights directly).
-  if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && OHW > 1 && !use_depthwise_kernel(g)) {
+  // matrix-vector product, which reads the weights directly; Winograd takes any size it is given).
+  if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && !use_depthwise_kernel(g) &&
+      (OHW > 1 || cpu::winograd_applies(g))) {
     const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
     const int64_t Kdim = cin_g * g.kernel[0] * g.kernel[1];
     if (cpu::winograd_applies(g)) {  // the filters transformed for the Winograd path instead

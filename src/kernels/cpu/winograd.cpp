@@ -283,13 +283,17 @@ bool winograd_applies(const ConvGeometry& g) {
   if (g.spatial_dims != 2 || g.transposed || g.groups != 1) return false;
   if (g.kernel[0] != 3 || g.kernel[1] != 3 || g.stride[0] != 1 || g.stride[1] != 1) return false;
   if (g.dilation[0] != 1 || g.dilation[1] != 1) return false;
+  if (g.in_channels < 1 || g.out_channels < 1) return false;
+  const char* env = std::getenv("KILN_CPU_WINOGRAD");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (env != nullptr && std::strcmp(env, "1") == 0) return true;
   if (g.in_channels < 16 || g.out_channels < 16) return false;
-  const int64_t tiles = (g.out_size[0] + 3) / 4 * ((g.out_size[1] + 3) / 4);
-  static const int64_t min_tiles = [] {
-    const char* e = std::getenv("KILN_WINO_MIN_TILES");
-    return e != nullptr ? std::atoll(e) : int64_t{64};
-  }();
-  return tiles >= min_tiles;
+  // Enough output tiles, and at least half of the 8-tile groups' lanes used (a row of 4 tiles
+  // fills half a group). Measured (1 thread, one conv, Winograd / im2col time): 64 ch 56x56 0.31,
+  // 128 ch 28x28 0.37, 256 ch 14x14 0.98 (16 tiles, half the lanes: left to im2col), 64 ch 256x256 0.42.
+  const int64_t ty = (g.out_size[0] + 3) / 4, tx = (g.out_size[1] + 3) / 4;
+  const int64_t lanes = ty * ((tx + kLanes - 1) / kLanes * kLanes);
+  return ty * tx >= 32 && 2 * ty * tx >= lanes;
 }
 
 int64_t winograd_pos_stride(int64_t cout, int64_t cin) { return (packed_a_floats(cout, cin) + 15) / 16 * 16; }
@@ -338,10 +342,7 @@ void conv_winograd(const ConvGeometry& g, const float* x, const float* packed, c
   T.groups_total = g.batch * T.groups_per_image;
   T.pos_stride = winograd_pos_stride(T.cout, T.cin);
   // Groups per block: transformed input + GEMM output of a block within ~`budget` floats.
-  static const int64_t budget = [] {
-    const char* e = std::getenv("KILN_WINO_BUDGET");
-    return e != nullptr ? std::atoll(e) : int64_t{96 * 1024};
-  }();
+  constexpr int64_t budget = 96 * 1024;  // floats; 2x and 4x larger were 5-10% slower (64 ch, 256x256)
   int64_t G = std::max<int64_t>(1, budget / (kPos * kLanes * (T.cin + T.cout)));
   const int64_t threads = pool != nullptr ? pool->num_threads() : 1;
   if (threads > 1) G = std::min(G, std::max<int64_t>(1, T.groups_total / (4 * threads)));

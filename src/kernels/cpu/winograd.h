@@ -17,9 +17,11 @@
 namespace kiln::cpu {
 
 /// True when the convolution `g` has the Winograd path's shape (2-D, not transposed, 3x3 kernel,
-/// stride 1, dilation 1, groups 1, padding <= 2) and is large enough for it to be faster than
-/// the im2col GEMM (C_in, C_out >= 16 and enough output tiles; the thresholds were measured on
-/// the decoder of examples/diffusion/models.py and on resnet18, see conv.cpp's header).
+/// stride 1, dilation 1, groups 1, any padding) and is large enough for it to be faster than
+/// the im2col GEMM: C_in, C_out >= 16, at least 32 output tiles of 4x4 and at least half of the
+/// lanes of the 8-tile groups used (thresholds measured, see winograd.cpp).
+/// Environment KILN_CPU_WINOGRAD (read at each call; conv.cpp calls this when a method is loaded):
+/// "0" never, "1" for every convolution of that shape whatever its size (tests, benchmarks).
 bool winograd_applies(const ConvGeometry& g);
 
 /// Transformed filters U = G g G^T of weights w float32 [C_out, C_in, 3, 3] (computed in double,
