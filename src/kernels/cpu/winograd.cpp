@@ -287,10 +287,12 @@ bool winograd_applies(const ConvGeometry& g) {
   const char* env = std::getenv("KILN_CPU_WINOGRAD");
   if (env != nullptr && std::strcmp(env, "0") == 0) return false;
   if (env != nullptr && std::strcmp(env, "1") == 0) return true;
-  if (g.in_channels < 16 || g.out_channels < 16) return false;
-  // Enough output tiles, and at least half of the 8-tile groups' lanes used (a row of 4 tiles
-  // fills half a group). Measured (1 thread, one conv, Winograd / im2col time): 64 ch 56x56 0.31,
-  // 128 ch 28x28 0.37, 256 ch 14x14 0.98 (16 tiles, half the lanes: left to im2col), 64 ch 256x256 0.42.
+  // C_in >= 8, any C_out, enough output tiles, and at least half of the 8-tile groups' lanes used
+  // (a row of 4 tiles fills half a group). Measured (1 thread, one conv, Winograd / im2col time,
+  // C_in -> C_out at H x W): 64->64 56x56 0.31, 128->128 28x28 0.37, 256->256 14x14 0.98 (16 tiles,
+  // half the lanes: left to im2col), 64->64 256x256 0.42, 64->3 512x512 0.57, 64->1 256x256 0.69,
+  // 16->3 128x128 0.45, 8->64 128x128 0.88, 8->8 128x128 0.58, 4->64 64x64 1.11 (left to im2col).
+  if (g.in_channels < 8) return false;
   const int64_t ty = (g.out_size[0] + 3) / 4, tx = (g.out_size[1] + 3) / 4;
   const int64_t lanes = ty * ((tx + kLanes - 1) / kLanes * kLanes);
   return ty * tx >= 32 && 2 * ty * tx >= lanes;
