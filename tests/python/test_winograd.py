@@ -94,10 +94,11 @@ def test_default_rule_takes_winograd_for_decoder_sized_convs(cout, monkeypatch):
 
 
 def test_default_rule_keeps_small_convs_on_gemm(monkeypatch):
-    """14x14 outputs (16 tiles, half of each 8-tile group empty) and convs of 4 input channels stay
-    on the im2col GEMM (bit-identical to KILN_CPU_WINOGRAD=0)."""
+    """14x14 outputs (16 tiles, half of each 8-tile group empty), convs of 4 input channels and
+    convs whose transformed filters exceed 4 MiB (256 -> 256) stay on the im2col GEMM
+    (bit-identical to KILN_CPU_WINOGRAD=0)."""
     monkeypatch.delenv("KILN_CPU_WINOGRAD", raising=False)
-    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64)):
+    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64), ((1, 256, 32, 32), 256)):
         torch.manual_seed(6)
         model = _model(shape[1], cout, 1, True, None)
         x = torch.randn(*shape)

@@ -293,6 +293,13 @@ bool winograd_applies(const ConvGeometry& g) {
   // half the lanes: left to im2col), 64->64 256x256 0.42, 64->3 512x512 0.57, 64->1 256x256 0.69,
   // 16->3 128x128 0.45, 8->64 128x128 0.88, 8->8 128x128 0.58, 4->64 64x64 1.11 (left to im2col).
   if (g.in_channels < 8) return false;
+  // Transformed filters (36 C_in C_out floats) of at most 4 MiB: every block of 8-16 tiles reads all
+  // of them, so larger ones (e.g. the SD UNet's 320/640-channel convs: 14.7 / 59 MB) would be
+  // streamed from memory once per block, and would take 4x the weights' memory (not measured; left
+  // to im2col). 128 -> 128 (2.4 MB) is in.
+  if (static_cast<double>(g.in_channels) * static_cast<double>(g.out_channels) * kPos * 4.0 > 4.0 * 1024 * 1024) {
+    return false;
+  }
   const int64_t ty = (g.out_size[0] + 3) / 4, tx = (g.out_size[1] + 3) / 4;
   const int64_t lanes = ty * ((tx + kLanes - 1) / kLanes * kLanes);
   return ty * tx >= 32 && 2 * ty * tx >= lanes;

@@ -18,8 +18,9 @@ namespace kiln::cpu {
 
 /// True when the convolution `g` has the Winograd path's shape (2-D, not transposed, 3x3 kernel,
 /// stride 1, dilation 1, groups 1, any padding) and is large enough for it to be faster than
-/// the im2col GEMM: C_in >= 8, at least 32 output tiles of 4x4 and at least half of the
-/// lanes of the 8-tile groups used (thresholds measured, see winograd.cpp).
+/// the im2col GEMM: C_in >= 8, transformed filters (36 C_in C_out floats) <= 4 MiB, at least 32
+/// output tiles of 4x4 and at least half of the lanes of the 8-tile groups used (thresholds
+/// measured, see winograd.cpp).
 /// Environment KILN_CPU_WINOGRAD (read at each call; conv.cpp calls this when a method is loaded):
 /// "0" never, "1" for every convolution of that shape whatever its size (tests, benchmarks).
 bool winograd_applies(const ConvGeometry& g);
