@@ -340,5 +340,60 @@ TEST(CpuGemm, PortableFallback) {
   cpu::force_portable_sgemm_for_testing(false);
 }
 
+/// cpu::sgemm_prepacked on A packed by pack_a_for_gemm and B written in the documented
+/// prepacked_b_floats layout (K over 2 blocks, partial panels, M not a multiple of 6), against the
+/// double reference; C outside the M x N window untouched. With the AVX2 and the portable microkernel.
+void check_sgemm_prepacked() {
+  std::mt19937 rng(11);
+  struct G {
+    int64_t M, N, K;
+  };
+  for (G s : {G{1, 1, 1}, G{64, 16, 64}, G{7, 40, 300}, G{13, 8, 257}, G{64, 24, 512}}) {
+    const int64_t ldc = s.N + 3;
+    auto A = random_floats(s.M * s.K, rng);
+    auto B = random_floats(s.K * s.N, rng);
+    std::vector<float> packed_a(static_cast<size_t>(cpu::packed_a_floats(s.M, s.K)));
+    cpu::pack_a_for_gemm(s.M, s.K, A.data(), s.K, packed_a.data());
+    std::vector<float> packed_b(static_cast<size_t>(cpu::prepacked_b_floats(s.N, s.K)), std::nanf(""));
+    const int64_t npanels = (s.N + cpu::kGemmPanelCols - 1) / cpu::kGemmPanelCols;
+    for (int64_t p = 0; p < s.K; ++p) {
+      const int64_t q = p / cpu::kGemmKBlock, kc = std::min<int64_t>(cpu::kGemmKBlock, s.K - q * cpu::kGemmKBlock);
+      for (int64_t j = 0; j < s.N; ++j) {
+        packed_b[static_cast<size_t>(q * npanels * cpu::gemm_panel_stride(cpu::kGemmKBlock) +
+                                     j / cpu::kGemmPanelCols * cpu::gemm_panel_stride(kc) +
+                                     p % cpu::kGemmKBlock * cpu::kGemmPanelCols + j % cpu::kGemmPanelCols)] = B[p * s.N + j];
+      }
+    }
+    auto bias = random_floats(s.M, rng);
+    cpu::GemmEpilogue ep;
+    ep.bias_kind = cpu::GemmBias::PerRow;
+    ep.bias = bias.data();
+    std::vector<float> expected(static_cast<size_t>(s.M * ldc), 0.0f);
+    reference_gemm(false, false, s.M, s.N, s.K, 1.0f, A.data(), s.K, B.data(), s.N, 0.0f, expected, ldc, ep);
+    std::vector<float> c(static_cast<size_t>(s.M * ldc), 12345.0f);
+    cpu::sgemm_prepacked(s.M, s.N, s.K, packed_a.data(), packed_b.data(), c.data(), ldc, ep);
+    std::vector<float> got, want;
+    for (int64_t i = 0; i < s.M; ++i) {
+      for (int64_t j = 0; j < ldc; ++j) {
+        if (j < s.N) {
+          got.push_back(c[i * ldc + j]);
+          want.push_back(expected[i * ldc + j]);
+        } else {
+          EXPECT_EQ(c[i * ldc + j], 12345.0f) << "padding of C written at " << i << "," << j;
+        }
+      }
+    }
+    expect_close(got, want, tol_for(s.K),
+                 "sgemm_prepacked M" + std::to_string(s.M) + " N" + std::to_string(s.N) + " K" + std::to_string(s.K));
+  }
+}
+
+TEST(CpuGemm, Prepacked) {
+  check_sgemm_prepacked();
+  cpu::force_portable_sgemm_for_testing(true);
+  check_sgemm_prepacked();
+  cpu::force_portable_sgemm_for_testing(false);
+}
+
 }  // namespace
 }  // namespace kiln

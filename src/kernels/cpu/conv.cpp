@@ -1,9 +1,11 @@
 // Optimized cpu kernel for aten.convolution (float32, 1-D and 2-D; NCHW).
 //
-// Four paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
+// Five paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
 //   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernel, each output plane a flat 1-D
 //     correlation over the padded, stride-split input plane (see DwLayout);
 //   1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
+//   3x3, stride 1, dilation 1, one group, constant weights, large enough (cpu::winograd_applies):
+//     Winograd F(4x4, 3x3) (winograd.cpp), filters transformed once in conv_prepare;
 //   everything else: GEMM per group on the im2col matrix, packed on the fly (no im2col buffer).
 //   transposed: GEMM into a column buffer, then col2im (conv_transposed).
 //
@@ -22,6 +24,7 @@
 #include "ir/ops/conv.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel_util.h"
+#include "kernels/cpu/winograd.h"
 #include "kernels/kernel.h"
 
 namespace kiln {
@@ -87,6 +90,7 @@ struct ConvState : KernelState {
   cpu::PostOp post;             ///< fused activation (None when nothing was fused)
   std::vector<float> packed;    ///< per group, packed_a_floats(C_out_g, K) floats; empty: pack per call
   int64_t group_stride = 0;     ///< floats between consecutive groups' packed weights
+  std::vector<float> winograd;  ///< transformed filters (cpu::winograd_pack_weights); empty: no Winograd
 };
 
 /// 1x1 kernel, stride 1, no padding (dilation is then irrelevant): the plain GEMM path.
@@ -459,6 +463,8 @@ Error convolution(const KernelArgs& a) {
     depthwise(g, px, pw, pb, po, a.pool, post);
   } else if (is_plain_1x1(g)) {
     conv_1x1(g, px, pw, pb, po, a.pool, st);
+  } else if (st != nullptr && !st->winograd.empty()) {
+    cpu::conv_winograd(g, px, st->winograd.data(), pb, po, a.pool, post);
   } else {
     conv_im2col(g, px, pw, pb, po, a.pool, st);
   }
@@ -479,11 +485,16 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
   const Tensor* w = p.constants.size() > 1 ? p.constants[1] : nullptr;
   const int64_t OHW = g.out_size[0] * g.out_size[1];
   // GEMM paths with a constant weight and more than one output column (a single column is a
-  // matrix-vector product, which reads the weights directly).
-  if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && OHW > 1 && !use_depthwise_kernel(g)) {
+  // matrix-vector product, which reads the weights directly; Winograd takes any size it is given).
+  if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && !use_depthwise_kernel(g) &&
+      (OHW > 1 || cpu::winograd_applies(g))) {
     const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
     const int64_t Kdim = cin_g * g.kernel[0] * g.kernel[1];
-    if (cout_g > 1) {
+    if (cpu::winograd_applies(g)) {  // the filters transformed for the Winograd path instead
+      cpu::winograd_pack_weights(w->data_as<float>(), g.out_channels, g.in_channels, st->winograd);
+      st->bytes = st->winograd.size() * sizeof(float);
+      st->released_inputs = {1};  // the Winograd path reads only the transformed copy
+    } else if (cout_g > 1) {
       st->group_stride = cpu::packed_a_floats(cout_g, Kdim);
       st->packed.resize(static_cast<size_t>(st->group_stride * g.groups));
       const float* pw = w->data_as<float>();
@@ -494,7 +505,7 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
       st->released_inputs = {1};  // the GEMM paths read only the packed copy (M, N > 1 here)
     }
   }
-  if (!st->fused_next && st->packed.empty()) return std::unique_ptr<KernelState>();
+  if (!st->fused_next && st->packed.empty() && st->winograd.empty()) return std::unique_ptr<KernelState>();
   return std::unique_ptr<KernelState>(std::move(st));
 }
 

@@ -682,6 +682,31 @@ void pack_a_for_gemm(int64_t M, int64_t K, const float* A, int64_t lda, float* o
   }
 }
 
+static_assert(KC == kGemmKBlock, "gemm.h documents the K block of packed operands");
+
+void sgemm_prepacked(int64_t M, int64_t N, int64_t K, const float* packed_a, const float* packed_b, float* C,
+                     int64_t ldc, const GemmEpilogue& ep) {
+  if (M <= 0 || N <= 0 || K <= 0) return;
+  const MicroKernel kernel = use_avx2() ? kernel_avx2 : kernel_generic;
+  const int64_t npanels = (N + NR - 1) / NR;
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    const int64_t kc = std::min(KC, K - pc);
+    const float* b_block = packed_b + pc / KC * npanels * panel_stride(KC);
+    const float* a_block = packed_a + pc * padded_m(M);
+    TileStore s{0.0f, pc == 0, pc + kc >= K, 0, 0, &ep};
+    for (int64_t jr = 0; jr < N; jr += NR) {
+      const int nr = static_cast<int>(std::min<int64_t>(NR, N - jr));
+      const float* bp = b_block + jr / NR * panel_stride(kc);
+      for (int64_t ir = 0; ir < M; ir += MR) {
+        const int mr = static_cast<int>(std::min<int64_t>(MR, M - ir));
+        s.row0 = ir;
+        s.col0 = jr;
+        kernel(kc, a_block + ir * kc, bp, C + ir * ldc + jr, ldc, mr, nr, s);
+      }
+    }
+  }
+}
+
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool,
            const float* packed_a) {

@@ -89,6 +89,25 @@ struct GemmBPacker {
   const void* ctx;
 };
 
+/// Rows of op(B) per K block of the blocked product (and of packed A and prepacked B).
+inline constexpr int64_t kGemmKBlock = 256;
+
+/// Floats of a B [K, N] prepacked for sgemm_prepacked: for each K block q (rows 256 q ..
+/// 256 q + kc - 1, kc = min(256, K - 256 q)), at q * ceil(N / 16) * gemm_panel_stride(256), the
+/// block's ceil(N / 16) panels of 16 columns as GemmBPacker writes them:
+///   B[256 q + p, 16 jp + t] at q * ceil(N/16) * gemm_panel_stride(256) + jp * gemm_panel_stride(kc) + p * 16 + t.
+constexpr int64_t prepacked_b_floats(int64_t N, int64_t K) {
+  return (K + kGemmKBlock - 1) / kGemmKBlock * ((N + kGemmPanelCols - 1) / kGemmPanelCols) * gemm_panel_stride(kGemmKBlock);
+}
+
+/// C[M, N] = A[M, K] * B[K, N] (+ the epilogue; C is not read), on the calling thread, with both
+/// operands already packed: A by pack_a_for_gemm(M, K, ...), B in the prepacked_b_floats layout
+/// (columns of the last panel past N are never stored, whatever they hold). For many small
+/// products whose operands another kernel writes directly in packed form (e.g. the Winograd
+/// convolution's batched GEMMs, src/kernels/cpu/winograd.cpp). M, N, K >= 1.
+void sgemm_prepacked(int64_t M, int64_t N, int64_t K, const float* packed_a, const float* packed_b, float* C,
+                     int64_t ldc, const GemmEpilogue& ep = {});
+
 /// As sgemm (no transpose of A) with op(B) [K, N] supplied by `b`. Never takes the
 /// matrix-vector path, so any M, N >= 0 work.
 /// `packed_a` as for sgemm (alpha must then be 1).

@@ -1,0 +1,369 @@
+// Winograd F(4x4, 3x3) convolution (see winograd.h).
+//
+// Transform matrices: Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks"
+// (arXiv:1509.09308), section 4.2, F(4x4, 3x3) with interpolation points 0, 1, -1, 2, -2, inf:
+//   B^T = [ 4  0 -5  0  1  0 ]    G = [  1/4     0     0  ]    A^T = [ 1  1  1  1  1  0 ]
+//         [ 0 -4 -4  1  1  0 ]        [ -1/6  -1/6  -1/6  ]          [ 0  1 -1  2 -2  0 ]
+//         [ 0  4 -4 -1  1  0 ]        [ -1/6   1/6  -1/6  ]          [ 0  1  1  4  4  0 ]
+//         [ 0 -2 -1  2  1  0 ]        [ 1/24  1/12   1/6  ]          [ 0  1 -1  8 -8  1 ]
+//         [ 0  2 -1 -2  1  0 ]        [ 1/24 -1/12   1/6  ]
+//         [ 0  4  0 -5  0  1 ]        [   0     0     1   ]
+// Output tile (4x4) Y = A^T [ sum_c U_c .* V_c ] A with U_c = G g_c G^T (6x6, per output/input
+// channel pair; prepared once) and V_c = B^T d_c B (the 6x6 input tile at rows 4 ty - PH .. +5,
+// columns 4 tx - PW .. +5, zero outside the input).
+//
+// Data flow per block of output tiles (one task of the pool; per-thread scratch):
+//   1. input transform: groups of 8 horizontally adjacent tiles of one tile row; lane t of a ymm
+//      register holds tile t (in the order 0 2 4 6 1 3 5 7, which an in-lane 4x4 transpose of 4
+//      consecutive 8-float loads gives directly); V written straight into the GEMM's packed B panels
+//      (cpu::prepacked_b_floats layout), one [C_in x tiles] matrix per position (k, l);
+//   2. 36 GEMMs M[pos] [C_out x tiles] = U[pos] [C_out x C_in] * V[pos] (cpu::sgemm_prepacked, the
+//      6x16 AVX2 microkernel of gemm.cpp);
+//   3. output transform of 8 tiles per ymm, + bias, fused activation, the same in-lane transpose
+//      back to rows of 32 contiguous output floats.
+// Accuracy (float32, measured against torch eager on random data, tests/python/test_winograd.py):
+// max abs error ~1e-6..1e-5 of max|out| for 64..512 input channels.
+#include "kernels/cpu/winograd.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstdint>
+#include <cstring>
+
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/parallel_util.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int64_t kPos = 36;   // 6 x 6 transformed positions
+constexpr int64_t kLanes = 8;  // tiles per group (one ymm register)
+constexpr int64_t kRowRead = 36;  // input floats read per row of a group (34 used)
+
+/// G of F(4x4, 3x3) (Lavin & Gray, section 4.2).
+constexpr double kG[6][3] = {{1.0 / 4, 0.0, 0.0},         {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                             {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0.0, 0.0, 1.0}};
+
+/// What one call needs to know about the tiling.
+struct Tiling {
+  int64_t IH, IW, OH, OW, PH, PW, cin, cout;
+  int64_t tiles_y, tiles_x, gx;  // gx: groups of 8 tiles per tile row
+  int64_t groups_per_image, groups_total;
+  int64_t G;         // groups per block (task)
+  int64_t v_stride;  // floats per position of the transformed input (packed B) of a block
+  int64_t m_floats;  // floats of the GEMM output of a block ([C_out][36][8 G])
+  int64_t pos_stride;  // floats per position of the packed filters
+};
+
+/// In-lane 4x4 transpose: in each 128-bit half, lane i of output c = lane c of input i.
+__attribute__((target("avx2,fma"))) inline void transpose4_inlane(__m256& a0, __m256& a1, __m256& a2, __m256& a3) {
+  const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
+  const __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
+  a0 = _mm256_shuffle_ps(t0, t2, 0x44);
+  a1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+  a2 = _mm256_shuffle_ps(t1, t3, 0x44);
+  a3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+}
+
+/// v = B^T d (one dimension of the input transform).
+__attribute__((target("avx2,fma"))) inline void bt6(const __m256 d[6], __m256 v[6]) {
+  const __m256 four = _mm256_set1_ps(4.0f), five = _mm256_set1_ps(5.0f), two = _mm256_set1_ps(2.0f);
+  v[0] = _mm256_fmadd_ps(four, d[0], _mm256_fnmadd_ps(five, d[2], d[4]));
+  const __m256 t1 = _mm256_fnmadd_ps(four, d[2], d[4]);  // d4 - 4 d2
+  const __m256 t2 = _mm256_fnmadd_ps(four, d[1], d[3]);  // d3 - 4 d1
+  v[1] = _mm256_add_ps(t1, t2);
+  v[2] = _mm256_sub_ps(t1, t2);
+  const __m256 t3 = _mm256_sub_ps(d[4], d[2]);
+  const __m256 t4 = _mm256_mul_ps(two, _mm256_sub_ps(d[3], d[1]));
+  v[3] = _mm256_add_ps(t3, t4);
+  v[4] = _mm256_sub_ps(t3, t4);
+  v[5] = _mm256_fmadd_ps(four, d[1], _mm256_fnmadd_ps(five, d[3], d[5]));
+}
+
+/// y = A^T m (one dimension of the output transform).
+__attribute__((target("avx2,fma"))) inline void at6(const __m256 m[6], __m256 y[4]) {
+  const __m256 s12 = _mm256_add_ps(m[1], m[2]), d12 = _mm256_sub_ps(m[1], m[2]);
+  const __m256 s34 = _mm256_add_ps(m[3], m[4]), d34 = _mm256_sub_ps(m[3], m[4]);
+  y[0] = _mm256_add_ps(_mm256_add_ps(m[0], s12), s34);
+  y[1] = _mm256_fmadd_ps(_mm256_set1_ps(2.0f), d34, d12);
+  y[2] = _mm256_fmadd_ps(_mm256_set1_ps(4.0f), s34, s12);
+  y[3] = _mm256_add_ps(_mm256_fmadd_ps(_mm256_set1_ps(8.0f), d34, d12), m[5]);
+}
+
+/// The 6 column vectors of one input row of a group from the 8 loads at base + 0, 8, 16, 24 and
+/// base + 4, 12, 20, 28 (columns base[0, 36)): d[c] lane t = base[4 t' + c] for the tile t' of lane t
+/// (order 0 2 4 6 1 3 5 7).
+__attribute__((target("avx2,fma"))) inline void row_columns(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 b0,
+                                                             __m256 b1, __m256 b2, __m256 b3, __m256 d[6]) {
+  transpose4_inlane(a0, a1, a2, a3);
+  transpose4_inlane(b0, b1, b2, b3);
+  d[0] = a0;
+  d[1] = a1;
+  d[2] = a2;
+  d[3] = a3;
+  d[4] = b0;
+  d[5] = b1;
+}
+
+/// Where the columns of a group lie: c0 = first input column (4 tx0 - PW); `direct` when all of
+/// [c0, c0 + 36) is inside the row, else mask[i] selects the lanes of load i (offsets 0, 8, 16, 24,
+/// 4, 12, 20, 28) inside [0, IW) (masked loads read nothing outside).
+struct GroupCols {
+  int64_t c0;
+  bool direct;
+  __m256i mask[8];
+};
+
+__attribute__((target("avx2,fma"))) GroupCols group_cols(const Tiling& T, int64_t tx0) {
+  GroupCols gc;
+  gc.c0 = tx0 * 4 - T.PW;
+  gc.direct = gc.c0 >= 0 && gc.c0 + kRowRead <= T.IW;
+  if (!gc.direct) {
+    static constexpr int kOff[8] = {0, 8, 16, 24, 4, 12, 20, 28};
+    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    for (int i = 0; i < 8; ++i) {
+      // column c0 + off + lane in [0, IW)  <=>  lane > -1 - (c0 + off)  and  lane < IW - (c0 + off)
+      const int64_t first = gc.c0 + kOff[i];
+      const int lo = static_cast<int>(std::clamp<int64_t>(-1 - first, -1, 8));
+      const int hi = static_cast<int>(std::clamp<int64_t>(T.IW - first, 0, 8));
+      gc.mask[i] = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo)),
+                                    _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane));
+    }
+  }
+  return gc;
+}
+
+/// Input transform of one group (tile row ty, tiles tx0 .. tx0 + 7, columns `gc`) of input
+/// channel plane `plane` [IH, IW]: V[pos] lanes written at dst + pos * v_stride (8 floats each).
+__attribute__((target("avx2,fma"))) void input_group(const Tiling& T, const float* plane, int64_t ty,
+                                                     const GroupCols& gc, float* dst) {
+  const int64_t r0 = ty * 4 - T.PH;
+  __m256 h[6][6];
+  for (int r = 0; r < 6; ++r) {
+    const int64_t ih = r0 + r;
+    if (ih < 0 || ih >= T.IH) {
+      for (int l = 0; l < 6; ++l) h[r][l] = _mm256_setzero_ps();
+      continue;
+    }
+    __m256 d[6];
+    if (gc.direct) {
+      const float* b = plane + ih * T.IW + gc.c0;
+      row_columns(_mm256_loadu_ps(b), _mm256_loadu_ps(b + 8), _mm256_loadu_ps(b + 16), _mm256_loadu_ps(b + 24),
+                  _mm256_loadu_ps(b + 4), _mm256_loadu_ps(b + 12), _mm256_loadu_ps(b + 20), _mm256_loadu_ps(b + 28), d);
+    } else {
+      // (the address arithmetic may point before the row; masked-out lanes are never read)
+      const float* b = reinterpret_cast<const float*>(reinterpret_cast<intptr_t>(plane + ih * T.IW) +
+                                                      static_cast<intptr_t>(gc.c0) * 4);
+      row_columns(_mm256_maskload_ps(b, gc.mask[0]), _mm256_maskload_ps(b + 8, gc.mask[1]),
+                  _mm256_maskload_ps(b + 16, gc.mask[2]), _mm256_maskload_ps(b + 24, gc.mask[3]),
+                  _mm256_maskload_ps(b + 4, gc.mask[4]), _mm256_maskload_ps(b + 12, gc.mask[5]),
+                  _mm256_maskload_ps(b + 20, gc.mask[6]), _mm256_maskload_ps(b + 28, gc.mask[7]), d);
+    }
+    bt6(d, h[r]);
+  }
+  for (int l = 0; l < 6; ++l) {
+    const __m256 col[6] = {h[0][l], h[1][l], h[2][l], h[3][l], h[4][l], h[5][l]};
+    __m256 v[6];
+    bt6(col, v);
+    for (int k = 0; k < 6; ++k) _mm256_storeu_ps(dst + static_cast<int64_t>(k * 6 + l) * T.v_stride, v[k]);
+  }
+}
+
+/// Output transform of one group for one output channel: M[pos] lanes at src + pos * pos_step;
+/// writes the valid part of rows 4 ty .. 4 ty + 3, columns 4 tx0 .. 4 tx0 + 31 of `oplane` [OH, OW].
+__attribute__((target("avx2,fma"))) void output_group(const Tiling& T, const float* src, int64_t pos_step,
+                                                      float bias, const PostOp& post, float* oplane, int64_t ty,
+                                                      int64_t tx0) {
+  __m256 t[6][4];
+  for (int k = 0; k < 6; ++k) {
+    __m256 m[6];
+    for (int l = 0; l < 6; ++l) m[l] = _mm256_loadu_ps(src + static_cast<int64_t>(k * 6 + l) * pos_step);
+    at6(m, t[k]);
+  }
+  const __m256 vb = _mm256_set1_ps(bias);
+  __m256 y[4][4];  // y[i][j]: output row i, column j of each lane's tile
+  for (int j = 0; j < 4; ++j) {
+    const __m256 col[6] = {t[0][j], t[1][j], t[2][j], t[3][j], t[4][j], t[5][j]};
+    __m256 r[4];
+    at6(col, r);
+    for (int i = 0; i < 4; ++i) {
+      __m256 v = _mm256_add_ps(r[i], vb);
+      if (post.kind != PostOp::Kind::None) v = apply8(post, v);
+      y[i][j] = v;
+    }
+  }
+  const int64_t ox = tx0 * 4;
+  const int64_t valid = std::min<int64_t>(kLanes * 4, T.OW - ox);
+  for (int i = 0; i < 4; ++i) {
+    const int64_t oy = ty * 4 + i;
+    if (oy >= T.OH) break;
+    __m256 z0 = y[i][0], z1 = y[i][1], z2 = y[i][2], z3 = y[i][3];
+    transpose4_inlane(z0, z1, z2, z3);  // z_q = tiles 2q, 2q + 1: 8 contiguous output floats
+    float* dst = oplane + oy * T.OW + ox;
+    if (valid == kLanes * 4) {
+      _mm256_storeu_ps(dst, z0);
+      _mm256_storeu_ps(dst + 8, z1);
+      _mm256_storeu_ps(dst + 16, z2);
+      _mm256_storeu_ps(dst + 24, z3);
+    } else {
+      alignas(32) float tmp[32];
+      _mm256_store_ps(tmp, z0);
+      _mm256_store_ps(tmp + 8, z1);
+      _mm256_store_ps(tmp + 16, z2);
+      _mm256_store_ps(tmp + 24, z3);
+      std::memcpy(dst, tmp, sizeof(float) * static_cast<size_t>(valid));
+    }
+  }
+}
+
+/// Per-thread scratch of a block: transformed input (36 packed B operands) then GEMM output.
+float* block_scratch(size_t floats) {
+  thread_local std::vector<float> scratch;
+  if (scratch.size() < floats) {
+    scratch.clear();
+    scratch.shrink_to_fit();
+    scratch.resize(floats);
+  }
+  return scratch.data();
+}
+
+/// One block of groups [g0, g1) of the whole batch.
+void run_block(const Tiling& T, const float* x, const float* packed, const float* bias, float* out,
+               const PostOp& post, int64_t g0, int64_t g1) {
+  const int64_t ng = g1 - g0;
+  const int64_t N = ng * kLanes;  // GEMM columns of this block
+  const int64_t npanels = (N + kGemmPanelCols - 1) / kGemmPanelCols;
+  float* V = block_scratch(static_cast<size_t>(kPos * T.v_stride + T.m_floats));
+  float* M = V + kPos * T.v_stride;
+  const int64_t IHW = T.IH * T.IW, OHW = T.OH * T.OW;
+  struct Where {
+    int64_t n, ty, tx0;
+  };
+  constexpr int64_t kMaxG = 64;
+  Where where[kMaxG];
+  GroupCols cols[kMaxG];
+  for (int64_t gi = 0; gi < ng; ++gi) {
+    const int64_t gid = g0 + gi;
+    const int64_t rem = gid % T.groups_per_image;
+    where[gi] = {gid / T.groups_per_image, rem / T.gx, rem % T.gx * kLanes};
+    cols[gi] = group_cols(T, where[gi].tx0);
+  }
+  // 1. input transform, straight into the packed B panels; channel by channel, so that the
+  //    group's input rows are read left to right and each panel row (2 groups) is written whole.
+  for (int64_t c = 0; c < T.cin; ++c) {
+    const int64_t kb = c / kGemmKBlock, p = c % kGemmKBlock;
+    const int64_t kc = std::min<int64_t>(kGemmKBlock, T.cin - kb * kGemmKBlock);
+    float* vc = V + kb * npanels * gemm_panel_stride(kGemmKBlock) + p * kGemmPanelCols;
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      input_group(T, x + (where[gi].n * T.cin + c) * IHW, where[gi].ty, cols[gi],
+                  vc + gi / 2 * gemm_panel_stride(kc) + gi % 2 * kLanes);
+    }
+  }
+  // 2. one GEMM per position. M is [C_out][36][N]: position pos is the [C_out x N] matrix at
+  //    M + pos * N with row stride 36 N, so that the output transform's 36 reads of one channel
+  //    are close together (positions a large power of two apart would share L1 sets).
+  for (int64_t pos = 0; pos < kPos; ++pos) {
+    sgemm_prepacked(T.cout, N, T.cin, packed + pos * T.pos_stride, V + pos * T.v_stride, M + pos * N, kPos * N);
+  }
+  // 3. output transform (lanes of group gi at column 8 gi), channel by channel
+  for (int64_t o = 0; o < T.cout; ++o) {
+    const float b = bias != nullptr ? bias[o] : 0.0f;
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      output_group(T, M + o * kPos * N + gi * kLanes, N, b, post, out + (where[gi].n * T.cout + o) * OHW, where[gi].ty,
+                   where[gi].tx0);
+    }
+  }
+}
+
+}  // namespace
+
+bool winograd_applies(const ConvGeometry& g) {
+  if (g.spatial_dims != 2 || g.transposed || g.groups != 1) return false;
+  if (g.kernel[0] != 3 || g.kernel[1] != 3 || g.stride[0] != 1 || g.stride[1] != 1) return false;
+  if (g.dilation[0] != 1 || g.dilation[1] != 1) return false;
+  if (g.in_channels < 1 || g.out_channels < 1) return false;
+  const char* env = std::getenv("KILN_CPU_WINOGRAD");
+  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+  if (env != nullptr && std::strcmp(env, "1") == 0) return true;
+  // C_in >= 8, any C_out, enough output tiles, and at least half of the 8-tile groups' lanes used
+  // (a row of 4 tiles fills half a group). Measured (1 thread, one conv, Winograd / im2col time,
+  // C_in -> C_out at H x W): 64->64 56x56 0.31, 128->128 28x28 0.37, 256->256 14x14 0.98 (16 tiles,
+  // half the lanes: left to im2col), 64->64 256x256 0.42, 64->3 512x512 0.57, 64->1 256x256 0.69,
+  // 16->3 128x128 0.45, 8->64 128x128 0.88, 8->8 128x128 0.58, 4->64 64x64 1.11 (left to im2col).
+  if (g.in_channels < 8) return false;
+  // Transformed filters (36 C_in C_out floats) of at most 4 MiB: every block of 8-16 tiles reads all
+  // of them, so larger ones (e.g. the SD UNet's 320/640-channel convs: 14.7 / 59 MB) would be
+  // streamed from memory once per block, and would take 4x the weights' memory (not measured; left
+  // to im2col). 128 -> 128 (2.4 MB) is in.
+  if (static_cast<double>(g.in_channels) * static_cast<double>(g.out_channels) * kPos * 4.0 > 4.0 * 1024 * 1024) {
+    return false;
+  }
+  const int64_t ty = (g.out_size[0] + 3) / 4, tx = (g.out_size[1] + 3) / 4;
+  const int64_t lanes = ty * ((tx + kLanes - 1) / kLanes * kLanes);
+  return ty * tx >= 32 && 2 * ty * tx >= lanes;
+}
+
+int64_t winograd_pos_stride(int64_t cout, int64_t cin) { return (packed_a_floats(cout, cin) + 15) / 16 * 16; }
+
+void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, std::vector<float>& out) {
+  const int64_t stride = winograd_pos_stride(cout, cin);
+  out.assign(static_cast<size_t>(kPos * stride), 0.0f);
+  std::vector<float> u(static_cast<size_t>(kPos * cout * cin));  // [pos][o][c]
+  for (int64_t o = 0; o < cout; ++o) {
+    for (int64_t c = 0; c < cin; ++c) {
+      const float* g = w + (o * cin + c) * 9;
+      double tmp[6][3];  // G g
+      for (int k = 0; k < 6; ++k) {
+        for (int j = 0; j < 3; ++j) {
+          tmp[k][j] = kG[k][0] * g[0 * 3 + j] + kG[k][1] * g[1 * 3 + j] + kG[k][2] * g[2 * 3 + j];
+        }
+      }
+      for (int k = 0; k < 6; ++k) {
+        for (int l = 0; l < 6; ++l) {  // (G g) G^T
+          const double v = tmp[k][0] * kG[l][0] + tmp[k][1] * kG[l][1] + tmp[k][2] * kG[l][2];
+          u[static_cast<size_t>(((k * 6 + l) * cout + o) * cin + c)] = static_cast<float>(v);
+        }
+      }
+    }
+  }
+  for (int64_t pos = 0; pos < kPos; ++pos) {
+    pack_a_for_gemm(cout, cin, u.data() + pos * cout * cin, cin, out.data() + pos * stride);
+  }
+}
+
+void conv_winograd(const ConvGeometry& g, const float* x, const float* packed, const float* bias, float* out,
+                   ThreadPool* pool, const PostOp& post) {
+  Tiling T{};
+  T.IH = g.in_size[0];
+  T.IW = g.in_size[1];
+  T.OH = g.out_size[0];
+  T.OW = g.out_size[1];
+  T.PH = g.padding[0];
+  T.PW = g.padding[1];
+  T.cin = g.in_channels;
+  T.cout = g.out_channels;
+  T.tiles_y = (T.OH + 3) / 4;
+  T.tiles_x = (T.OW + 3) / 4;
+  T.gx = (T.tiles_x + kLanes - 1) / kLanes;
+  T.groups_per_image = T.tiles_y * T.gx;
+  T.groups_total = g.batch * T.groups_per_image;
+  T.pos_stride = winograd_pos_stride(T.cout, T.cin);
+  // Groups per block: transformed input + GEMM output of a block within ~`budget` floats.
+  constexpr int64_t budget = 96 * 1024;  // floats; 2x and 4x larger were 5-10% slower (64 ch, 256x256)
+  int64_t G = std::max<int64_t>(1, budget / (kPos * kLanes * (T.cin + T.cout)));
+  const int64_t threads = pool != nullptr ? pool->num_threads() : 1;
+  if (threads > 1) G = std::min(G, std::max<int64_t>(1, T.groups_total / (4 * threads)));
+  G = std::min({G, T.groups_total, int64_t{64}});  // run_block's kMaxG
+  if (G > 1) G = G / 2 * 2;  // whole 16-column panels
+  T.G = G;
+  T.v_stride = (prepacked_b_floats(G * kLanes, T.cin) + 15) / 16 * 16;
+  T.m_floats = T.cout * kPos * G * kLanes;
+  const int64_t blocks = (T.groups_total + G - 1) / G;
+  parallel_tasks(pool, blocks, [&](int64_t b) {
+    run_block(T, x, packed, bias, out, post, b * G, std::min(T.groups_total, (b + 1) * G));
+  });
+}
+
+}  // namespace kiln::cpu

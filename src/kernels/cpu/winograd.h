@@ -1,0 +1,44 @@
+// Winograd F(4x4, 3x3) convolution for the optimized cpu kernels (used by src/kernels/cpu/conv.cpp).
+//
+// For float32 aten.convolution with a 3x3 kernel, stride 1, dilation 1, one group (any padding),
+// NCHW. Method: Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (CVPR 2016,
+// arXiv:1509.09308), section 4: each 4x4 output tile is Y = A^T [ sum_c (G g_c G^T) .* (B^T d_c B) ] A
+// for the 6x6 input tile d_c of channel c; the sum over c is, for each of the 36 transformed
+// positions, one GEMM [C_out x C_in] x [C_in x tiles] (batched GEMM, cpu::sgemm_prepacked).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "ir/ops/conv.h"
+#include "kernels/cpu/post_op.h"
+#include "kiln/thread_pool.h"
+
+namespace kiln::cpu {
+
+/// True when the convolution `g` has the Winograd path's shape (2-D, not transposed, 3x3 kernel,
+/// stride 1, dilation 1, groups 1, any padding) and is large enough for it to be faster than
+/// the im2col GEMM: C_in >= 8, transformed filters (36 C_in C_out floats) <= 4 MiB, at least 32
+/// output tiles of 4x4 and at least half of the lanes of the 8-tile groups used (thresholds
+/// measured, see winograd.cpp).
+/// Environment KILN_CPU_WINOGRAD (read at each call; conv.cpp calls this when a method is loaded):
+/// "0" never, "1" for every convolution of that shape whatever its size (tests, benchmarks).
+bool winograd_applies(const ConvGeometry& g);
+
+/// Transformed filters U = G g G^T of weights w float32 [C_out, C_in, 3, 3] (computed in double,
+/// rounded once to float), for each of the 36 positions (k, l) of the 6x6 tile (index k*6 + l)
+/// packed as the GEMM's A operand [C_out x C_in] (cpu::pack_a_for_gemm), the positions
+/// winograd_pos_stride(C_out, C_in) floats apart. `out` is resized to 36 * that.
+void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, std::vector<float>& out);
+
+/// Floats between consecutive positions of winograd_pack_weights' output.
+int64_t winograd_pos_stride(int64_t cout, int64_t cin);
+
+/// out[n, o, :, :] = post(bias[o] + sum_c conv3x3(x[n, c], w[o, c])) for `g` (winograd_applies),
+/// x float32 [N, C_in, IH, IW], out float32 [N, C_out, OH, OW], bias [C_out] or null, `packed`
+/// from winograd_pack_weights. Parallel over blocks of output tiles on `pool` (may be null);
+/// per-thread scratch of 36 * (C_in + C_out) * (tiles per block) floats, kept between calls.
+void conv_winograd(const ConvGeometry& g, const float* x, const float* packed, const float* bias, float* out,
+                   ThreadPool* pool, const PostOp& post);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,109 @@
+"""The cpu kernels' Winograd F(4x4, 3x3) convolution (src/kernels/cpu/winograd.cpp) against PyTorch
+eager: sizes that are not multiples of the 4x4 tile or of the 8-tile groups, channel counts that are
+not multiples of the SIMD width or of the GEMM's blocks (C_in > 256: two K blocks), padding 0 / 1 /
+2, with and without bias, with a fused relu / silu, at 1 and 2 threads.
+
+KILN_CPU_WINOGRAD=1 (read when a method is loaded) sends every 3x3 stride-1 convolution to the
+Winograd path whatever its size; =0 never (then the im2col GEMM runs). Tolerance (issue 6): max abs
+error <= 1e-4 * max|expected| (F(4x4, 3x3) in float32 measures ~1e-6..1e-5 here).
+"""
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from oprunner import assert_close
+
+torch.set_num_threads(1)
+
+
+def _has_avx2_fma():
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags
+
+
+pytestmark = pytest.mark.skipif(not _has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
+
+# (input shape, C_out, padding, bias, activation)
+CASES = [
+    ((1, 16, 1, 1), 16, 1, True, None),         # one output pixel: one tile, one lane
+    ((1, 5, 3, 5), 7, 1, False, "relu"),        # partial tile in both directions
+    ((2, 19, 7, 9), 21, 1, True, "silu"),       # batch 2: tiles of both images in one block
+    ((1, 33, 33, 31), 17, 1, True, None),       # 9 tiles per row: a group of 8 and a group of 1
+    ((1, 16, 33, 31), 24, 0, True, "relu"),     # no padding
+    ((1, 9, 34, 35), 18, (2, 1), False, None),  # padding 2 rows / 1 column
+    ((1, 300, 12, 40), 20, 1, True, None),      # C_in > 256: two K blocks in the GEMMs
+    ((1, 24, 70, 140), 40, 1, True, "relu"),    # 35 tiles per row, several tile blocks per thread
+]
+
+
+def _model(cin, cout, padding, bias, act):
+    layers = [torch.nn.Conv2d(cin, cout, 3, padding=padding, bias=bias)]
+    if act == "relu":
+        layers.append(torch.nn.ReLU())
+    elif act == "silu":
+        layers.append(torch.nn.SiLU())
+    return torch.nn.Sequential(*layers).eval()
+
+
+def _run(data, x, threads, monkeypatch, winograd):
+    monkeypatch.setenv("KILN_CPU_WINOGRAD", winograd)
+    prog = kiln.load_bytes(data, num_threads=threads)
+    return prog.run(x)[0], prog.method().num_fused_instructions
+
+
+@pytest.mark.parametrize("case", CASES, ids=[f"w{i}" for i in range(len(CASES))])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_winograd_matches_eager(case, threads, monkeypatch):
+    shape, cout, padding, bias, act = case
+    torch.manual_seed(3)
+    model = _model(shape[1], cout, padding, bias, act)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    data = kiln.export(model, (x,), verbose=False).data
+    wino, fused = _run(data, x.numpy(), threads, monkeypatch, "1")
+    gemm, _ = _run(data, x.numpy(), threads, monkeypatch, "0")
+    assert_close(wino, expected, rel=1e-4, what=f"winograd conv {case}")
+    # The Winograd path really ran: its float32 rounding differs from the im2col GEMM's.
+    assert not np.array_equal(wino, gemm), "KILN_CPU_WINOGRAD=1 did not select the Winograd path"
+    assert fused == (1 if act else 0)
+
+
+@pytest.mark.parametrize("cout", [64, 3])
+def test_default_rule_takes_winograd_for_decoder_sized_convs(cout, monkeypatch):
+    """Without the override, a 64-channel 3x3 conv on 256x256 (the full-size decoder's shape; also
+    its 64 -> 3 output conv) takes the Winograd path, and F(4x4, 3x3)'s float32 error there stays
+    far below the 1e-4 bound."""
+    torch.manual_seed(5)
+    model = _model(64, cout, 1, True, "relu")
+    x = torch.randn(1, 64, 256, 256)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    data = kiln.export(model, (x,), verbose=False).data
+    monkeypatch.delenv("KILN_CPU_WINOGRAD", raising=False)
+    auto = kiln.load_bytes(data, num_threads=2).run(x.numpy())[0]
+    gemm, _ = _run(data, x.numpy(), 2, monkeypatch, "0")
+    assert not np.array_equal(auto, gemm), "the default rule did not select the Winograd path"
+    err = float(np.abs(auto - expected).max() / np.abs(expected).max())
+    assert err <= 2e-5, f"Winograd F(4x4, 3x3) error {err:.2e} of max|expected|"
+
+
+def test_default_rule_keeps_small_convs_on_gemm(monkeypatch):
+    """14x14 outputs (16 tiles, half of each 8-tile group empty), convs of 4 input channels and
+    convs whose transformed filters exceed 4 MiB (256 -> 256) stay on the im2col GEMM
+    (bit-identical to KILN_CPU_WINOGRAD=0)."""
+    monkeypatch.delenv("KILN_CPU_WINOGRAD", raising=False)
+    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64), ((1, 256, 32, 32), 256)):
+        torch.manual_seed(6)
+        model = _model(shape[1], cout, 1, True, None)
+        x = torch.randn(*shape)
+        data = kiln.export(model, (x,), verbose=False).data
+        monkeypatch.delenv("KILN_CPU_WINOGRAD", raising=False)
+        auto = kiln.load_bytes(data, num_threads=1).run(x.numpy())[0]
+        gemm, _ = _run(data, x.numpy(), 1, monkeypatch, "0")
+        np.testing.assert_array_equal(auto, gemm)
