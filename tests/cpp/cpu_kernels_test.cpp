@@ -144,6 +144,11 @@ TEST(CpuConv, Im2col) {
   check_conv({1, 7, 19, 21, 9, 5, 3, V{2, 1}, V{2, 0}, V{1, 2}, 1, false});
   check_conv({1, 6, 15, 15, 10, 3, 3, V{3}, V{4}, V{2}, 1, true});     // padding > kernel reach
   check_conv({1, 3, 31, 29, 8, 7, 7, V{2}, V{3}, V{1}, 1, true});      // resnet stem-like
+  // Stride-2 rows wide enough for the vector (even-element) gather of im2col, odd widths, and
+  // 1024-column blocks that start inside an output row.
+  check_conv({1, 3, 70, 67, 16, 3, 3, V{2}, V{1}, V{1}, 1, true});
+  check_conv({1, 3, 45, 101, 8, 7, 7, V{2}, V{3}, V{1}, 1, false});
+  check_conv({1, 2, 30, 64, 5, 3, 3, V{2, 2}, V{0, 0}, V{1, 2}, 1, true});  // no padding, dilation 2
   check_conv({1, 64, 9, 9, 70, 3, 3, V{1}, V{1}, V{1}, 1, true});      // K = 576
   check_conv({2, 12, 10, 10, 8, 3, 3, V{1}, V{1}, V{1}, 4, true});     // groups 4
   check_conv({1, 6, 11, 11, 9, 2, 2, V{2}, V{0}, V{3}, 3, false});     // groups 3, dilation 3

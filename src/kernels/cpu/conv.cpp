@@ -454,6 +454,17 @@ __attribute__((target("avx2,fma"))) void im2col_row(const ConvGeometry& g, const
     if (SW == 1) {
       const float* sp = src + s.ow0;
       for (int64_t t = lo; t < hi; ++t) d[t] = sp[t];
+    } else if (SW == 2) {
+      // Even elements of 16-float reads (stems: 3x3 / 7x7 stride 2), while the read stays inside
+      // the input row (row index (ow0 + t) * 2 + off + 15 < IW); the rest one by one.
+      const float* sp = src + 2 * s.ow0;
+      int64_t t = lo;
+      for (; t + 8 <= hi && (s.ow0 + t) * 2 + off + 15 < IW; t += 8) {
+        const __m256 a = _mm256_loadu_ps(sp + 2 * t), b = _mm256_loadu_ps(sp + 2 * t + 8);
+        _mm256_storeu_ps(d + t, _mm256_castpd_ps(_mm256_permute4x64_pd(
+                                    _mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8)));
+      }
+      for (; t < hi; ++t) d[t] = sp[2 * t];
     } else {
       for (int64_t t = lo; t < hi; ++t) d[t] = src[(s.ow0 + t) * SW];
     }
