@@ -18,7 +18,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <vector>
 
@@ -347,9 +346,9 @@ void depthwise_c8(const ConvGeometry& g, const float* px, const float* pw, const
   const DwC8 L(g);
   const int64_t OHW8 = (out_plane + 7) / 8 * 8;
   auto run = [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> in, row;
+    thread_local std::vector<float> in, acc;
     if (in.size() < static_cast<size_t>(L.in_floats())) in.resize(static_cast<size_t>(L.in_floats()));
-    if (row.size() < static_cast<size_t>(OHW8 * 8)) row.resize(static_cast<size_t>(OHW8 * 8));
+    if (acc.size() < static_cast<size_t>(OHW8 * 8)) acc.resize(static_cast<size_t>(OHW8 * 8));
     // Zero the borders (the interior is overwritten by every block).
     float* b = in.data();
     const int64_t Wp = L.Wp;
@@ -362,7 +361,7 @@ void depthwise_c8(const ConvGeometry& g, const float* px, const float* pw, const
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = t / blocks, c0 = (t % blocks) * 8;
       depthwise_c8_block(g, L, px + n * C * in_plane, pw, pb, po + n * C * out_plane, c0, std::min<int64_t>(8, C - c0),
-                         b, row.data(), post);
+                         b, acc.data(), post);
     }
   };
   const int64_t tasks = g.batch * blocks;
