@@ -425,8 +425,51 @@ struct BenchArgs {
   int warmup = 5;
   uint64_t seed = 0;
   bool json = false;
+  int profile = 0;  ///< 0: off; N > 0: profile --runs extra executions, show the top N rows
   ExecOptions exec;
 };
+
+/// One row of `kiln bench --profile`: the instructions of one op with the same fused op, kernel
+/// and argument types, with their time summed.
+struct ProfileRow {
+  std::string op, fused, kernel, shapes;
+  size_t instructions = 0;
+  uint64_t calls = 0;
+  double total_ms = 0.0;
+  double min_ms = 0.0;  ///< sum over the row's instructions of each one's fastest execution
+};
+
+/// "f32[1,16,112,112], f32[16,1,3,3] -> f32[1,16,56,56]" (None arguments left out).
+std::string profile_shapes(const InstructionProfile& p) {
+  auto list = [](const std::vector<TensorType>& ts) {
+    std::string s;
+    for (size_t i = 0; i < ts.size(); ++i) s += (i ? ", " : "") + ts[i].to_string();
+    return s;
+  };
+  return list(p.inputs) + " -> " + list(p.outputs);
+}
+
+/// Profile rows: by op (shapes empty; `fused` and `kernel` kept apart) when `by_shape` is false,
+/// else by op + fused + kernel + shapes; sorted by total time, largest first.
+std::vector<ProfileRow> profile_rows(const std::vector<InstructionProfile>& prof, bool by_shape) {
+  std::vector<ProfileRow> rows;
+  for (const InstructionProfile& p : prof) {
+    const std::string shapes = by_shape ? profile_shapes(p) : std::string();
+    auto it = std::find_if(rows.begin(), rows.end(), [&](const ProfileRow& r) {
+      return r.op == p.op && r.fused == p.fused && r.kernel == p.kernel && r.shapes == shapes;
+    });
+    if (it == rows.end()) {
+      rows.push_back(ProfileRow{p.op, p.fused, p.kernel, shapes});
+      it = rows.end() - 1;
+    }
+    ++it->instructions;
+    it->calls += p.calls;
+    it->total_ms += p.total_ms;
+    it->min_ms += p.min_ms;
+  }
+  std::stable_sort(rows.begin(), rows.end(), [](const ProfileRow& x, const ProfileRow& y) { return x.total_ms > y.total_ms; });
+  return rows;
+}
 
 /// Fills `a` (dtype and shape set) with seeded random data: floats from N(0, 1), integers
 /// uniform in [0, 3] (small, so that index inputs such as embedding ids stay in range), bools 0/1.
@@ -540,6 +583,21 @@ int cmd_bench(const BenchArgs& a) {
     if (!out.ok()) return fail("bench", out.error());
     times.push_back(ms(e - s));
   }
+  // --profile: as many executions again, timed per instruction (the latency figures above are
+  // from executions without the profiler's clock reads).
+  std::vector<InstructionProfile> prof;
+  double prof_wall_ms = 0.0;
+  if (a.profile > 0) {
+    run.set_profiling(true);
+    const auto s = Clock::now();
+    for (int i = 0; i < a.runs; ++i) {
+      auto out = run.execute(inputs);
+      if (!out.ok()) return fail("bench", out.error());
+    }
+    prof_wall_ms = ms(Clock::now() - s);
+    prof = run.profile();
+    run.set_profiling(false);
+  }
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   double sum = 0;
@@ -569,7 +627,27 @@ int cmd_bench(const BenchArgs& a) {
       << ", \"prepared_mib\": " << num(static_cast<double>(run.prepared_bytes()) / (1 << 20))
       << ", \"delegate_segments\": " << json_counts(m.delegate_counts) << ", \"times_ms\": [";
     for (size_t i = 0; i < times.size(); ++i) o << (i ? ", " : "") << num(times[i]);
-    o << "]}\n";
+    o << "]";
+    if (a.profile > 0) {
+      // Milliseconds per execution (summed over --runs profiled executions, divided by --runs).
+      const double r = static_cast<double>(a.runs);
+      auto rows_json = [&](const std::vector<ProfileRow>& rows, size_t limit) {
+        std::string j = "[";
+        for (size_t i = 0; i < rows.size() && i < limit; ++i) {
+          const ProfileRow& w = rows[i];
+          j += std::string(i ? ", " : "") + "{\"op\": " + json_str(w.op) + ", \"fused\": " + json_str(w.fused) +
+               ", \"kernel\": " + json_str(w.kernel) + (w.shapes.empty() ? "" : ", \"shapes\": " + json_str(w.shapes)) +
+               ", \"instructions\": " + std::to_string(w.instructions) + ", \"ms_per_run\": " + num(w.total_ms / r) + ", \"min_ms\": " + num(w.min_ms) + "}";
+        }
+        return j + "]";
+      };
+      double total = 0.0;
+      for (const auto& p : prof) total += p.total_ms;
+      o << ", \"profile\": {\"runs\": " << a.runs << ", \"wall_ms_per_run\": " << num(prof_wall_ms / r)
+        << ", \"instructions_ms_per_run\": " << num(total / r) << ", \"by_op\": " << rows_json(profile_rows(prof, false), SIZE_MAX)
+        << ", \"top\": " << rows_json(profile_rows(prof, true), static_cast<size_t>(a.profile)) << "}";
+    }
+    o << "}\n";
     std::cout << o.str();
     return 0;
   }
@@ -588,6 +666,32 @@ int cmd_bench(const BenchArgs& a) {
     << "fused           " << run.num_fused_instructions() << " instructions; prepared state "
     << num(static_cast<double>(run.prepared_bytes()) / (1 << 20)) << " MiB\n"
     << "peak RSS        " << num(rss) << " MiB\n";
+  if (a.profile > 0) {
+    const double r = static_cast<double>(a.runs);
+    double total = 0.0;
+    for (const auto& p : prof) total += p.total_ms;
+    auto pct = [&](double v) { return total > 0 ? num(100.0 * v / total).substr(0, 5) : std::string("0"); };
+    char line[512];
+    o << "\nprofile         " << a.runs << " more runs timed per instruction: " << num(prof_wall_ms / r)
+      << " ms per run, of which " << num(total / r) << " ms inside instructions\n"
+      << "by op (ms per run, % of instruction time, sum of each instruction's fastest run in ms, instructions, kernel; "
+         "'+op': fused):\n";
+    for (const ProfileRow& w : profile_rows(prof, false)) {
+      const std::string name = w.op + (w.fused.empty() ? "" : " +" + w.fused);
+      std::snprintf(line, sizeof(line), "  %-44s %9.4f %6s%% %9.4f %5zu  %s\n", name.c_str(), w.total_ms / r,
+                    pct(w.total_ms).c_str(), w.min_ms, w.instructions, w.kernel.c_str());
+      o << line;
+    }
+    o << "top " << a.profile << " by op and shapes (ms per run, %, fastest, instructions, kernel, op, shapes):\n";
+    const auto rows = profile_rows(prof, true);
+    for (size_t i = 0; i < rows.size() && i < static_cast<size_t>(a.profile); ++i) {
+      const ProfileRow& w = rows[i];
+      const std::string name = w.op + (w.fused.empty() ? "" : " +" + w.fused);
+      std::snprintf(line, sizeof(line), "  %9.4f %6s%% %9.4f x%-3zu %-8s %s  %s\n", w.total_ms / r,
+                    pct(w.total_ms).c_str(), w.min_ms, w.instructions, w.kernel.c_str(), name.c_str(), w.shapes.c_str());
+      o << line;
+    }
+  }
   std::cout << o.str();
   return 0;
 }
@@ -803,11 +907,18 @@ int main(int argc, char** argv) {
           [](std::string& v) { return v.find('-') != std::string::npos ? std::string("must be >= 0") : std::string(); },
           "", "non-negative"))
       ->capture_default_str();
+  bench->add_option("--profile", ba.profile,
+                    "Per-instruction profile: after the timed runs, run --runs more executions with each instruction "
+                    "timed (wall clock around its kernel or delegate call) and print the milliseconds per run by op "
+                    "and the top N rows by op and argument shapes (with --json: key 'profile'). 0: off")
+      ->check(CLI::Range(0, 1000000))
+      ->capture_default_str();
   bench->add_flag("--json", ba.json, "Print one JSON object (keys: file, method, threads, kernels, runs, warmup, "
                                      "inputs, load_ms, init_ms, min_ms, median_ms, p90_ms, max_ms, mean_ms, "
                                      "peak_rss_mib, kernel_calls, cpu_kernel_calls, portable_kernel_calls, "
-                                     "fused_instructions, prepared_mib, delegate_segments, times_ms)");
-  bench->footer("Example: kiln bench mv3.kiln --threads 2 --runs 100 --json\n");
+                                     "fused_instructions, prepared_mib, delegate_segments, times_ms; profile with --profile)");
+  bench->footer("Example: kiln bench mv3.kiln --threads 2 --runs 100 --json\n"
+                "         kiln bench mv3.kiln --threads 1 --profile 20   (where the time goes)\n");
 
 #ifdef KILN_HAVE_ONNX
   CompileArgs ca;

@@ -98,6 +98,21 @@ struct MethodOptions {
   bool portable_kernels_only = false;
 };
 
+/// Time spent in one instruction of a method, summed over the executions since profiling was
+/// switched on (Method::set_profiling, Method::profile). Wall-clock time (steady_clock) around
+/// the kernel or delegate call, so a multithreaded kernel counts once, not per thread.
+struct InstructionProfile {
+  size_t index = 0;                 ///< instruction index in the method
+  std::string op;                   ///< ATen op, or "delegate:<backend>"
+  std::string fused;                ///< op of the following instruction fused into this one, or empty
+  std::string kernel;               ///< "cpu" (optimized kernel), "portable" or "delegate"
+  std::vector<TensorType> inputs;   ///< tensor arguments in schema order (None arguments left out)
+  std::vector<TensorType> outputs;
+  uint64_t calls = 0;               ///< executions timed
+  double total_ms = 0.0;            ///< milliseconds over all of them
+  double min_ms = 0.0;              ///< fastest single execution (robust against preemption on a busy machine)
+};
+
 /// An executable instance of one method. Owns its activation state: separate Method
 /// instances of one Program may execute concurrently from different threads; one instance
 /// must not be executed from two threads at once.
@@ -121,6 +136,14 @@ class Method {
   /// Instructions this instance skips because the kernel before them computes them too (an
   /// activation fused into a convolution's epilogue at load, bit-identical results).
   size_t num_fused_instructions() const;
+  /// Per-instruction timing: on, every later execute() times each instruction it runs (two clock
+  /// reads per instruction; off, the cost is one branch). Switching it on or off clears the
+  /// counters.
+  void set_profiling(bool on);
+  /// The instructions executed since profiling was switched on, in method order (instructions
+  /// skipped because the kernel before them computes them are left out; see
+  /// InstructionProfile::fused). Empty when profiling is off.
+  std::vector<InstructionProfile> profile() const;
 
  private:
   friend class Program;

@@ -18,6 +18,9 @@ namespace kiln {
 /// about 200 microseconds after a job before they sleep on a condition variable, so
 /// back-to-back kernel calls do not pay a wake-up each; a delegate that runs its own pool
 /// starts after Kiln's workers have gone to sleep or within that window.
+/// Chunks are claimed dynamically (the caller first): a worker that is not running when the job
+/// starts (descheduled on a busy machine, or still waking up) leaves its chunk to the threads
+/// that are, and the caller never waits for a worker that has not claimed a chunk.
 class ThreadPool {
  public:
   /// Largest pool size; larger requests are clamped (APIs that take a thread count from a
@@ -46,13 +49,19 @@ class ThreadPool {
   std::mutex mu_;
   std::condition_variable cv_;
   std::condition_variable done_cv_;
-  // The current job; written by the caller before generation_ is bumped (release), read by
-  // workers after they see the new generation (acquire).
+  /// Claims and runs chunks of job generation `gen` until none is left (or a newer job started).
+  void run_chunks(uint64_t gen);
+
+  // The current job; written by the caller before state_ publishes it (release), read by a
+  // worker only after it claimed a chunk of that job (acquire): the caller does not return
+  // before every claimed chunk is done, so the fields stay valid while a chunk runs.
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_n_ = 0;
   int64_t job_chunk_ = 0;
-  std::atomic<int64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  uint64_t generation_ = 0;  // the caller's count of jobs (under busy_)
+  // generation << 32 | number of chunks << 16 | next chunk to claim (chunks <= kMaxThreads).
+  std::atomic<uint64_t> state_{0};
+  std::atomic<int64_t> done_{0};  // chunks of the current job finished
   std::atomic<bool> stop_{false};
 };
 

@@ -1,5 +1,7 @@
 // Program and Method: instantiate a verified method plan and execute it.
 #include <algorithm>
+#include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <optional>
@@ -77,6 +79,11 @@ struct Method::Impl {
   std::vector<char> skip;
   uint64_t prepared_bytes = 0;
   size_t num_fused = 0;
+  // Method::set_profiling: per instruction, executions timed and nanoseconds spent.
+  bool profiling = false;
+  std::vector<uint64_t> prof_calls;
+  std::vector<int64_t> prof_ns;
+  std::vector<int64_t> prof_min_ns;
 
   ~Impl() {
     for (size_t k = 0; k < handles.size(); ++k) {
@@ -94,6 +101,42 @@ Method::~Method() = default;
 const MethodMeta& Method::meta() const { return impl_->plan->meta; }
 uint64_t Method::prepared_bytes() const { return impl_->prepared_bytes; }
 size_t Method::num_fused_instructions() const { return impl_->num_fused; }
+
+void Method::set_profiling(bool on) {
+  Impl& im = *impl_;
+  im.profiling = on;
+  const size_t n = on ? im.plan->instructions.size() : 0;
+  im.prof_calls.assign(n, 0);
+  im.prof_ns.assign(n, 0);
+  im.prof_min_ns.assign(n, INT64_MAX);
+}
+
+std::vector<InstructionProfile> Method::profile() const {
+  const Impl& im = *impl_;
+  std::vector<InstructionProfile> out;
+  if (!im.profiling) return out;
+  const auto& ins = im.plan->instructions;
+  for (size_t k = 0; k < ins.size(); ++k) {
+    if (im.skip[k]) continue;
+    InstructionProfile p;
+    p.index = k;
+    p.op = ins[k].op;
+    if (k + 1 < ins.size() && im.skip[k + 1]) p.fused = ins[k + 1].op;
+    p.kernel = ins[k].backend != nullptr || !ins[k].backend_name.empty() ? "delegate"
+               : im.kernels[k] == ins[k].portable_kernel          ? "portable"
+                                                                    : "cpu";
+    for (int32_t v : ins[k].args) {
+      if (v >= 0) p.inputs.push_back(im.plan->value_types[static_cast<size_t>(v)]);
+    }
+    // A fused instruction's output type is the fusing kernel's (same type by construction).
+    for (int32_t v : ins[k].outputs) p.outputs.push_back(im.plan->value_types[static_cast<size_t>(v)]);
+    p.calls = im.prof_calls[k];
+    p.total_ms = static_cast<double>(im.prof_ns[k]) * 1e-6;
+    p.min_ms = p.calls > 0 ? static_cast<double>(im.prof_min_ns[k]) * 1e-6 : 0.0;
+    out.push_back(std::move(p));
+  }
+  return out;
+}
 
 namespace {
 
@@ -314,8 +357,16 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
   for (size_t k = 0; k < im.plan->instructions.size(); ++k) {
     if (im.skip[k]) continue;  // fused into instruction k - 1
     const auto& ins = im.plan->instructions[k];
+    std::chrono::steady_clock::time_point t0;
+    if (im.profiling) t0 = std::chrono::steady_clock::now();
     Error err = ins.backend ? ins.backend->execute(*im.handles[k], im.args[k], im.outs[k])
                             : im.kernels[k](KernelArgs{im.args[k], im.outs[k], ins.attrs, im.pool, im.states[k].get()});
+    if (im.profiling) {
+      const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
+      im.prof_ns[k] += ns;
+      im.prof_min_ns[k] = std::min(im.prof_min_ns[k], ns);
+      ++im.prof_calls[k];
+    }
     if (!err.ok()) {
       return Error(err.code(), "instruction " + std::to_string(k) + " (" + ins.op +
                                    (ins.debug_name.empty() ? "" : " at " + ins.debug_name) + "): " + err.message());

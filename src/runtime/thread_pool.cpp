@@ -48,26 +48,45 @@ bool spin_until(F&& done) {
 
 }  // namespace
 
-void ThreadPool::worker(int index) {
-  int64_t seen = 0;
+namespace {
+
+constexpr uint64_t gen_of(uint64_t s) { return s >> 32; }
+constexpr uint64_t parts_of(uint64_t s) { return (s >> 16) & 0xFFFF; }
+constexpr uint64_t next_of(uint64_t s) { return s & 0xFFFF; }
+
+}  // namespace
+
+void ThreadPool::run_chunks(uint64_t gen) {
+  uint64_t s = state_.load(std::memory_order_acquire);
+  for (;;) {
+    if (gen_of(s) != (gen & 0xFFFFFFFFu) || next_of(s) >= parts_of(s)) return;
+    if (!state_.compare_exchange_weak(s, s + 1, std::memory_order_acq_rel, std::memory_order_acquire)) continue;
+    // Chunk next_of(s) of this job is ours: the caller waits for it, so job_ is valid.
+    const auto c = static_cast<int64_t>(next_of(s));
+    const int64_t begin = c * job_chunk_;
+    const int64_t end = std::min(job_n_, begin + job_chunk_);
+    if (begin < end) (*job_)(begin, end);
+    if (done_.fetch_add(1, std::memory_order_acq_rel) + 1 == static_cast<int64_t>(parts_of(s))) {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_cv_.notify_one();
+    }
+    s = state_.load(std::memory_order_acquire);
+  }
+}
+
+void ThreadPool::worker(int) {
+  uint64_t seen = 0;
   for (;;) {
     auto ready = [&] {
-      return stop_.load(std::memory_order_acquire) || generation_.load(std::memory_order_acquire) != seen;
+      return stop_.load(std::memory_order_acquire) || gen_of(state_.load(std::memory_order_acquire)) != seen;
     };
     if (!spin_until(ready)) {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, ready);
     }
     if (stop_.load(std::memory_order_acquire)) return;
-    seen = generation_.load(std::memory_order_acquire);
-    // job_, job_n_ and job_chunk_ were written before the release increment of generation_.
-    const int64_t begin = index * job_chunk_;
-    const int64_t end = std::min(job_n_, begin + job_chunk_);
-    if (begin < end) (*job_)(begin, end);
-    if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      std::lock_guard<std::mutex> lock(mu_);
-      done_cv_.notify_one();
-    }
+    seen = gen_of(state_.load(std::memory_order_acquire));
+    run_chunks(seen);
   }
 }
 
@@ -80,19 +99,22 @@ void ThreadPool::parallel_for(int64_t n, int64_t min_chunk, const std::function<
     fn(0, n);
     return;
   }
-  const int64_t chunk = (n + num_threads_ - 1) / num_threads_;
+  const int64_t chunk = (n + parts - 1) / parts;
+  const int64_t chunks = (n + chunk - 1) / chunk;
   job_ = &fn;
   job_n_ = n;
   job_chunk_ = chunk;
-  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
+  done_.store(0, std::memory_order_relaxed);
+  uint64_t gen = ++generation_ & 0xFFFFFFFFu;
+  if (gen == 0) gen = ++generation_ & 0xFFFFFFFFu;  // 0 is the workers' "seen nothing yet"
   {
     // Under mu_ so that a worker about to sleep on cv_ cannot miss the new generation.
     std::lock_guard<std::mutex> lock(mu_);
-    generation_.fetch_add(1, std::memory_order_release);
+    state_.store(gen << 32 | static_cast<uint64_t>(chunks) << 16, std::memory_order_release);
   }
   cv_.notify_all();
-  fn(0, std::min(n, chunk));
-  auto done = [&] { return pending_.load(std::memory_order_acquire) == 0; };
+  run_chunks(gen);
+  auto done = [&] { return done_.load(std::memory_order_acquire) == chunks; };
   if (!spin_until(done)) {
     std::unique_lock<std::mutex> lock(mu_);
     done_cv_.wait(lock, done);

@@ -144,6 +144,11 @@ TEST(CpuConv, Im2col) {
   check_conv({1, 7, 19, 21, 9, 5, 3, V{2, 1}, V{2, 0}, V{1, 2}, 1, false});
   check_conv({1, 6, 15, 15, 10, 3, 3, V{3}, V{4}, V{2}, 1, true});     // padding > kernel reach
   check_conv({1, 3, 31, 29, 8, 7, 7, V{2}, V{3}, V{1}, 1, true});      // resnet stem-like
+  // Stride-2 rows wide enough for the vector (even-element) gather of im2col, odd widths, and
+  // 1024-column blocks that start inside an output row.
+  check_conv({1, 3, 70, 67, 16, 3, 3, V{2}, V{1}, V{1}, 1, true});
+  check_conv({1, 3, 45, 101, 8, 7, 7, V{2}, V{3}, V{1}, 1, false});
+  check_conv({1, 2, 30, 64, 5, 3, 3, V{2, 2}, V{0, 0}, V{1, 2}, 1, true});  // no padding, dilation 2
   check_conv({1, 64, 9, 9, 70, 3, 3, V{1}, V{1}, V{1}, 1, true});      // K = 576
   check_conv({2, 12, 10, 10, 8, 3, 3, V{1}, V{1}, V{1}, 4, true});     // groups 4
   check_conv({1, 6, 11, 11, 9, 2, 2, V{2}, V{0}, V{3}, 3, false});     // groups 3, dilation 3
@@ -177,6 +182,26 @@ TEST(CpuConv, Depthwise) {
   check_conv({1, 2, 9, 11, 4, 2, 4, V{1}, V{0, 1}, V{1}, 2, true});     // even kernel, multiplier 2
   check_conv({1, 2, 5, 40, 2, 3, 3, V{1}, V{0, 3}, V{1}, 2, true});     // no row padding, wide columns
   check_conv({1, 2, 3, 3, 2, 3, 3, V{1}, V{4}, V{1}, 2, true});         // output rows entirely outside the input
+}
+
+// The channel-blocked kernel (multiplier 1, output rows of at most 32 columns): 8 channels at a
+// time, so channel counts that are not a multiple of 8 leave a partial last block; plane sizes
+// whose pixel count is not a multiple of 8 leave a partial last pixel block; the padded buffer is
+// per thread and reused across calls of different geometries (its borders must be re-zeroed).
+TEST(CpuConv, DepthwiseChannelBlocked) {
+  check_conv({1, 960, 7, 7, 960, 5, 5, V{1}, V{2}, V{1}, 960, true});   // mv3 7x7 5x5
+  check_conv({1, 9, 7, 7, 9, 5, 5, V{1}, V{2}, V{1}, 9, true});         // 8 + 1 channels
+  check_conv({2, 13, 14, 14, 13, 5, 5, V{2}, V{2}, V{1}, 13, false});   // mv3 5x5 s2, batch 2, 8 + 5
+  check_conv({1, 17, 28, 28, 17, 3, 3, V{2}, V{1}, V{1}, 17, true});    // mv3 3x3 s2 at 28x28
+  check_conv({1, 3, 11, 13, 3, 3, 3, V{1}, V{1}, V{1}, 3, true});       // fewer than 8 channels, 143 pixels
+  check_conv({1, 12, 9, 10, 12, 3, 5, V{2, 3}, V{1, 2}, V{2, 1}, 12, true});  // mixed strides, dilation
+  check_conv({1, 8, 5, 5, 8, 3, 3, V{1}, V{0}, V{1}, 8, false});        // no padding, 3x3 output
+  check_conv({1, 10, 6, 6, 10, 3, 3, V{3}, V{4}, V{1}, 10, true});      // padding larger than the kernel
+  check_conv({1, 16, 1, 1, 16, 3, 3, V{1}, V{1}, V{1}, 16, true});      // 1x1 plane: all padding
+  check_conv({1, 11, 40, 30, 11, 3, 3, V{1}, V{1}, V{1}, 11, true});    // tall plane, 30 columns
+  check_conv({3, 24, 14, 14, 24, 3, 3, V{1}, V{1}, V{1}, 24, true});    // large enough for the pool
+  check_conv({1, 120, 28, 28, 120, 5, 5, V{1}, V{2}, V{1}, 120, true}); // mv3 28x28 5x5
+  check_conv({1, 9, 1, 30, 9, 1, 3, V{1}, V{1}, V{2}, 9, true}, true);   // 1-D, dilation 2
 }
 
 TEST(CpuConv, OneD) {

@@ -2,6 +2,7 @@
 // concurrent execution of several Method instances of one Program (run under
 // -DKILN_SANITIZE=thread by scripts/sanitizers.sh).
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <thread>
 
@@ -317,6 +318,33 @@ TEST(Concurrency, ThreadPoolParallelForFromManyCallers) {
   }
   for (auto& th : threads) th.join();
   for (int t = 0; t < kCallers; ++t) EXPECT_EQ(failures[t], "") << "caller " << t;
+}
+
+TEST(Concurrency, ThreadPoolChunksClaimedOnceAndFinishedBeforeReturn) {
+  // Chunks are claimed dynamically (a late worker leaves its chunk to the caller): every index is
+  // still run exactly once, no chunk runs after parallel_for returned (the body's captures are
+  // gone by then), and workers that went to sleep between jobs (pauses > the ~200 us spin) wake
+  // for the next one.
+  ThreadPool pool(3);
+  std::atomic<int> inside{0};
+  std::atomic<int64_t> late{0};
+  for (int it = 0; it < 300; ++it) {
+    const int64_t n = 1 + (it * 53) % 97;
+    std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
+    std::atomic<bool> returned{false};
+    pool.parallel_for(n, 1 + it % 5, [&](int64_t b, int64_t e) {
+      inside.fetch_add(1);
+      if (returned.load()) late.fetch_add(1);
+      for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)].fetch_add(1);
+      if (it % 7 == 0) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      inside.fetch_sub(1);
+    });
+    returned.store(true);
+    ASSERT_EQ(inside.load(), 0) << "a chunk still running after parallel_for returned (job " << it << ")";
+    for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << "job " << it << " index " << i;
+    if (it % 50 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));  // workers sleep
+  }
+  EXPECT_EQ(late.load(), 0);
 }
 
 }  // namespace

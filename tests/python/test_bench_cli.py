@@ -129,6 +129,40 @@ def test_bench_text(cli, program):
     assert re.search(r"^runs\s+4 \(after 0 warm-up\)$", out, re.M), out
 
 
+@pytest.mark.parametrize("kernels", ["cpu", "portable"])
+def test_bench_profile_json(cli, program, kernels):
+    r = bench_json(cli, program, "--runs", 6, "--threads", 2, "--kernels", kernels, "--profile", 5)
+    prof = r["profile"]
+    assert prof["runs"] == 6
+    assert 0 < prof["instructions_ms_per_run"] <= prof["wall_ms_per_run"]
+    ops = {(row["op"], row["fused"], row["kernel"]) for row in prof["by_op"]}
+    if kernels == "cpu":  # the relu runs inside the convolution's store
+        assert ops == {("aten.convolution", "aten.relu", "cpu")}, prof
+    else:
+        assert ops == {("aten.convolution", "", "portable"), ("aten.relu", "", "portable")}, prof
+    assert sum(row["instructions"] for row in prof["by_op"]) == len(ops)
+    for row in prof["by_op"] + prof["top"]:
+        # fastest single execution <= the mean per run (one execution per run here)
+        assert 0 < row["min_ms"] <= row["ms_per_run"] + 1e-3, row
+    conv = [row for row in prof["top"] if row["op"] == "aten.convolution"]
+    assert len(conv) == 1 and conv[0]["shapes"].startswith("float32[1, 4, 10, 10], float32[8, 4, 3, 3]"), prof
+    assert conv[0]["shapes"].endswith("-> float32[1, 8, 10, 10]"), prof
+    ms = [row["ms_per_run"] for row in prof["top"]]
+    assert ms == sorted(ms, reverse=True)
+    assert "profile" not in bench_json(cli, program, "--runs", 2)
+
+
+def test_bench_profile_text(cli, program):
+    p = kiln_cmd(cli, "bench", program, "-r", 3, "--profile", 1, "--kernels", "portable")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert re.search(r"^profile\s+3 more runs timed per instruction: \d+\.\d+ ms per run", out, re.M), out
+    top = out[out.index("top 1 by op and shapes"):].strip().splitlines()
+    assert len(top) == 2 and "portable" in top[1] and "float32[" in top[1], out  # header + 1 row
+    assert re.search(r"^  aten\.relu\s+\d+\.\d+", out, re.M), out
+    one_line_error(kiln_cmd(cli, "bench", program, "--profile", -1), "--profile")
+
+
 def test_bench_npy_input_and_seed(cli, program, tmp_path):
     np.save(tmp_path / "x.npy", np.ones((1, 4, 10, 10), np.float32))
     r = bench_json(cli, program, "--runs", 2, "--input-npy", tmp_path / "x.npy")
