@@ -156,6 +156,7 @@ struct MethodReport {
   size_t num_nodes = 0;            ///< after passes
   size_t num_folded = 0;           ///< nodes removed by constant folding
   size_t num_bn_folded = 0;        ///< batch norms folded into their convolution / linear
+  size_t num_hardswish = 0;        ///< elementwise hardswish patterns rewritten to aten.hardswish
   size_t num_dead = 0;             ///< nodes removed by dead-code elimination
   size_t num_quantized = 0;        ///< linear / matmul / convolution nodes given quantized weights
   uint64_t arena_bytes = 0;        ///< planned arena size
@@ -207,6 +208,16 @@ Result<size_t> fold_constants(Graph& graph);
 /// beta = 0, b = 0 when absent), writes the batch norm's output and the batch norm is removed.
 /// Returns the number of batch norms folded.
 Result<size_t> fold_batch_norm(Graph& graph);
+
+/// Recognizes hardswish written out elementwise, as ONNX exporters (Paddle2ONNX's PP-OCR models)
+/// and some PyTorch code write it: d = mul(x, clamp(add(x, 3), 0, 6)) / 6, with the mul operands in
+/// either order, hardtanh(0, 6) for the clamp, the constant 3 on either side of the add (alpha 1)
+/// and mul by float32(1/6) for the division; the constants are float32 with one element, every
+/// intermediate is read only by the next node (not a method output) and d has x's float32 type.
+/// The four nodes become d = aten.hardswish(x) (PyTorch Activation.cpp: x * min(max(x + 3, 0), 6)
+/// / 6, the same arithmetic), which a convolution producing x can fuse into its stores. Returns the
+/// number of rewrites.
+Result<size_t> fuse_hardswish(Graph& graph);
 
 /// Weight-only quantization pass (src/compiler/quantize.cpp). Replaces, when their weight is a
 /// float32 constant and neither the node's debug_name nor the weight's name matches an exclude

@@ -132,6 +132,11 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         if (!bn.ok()) return Error(bn.error().code(), "method '" + name + "': batch-norm folding: " + bn.error().message());
         rep.num_bn_folded = bn.value();
       }
+      if (options.fold_constants) {  // its constants 3 and 6 must be folded first
+        auto hs = fuse_hardswish(g);
+        if (!hs.ok()) return Error(hs.error().code(), "method '" + name + "': hardswish recognition: " + hs.error().message());
+        rep.num_hardswish = hs.value();
+      }
       if (options.quantize.bits != 0) {
         auto q = quantize_weights(g, options.quantize);
         if (!q.ok()) return Error(q.error().code(), "method '" + name + "': " + q.error().message());
@@ -301,7 +306,7 @@ std::string CompiledProgram::report() const {
   os << "program: " << bytes.size() << " bytes, " << constant_bytes << " constant bytes (deduplicated)\n";
   for (const MethodReport& m : methods) {
     os << "  method '" << m.name << "': " << m.num_nodes << " kernel calls (" << m.num_folded << " folded, "
-       << m.num_bn_folded << " batch norms folded, " << m.num_dead << " dead removed), arena " << m.arena_bytes << " bytes (activations " << m.activation_bytes
+       << m.num_bn_folded << " batch norms folded, " << m.num_hardswish << " hardswish recognized, " << m.num_dead << " dead removed), arena " << m.arena_bytes << " bytes (activations " << m.activation_bytes
        << " bytes without reuse), constants " << m.constant_bytes << " bytes\n";
     const DelegationReport& d = m.delegation;
     if (d.backends.empty()) continue;

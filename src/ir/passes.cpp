@@ -1,4 +1,5 @@
-// Graph passes: dead-code elimination, constant folding, conv/linear + batch-norm folding.
+// Graph passes: dead-code elimination, constant folding, conv/linear + batch-norm folding,
+// hardswish recognition.
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -199,6 +200,96 @@ Result<size_t> fold_batch_norm(Graph& graph) {
     ns = std::move(kept);
   }
   return folded;
+}
+
+namespace {
+
+/// The value of a float32 constant with one element, or NaN.
+double const_scalar(const Graph& g, ValueId id) {
+  const float* p = const_f32(g, id);
+  if (p == nullptr || g.value(id).type.numel() != 1) return std::nan("");
+  return *p;
+}
+
+}  // namespace
+
+Result<size_t> fuse_hardswish(Graph& graph) {
+  const auto& nodes = graph.nodes();
+  std::vector<int> readers(graph.values().size(), 0), producer(graph.values().size(), -1);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (ValueId in : nodes[i].inputs) {
+      if (in != kNoValue) ++readers[static_cast<size_t>(in)];
+    }
+    for (ValueId o : nodes[i].outputs) producer[static_cast<size_t>(o)] = static_cast<int>(i);
+  }
+  for (ValueId o : graph.outputs()) ++readers[static_cast<size_t>(o)];
+  // The node producing `v` when `v` is read by exactly one node (its consumer) and is not an output.
+  auto single_use_producer = [&](ValueId v, const char* op) -> const Node* {
+    if (v == kNoValue || readers[static_cast<size_t>(v)] != 1) return nullptr;
+    const int pi = producer[static_cast<size_t>(v)];
+    if (pi < 0) return nullptr;
+    const Node& n = nodes[static_cast<size_t>(pi)];
+    return n.op == op && n.outputs.size() == 1 && !n.delegate ? &n : nullptr;
+  };
+  std::vector<bool> drop(nodes.size(), false);
+  size_t fused = 0;
+  for (size_t di = 0; di < nodes.size(); ++di) {
+    const Node& d = nodes[di];
+    // d = m / 6 or m * (1/6)
+    if (d.outputs.size() != 1 || d.inputs.size() != 2 || d.delegate) continue;
+    const bool is_div = d.op == "aten.div" && (!d.attrs.has("rounding_mode") || d.attrs.is_none("rounding_mode"));
+    const bool is_mul = d.op == "aten.mul";
+    if (!is_div && !is_mul) continue;
+    if (is_div && const_scalar(graph, d.inputs[1]) != 6.0) continue;
+    if (is_mul && const_scalar(graph, d.inputs[1]) != static_cast<double>(1.0f / 6.0f)) continue;
+    const Node* m = single_use_producer(d.inputs[0], "aten.mul");
+    if (m == nullptr || m->inputs.size() != 2) continue;
+    // m = x * c or c * x, c = clamp(a, 0, 6) / hardtanh(a, 0, 6), a = x + 3 or 3 + x
+    for (int side = 0; side < 2; ++side) {
+      const ValueId x = m->inputs[static_cast<size_t>(1 - side)];
+      const ValueId cv = m->inputs[static_cast<size_t>(side)];
+      const Node* c = single_use_producer(cv, "aten.clamp");
+      if (c != nullptr && (c->attrs.is_none("min") || c->attrs.is_none("max") || c->attrs.get_float("min", -1) != 0.0 ||
+                           c->attrs.get_float("max", -1) != 6.0)) {
+        c = nullptr;
+      }
+      if (c == nullptr) {
+        c = single_use_producer(cv, "aten.hardtanh");
+        if (c != nullptr && (c->attrs.get_float("min_val", -1) != 0.0 || c->attrs.get_float("max_val", -1) != 6.0)) c = nullptr;
+      }
+      if (c == nullptr || c->inputs.empty()) continue;
+      const Node* a = single_use_producer(c->inputs[0], "aten.add");
+      if (a == nullptr || a->inputs.size() != 2 || a->attrs.get_float("alpha", 1.0) != 1.0) continue;
+      const bool x_first = a->inputs[0] == x && const_scalar(graph, a->inputs[1]) == 3.0;
+      const bool x_second = a->inputs[1] == x && const_scalar(graph, a->inputs[0]) == 3.0;
+      if (!x_first && !x_second) continue;
+      if (x == kNoValue || !(graph.value(x).type == graph.value(d.outputs[0]).type) ||
+          graph.value(x).type.dtype != DType::Float32) {
+        continue;
+      }
+      const size_t ai = static_cast<size_t>(a - nodes.data()), ci = static_cast<size_t>(c - nodes.data()),
+                   mi = static_cast<size_t>(m - nodes.data());
+      if (drop[ai] || drop[ci] || drop[mi]) continue;
+      drop[ai] = drop[ci] = drop[mi] = true;
+      Node& h = graph.mutable_nodes()[di];
+      h.op = "aten.hardswish";
+      h.inputs = {x};
+      h.attrs = Attributes();
+      if (h.debug_name.empty()) h.debug_name = m->debug_name;
+      ++fused;
+      break;
+    }
+  }
+  if (fused > 0) {
+    auto& ns = graph.mutable_nodes();
+    std::vector<Node> kept;
+    kept.reserve(ns.size() - 3 * fused);
+    for (size_t i = 0; i < ns.size(); ++i) {
+      if (!drop[i]) kept.push_back(std::move(ns[i]));
+    }
+    ns = std::move(kept);
+  }
+  return fused;
 }
 
 }  // namespace kiln
