@@ -192,3 +192,39 @@ def test_packed_weights_do_not_stay_resident_twice(tmp_path):
                  if isinstance(m, torch.nn.Conv2d) else m(y))
         expected16 = y.numpy()
     assert_close(prog16.run(x.numpy())[0], expected16, rel=1e-5, what="float16-stored convs, pages released")
+
+
+@pytest.mark.parametrize("case", [
+    # (input shape, kernel, stride, padding, dilation, ceil_mode)
+    ((1, 64, 112, 112), (3, 3), (2, 2), (1, 1), (1, 1), False),   # resnet18's stem pool
+    ((1, 200, 2, 96), (2, 2), (2, 2), (0, 0), (1, 1), False),     # PP-OCR cls
+    ((2, 3, 7, 5), (3, 2), (1, 2), (1, 1), (1, 1), True),
+    ((3, 9, 13), (2, 3), (3, 1), (1, 1), (2, 1), True),          # 3-D input, dilation
+    ((1, 4, 6, 17), (1, 5), (1, 3), (0, 2), (1, 2), False),
+    ((1, 2, 1, 1), (1, 1), (1, 1), (0, 0), (1, 1), False),
+])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_max_pool2d_matches_eager(case, threads, tmp_path):
+    """The cpu max_pool2d kernel (separable, AVX2) against eager, with NaN and -inf in the input
+    (a NaN wins its windows, as in ATen), and bit-equal to the portable kernel."""
+    shape, k, s, p, d, ceil = case
+    x = torch.randn(*shape) * 3
+    flat = x.view(-1)
+    flat[:: 7] = float("-inf")
+    flat[3:: 29] = float("nan")
+    m = torch.nn.MaxPool2d(k, s, p, d, ceil_mode=ceil).eval()
+    with torch.no_grad():
+        want = m(x).numpy()
+    data = kiln.export(m, (x,), verbose=False).data
+    fast = kiln.load_bytes(data, num_threads=threads).run(x.numpy())[0]
+    ref = kiln.load_bytes(data, portable_kernels_only=True).run(x.numpy())[0]
+    np.testing.assert_array_equal(fast, want)
+    np.testing.assert_array_equal(fast, ref)
+    cli = os.path.join(os.path.dirname(__file__), "..", "..", "build", "tools", "kiln")
+    if _has_avx2_fma() and os.path.isfile(cli):  # the cpu kernel took the call
+        import json
+        import subprocess
+        (tmp_path / "pool.kiln").write_bytes(data)
+        r = subprocess.run([cli, "bench", str(tmp_path / "pool.kiln"), "--runs", "1", "--warmup", "0", "--json"],
+                           capture_output=True, text=True, check=True)
+        assert json.loads(r.stdout)["cpu_kernel_calls"] == 1, r.stdout

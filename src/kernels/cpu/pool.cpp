@@ -1,6 +1,14 @@
 // Optimized pooling: global average pooling (aten.adaptive_avg_pool2d to 1x1, the squeeze-excite
-// and classifier-head pooling of MobileNetV3 / ResNet). fp32, AVX2/FMA; other shapes stay portable.
+// and classifier-head pooling of MobileNetV3 / ResNet) and aten.max_pool2d (any kernel, stride,
+// padding, dilation, ceil_mode). fp32, AVX2/FMA; other shapes stay portable.
 #include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ir/ops/pool.h"
 
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernel.h"
@@ -55,6 +63,84 @@ bool global_avg_pool_accepts(const KernelSignature& s) {
   return x.dtype == DType::Float32 && o.dtype == DType::Float32 && r >= 2 && o.dim() == r && o.sizes[r - 2] == 1 &&
          o.sizes[r - 1] == 1 && x.sizes[r - 2] * x.sizes[r - 1] > 0;
 }
+
+/// max(a, b) that is NaN when either is NaN, lane by lane (ATen's max pooling lets a NaN win).
+__attribute__((target("avx2,fma"))) inline __m256 nan_max8(__m256 a, __m256 b) {
+  const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(a, a, _CMP_UNORD_Q), _mm256_cmp_ps(b, b, _CMP_UNORD_Q));
+  return _mm256_blendv_ps(_mm256_max_ps(a, b), _mm256_add_ps(a, b), nan);
+}
+
+inline float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? a + b : (b > a ? b : a); }
+
+/// row[i] = nan_max(row[i], src[i]) for i < n.
+__attribute__((target("avx2,fma"))) void row_max_avx2(float* row, const float* src, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(row + i, nan_max8(_mm256_loadu_ps(row + i), _mm256_loadu_ps(src + i)));
+  for (; i < n; ++i) row[i] = nan_max(row[i], src[i]);
+}
+
+/// aten.max_pool2d, values only, as the portable kernel (src/kernels/portable/pool.cpp, ATen's
+/// MaxPoolKernel.cpp): out[p, oh, ow] = max over the window's positions inside the input, NaN if
+/// any of them is NaN, -inf for a window with none. The max is separable (and NaN-propagating max
+/// is associative), so each output row first takes the max over the window's rows for every input
+/// column (8 columns per AVX2 step), then the max over the window's columns of that row. Planes
+/// are split across the pool. Results equal the portable kernel's exactly.
+Error max_pool2d(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  auto geo = pool2d_geometry(x.type(), a.attrs, true);
+  if (!geo.ok()) return Error(geo.error().code(), "aten.max_pool2d: " + geo.error().message());
+  const Pool2dGeometry g = geo.value();
+  const float* px = x.data_as<float>();
+  float* po = out.data_as<float>();
+  const float ninf = -std::numeric_limits<float>::infinity();
+  const int64_t work = g.in_h * g.in_w * g.kernel_h + g.out_h * g.out_w * g.kernel_w;  // per plane
+  cpu::parallel_range(a.pool, g.planes, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(work, 1)),
+                      [&](int64_t b, int64_t e) {
+    std::vector<float> row(static_cast<size_t>(g.in_w));
+    for (int64_t p = b; p < e; ++p) {
+      const float* plane = px + p * g.in_h * g.in_w;
+      float* oplane = po + p * g.out_h * g.out_w;
+      for (int64_t oh = 0; oh < g.out_h; ++oh) {
+        // row[iw] = max over the window's rows inside the input (-inf when there are none)
+        bool any_row = false;
+        for (int64_t kh = 0; kh < g.kernel_h; ++kh) {
+          const int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dilation_h;
+          if (ih < 0 || ih >= g.in_h) continue;
+          const float* src = plane + ih * g.in_w;
+          if (!any_row) {
+            std::copy(src, src + g.in_w, row.begin());
+            any_row = true;
+            continue;
+          }
+          row_max_avx2(row.data(), src, g.in_w);
+        }
+        float* orow = oplane + oh * g.out_w;
+        if (!any_row) {
+          std::fill(orow, orow + g.out_w, ninf);
+          continue;
+        }
+        for (int64_t ow = 0; ow < g.out_w; ++ow) {
+          const int64_t iw0 = ow * g.stride_w - g.pad_w;
+          float best = ninf;
+          for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
+            const int64_t iw = iw0 + kw * g.dilation_w;
+            if (iw < 0 || iw >= g.in_w) continue;
+            best = nan_max(best, row[static_cast<size_t>(iw)]);
+          }
+          orow[ow] = best;
+        }
+      }
+    }
+  });
+  return {};
+}
+
+bool max_pool2d_accepts(const KernelSignature& s) {
+  if (!cpu::cpu_has_avx2_fma() || s.inputs.empty() || s.inputs[0] == nullptr || s.outputs.size() != 1) return false;
+  return s.inputs[0]->dtype == DType::Float32 && s.outputs[0]->dtype == DType::Float32 &&
+         pool2d_geometry(*s.inputs[0], s.attrs, true).ok();
+}
 #endif
 
 }  // namespace
@@ -62,6 +148,7 @@ bool global_avg_pool_accepts(const KernelSignature& s) {
 void register_cpu_pool(KernelRegistry& r) {
 #if defined(__x86_64__)
   r.add_optimized("aten.adaptive_avg_pool2d", global_avg_pool, global_avg_pool_accepts);
+  r.add_optimized("aten.max_pool2d", max_pool2d, max_pool2d_accepts);
 #else
   (void)r;
 #endif
