@@ -157,6 +157,7 @@ struct MethodReport {
   size_t num_folded = 0;           ///< nodes removed by constant folding
   size_t num_bn_folded = 0;        ///< batch norms folded into their convolution / linear
   size_t num_hardswish = 0;        ///< elementwise hardswish patterns rewritten to aten.hardswish
+  size_t num_affine_folded = 0;    ///< scalar mul/add after a convolution folded into it
   size_t num_dead = 0;             ///< nodes removed by dead-code elimination
   size_t num_quantized = 0;        ///< linear / matmul / convolution nodes given quantized weights
   uint64_t arena_bytes = 0;        ///< planned arena size
@@ -208,6 +209,14 @@ Result<size_t> fold_constants(Graph& graph);
 /// beta = 0, b = 0 when absent), writes the batch norm's output and the batch norm is removed.
 /// Returns the number of batch norms folded.
 Result<size_t> fold_batch_norm(Graph& graph);
+
+/// Folds a multiplication and/or addition by float32 one-element constants that follows an
+/// aten.convolution (not transposed; constant float32 weight, constant or absent bias; each
+/// intermediate read only by the next node and not a method output; the result keeps the
+/// convolution's type) into the convolution: (conv(x, w) + b) * s + t = conv(x, w * s) + (b * s + t),
+/// computed in double. This is the "learnable affine block" of PP-LCNetV3 (PP-OCRv4) after
+/// batch-norm folding. Returns the number of convolutions changed.
+Result<size_t> fold_scalar_affine(Graph& graph);
 
 /// Recognizes hardswish written out elementwise, as ONNX exporters (Paddle2ONNX's PP-OCR models)
 /// and some PyTorch code write it: d = mul(x, clamp(add(x, 3), 0, 6)) / 6, with the mul operands in

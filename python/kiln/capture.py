@@ -1469,6 +1469,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     for m in report["methods"]:
         cap = captures[m["name"]]
         bn = f", {m['num_bn_folded']} batch norms folded" if m.get("num_bn_folded") else ""
+        bn += f", {m['num_affine_folded']} scalar affines folded" if m.get("num_affine_folded") else ""
         bn += f", {m['num_hardswish']} hardswish recognized" if m.get("num_hardswish") else ""
         alt = f" [alternative {m['alternative']}: {', '.join(alts[m['alternative']]) or 'cpu kernels'}]" if alts else ""
         qn = f", {m['num_quantized']} weights quantized ({quantize})" if m.get("num_quantized") else ""

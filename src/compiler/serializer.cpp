@@ -131,6 +131,9 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         auto bn = fold_batch_norm(g);
         if (!bn.ok()) return Error(bn.error().code(), "method '" + name + "': batch-norm folding: " + bn.error().message());
         rep.num_bn_folded = bn.value();
+        auto af = fold_scalar_affine(g);
+        if (!af.ok()) return Error(af.error().code(), "method '" + name + "': affine folding: " + af.error().message());
+        rep.num_affine_folded = af.value();
       }
       if (options.fold_constants) {  // its constants 3 and 6 must be folded first
         auto hs = fuse_hardswish(g);
@@ -306,7 +309,7 @@ std::string CompiledProgram::report() const {
   os << "program: " << bytes.size() << " bytes, " << constant_bytes << " constant bytes (deduplicated)\n";
   for (const MethodReport& m : methods) {
     os << "  method '" << m.name << "': " << m.num_nodes << " kernel calls (" << m.num_folded << " folded, "
-       << m.num_bn_folded << " batch norms folded, " << m.num_hardswish << " hardswish recognized, " << m.num_dead << " dead removed), arena " << m.arena_bytes << " bytes (activations " << m.activation_bytes
+       << m.num_bn_folded << " batch norms folded, " << m.num_affine_folded << " scalar affines folded, " << m.num_hardswish << " hardswish recognized, " << m.num_dead << " dead removed), arena " << m.arena_bytes << " bytes (activations " << m.activation_bytes
        << " bytes without reuse), constants " << m.constant_bytes << " bytes\n";
     const DelegationReport& d = m.delegation;
     if (d.backends.empty()) continue;

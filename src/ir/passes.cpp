@@ -213,6 +213,102 @@ double const_scalar(const Graph& g, ValueId id) {
 
 }  // namespace
 
+Result<size_t> fold_scalar_affine(Graph& graph) {
+  const auto& nodes = graph.nodes();
+  std::vector<int> readers(graph.values().size(), 0), producer(graph.values().size(), -1);
+  std::vector<int> reader_node(graph.values().size(), -1);
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    for (ValueId in : nodes[i].inputs) {
+      if (in == kNoValue) continue;
+      ++readers[static_cast<size_t>(in)];
+      reader_node[static_cast<size_t>(in)] = static_cast<int>(i);
+    }
+    for (ValueId o : nodes[i].outputs) producer[static_cast<size_t>(o)] = static_cast<int>(i);
+  }
+  for (ValueId o : graph.outputs()) ++readers[static_cast<size_t>(o)];
+  // The node reading `v` when it is v's only reader (v not an output), and the scalar it combines
+  // v with (mul: any scalar; add: alpha 1), else -1.
+  auto scalar_step = [&](ValueId v, double* scalar) -> int {
+    if (readers[static_cast<size_t>(v)] != 1) return -1;
+    const int ri = reader_node[static_cast<size_t>(v)];
+    if (ri < 0) return -1;
+    const Node& n = nodes[static_cast<size_t>(ri)];
+    if ((n.op != "aten.mul" && n.op != "aten.add") || n.inputs.size() != 2 || n.outputs.size() != 1 || n.delegate) return -1;
+    if (n.op == "aten.add" && n.attrs.get_float("alpha", 1.0) != 1.0) return -1;
+    const ValueId other = n.inputs[0] == v ? n.inputs[1] : n.inputs[0];
+    if (n.inputs[0] != v && n.inputs[1] != v) return -1;
+    *scalar = const_scalar(graph, other);
+    if (std::isnan(*scalar) || !std::isfinite(*scalar)) return -1;
+    if (!(graph.value(n.outputs[0]).type == graph.value(v).type)) return -1;  // the scalar must not broadcast up
+    return ri;
+  };
+  std::vector<bool> drop(nodes.size(), false);
+  size_t folded = 0;
+  for (size_t ci = 0; ci < nodes.size(); ++ci) {
+    const Node& conv = nodes[ci];
+    if (conv.op != "aten.convolution" || conv.delegate || conv.outputs.size() != 1 || conv.inputs.size() != 3 ||
+        conv.attrs.get_bool("transposed")) {
+      continue;
+    }
+    const float* w = const_f32(graph, conv.inputs[1]);
+    const ValueId bias_id = conv.inputs[2];
+    const float* b = const_f32(graph, bias_id);
+    if (w == nullptr || (bias_id != kNoValue && b == nullptr)) continue;
+    const TensorType& yt = graph.value(conv.outputs[0]).type;
+    const TensorType wt = graph.value(conv.inputs[1]).type;
+    if (yt.dtype != DType::Float32 || yt.dim() < 2 || wt.dim() < 2 || wt.sizes[0] != yt.sizes[1]) continue;
+    const int64_t channels = wt.sizes[0];
+    // conv -> [mul(s)] -> [add(t)]: y * s + t, at least one step
+    double scale = 1.0, shift = 0.0, v = 0.0;
+    ValueId out = conv.outputs[0];
+    std::vector<int> steps;
+    int ri = scalar_step(out, &v);
+    if (ri >= 0 && nodes[static_cast<size_t>(ri)].op == "aten.mul" && !drop[static_cast<size_t>(ri)]) {
+      scale = v;
+      steps.push_back(ri);
+      out = nodes[static_cast<size_t>(ri)].outputs[0];
+      ri = scalar_step(out, &v);
+    }
+    if (ri >= 0 && nodes[static_cast<size_t>(ri)].op == "aten.add" && !drop[static_cast<size_t>(ri)]) {
+      shift = v;
+      steps.push_back(ri);
+      out = nodes[static_cast<size_t>(ri)].outputs[0];
+    }
+    if (steps.empty()) continue;
+    const size_t per_out = static_cast<size_t>(wt.numel() / channels);
+    std::vector<uint8_t> wbytes(wt.nbytes()), bbytes(static_cast<size_t>(channels) * sizeof(float));
+    auto* nw = reinterpret_cast<float*>(wbytes.data());
+    auto* nb = reinterpret_cast<float*>(bbytes.data());
+    for (size_t idx = 0; idx < static_cast<size_t>(wt.numel()); ++idx) {
+      nw[idx] = static_cast<float>(static_cast<double>(w[idx]) * scale);
+    }
+    for (int64_t o = 0; o < channels; ++o) {
+      nb[o] = static_cast<float>((b ? static_cast<double>(b[o]) : 0.0) * scale + shift);
+    }
+    (void)per_out;
+    const std::string base = conv.debug_name.empty() ? conv.op : conv.debug_name;
+    auto new_w = graph.add_constant(base + ".weight(affine folded)", wt, std::move(wbytes));
+    if (!new_w.ok()) return new_w.error();
+    auto new_b = graph.add_constant(base + ".bias(affine folded)", TensorType{DType::Float32, {channels}}, std::move(bbytes));
+    if (!new_b.ok()) return new_b.error();
+    Node& c = graph.mutable_nodes()[ci];
+    c.inputs[1] = new_w.value();
+    c.inputs[2] = new_b.value();
+    c.outputs[0] = out;
+    for (int s : steps) drop[static_cast<size_t>(s)] = true;
+    ++folded;
+  }
+  if (folded > 0) {
+    auto& ns = graph.mutable_nodes();
+    std::vector<Node> kept;
+    for (size_t i = 0; i < ns.size(); ++i) {
+      if (!drop[i]) kept.push_back(std::move(ns[i]));
+    }
+    ns = std::move(kept);
+  }
+  return folded;
+}
+
 Result<size_t> fuse_hardswish(Graph& graph) {
   const auto& nodes = graph.nodes();
   std::vector<int> readers(graph.values().size(), 0), producer(graph.values().size(), -1);

@@ -1,6 +1,7 @@
-"""The compile pass that recognizes hardswish written out elementwise (fuse_hardswish,
-include/kiln/compiler.h), as Paddle2ONNX writes it in the PP-OCR models: the program's results
-equal PyTorch eager's, and the pattern is rewritten only where it is exactly hardswish.
+"""Compile passes that rewrite what exporters spell out elementwise (include/kiln/compiler.h):
+fuse_hardswish (x * clamp(x + 3, 0, 6) / 6, as Paddle2ONNX writes hardswish in the PP-OCR models)
+and fold_scalar_affine (a scalar mul/add after a convolution, PP-LCNetV3's learnable affine
+block). The programs' results equal PyTorch eager's, and each rewrite happens only where it is exact.
 
 fp32 tolerance: max abs error <= 1e-5 * max|expected|.
 """
@@ -68,3 +69,42 @@ def _has_avx2_fma():
     except OSError:
         return False
     return " avx2" in flags and " fma" in flags
+
+
+class Affine(torch.nn.Module):
+    """conv, then a scalar affine spelled `variant` (PP-LCNetV3's learnable affine block)."""
+
+    def __init__(self, variant: str, bias: bool = True):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, padding=1, bias=bias)
+        self.variant = variant
+        self.s = torch.nn.Parameter(torch.tensor([1.7]))
+        self.t = torch.nn.Parameter(torch.tensor([-0.4]))
+
+    def forward(self, x):
+        y = self.conv(x)
+        if self.variant == "mul_add":
+            return torch.nn.functional.hardswish(y * self.s + self.t)
+        if self.variant == "add":
+            return self.t + y
+        if self.variant == "mul":
+            return self.s * y
+        if self.variant == "read_twice":  # y also feeds the residual: nothing to fold
+            return y * self.s + self.t + y
+        return y * torch.ones(1, 8, 1, 1) * 2  # "per_channel": not a scalar, not folded
+
+
+@pytest.mark.parametrize("variant,bias,folded", [
+    ("mul_add", True, 1), ("mul_add", False, 1), ("add", True, 1), ("mul", False, 1),
+    ("read_twice", True, 0), ("per_channel", True, 0)])
+def test_scalar_affine_folded_into_conv(variant, bias, folded):
+    torch.manual_seed(3)
+    m = Affine(variant, bias).eval()
+    x = torch.randn(2, 3, 9, 7)
+    with torch.no_grad():
+        want = m(x).numpy()
+    res = kiln.export(m, (x,), verbose=False)
+    assert res.report["methods"][0]["num_affine_folded"] == folded
+    for portable in (False, True):
+        got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())[0]
+        assert_close(got, want, rel=1e-5, what=f"{variant} bias={bias} portable={portable}")
