@@ -215,7 +215,9 @@ Result<size_t> fold_batch_norm(Graph& graph);
 /// intermediate read only by the next node and not a method output; the result keeps the
 /// convolution's type) into the convolution: (conv(x, w) + b) * s + t = conv(x, w * s) + (b * s + t),
 /// computed in double. This is the "learnable affine block" of PP-LCNetV3 (PP-OCRv4) after
-/// batch-norm folding. Returns the number of convolutions changed.
+/// batch-norm folding. Scales outside [1e-8, 1e8] in magnitude are not folded (the convolution's
+/// partial sums could overflow or its weights underflow where eager's would not). Returns the
+/// number of convolutions changed.
 Result<size_t> fold_scalar_affine(Graph& graph);
 
 /// Recognizes hardswish written out elementwise, as ONNX exporters (Paddle2ONNX's PP-OCR models)

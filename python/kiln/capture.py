@@ -1343,7 +1343,8 @@ def _write_atomically(path: str, data: bytes):
         with open(path, "wb") as f:  # a device (/dev/null) or FIFO: written into, never replaced
             f.write(data)
         return
-    path = os.path.realpath(path)  # a symlink to a file: replace the file it names, keep the link
+    if os.path.exists(path):  # a symlink to a file: replace the file it names, keep the link
+        path = os.path.realpath(path)  # (a dangling link is replaced itself, as kiln compile does)
     d = os.path.dirname(path) or "."
     os.makedirs(d, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".kiln-", suffix=".tmp", dir=d)

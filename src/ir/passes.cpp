@@ -275,6 +275,10 @@ Result<size_t> fold_scalar_affine(Graph& graph) {
       out = nodes[static_cast<size_t>(ri)].outputs[0];
     }
     if (steps.empty()) continue;
+    // Folding moves the scale into every product of the convolution's sums: with an extreme
+    // scale, partial sums that eager computes before scaling could overflow (or weights flush to
+    // zero) after it. Only scales well inside float32's range are folded.
+    if (std::fabs(scale) > 1e8 || std::fabs(scale) < 1e-8 || std::fabs(shift) > 1e30) continue;
     const size_t per_out = static_cast<size_t>(wt.numel() / channels);
     std::vector<uint8_t> wbytes(wt.nbytes()), bbytes(static_cast<size_t>(channels) * sizeof(float));
     auto* nw = reinterpret_cast<float*>(wbytes.data());

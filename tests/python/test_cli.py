@@ -445,6 +445,10 @@ def test_export_to_a_device_writes_into_it(tmp_path):
     (tmp_path / "link.kiln").symlink_to(target)
     kiln.export(lin, (x,), out=str(tmp_path / "link.kiln"), verbose=False)
     assert (tmp_path / "link.kiln").is_symlink() and kiln.load(str(target)).run(x.numpy())[0].shape == (1, 3)
+    dangling = tmp_path / "dangling.kiln"  # a link to nowhere is replaced itself: no folder is created
+    dangling.symlink_to(tmp_path / "no" / "such" / "dir" / "x.kiln")
+    kiln.export(lin, (x,), out=str(dangling), verbose=False)
+    assert not dangling.is_symlink() and not (tmp_path / "no").exists()
 
 
 def test_py_cli_help_and_errors(tmp_path):

@@ -108,3 +108,25 @@ def test_scalar_affine_folded_into_conv(variant, bias, folded):
     for portable in (False, True):
         got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())[0]
         assert_close(got, want, rel=1e-5, what=f"{variant} bias={bias} portable={portable}")
+
+
+@pytest.mark.parametrize("scale", [1e38, 1e-42])
+def test_extreme_scale_is_not_folded(scale):
+    """conv * 1e38 + 1: folding would put the scale into the convolution's partial sums (overflow
+    where eager's result is finite); such scales are left as a separate multiplication."""
+    torch.manual_seed(4)
+    conv = torch.nn.Conv2d(3, 8, 3, padding=1).eval()
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return conv(x) * scale + 1
+
+    x = torch.randn(1, 3, 16, 16) * 4
+    with torch.no_grad():
+        want = M()(x).numpy()
+    res = kiln.export(M(), (x,), verbose=False)
+    assert res.report["methods"][0]["num_affine_folded"] == 0
+    got = kiln.load_bytes(res.data).run(x.numpy())[0]
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
+    finite = np.isfinite(want)
+    assert_close(got[finite], want[finite], rel=1e-5, what=f"scale {scale}")
