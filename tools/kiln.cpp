@@ -882,7 +882,7 @@ int main(int argc, char** argv) {
   run->add_option("--method,-m", ra.method, "Method to run")->capture_default_str();
   run->add_option("--input,-i", ra.inputs,
                   "Input .npy file, once per method input in order (little-endian, C order; dtypes float32, "
-                  "float16, int64, int32, int8, uint8, bool; float32 for a bfloat16 input). Dtype and shape "
+                  "float64, float16, int64, int32, int8, uint8, bool; float32 for a bfloat16 input). Dtype and shape "
                   "must match the method's input exactly.");
   run->add_option("--output-dir,-o", ra.output_dir,
                   "Directory (created if missing) for output_0.npy, output_1.npy, ...; without it nothing is written");
