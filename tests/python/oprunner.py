@@ -62,3 +62,14 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, rel: float = 1e-5, wh
     scale = max(float(np.max(np.abs(e[mask]))), 1e-6) if np.isfinite(e[mask]).all() else 1.0
     err = float(np.max(np.abs(a[mask] - e[mask]))) if np.isfinite(e[mask]).all() else 0.0
     assert err <= rel * scale, f"{what}: max abs error {err:.3e} > {rel:g} * max|expected| {scale:.3e}"
+
+
+def has_avx2_fma() -> bool:
+    """Whether this CPU has AVX2 and FMA (Kiln's optimized cpu kernels need both; without them
+    every call runs on the portable kernels)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return " avx2" in flags and " fma" in flags

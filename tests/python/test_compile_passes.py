@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kiln
-from oprunner import assert_close
+from oprunner import assert_close, has_avx2_fma
 
 
 class Spelled(torch.nn.Module):
@@ -59,16 +59,7 @@ def test_hardswish_spelled_out(variant, extra, recognized):
         for g, w in zip(got, want):
             assert_close(g, w, rel=1e-5, what=f"{variant} extra={extra} portable={portable}")
     if recognized and not extra:  # the recognized activation is fused into the convolution
-        assert kiln.load_bytes(res.data).method().num_fused_instructions >= 1 or not _has_avx2_fma()
-
-
-def _has_avx2_fma():
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags
+        assert kiln.load_bytes(res.data).method().num_fused_instructions >= 1 or not has_avx2_fma()
 
 
 class Affine(torch.nn.Module):

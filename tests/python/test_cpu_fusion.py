@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kiln
-from oprunner import assert_close
+from oprunner import assert_close, has_avx2_fma
 
 torch.set_num_threads(1)
 
@@ -65,15 +65,6 @@ def exported():
     return res.data, x.numpy(), expected.numpy()
 
 
-def _has_avx2_fma():
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags
-
-
 @pytest.mark.parametrize("threads", [1, 2])
 def test_fused_matches_eager_and_portable(exported, threads):
     data, x, expected = exported
@@ -84,7 +75,7 @@ def test_fused_matches_eager_and_portable(exported, threads):
     assert_close(ref.run(x)[0], expected, rel=3e-5, what="portable kernels")
     assert ref.method().num_fused_instructions == 0
     assert ref.method().prepared_bytes == 0
-    if _has_avx2_fma():
+    if has_avx2_fma():
         # Every activation directly after a convolution: 10 of the 12 convolutions.
         assert cpu.method().num_fused_instructions == 10
         assert cpu.method().prepared_bytes > 0  # the 1x1 and im2col weights, packed once

@@ -12,21 +12,12 @@ import pytest
 import torch
 
 import kiln
-from oprunner import assert_close
+from oprunner import assert_close, has_avx2_fma
 
 torch.set_num_threads(1)
 
 
-def _has_avx2_fma():
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags
-
-
-pytestmark = pytest.mark.skipif(not _has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
+pytestmark = pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 
 # (input shape, C_out, padding, bias, activation)
 CASES = [

@@ -138,22 +138,21 @@ Result<Pool2dGeometry> pool2d_geometry(const TensorType& self, const Attributes&
 }
 
 void register_pool_ops(OpRegistry& r) {
+  // aten.max_pool2d(self, kernel_size, stride=[], padding=0, dilation=1, ceil_mode=False); the same
+  // for aten.max_pool2d_with_indices.
+  const std::vector<AttrSpec> max_pool_attrs = {{"kernel_size", AttrKind::Ints, {}, true},
+                                                {"stride", AttrKind::Ints, std::vector<int64_t>{}},
+                                                {"padding", AttrKind::Ints, std::vector<int64_t>{0}},
+                                                {"dilation", AttrKind::Ints, std::vector<int64_t>{1}},
+                                                {"ceil_mode", AttrKind::Bool, false}};
   r.add({"aten.max_pool2d",
          {{"self"}},
-         {{"kernel_size", AttrKind::Ints, {}, true},
-          {"stride", AttrKind::Ints, std::vector<int64_t>{}},
-          {"padding", AttrKind::Ints, std::vector<int64_t>{0}},
-          {"dilation", AttrKind::Ints, std::vector<int64_t>{1}},
-          {"ceil_mode", AttrKind::Bool, false}},
+         max_pool_attrs,
          1, infer_max_pool2d,
          "2-D max pooling over (C,H,W)/(N,C,H,W), NaN propagating (torch.ops.aten.max_pool2d; Pool.h output size)"});
   r.add({"aten.max_pool2d_with_indices",
          {{"self"}},
-         {{"kernel_size", AttrKind::Ints, {}, true},
-          {"stride", AttrKind::Ints, std::vector<int64_t>{}},
-          {"padding", AttrKind::Ints, std::vector<int64_t>{0}},
-          {"dilation", AttrKind::Ints, std::vector<int64_t>{1}},
-          {"ceil_mode", AttrKind::Bool, false}},
+         max_pool_attrs,
          2, infer_max_pool2d_with_indices,
          "max_pool2d plus int64 indices of the maxima, flattened within each (H, W) plane "
          "(torch.ops.aten.max_pool2d_with_indices; MaxPoolKernel.cpp tie/NaN rules)"});

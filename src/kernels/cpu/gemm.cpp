@@ -10,6 +10,7 @@
 // the last one adds the bias and clamps.
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel_util.h"
+#include "kernels/cpu/vec_math.h"
 
 #include <immintrin.h>
 
@@ -322,26 +323,6 @@ void pack_b(const GemmArgs& g, int64_t j0, int64_t nc, int64_t p0, int64_t kc, f
   }
 }
 
-/// In-register transpose of an 8 x 8 block: r[i][k] -> r[k][i].
-__attribute__((target("avx2,fma"))) inline void transpose8(__m256 r[8]) {
-  const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
-  const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
-  const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
-  const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
-  const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-  const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-  const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
-  r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
-  r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
-  r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
-  r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
-  r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
-  r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
-  r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
-}
-
 /// pack_a for row-major A (no transpose) with AVX2: 8 k-steps of a 6-row panel per 8x8
 /// transpose (rows 6, 7 are dummies). Each 8-float store overlaps the next one's first 2 floats;
 /// the last one writes 2 floats past the panel (the buffer has slack). Same result as pack_a.
@@ -363,7 +344,7 @@ __attribute__((target("avx2,fma"))) void pack_a_avx2(const GemmArgs& g, int64_t 
       }
       r[6] = _mm256_setzero_ps();
       r[7] = _mm256_setzero_ps();
-      transpose8(r);
+      cpu::transpose8x8(r);
       for (int k = 0; k < 8; ++k) _mm256_storeu_ps(dst + (p + k) * MR, r[k]);
     }
     for (; p < kc; ++p) {
@@ -390,7 +371,7 @@ __attribute__((target("avx2,fma"))) void pack_b_trans_avx2(const GemmArgs& g, in
       for (; p + 8 <= kc; p += 8) {
         __m256 r[8];
         for (int j = 0; j < 8; ++j) r[j] = j < valid ? _mm256_loadu_ps(src[j] + p) : _mm256_setzero_ps();
-        transpose8(r);
+        cpu::transpose8x8(r);
         for (int k = 0; k < 8; ++k) _mm256_storeu_ps(dst + (p + k) * NR + half * 8, r[k]);
       }
       for (; p < kc; ++p) {
