@@ -60,6 +60,10 @@ CASES = {
     "convnet": (ConvNet, lambda: torch.randn(2, 3, 41, 37)),
     "mlp_batch1": (Mlp, lambda: torch.randn(1, 300)),
     "mlp_batch5": (Mlp, lambda: torch.randn(5, 300)),
+    # Weights packed at load (linear_prepare); large enough for the pool: split along N with A
+    # packed once for all parts (77 rows, as a text encoder), and along M (300 rows > 257).
+    "mlp_rows77": (Mlp, lambda: torch.randn(1, 77, 300)),
+    "mlp_rows300": (Mlp, lambda: torch.randn(300, 300)),
 }
 
 
@@ -146,6 +150,31 @@ def _mapping_rss_kib(path: str) -> int:
             elif inside and line.startswith("Rss:"):
                 total += int(head[1])
     return total
+
+
+@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
+@pytest.mark.parametrize("threads", [1, 2])
+def test_linear_weights_packed_at_load(tmp_path, threads):
+    """Linear weights are packed once at load (as the GEMM's B panels) and the file's pages of
+    those weights are dropped; a one-row input (the matrix-vector path, which reads the weight
+    itself) keeps them. Results match eager either way."""
+    torch.manual_seed(4)
+    model = torch.nn.Sequential(*[torch.nn.Linear(520, 520) for _ in range(4)]).eval()  # 4.3 MB
+    for rows in (77, 1):
+        x = torch.randn(1, rows, 520)
+        path = str(tmp_path / f"linears{rows}.kiln")
+        kiln.export(model, (x,), out=path, verbose=False)
+        prog = kiln.load(path, num_threads=threads)
+        packed = prog.method().prepared_bytes
+        resident = _mapping_rss_kib(path) * 1024
+        with torch.no_grad():
+            expected = model(x).numpy()
+        assert_close(prog.run(x.numpy())[0], expected, rel=1e-5, what=f"{rows} rows, {threads} threads")
+        if rows > 1:
+            assert packed > 4 * 520 * 520 * 4, packed
+            assert resident < 0.25 * os.path.getsize(path), (resident, os.path.getsize(path))
+        else:
+            assert packed == 0, packed
 
 
 @pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")

@@ -49,6 +49,7 @@ struct GemmArgs {
   const GemmEpilogue* ep;
   const GemmBPacker* packer = nullptr;  // when set, B is produced by the packer (B, ldb unused)
   const float* packed_a = nullptr;      // when set, A packed by pack_a_for_gemm (alpha 1, no transpose)
+  const float* packed_b = nullptr;      // when set, op(B) packed by pack_b_for_gemm (prepacked_b_floats layout)
 };
 
 /// Rows of A rounded up to whole MR-row panels: K block pc of a pack_a_for_gemm buffer starts at
@@ -411,7 +412,10 @@ void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, in
     const int64_t nc = std::min(NC, n1 - jc);
     for (int64_t pc = 0; pc < g.K; pc += KC) {
       const int64_t kc = std::min(KC, g.K - pc);
-      if (g.packer != nullptr) {
+      const float* b_block = buf.b;
+      if (g.packed_b != nullptr) {  // jc is a whole number of panels (gemm_blocked splits N in panels)
+        b_block = g.packed_b + pc / KC * ((g.N + NR - 1) / NR) * panel_stride(KC) + jc / NR * panel_stride(kc);
+      } else if (g.packer != nullptr) {
         g.packer->fn(g.packer->ctx, jc, nc, pc, kc, buf.b);
       } else if (avx2 && g.trans_b) {
         pack_b_trans_avx2(g, jc, nc, pc, kc, buf.b);
@@ -431,7 +435,7 @@ void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, in
         }
         for (int64_t jr = 0; jr < nc; jr += NR) {
           const int nr = static_cast<int>(std::min<int64_t>(NR, nc - jr));
-          const float* bp = buf.b + jr / NR * panel_stride(kc);
+          const float* bp = b_block + jr / NR * panel_stride(kc);
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int mr = static_cast<int>(std::min<int64_t>(MR, mc - ir));
             s.row0 = ic + ir;
@@ -591,6 +595,25 @@ namespace {
 /// The AVX2 code paths of sgemm are used (CPU support, not disabled for a test).
 bool use_avx2() { return has_avx2_fma() && !g_force_portable.load(std::memory_order_relaxed); }
 
+/// Packs all of op(A) [M, K] * alpha in the pack_a_for_gemm layout (K block pc at
+/// pc * padded_m(M), its MR-row panels kc * MR floats apart); `out` holds padded_m(M) * K + 16
+/// floats. In increasing pc: pack_a_avx2 overshoots its block by 2 floats, which the next block
+/// then overwrites (the last block's overshoot lands in the slack).
+void pack_a_whole(const GemmArgs& g, float* out) {
+  for (int64_t pc = 0; pc < g.K; pc += KC) {
+    const int64_t kc = std::min(KC, g.K - pc);
+    if (has_avx2_fma() && !g.trans_a) {
+      pack_a_avx2(g, 0, g.M, pc, kc, out + pc * padded_m(g.M));
+    } else {
+      pack_a(g, 0, g.M, pc, kc, out + pc * padded_m(g.M));
+    }
+  }
+}
+
+/// Largest op(A) (floats) that a product split along N packs once for all its parts (the
+/// calling thread's buffer; 1 Mi floats = 4 MiB) instead of once per part.
+constexpr int64_t kSharedPackMaxFloats = int64_t{1} << 20;
+
 /// The blocked product over all of C, split over the pool (shared by sgemm and sgemm_packed_b).
 void gemm_blocked(const GemmArgs& g, bool parallel, ThreadPool* pool) {
   const MicroKernel kernel = use_avx2() ? kernel_avx2 : kernel_generic;
@@ -614,14 +637,23 @@ void gemm_blocked(const GemmArgs& g, bool parallel, ThreadPool* pool) {
     return;
   }
   const int64_t per = (units + parts - 1) / parts;  // units per part
+  // Split along N, every part would pack all of A again: pack it once here instead (for a
+  // 77-row text-encoder layer on 2 threads that is 8 packs of A per call down to 1).
+  GemmArgs gs = g;
+  if (split_n && g.packed_a == nullptr && packed_a_floats(M, g.K) <= kSharedPackMaxFloats) {
+    thread_local std::vector<float> shared;
+    shared.resize(static_cast<size_t>(packed_a_floats(M, g.K)));
+    pack_a_whole(g, shared.data());
+    gs.packed_a = shared.data();
+  }
   parallel_tasks(pool, parts, [&](int64_t t) {
     const int64_t lo = std::min(dim, t * per * unit);
     const int64_t hi = std::min(dim, (t + 1) * per * unit);
     if (lo >= hi) return;
     if (split_n) {
-      gemm_rect(g, kernel, 0, M, lo, hi);
+      gemm_rect(gs, kernel, 0, M, lo, hi);
     } else {
-      gemm_rect(g, kernel, lo, hi, 0, N);
+      gemm_rect(gs, kernel, lo, hi, 0, N);
     }
   });
 }
@@ -651,19 +683,28 @@ int64_t packed_a_floats(int64_t M, int64_t K) { return padded_m(M) * K + 16; }
 
 void pack_a_for_gemm(int64_t M, int64_t K, const float* A, int64_t lda, float* out) {
   const GemmArgs g{false, false, M, 0, K, 1.0f, A, lda, nullptr, 0, 0.0f, nullptr, 0, nullptr};
-  // In increasing pc: pack_a_avx2 overshoots its block by 2 floats, which the next block then
-  // overwrites (the last block's overshoot lands in the slack).
-  for (int64_t pc = 0; pc < K; pc += KC) {
-    const int64_t kc = std::min(KC, K - pc);
-    if (has_avx2_fma()) {
-      pack_a_avx2(g, 0, M, pc, kc, out + pc * padded_m(M));
-    } else {
-      pack_a(g, 0, M, pc, kc, out + pc * padded_m(M));
-    }
-  }
+  pack_a_whole(g, out);
 }
 
 static_assert(KC == kGemmKBlock, "gemm.h documents the K block of packed operands");
+
+void pack_b_for_gemm(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* out) {
+  const GemmArgs g{false, trans_b, 0, N, K, 1.0f, nullptr, 0, B, ldb, 0.0f, nullptr, 0, nullptr};
+  const int64_t block = (N + NR - 1) / NR * panel_stride(KC);
+  for (int64_t pc = 0; pc < K; pc += KC) {
+    const int64_t kc = std::min(KC, K - pc);
+    float* dst = out + pc / KC * block;
+    for (int64_t jc = 0; jc < N; jc += NC) {  // the packers take NC columns at a time
+      const int64_t nc = std::min(NC, N - jc);
+      float* d = dst + jc / NR * panel_stride(kc);
+      if (trans_b && has_avx2_fma()) {
+        pack_b_trans_avx2(g, jc, nc, pc, kc, d);
+      } else {
+        pack_b(g, jc, nc, pc, kc, d);
+      }
+    }
+  }
+}
 
 void sgemm_prepacked(int64_t M, int64_t N, int64_t K, const float* packed_a, const float* packed_b, float* C,
                      int64_t ldc, const GemmEpilogue& ep) {
@@ -690,10 +731,11 @@ void sgemm_prepacked(int64_t M, int64_t N, int64_t K, const float* packed_a, con
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep, ThreadPool* pool,
-           const float* packed_a) {
+           const float* packed_a, const float* packed_b) {
   if (M <= 0 || N <= 0) return;
   GemmArgs g{trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc, &ep};
   g.packed_a = packed_a;
+  g.packed_b = packed_b;
   if (K <= 0) {
     gemm_k0(g);
     return;

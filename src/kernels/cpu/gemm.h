@@ -60,9 +60,12 @@ void force_portable_sgemm_for_testing(bool on);
 /// `packed_a` (optional): A already packed by pack_a_for_gemm(M, K, A, lda, ...), with
 /// trans_a false and alpha 1 (the caller guarantees both; nothing here can check them);
 /// the product then skips packing A on every call (A itself is still read when M == 1 or N == 1).
+/// `packed_b` (optional): op(B) already packed by pack_b_for_gemm(trans_b, K, N, B, ldb, ...)
+/// (e.g. a linear layer's constant weights, packed when the method is loaded); B itself is then
+/// read only when M == 1 or N == 1.
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
            const float* B, int64_t ldb, float beta, float* C, int64_t ldc, const GemmEpilogue& ep = {},
-           ThreadPool* pool = nullptr, const float* packed_a = nullptr);
+           ThreadPool* pool = nullptr, const float* packed_a = nullptr, const float* packed_b = nullptr);
 
 /// Floats of A [M, K] packed by pack_a_for_gemm (the MR-row panels of every K block, plus slack).
 int64_t packed_a_floats(int64_t M, int64_t K);
@@ -96,9 +99,17 @@ inline constexpr int64_t kGemmKBlock = 256;
 /// 256 q + kc - 1, kc = min(256, K - 256 q)), at q * ceil(N / 16) * gemm_panel_stride(256), the
 /// block's ceil(N / 16) panels of 16 columns as GemmBPacker writes them:
 ///   B[256 q + p, 16 jp + t] at q * ceil(N/16) * gemm_panel_stride(256) + jp * gemm_panel_stride(kc) + p * 16 + t.
+/// (The last, possibly shorter, K block takes only its own kc rows.)
 constexpr int64_t prepacked_b_floats(int64_t N, int64_t K) {
-  return (K + kGemmKBlock - 1) / kGemmKBlock * ((N + kGemmPanelCols - 1) / kGemmPanelCols) * gemm_panel_stride(kGemmKBlock);
+  if (K <= 0) return 0;
+  const int64_t full = (K - 1) / kGemmKBlock, panels = (N + kGemmPanelCols - 1) / kGemmPanelCols;
+  return full * panels * gemm_panel_stride(kGemmKBlock) + panels * gemm_panel_stride(K - full * kGemmKBlock);
 }
+
+/// Packs op(B) [K, N] (op(B)[p, j] = trans_b ? B[j * ldb + p] : B[p * ldb + j]) once into the
+/// prepacked_b_floats(N, K) layout, for repeated products with the same B (sgemm's packed_b,
+/// sgemm_prepacked). Columns of the last panel past N are zero.
+void pack_b_for_gemm(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* out);
 
 /// C[M, N] = A[M, K] * B[K, N] (+ the epilogue; C is not read), on the calling thread, with both
 /// operands already packed: A by pack_a_for_gemm(M, K, ...), B in the prepacked_b_floats layout
