@@ -157,10 +157,20 @@ __attribute__((target("avx2,fma"))) inline void store_tile_avx2(const __m256 (*a
   }
 }
 
+/// Prefetches the mr rows of a C tile of NR columns (the microkernels call it before their K
+/// loop: a large C, e.g. 4096 x 1280, is not in cache, and otherwise every row of the store misses).
+__attribute__((target("avx2,fma"))) inline void prefetch_c_tile(const float* c, int64_t ldc, int mr) {
+  for (int i = 0; i < mr; ++i) {
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(c + i * ldc + NR - 1), _MM_HINT_T0);
+  }
+}
+
 /// AVX2+FMA microkernel for a tile at most 8 columns wide (the last panel when N % 16 is in
 /// [1, 8], e.g. N = 49 at 7x7): half the FMAs of the 6 x 16 kernel; same packed layout.
 __attribute__((target("avx2,fma"))) void kernel_avx2_n8(int64_t kc, const float* ap, const float* bp, float* c,
                                                         int64_t ldc, int mr, int nr, const TileStore& s) {
+  prefetch_c_tile(c, ldc, mr);
   __m256 c0 = _mm256_setzero_ps(), c1 = _mm256_setzero_ps(), c2 = _mm256_setzero_ps();
   __m256 c3 = _mm256_setzero_ps(), c4 = _mm256_setzero_ps(), c5 = _mm256_setzero_ps();
   for (int64_t p = 0; p < kc; ++p) {
@@ -187,6 +197,7 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* ap
     kernel_avx2_n8(kc, ap, bp, c, ldc, mr, nr, s);
     return;
   }
+  prefetch_c_tile(c, ldc, mr);
   __m256 c00 = _mm256_setzero_ps(), c01 = _mm256_setzero_ps();
   __m256 c10 = _mm256_setzero_ps(), c11 = _mm256_setzero_ps();
   __m256 c20 = _mm256_setzero_ps(), c21 = _mm256_setzero_ps();
