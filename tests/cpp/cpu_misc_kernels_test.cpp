@@ -187,6 +187,7 @@ std::vector<float> test_points(float lo, float hi, int n) {
 }
 
 KILN_AVX2 void exp_vec(const float* x, float* y) { _mm256_store_ps(y, cpu::exp8(_mm256_loadu_ps(x))); }
+KILN_AVX2 void exp_nonpos_vec(const float* x, float* y) { _mm256_store_ps(y, cpu::exp8_nonpos(_mm256_loadu_ps(x))); }
 KILN_AVX2 void tanh_vec(const float* x, float* y) { _mm256_store_ps(y, cpu::tanh8(_mm256_loadu_ps(x))); }
 KILN_AVX2 void erfc_vec(const float* x, float* y) { _mm256_store_ps(y, cpu::erfc8(_mm256_loadu_ps(x))); }
 
@@ -206,6 +207,26 @@ TEST(VecMath, ExpRelativeError) {
   EXPECT_EQ(out[5], 0.0f);
   EXPECT_NEAR(out[6], std::exp(-100.0), 2e-45);
   EXPECT_TRUE(std::isnan(out[7]));
+}
+
+TEST(VecMath, ExpNonPositiveRelativeError) {
+  if (!cpu::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA";
+  const double e = max_rel_error(exp_nonpos_vec, [](double x) { return std::exp(x); }, test_points(-87.33f, 0.0f, 200001), 0.0);
+  EXPECT_LE(e, 2e-7);
+  // Below -87.33 (-inf included): exactly 0; NaN stays NaN; 0 and -0 give 1.
+  const std::vector<float> xs = {-87.34f, -100.0f, -std::numeric_limits<float>::infinity(), -1e30f,
+                                 std::nanf(""), 0.0f, -0.0f, -87.32f};
+  alignas(32) float out[8];
+  exp_nonpos_vec(xs.data(), out);
+  EXPECT_EQ(out[0], 0.0f);
+  EXPECT_EQ(out[1], 0.0f);
+  EXPECT_EQ(out[2], 0.0f);
+  EXPECT_EQ(out[3], 0.0f);
+  EXPECT_TRUE(std::isnan(out[4]));
+  EXPECT_EQ(out[5], 1.0f);
+  EXPECT_EQ(out[6], 1.0f);
+  const double want = std::exp(static_cast<double>(xs[7]));
+  EXPECT_NEAR(out[7], want, 2e-7 * want);
 }
 
 TEST(VecMath, TanhRelativeError) {

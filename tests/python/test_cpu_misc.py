@@ -79,7 +79,7 @@ SDPA_SHAPES = [
 
 
 @pytest.mark.parametrize("shapes", SDPA_SHAPES, ids=lambda s: "x".join(map(str, s[0])) + "_S" + str(s[1][-2]))
-@pytest.mark.parametrize("variant", ["plain", "causal", "bool_mask", "float_mask", "scale"])
+@pytest.mark.parametrize("variant", ["plain", "causal", "bool_mask", "float_mask", "scale", "negative_scale"])
 def test_sdpa(shapes, variant):
     rng = np.random.default_rng(sum(shapes[0]) + len(variant))
     q, k, v = (rand(rng, *s) for s in shapes)
@@ -89,8 +89,8 @@ def test_sdpa(shapes, variant):
         mask = rng.uniform(size=(L, S)) < 0.8
     elif variant == "float_mask":
         mask = rand(rng, *shapes[0][:-2], L, S, lo=-4, hi=1)
-    check_sdpa(q, k, v, mask, is_causal=variant == "causal", scale=0.3 if variant == "scale" else None,
-               what=f"sdpa {variant} {shapes}")
+    scale = {"scale": 0.3, "negative_scale": -0.3}.get(variant)  # scale > 0 is applied inside the softmax update
+    check_sdpa(q, k, v, mask, is_causal=variant == "causal", scale=scale, what=f"sdpa {variant} {shapes}")
 
 
 @pytest.mark.parametrize("mask_shape", [(2, 3, 40, 90), (2, 1, 40, 90), (1, 3, 1, 90), (40, 1), (1, 90), (1, 1)])

@@ -294,29 +294,33 @@ KILN_AVX2 void mask_scores(const Problem& P, int64_t b, int64_t i, int64_t j0, f
   }
 }
 
-/// Online-softmax update of one row: turns scores s[0..n) into p = e^(s - m'), updates m and l,
-/// and returns the factor e^(m - m') the row's accumulator must be scaled by.
-KILN_AVX2 float softmax_update(float* s, int64_t n, float& m, float& l) {
+/// Online-softmax update of one row: turns scores s[0..n) times `scale` into p = e^(scale s - m'),
+/// updates m and l, and returns the factor e^(m - m') the row's accumulator must be scaled by.
+/// scale > 0 (scores not yet scaled: scaling is monotonic, so the maximum of the scaled scores
+/// is the scaled maximum, and the scaling rides in the exponent's FMA) or exactly 1 (mask_scores
+/// already scaled them).
+KILN_AVX2 float softmax_update(float* s, int64_t n, float scale, float& m, float& l) {
   __m256 mx = _mm256_set1_ps(kNegInf);
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
   float bm = cpu::hmax(mx);
   for (; j < n; ++j) bm = std::max(bm, s[j]);
-  const float m_new = std::max(m, bm);
+  const float m_new = std::max(m, bm * scale);
   if (m_new == kNegInf) {  // every score so far is -inf: nothing to add
     std::fill(s, s + n, 0.0f);
     return 1.0f;
   }
-  const __m256 vm = _mm256_set1_ps(m_new);
+  // Scores minus their maximum are <= 0 (or -inf, or NaN): exp8_nonpos.
+  const __m256 vm = _mm256_set1_ps(-m_new), vs = _mm256_set1_ps(scale);
   __m256 sum = _mm256_setzero_ps();
   j = 0;
   for (; j + 8 <= n; j += 8) {
-    const __m256 p = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vm));
+    const __m256 p = cpu::exp8_nonpos(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), vs, vm));
     _mm256_storeu_ps(s + j, p);
     sum = _mm256_add_ps(sum, p);
   }
   if (j < n) {
-    const __m256 p = _mm256_and_ps(exp8(_mm256_sub_ps(load_tail(s + j, n - j), vm)),
+    const __m256 p = _mm256_and_ps(cpu::exp8_nonpos(_mm256_fmadd_ps(load_tail(s + j, n - j), vs, vm)),
                                    _mm256_castsi256_ps(cpu::tail_mask(n - j)));
     store_tail(s + j, n - j, p);
     sum = _mm256_add_ps(sum, p);
@@ -359,11 +363,18 @@ KILN_AVX2 void attention_block(const Problem& P, Scratch& W, int64_t b, int64_t 
         by_rows<QK>(std::min<int64_t>(kMR, rows - r), q + r * E, E, W.kt + c, W.ldk, E, W.s + r * W.lds + c, W.lds);
       }
     }
-    // Softmax update and accumulator rescale, row by row.
+    // Softmax update and accumulator rescale, row by row. Without a mask and with a positive
+    // scale, the scaling happens inside the update (one pass over the scores fewer).
+    const bool plain = P.mask_f == nullptr && P.mask_b == nullptr && !P.causal && P.scale > 0.0f;
     for (int64_t r = 0; r < rows; ++r) {
       float* s = W.s + r * W.lds;
-      mask_scores(P, b, q0 + r, j0, s, n);
-      const float alpha = softmax_update(s, n, W.m[r], W.l[r]);
+      float scale = 1.0f;
+      if (plain) {
+        scale = P.scale;  // applied inside softmax_update
+      } else {
+        mask_scores(P, b, q0 + r, j0, s, n);
+      }
+      const float alpha = softmax_update(s, n, scale, W.m[r], W.l[r]);
       if (alpha != 1.0f) {
         float* o = W.o + r * W.ldo;
         const __m256 va = _mm256_set1_ps(alpha);
