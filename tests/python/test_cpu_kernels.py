@@ -46,6 +46,22 @@ class ConvNet(torch.nn.Module):
         return z, torch.addmm(self.b, flat, self.w)
 
 
+class DeepSmallPlane(torch.nn.Module):
+    """More output channels than output pixels (a late ResNet stage): the GEMMs split along M,
+    with the im2col matrix (and a plain mm's B) packed once for both threads."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(64, 264, 3, padding=1)          # M 264 > N 100, K 576
+        self.conv2 = torch.nn.Conv2d(264, 300, 3, stride=2, padding=1)  # M 300 > N 25, K 2376
+        self.w = torch.nn.Parameter(torch.randn(25, 40) * 0.2)
+
+    def forward(self, x):
+        y = self.conv2(torch.relu(self.conv(x)))                    # [N, 300, 5, 5]
+        flat = y.flatten(2)                                          # [N, 300, 25]
+        return torch.matmul(flat[0], flat[0].t() @ flat[0]) @ self.w  # mm with M 300 > N
+
+
 class Mlp(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -58,6 +74,7 @@ class Mlp(torch.nn.Module):
 
 CASES = {
     "convnet": (ConvNet, lambda: torch.randn(2, 3, 41, 37)),
+    "deep_small_plane": (DeepSmallPlane, lambda: torch.randn(1, 64, 10, 10)),
     "mlp_batch1": (Mlp, lambda: torch.randn(1, 300)),
     "mlp_batch5": (Mlp, lambda: torch.randn(5, 300)),
     # Weights packed at load (linear_prepare); large enough for the pool: split along N with A

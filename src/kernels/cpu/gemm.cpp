@@ -621,9 +621,29 @@ void pack_a_whole(const GemmArgs& g, float* out) {
   }
 }
 
-/// Largest op(A) (floats) that a product split along N packs once for all its parts (the
-/// calling thread's buffer; 1 Mi floats = 4 MiB) instead of once per part.
-constexpr int64_t kSharedPackMaxFloats = int64_t{1} << 20;
+/// Packs all of op(B) [K, N] of `g` (its packer, or B transposed or not) in the
+/// prepacked_b_floats layout, the (K block, NC-column block) pieces spread over `pool` (may be null).
+void pack_b_whole(const GemmArgs& g, float* out, ThreadPool* pool) {
+  const int64_t npanels = (g.N + NR - 1) / NR, kblocks = (g.K + KC - 1) / KC, nblocks = (g.N + NC - 1) / NC;
+  parallel_tasks(pool, kblocks * nblocks, [&](int64_t t) {
+    const int64_t pc = t / nblocks * KC, jc = t % nblocks * NC;
+    const int64_t kc = std::min(KC, g.K - pc), nc = std::min(NC, g.N - jc);
+    float* d = out + pc / KC * npanels * panel_stride(KC) + jc / NR * panel_stride(kc);
+    if (g.packer != nullptr) {
+      g.packer->fn(g.packer->ctx, jc, nc, pc, kc, d);
+    } else if (g.trans_b && has_avx2_fma()) {
+      pack_b_trans_avx2(g, jc, nc, pc, kc, d);
+    } else {
+      pack_b(g, jc, nc, pc, kc, d);
+    }
+  });
+}
+
+/// Largest operand (floats) that a parallel product packs once for all its parts (the calling
+/// thread's buffers, kept for its next products) instead of once per part: op(A) when split along
+/// N (1 Mi floats = 4 MiB), op(B) when split along M (4 Mi floats = 16 MiB).
+constexpr int64_t kSharedPackAMaxFloats = int64_t{1} << 20;
+constexpr int64_t kSharedPackBMaxFloats = int64_t{1} << 22;
 
 /// The blocked product over all of C, split over the pool (shared by sgemm and sgemm_packed_b).
 void gemm_blocked(const GemmArgs& g, bool parallel, ThreadPool* pool) {
@@ -633,30 +653,44 @@ void gemm_blocked(const GemmArgs& g, bool parallel, ThreadPool* pool) {
     gemm_rect(g, kernel, 0, M, 0, N);
     return;
   }
-  // Rectangles along the larger dimension, in whole micro-tiles, claimed dynamically. Along N
-  // (each part repacks only the small A block) up to 4 per thread; along M (each part repacks
-  // all of B) one per thread.
+  // Rectangles along the larger dimension, in whole micro-tiles, claimed dynamically, up to 4 per
+  // thread. The operand every part would otherwise pack in full (A when split along N, B when
+  // split along M) is packed once here, with all threads, when it is not already packed and
+  // fits the shared buffer (for a 77-row text-encoder layer on 2 threads: 8 packs of A per call
+  // down to 1; for a 3x3 convolution on a 14x14 plane: the im2col gather once instead of per
+  // thread). When it does not fit, a split along M keeps one part per thread.
   const bool split_n = N >= M;
+  GemmArgs gs = g;
+  bool shared = false;
+  if (split_n) {
+    shared = g.packed_a == nullptr && packed_a_floats(M, g.K) <= kSharedPackAMaxFloats;
+    if (shared) {
+      thread_local std::vector<float> buf_a;
+      buf_a.resize(static_cast<size_t>(packed_a_floats(M, g.K)));
+      pack_a_whole(g, buf_a.data());
+      gs.packed_a = buf_a.data();
+    }
+  } else {
+    shared = g.packed_b == nullptr && prepacked_b_floats(N, g.K) <= kSharedPackBMaxFloats;
+    if (shared) {
+      thread_local std::vector<float> buf_b;
+      buf_b.resize(static_cast<size_t>(prepacked_b_floats(N, g.K)));
+      pack_b_whole(g, buf_b.data(), pool);
+      gs.packed_b = buf_b.data();
+    }
+  }
+  const bool cheap_parts = split_n || shared || g.packed_b != nullptr;
   const int64_t unit = split_n ? NR : MR;
   const int64_t dim = split_n ? N : M;
   const int64_t units = (dim + unit - 1) / unit;
   const int64_t threads = pool->num_threads();
-  const int64_t want = split_n ? std::clamp<int64_t>(units / 4, threads, 4 * threads) : threads;
+  const int64_t want = cheap_parts ? std::clamp<int64_t>(units / 4, threads, 4 * threads) : threads;
   const int64_t parts = std::min(want, units);
   if (parts <= 1) {
-    gemm_rect(g, kernel, 0, M, 0, N);
+    gemm_rect(gs, kernel, 0, M, 0, N);
     return;
   }
   const int64_t per = (units + parts - 1) / parts;  // units per part
-  // Split along N, every part would pack all of A again: pack it once here instead (for a
-  // 77-row text-encoder layer on 2 threads that is 8 packs of A per call down to 1).
-  GemmArgs gs = g;
-  if (split_n && g.packed_a == nullptr && packed_a_floats(M, g.K) <= kSharedPackMaxFloats) {
-    thread_local std::vector<float> shared;
-    shared.resize(static_cast<size_t>(packed_a_floats(M, g.K)));
-    pack_a_whole(g, shared.data());
-    gs.packed_a = shared.data();
-  }
   parallel_tasks(pool, parts, [&](int64_t t) {
     const int64_t lo = std::min(dim, t * per * unit);
     const int64_t hi = std::min(dim, (t + 1) * per * unit);
@@ -701,20 +735,7 @@ static_assert(KC == kGemmKBlock, "gemm.h documents the K block of packed operand
 
 void pack_b_for_gemm(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* out) {
   const GemmArgs g{false, trans_b, 0, N, K, 1.0f, nullptr, 0, B, ldb, 0.0f, nullptr, 0, nullptr};
-  const int64_t block = (N + NR - 1) / NR * panel_stride(KC);
-  for (int64_t pc = 0; pc < K; pc += KC) {
-    const int64_t kc = std::min(KC, K - pc);
-    float* dst = out + pc / KC * block;
-    for (int64_t jc = 0; jc < N; jc += NC) {  // the packers take NC columns at a time
-      const int64_t nc = std::min(NC, N - jc);
-      float* d = dst + jc / NR * panel_stride(kc);
-      if (trans_b && has_avx2_fma()) {
-        pack_b_trans_avx2(g, jc, nc, pc, kc, d);
-      } else {
-        pack_b(g, jc, nc, pc, kc, d);
-      }
-    }
-  }
+  pack_b_whole(g, out, nullptr);
 }
 
 void sgemm_prepacked(int64_t M, int64_t N, int64_t K, const float* packed_a, const float* packed_b, float* C,
