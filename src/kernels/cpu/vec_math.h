@@ -11,8 +11,8 @@
 // Accuracy (measured against double std::exp / std::tanh / std::erf on dense grids; the tests in
 // tests/cpp/cpu_misc_kernels_test.cpp, VecMath.*, hold the bounds in brackets):
 // - exp8:  max relative error 1.2e-7 (2 ulp) over [-87.3, 88.7] [2e-7]; overflow -> +inf
-// - exp8_nonpos: as exp8 over [-87.33, 0]; 0 below
 //          (x > 88.7228), underflow -> 0 (x < -104), denormal results kept; NaN propagates.
+// - exp8_nonpos: as exp8 over [-87.33, 0] [2e-7]; 0 below -87.33 (-inf included); NaN propagates.
 // - tanh8: max relative error 1.5e-7 over [-10, 10] [2e-7]; NaN propagates; +-inf -> +-1.
 // - erfc8: max relative error 4.3e-7 over [0, 9.1] [5e-7] (Numerical Recipes' 1.2e-7 plus float
 //          rounding).
