@@ -9,6 +9,30 @@
 
 namespace kiln {
 
+namespace {
+
+/// Who reads and who writes each value of a graph, for the fusion/folding passes.
+struct Uses {
+  std::vector<int> readers;      ///< per value: node inputs reading it, plus 1 for a graph output
+  std::vector<int> producer;     ///< per value: index of the node writing it, or -1
+  std::vector<int> last_reader;  ///< per value: index of the last node reading it, or -1
+  explicit Uses(const Graph& graph)
+      : readers(graph.values().size(), 0), producer(graph.values().size(), -1), last_reader(graph.values().size(), -1) {
+    const auto& nodes = graph.nodes();
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      for (ValueId in : nodes[i].inputs) {
+        if (in == kNoValue) continue;
+        ++readers[static_cast<size_t>(in)];
+        last_reader[static_cast<size_t>(in)] = static_cast<int>(i);
+      }
+      for (ValueId o : nodes[i].outputs) producer[static_cast<size_t>(o)] = static_cast<int>(i);
+    }
+    for (ValueId o : graph.outputs()) ++readers[static_cast<size_t>(o)];
+  }
+};
+
+}  // namespace
+
 size_t eliminate_dead_code(Graph& graph) {
   std::vector<bool> live(graph.values().size(), false);
   for (ValueId id : graph.outputs()) live[static_cast<size_t>(id)] = true;
@@ -113,16 +137,9 @@ bool foldable_batch_norm(const Graph& g, const Node& bn, int64_t channels) {
 
 Result<size_t> fold_batch_norm(Graph& graph) {
   const auto& nodes = graph.nodes();
-  // Readers of every value (graph outputs count as a reader that is not a node).
-  std::vector<int> readers(graph.values().size(), 0);
-  std::vector<int> producer(graph.values().size(), -1);
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    for (ValueId in : nodes[i].inputs) {
-      if (in != kNoValue) ++readers[static_cast<size_t>(in)];
-    }
-    for (ValueId o : nodes[i].outputs) producer[static_cast<size_t>(o)] = static_cast<int>(i);
-  }
-  for (ValueId o : graph.outputs()) ++readers[static_cast<size_t>(o)];
+  Uses uses(graph);  // graph outputs count as a reader that is not a node
+  const std::vector<int>& readers = uses.readers;
+  std::vector<int>& producer = uses.producer;
 
   std::vector<bool> drop(nodes.size(), false);
   size_t folded = 0;
@@ -215,17 +232,9 @@ double const_scalar(const Graph& g, ValueId id) {
 
 Result<size_t> fold_scalar_affine(Graph& graph) {
   const auto& nodes = graph.nodes();
-  std::vector<int> readers(graph.values().size(), 0), producer(graph.values().size(), -1);
-  std::vector<int> reader_node(graph.values().size(), -1);
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    for (ValueId in : nodes[i].inputs) {
-      if (in == kNoValue) continue;
-      ++readers[static_cast<size_t>(in)];
-      reader_node[static_cast<size_t>(in)] = static_cast<int>(i);
-    }
-    for (ValueId o : nodes[i].outputs) producer[static_cast<size_t>(o)] = static_cast<int>(i);
-  }
-  for (ValueId o : graph.outputs()) ++readers[static_cast<size_t>(o)];
+  const Uses uses(graph);
+  const std::vector<int>& readers = uses.readers;
+  const std::vector<int>& reader_node = uses.last_reader;  // the only reader where readers == 1
   // The node reading `v` when it is v's only reader (v not an output), and the scalar it combines
   // v with (mul: any scalar; add: alpha 1), else -1.
   auto scalar_step = [&](ValueId v, double* scalar) -> int {
@@ -279,7 +288,6 @@ Result<size_t> fold_scalar_affine(Graph& graph) {
     // scale, partial sums that eager computes before scaling could overflow (or weights flush to
     // zero) after it. Only scales well inside float32's range are folded.
     if (std::fabs(scale) > 1e8 || std::fabs(scale) < 1e-8 || std::fabs(shift) > 1e30) continue;
-    const size_t per_out = static_cast<size_t>(wt.numel() / channels);
     std::vector<uint8_t> wbytes(wt.nbytes()), bbytes(static_cast<size_t>(channels) * sizeof(float));
     auto* nw = reinterpret_cast<float*>(wbytes.data());
     auto* nb = reinterpret_cast<float*>(bbytes.data());
@@ -289,7 +297,6 @@ Result<size_t> fold_scalar_affine(Graph& graph) {
     for (int64_t o = 0; o < channels; ++o) {
       nb[o] = static_cast<float>((b ? static_cast<double>(b[o]) : 0.0) * scale + shift);
     }
-    (void)per_out;
     const std::string base = conv.debug_name.empty() ? conv.op : conv.debug_name;
     auto new_w = graph.add_constant(base + ".weight(affine folded)", wt, std::move(wbytes));
     if (!new_w.ok()) return new_w.error();
@@ -315,14 +322,9 @@ Result<size_t> fold_scalar_affine(Graph& graph) {
 
 Result<size_t> fuse_hardswish(Graph& graph) {
   const auto& nodes = graph.nodes();
-  std::vector<int> readers(graph.values().size(), 0), producer(graph.values().size(), -1);
-  for (size_t i = 0; i < nodes.size(); ++i) {
-    for (ValueId in : nodes[i].inputs) {
-      if (in != kNoValue) ++readers[static_cast<size_t>(in)];
-    }
-    for (ValueId o : nodes[i].outputs) producer[static_cast<size_t>(o)] = static_cast<int>(i);
-  }
-  for (ValueId o : graph.outputs()) ++readers[static_cast<size_t>(o)];
+  const Uses uses(graph);
+  const std::vector<int>& readers = uses.readers;
+  const std::vector<int>& producer = uses.producer;
   // The node producing `v` when `v` is read by exactly one node (its consumer) and is not an output.
   auto single_use_producer = [&](ValueId v, const char* op) -> const Node* {
     if (v == kNoValue || readers[static_cast<size_t>(v)] != 1) return nullptr;
