@@ -10,6 +10,7 @@
 #include <mutex>
 
 #include "backends/backend.h"
+#include "common/file_write.h"
 #include "ir/op_registry.h"
 #include "kernels/kernel.h"
 #include "kiln/compiler.h"
@@ -343,6 +344,18 @@ PYBIND11_MODULE(_kiln, m) {
       py::arg("scale_dtype") = "float32",
       "Quantizes a float32 matrix [rows, k] as the compiler's quantization pass does ('w8' or 'w4'); returns raw "
       "bytes (packed weight, scales, zeros; zeros empty when symmetric). Layout: src/ir/ops/quant.h.");
+  m.def("write_file_replacing", [](const std::string& path, py::bytes data) {
+        const std::string_view v = data;
+        Error e;
+        {
+          py::gil_scoped_release release;
+          e = write_file_replacing(path, v.data(), v.size());
+        }
+        check(e);
+      }, py::arg("path"), py::arg("data"),
+      "Writes `data` to `path` complete or not at all (a temporary beside it renamed over it; a "
+      "device or FIFO is written into; a symlink's target is replaced). The folder must exist. "
+      "Raises KilnError (NotFound, InvalidArgument) naming the path and the system's reason.");
   m.def("backend_names", [] { return BackendRegistry::get().names(); },
         "Delegate backends compiled into this build (e.g. ['xnnpack']).");
 

@@ -1329,36 +1329,19 @@ def _default_progress(msg: str):
 
 
 def _write_atomically(path: str, data: bytes):
-    """Writes `data` to a temporary file beside `path` and renames it over `path`, so that a
-    process that has the old program memory-mapped keeps its (unlinked) bytes instead of
-    seeing the file truncated under it (SIGBUS). An existing device or FIFO (e.g. /dev/null) is
-    written in place, never replaced by a regular file. Raises OSError."""
-    import stat
-    import tempfile
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        st = None
-    if st is not None and not stat.S_ISREG(st.st_mode) and not stat.S_ISDIR(st.st_mode):
-        with open(path, "wb") as f:  # a device (/dev/null) or FIFO: written into, never replaced
-            f.write(data)
-        return
-    if os.path.exists(path):  # a symlink to a file: replace the file it names, keep the link
-        path = os.path.realpath(path)  # (a dangling link is replaced itself, as kiln compile does)
-    d = os.path.dirname(path) or "."
+    """Writes `data` to `path` as `kiln compile` does (src/common/file_write.cpp, through the
+    binding): a temporary file beside the target renamed over it, so that a process that has the
+    old program memory-mapped keeps its (unlinked) bytes instead of seeing the file truncated
+    under it (SIGBUS); an existing device or FIFO (e.g. /dev/null) is written in place; a symlink
+    to a file replaces the file it names. Missing parent folders are created first. Raises OSError
+    (strerror: the system's reason, e.g. "No space left on device")."""
+    target = os.path.realpath(path) if os.path.exists(path) else path  # a symlink: its target's folder
+    d = os.path.dirname(target) or "."
     os.makedirs(d, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".kiln-", suffix=".tmp", dir=d)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+        _kiln.write_file_replacing(path, bytes(data))
+    except KilnError as e:  # "<what> '<path>': <reason>" (src/common/file_write.cpp)
+        raise OSError(0, str(e.args[0]).rsplit("': ", 1)[-1], path) from None
 
 
 def _write_json(path, report: dict):
