@@ -23,7 +23,7 @@ using cpu::erfc8;
 using cpu::exp8;
 using cpu::tanh8;
 
-constexpr int64_t kCheapGrain = 1 << 17;   ///< elements per thread, at least: memory-bound ops
+constexpr int64_t kCheapGrain = 1 << 15;   ///< elements per thread, at least: memory-bound ops
 constexpr int64_t kCostlyGrain = 1 << 13;  ///< elements per thread, at least: exp/tanh/erfc ops
 
 KILN_AVX2 inline __m256 sign_mask() { return _mm256_set1_ps(-0.0f); }

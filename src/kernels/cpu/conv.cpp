@@ -370,7 +370,7 @@ void depthwise_c8(const ConvGeometry& g, const float* px, const float* pw, const
   };
   const int64_t tasks = g.batch * blocks;
   const double work = static_cast<double>(g.batch * C) * static_cast<double>(out_plane * g.kernel[0] * g.kernel[1]);
-  if (pool == nullptr || pool->num_threads() <= 1 || work < 1e6 || tasks < 2) {
+  if (pool == nullptr || pool->num_threads() <= 1 || work < 2.5e5 || tasks < 2) {  // below ~25 us: one thread
     run(0, tasks);
     return;
   }
@@ -403,7 +403,7 @@ void depthwise(const ConvGeometry& g, const float* px, const float* pw, const fl
   };
   const int64_t tasks = g.batch * C;
   const double work = static_cast<double>(tasks) * static_cast<double>(mult * out_plane * kk);
-  if (pool == nullptr || pool->num_threads() <= 1 || work < 1e6) {  // below ~100 us: one thread
+  if (pool == nullptr || pool->num_threads() <= 1 || work < 2.5e5) {  // below ~25 us: one thread
     run(0, tasks);
     return;
   }

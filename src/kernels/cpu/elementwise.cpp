@@ -28,7 +28,7 @@ using cpu::load_tail;
 using cpu::store_tail;
 
 constexpr int64_t kMinRun = 16;         ///< shortest innermost run accepted
-constexpr int64_t kParallelGrain = 1 << 17;  ///< output elements per thread, at least (memory-bound)
+constexpr int64_t kParallelGrain = 1 << 15;  ///< output elements per thread, at least (memory-bound)
 
 /// The output as coalesced dims; sa/sb are each operand's element strides (0 = broadcast).
 struct BinaryPlan {
