@@ -580,7 +580,9 @@ void gemv(const GemmArgs& g, bool avx2, bool parallel, ThreadPool* pool) {
     run(0, len);
     return;
   }
-  const int64_t parts = std::min<int64_t>(4 * pool->num_threads(), (len + 63) / 64);
+  const int64_t threads = pool->num_threads();
+  int64_t parts = std::min<int64_t>(4 * threads, (len + 63) / 64);
+  if (parts > threads) parts = parts / threads * threads;  // a whole number of parts per thread
   const int64_t per = (len + parts - 1) / parts;
   parallel_tasks(pool, parts, [&](int64_t t) { run(std::min(len, t * per), std::min(len, (t + 1) * per)); });
 }
@@ -684,7 +686,9 @@ void gemm_blocked(const GemmArgs& g, bool parallel, ThreadPool* pool) {
   const int64_t dim = split_n ? N : M;
   const int64_t units = (dim + unit - 1) / unit;
   const int64_t threads = pool->num_threads();
-  const int64_t want = cheap_parts ? std::clamp<int64_t>(units / 4, threads, 4 * threads) : threads;
+  // A whole number of parts per thread: 3 parts of 13 panels on 2 threads would leave one thread
+  // 2 parts (10 panels) and the other 1.
+  const int64_t want = cheap_parts ? std::clamp<int64_t>(units / 4, threads, 4 * threads) / threads * threads : threads;
   const int64_t parts = std::min(want, units);
   if (parts <= 1) {
     gemm_rect(gs, kernel, 0, M, 0, N);
