@@ -1,6 +1,6 @@
 // Optimized cpu kernel for aten.convolution (float32, 1-D and 2-D; NCHW).
 //
-// Five paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
+// Six paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
 //   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernels: output rows of at most 32
 //     columns and multiplier 1 take 8 channels at a time, interleaved (depthwise_c8); the others
 //     compute each output plane as a flat 1-D correlation over the padded, stride-split input
@@ -8,6 +8,8 @@
 //   1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
 //   3x3, stride 1, dilation 1, one group, constant weights, large enough (cpu::winograd_applies):
 //     Winograd F(4x4, 3x3) (winograd.cpp), filters transformed once in conv_prepare;
+//   few input channels (C_in <= 4, e.g. an RGB stem), kernel <= 7x7, stride 1 or 2: direct
+//     (conv_direct.cpp), on the raw weights;
 //   everything else: GEMM per group on the im2col matrix, packed on the fly (no im2col buffer).
 //   transposed: GEMM into a column buffer, then col2im (conv_transposed).
 //
@@ -24,6 +26,7 @@
 #include <vector>
 
 #include "ir/ops/conv.h"
+#include "kernels/cpu/conv_direct.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel_util.h"
 #include "kernels/cpu/winograd.h"
@@ -659,6 +662,8 @@ Error convolution(const KernelArgs& a) {
     conv_1x1(g, px, pw, pb, po, a.pool, st);
   } else if (st != nullptr && !st->winograd.empty()) {
     cpu::conv_winograd(g, px, st->winograd.data(), pb, po, a.pool, post);
+  } else if (cpu::direct_conv_applies(g)) {
+    cpu::conv_direct(g, px, pw, pb, po, a.pool, post);
   } else {
     conv_im2col(g, px, pw, pb, po, a.pool, st);
   }
@@ -680,7 +685,7 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
   const int64_t OHW = g.out_size[0] * g.out_size[1];
   // GEMM paths with a constant weight and more than one output column (a single column is a
   // matrix-vector product, which reads the weights directly; Winograd takes any size it is given).
-  if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && !use_depthwise_kernel(g) &&
+  if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && !use_depthwise_kernel(g) && !cpu::direct_conv_applies(g) &&
       (OHW > 1 || cpu::winograd_applies(g))) {
     const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
     const int64_t Kdim = cin_g * g.kernel[0] * g.kernel[1];

@@ -1,0 +1,47 @@
+"""The cpu kernels' direct convolution for few input channels (src/kernels/cpu/conv_direct.cpp:
+C_in <= 4, kernel <= 7x7, stride 1 or 2, e.g. an RGB stem) against PyTorch eager, at 1 and 2
+threads, with the fused activations and the edge cases of its row building (padding wider than
+half the kernel, odd widths, output rows narrower than one register tile)."""
+import numpy as np
+import pytest
+import torch
+
+import kiln
+from oprunner import assert_close, has_avx2_fma
+
+torch.set_num_threads(1)
+
+ACT = {None: None, "relu": torch.nn.ReLU, "hardswish": torch.nn.Hardswish, "relu6": torch.nn.ReLU6}
+
+# (C_in, C_out, kernel, stride, padding, H, W, activation)
+CASES = [
+    (3, 16, 3, 2, 1, 64, 64, "hardswish"),   # mobilenet_v3 stem, smaller image
+    (3, 64, 7, 2, 3, 40, 52, "relu"),        # resnet stem
+    (1, 8, 3, 1, 1, 20, 33, None),           # stride 1, one input channel
+    (4, 5, 5, 1, 2, 17, 40, None),           # C_out not a multiple of 4
+    (2, 7, 2, 2, 0, 31, 29, "relu6"),        # even kernel, no padding
+    (3, 9, 3, 2, 1, 9, 16, None),            # 8 output columns: one partial tile
+    (3, 6, (3, 5), 1, (1, 2), 12, 19, "hardswish"),  # rectangular kernel and padding
+    (3, 4, 3, 2, 5, 10, 21, None),           # padding wider than the kernel
+]
+
+
+@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "_".join(map(str, c)))
+def test_direct_conv_matches_eager(case):
+    cin, cout, k, s, p, h, w, act = case
+    torch.manual_seed(sum(map(hash, map(str, case))) % 1000)
+    layers = [torch.nn.Conv2d(cin, cout, k, stride=s, padding=p)]
+    if act is not None:
+        layers.append(ACT[act]())
+    model = torch.nn.Sequential(*layers).eval()
+    x = torch.randn(2, cin, h, w)
+    data = kiln.export(model, (x,), verbose=False).data
+    with torch.no_grad():
+        expected = model(x).numpy()
+    for threads in (1, 2):
+        out = kiln.load_bytes(data, num_threads=threads).run(x.numpy())[0]
+        assert_close(out, expected, rel=1e-5, what=f"{case} at {threads} threads")
+    ref = kiln.load_bytes(data, num_threads=1, portable_kernels_only=True).run(x.numpy())[0]
+    # float32 FMA sums differ in the last bits from the portable kernel's double sums
+    assert not np.array_equal(out, ref), "the cpu kernel was not selected (bit-identical to the portable kernel)"
