@@ -55,6 +55,7 @@ struct Tiling {
   int64_t v_stride;  // floats per position of the transformed input (packed B) of a block
   int64_t m_floats;  // floats of the GEMM output of a block ([C_out][36][8 G])
   int64_t pos_stride;  // floats per position of the packed filters
+  int64_t chunks, chunk_stride;  // output-channel chunks of the packed filters (chunk_rows), floats apart
 };
 
 /// In-lane 4x4 transpose: in each 128-bit half, lane i of output c = lane c of input i.
@@ -110,7 +111,7 @@ __attribute__((target("avx2,fma"))) inline void row_columns(__m256 a0, __m256 a1
 /// Where the columns of a group lie: c0 = first input column (4 tx0 - PW); `direct` when all of
 /// [c0, c0 + 36) is inside the row, else mask[i] selects the lanes of load i (offsets 0, 8, 16, 24,
 /// 4, 12, 20, 28) inside [0, IW) (masked loads read nothing outside).
-struct GroupCols {
+struct alignas(32) GroupCols {
   int64_t c0;
   bool direct;
   __m256i mask[8];
@@ -229,51 +230,143 @@ float* block_scratch(size_t floats) {
   return scratch.data();
 }
 
-/// One block of groups [g0, g1) of the whole batch.
+/// Rows of the packed filters' output-channel chunks: at most kMaxChunkRows (a multiple of the
+/// GEMM's 6-row panels), the chunks as even as that allows. A chunk's K block of packed filters
+/// (rows x 256 floats, <= 384 KiB) stays in L2 while the GEMM sweeps the block's tile panels.
+constexpr int64_t kMaxChunkRows = 384;
+int64_t chunk_rows(int64_t cout) {
+  const int64_t n = (cout + kMaxChunkRows - 1) / kMaxChunkRows;
+  return std::min(cout, ((cout + n - 1) / n + 5) / 6 * 6);
+}
+int64_t chunk_stride(int64_t cout, int64_t cin) { return (packed_a_floats(chunk_rows(cout), cin) + 15) / 16 * 16; }
+
+/// Where the groups of a block lie.
+struct Where {
+  int64_t n, ty, tx0;
+};
+
+/// One block of groups [g0, g1) of the whole batch (gi = gid - g0 below).
+struct Block {
+  const Tiling* T;
+  int64_t ng, N, npanels;
+  std::vector<Where> where;
+  std::vector<GroupCols> cols;
+  float* V;  // 36 packed B operands, v_stride floats apart
+  float* M;  // [C_out][36][N]
+
+  void init(const Tiling& t, int64_t g0, int64_t g1, float* scratch) {
+    T = &t;
+    ng = g1 - g0;
+    N = ng * kLanes;
+    npanels = (N + kGemmPanelCols - 1) / kGemmPanelCols;
+    where.resize(static_cast<size_t>(ng));
+    cols.resize(static_cast<size_t>(ng));
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      const int64_t gid = g0 + gi;
+      const int64_t rem = gid % t.groups_per_image;
+      where[gi] = {gid / t.groups_per_image, rem / t.gx, rem % t.gx * kLanes};
+      cols[gi] = group_cols(t, where[gi].tx0);
+    }
+    V = scratch;
+    M = scratch + kPos * t.v_stride;
+  }
+
+  /// 1. input transform of input channels [c0, c1), straight into the packed B panels; channel by
+  ///    channel, so that the group's input rows are read left to right and each panel row (2
+  ///    groups) is written whole.
+  void input(const float* x, int64_t c0, int64_t c1) const {
+    const int64_t IHW = T->IH * T->IW;
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t kb = c / kGemmKBlock, p = c % kGemmKBlock;
+      const int64_t kc = std::min<int64_t>(kGemmKBlock, T->cin - kb * kGemmKBlock);
+      float* vc = V + kb * npanels * gemm_panel_stride(kGemmKBlock) + p * kGemmPanelCols;
+      for (int64_t gi = 0; gi < ng; ++gi) {
+        input_group(*T, x + (where[gi].n * T->cin + c) * IHW, where[gi].ty, cols[gi],
+                    vc + gi / 2 * gemm_panel_stride(kc) + gi % 2 * kLanes);
+      }
+    }
+  }
+
+  /// 2. the GEMM of position pos for output-channel chunk q. M is [C_out][36][N]: position pos is
+  ///    the [C_out x N] matrix at M + pos * N with row stride 36 N, so that the output transform's
+  ///    36 reads of one channel are close together (positions a large power of two apart would
+  ///    share L1 sets).
+  void gemm(const float* packed, int64_t pos, int64_t q) const {
+    const int64_t mc = chunk_rows(T->cout), o0 = q * mc, rows = std::min(mc, T->cout - o0);
+    sgemm_prepacked(rows, N, T->cin, packed + pos * T->pos_stride + q * T->chunk_stride, V + pos * T->v_stride,
+                    M + o0 * kPos * N + pos * N, kPos * N);
+  }
+
+  /// 3. output transform of output channels [o0, o1) (lanes of group gi at column 8 gi).
+  void output(const float* bias, const PostOp& post, float* out, int64_t o0, int64_t o1) const {
+    const int64_t OHW = T->OH * T->OW;
+    for (int64_t o = o0; o < o1; ++o) {
+      const float b = bias != nullptr ? bias[o] : 0.0f;
+      for (int64_t gi = 0; gi < ng; ++gi) {
+        output_group(*T, M + o * kPos * N + gi * kLanes, N, b, post, out + (where[gi].n * T->cout + o) * OHW,
+                     where[gi].ty, where[gi].tx0);
+      }
+    }
+  }
+};
+
+/// One block of groups [g0, g1) of the whole batch on the calling thread (its own scratch).
 void run_block(const Tiling& T, const float* x, const float* packed, const float* bias, float* out,
                const PostOp& post, int64_t g0, int64_t g1) {
-  const int64_t ng = g1 - g0;
-  const int64_t N = ng * kLanes;  // GEMM columns of this block
-  const int64_t npanels = (N + kGemmPanelCols - 1) / kGemmPanelCols;
-  float* V = block_scratch(static_cast<size_t>(kPos * T.v_stride + T.m_floats));
-  float* M = V + kPos * T.v_stride;
-  const int64_t IHW = T.IH * T.IW, OHW = T.OH * T.OW;
-  struct Where {
-    int64_t n, ty, tx0;
-  };
-  constexpr int64_t kMaxG = 64;
-  Where where[kMaxG];
-  GroupCols cols[kMaxG];
-  for (int64_t gi = 0; gi < ng; ++gi) {
-    const int64_t gid = g0 + gi;
-    const int64_t rem = gid % T.groups_per_image;
-    where[gi] = {gid / T.groups_per_image, rem / T.gx, rem % T.gx * kLanes};
-    cols[gi] = group_cols(T, where[gi].tx0);
-  }
-  // 1. input transform, straight into the packed B panels; channel by channel, so that the
-  //    group's input rows are read left to right and each panel row (2 groups) is written whole.
-  for (int64_t c = 0; c < T.cin; ++c) {
-    const int64_t kb = c / kGemmKBlock, p = c % kGemmKBlock;
-    const int64_t kc = std::min<int64_t>(kGemmKBlock, T.cin - kb * kGemmKBlock);
-    float* vc = V + kb * npanels * gemm_panel_stride(kGemmKBlock) + p * kGemmPanelCols;
-    for (int64_t gi = 0; gi < ng; ++gi) {
-      input_group(T, x + (where[gi].n * T.cin + c) * IHW, where[gi].ty, cols[gi],
-                  vc + gi / 2 * gemm_panel_stride(kc) + gi % 2 * kLanes);
-    }
-  }
-  // 2. one GEMM per position. M is [C_out][36][N]: position pos is the [C_out x N] matrix at
-  //    M + pos * N with row stride 36 N, so that the output transform's 36 reads of one channel
-  //    are close together (positions a large power of two apart would share L1 sets).
+  thread_local Block blk;
+  blk.init(T, g0, g1, block_scratch(static_cast<size_t>(kPos * T.v_stride + T.m_floats)));
+  blk.input(x, 0, T.cin);
   for (int64_t pos = 0; pos < kPos; ++pos) {
-    sgemm_prepacked(T.cout, N, T.cin, packed + pos * T.pos_stride, V + pos * T.v_stride, M + pos * N, kPos * N);
+    for (int64_t q = 0; q < T.chunks; ++q) blk.gemm(packed, pos, q);
   }
-  // 3. output transform (lanes of group gi at column 8 gi), channel by channel
-  for (int64_t o = 0; o < T.cout; ++o) {
-    const float b = bias != nullptr ? bias[o] : 0.0f;
-    for (int64_t gi = 0; gi < ng; ++gi) {
-      output_group(T, M + o * kPos * N + gi * kLanes, N, b, post, out + (where[gi].n * T.cout + o) * OHW, where[gi].ty,
-                   where[gi].tx0);
-    }
+  blk.output(bias, post, out, 0, T.cout);
+}
+
+/// True when the transformed filters (36 C_in C_out floats) take at most 4 MiB: they then stay in
+/// the caches while each thread runs its own small blocks of tiles; larger ones run conv_large.
+bool small_filters(int64_t cin, int64_t cout) {
+  return static_cast<double>(cin) * static_cast<double>(cout) * kPos * 4.0 <= 4.0 * 1024 * 1024;
+}
+
+/// Floats of scratch (transformed input + GEMM output) of one block of the per-thread path: 2x
+/// and 4x larger were 5-10% slower (64 channels, 256x256).
+constexpr int64_t kSmallBudget = 96 * 1024;
+
+/// Large channel counts (blocks of fewer than 2 groups in kSmallBudget): blocks of
+/// large_block_groups() groups, each transformed, multiplied and transformed back by all threads
+/// together (input channels, (position, output-channel chunk) GEMMs, output channels split
+/// between them), in one shared scratch of 36 (C_in + C_out) 8 G floats. The packed filters are
+/// streamed from memory once per block, so a block has many tiles (each filter float is used for
+/// 8 G tiles).
+int64_t large_block_groups(const Tiling& T) {
+  const char* env = std::getenv("KILN_WINO_G");
+  const int64_t want = env != nullptr ? std::max(1, std::atoi(env)) : 16;
+  int64_t G = std::min(want, T.groups_total);
+  // as even as possible: blocks of nearly equal size
+  const int64_t blocks = (T.groups_total + G - 1) / G;
+  G = (T.groups_total + blocks - 1) / blocks;
+  if (G > 1 && G < T.groups_total) G = (G + 1) / 2 * 2;  // whole 16-column panels
+  return G;
+}
+
+void conv_large(Tiling& T, const float* x, const float* packed, const float* bias, float* out, ThreadPool* pool,
+                const PostOp& post) {
+  const int64_t G = large_block_groups(T);
+  T.G = G;
+  T.v_stride = (prepacked_b_floats(G * kLanes, T.cin) + 15) / 16 * 16;
+  T.m_floats = T.cout * kPos * G * kLanes;
+  float* scratch = block_scratch(static_cast<size_t>(kPos * T.v_stride + T.m_floats));
+  Block blk;
+  constexpr int64_t kChan = 16;  // channels per task of the transforms
+  for (int64_t g0 = 0; g0 < T.groups_total; g0 += G) {
+    blk.init(T, g0, std::min(T.groups_total, g0 + G), scratch);
+    parallel_tasks(pool, (T.cin + kChan - 1) / kChan, [&](int64_t t) {
+      blk.input(x, t * kChan, std::min(T.cin, (t + 1) * kChan));
+    });
+    parallel_tasks(pool, kPos * T.chunks, [&](int64_t t) { blk.gemm(packed, t / T.chunks, t % T.chunks); });
+    parallel_tasks(pool, (T.cout + kChan - 1) / kChan, [&](int64_t t) {
+      blk.output(bias, post, out, t * kChan, std::min(T.cout, (t + 1) * kChan));
+    });
   }
 }
 
@@ -305,31 +398,37 @@ bool winograd_applies(const ConvGeometry& g) {
   return ty * tx >= 32 && 2 * ty * tx >= lanes;
 }
 
-int64_t winograd_pos_stride(int64_t cout, int64_t cin) { return (packed_a_floats(cout, cin) + 15) / 16 * 16; }
+int64_t winograd_pos_stride(int64_t cout, int64_t cin) {
+  return (cout + chunk_rows(cout) - 1) / chunk_rows(cout) * chunk_stride(cout, cin);
+}
 
 void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, std::vector<float>& out) {
   const int64_t stride = winograd_pos_stride(cout, cin);
+  const int64_t mc = chunk_rows(cout), cstride = chunk_stride(cout, cin);
   out.assign(static_cast<size_t>(kPos * stride), 0.0f);
-  std::vector<float> u(static_cast<size_t>(kPos * cout * cin));  // [pos][o][c]
-  for (int64_t o = 0; o < cout; ++o) {
-    for (int64_t c = 0; c < cin; ++c) {
-      const float* g = w + (o * cin + c) * 9;
-      double tmp[6][3];  // G g
-      for (int k = 0; k < 6; ++k) {
-        for (int j = 0; j < 3; ++j) {
-          tmp[k][j] = kG[k][0] * g[0 * 3 + j] + kG[k][1] * g[1 * 3 + j] + kG[k][2] * g[2 * 3 + j];
+  std::vector<float> u(static_cast<size_t>(kPos * mc * cin));  // one chunk: [pos][o - o0][c]
+  for (int64_t o0 = 0, q = 0; o0 < cout; o0 += mc, ++q) {
+    const int64_t rows = std::min(mc, cout - o0);
+    for (int64_t o = 0; o < rows; ++o) {
+      for (int64_t c = 0; c < cin; ++c) {
+        const float* g = w + ((o0 + o) * cin + c) * 9;
+        double tmp[6][3];  // G g
+        for (int k = 0; k < 6; ++k) {
+          for (int j = 0; j < 3; ++j) {
+            tmp[k][j] = kG[k][0] * g[0 * 3 + j] + kG[k][1] * g[1 * 3 + j] + kG[k][2] * g[2 * 3 + j];
+          }
         }
-      }
-      for (int k = 0; k < 6; ++k) {
-        for (int l = 0; l < 6; ++l) {  // (G g) G^T
-          const double v = tmp[k][0] * kG[l][0] + tmp[k][1] * kG[l][1] + tmp[k][2] * kG[l][2];
-          u[static_cast<size_t>(((k * 6 + l) * cout + o) * cin + c)] = static_cast<float>(v);
+        for (int k = 0; k < 6; ++k) {
+          for (int l = 0; l < 6; ++l) {  // (G g) G^T
+            const double v = tmp[k][0] * kG[l][0] + tmp[k][1] * kG[l][1] + tmp[k][2] * kG[l][2];
+            u[static_cast<size_t>(((k * 6 + l) * rows + o) * cin + c)] = static_cast<float>(v);
+          }
         }
       }
     }
-  }
-  for (int64_t pos = 0; pos < kPos; ++pos) {
-    pack_a_for_gemm(cout, cin, u.data() + pos * cout * cin, cin, out.data() + pos * stride);
+    for (int64_t pos = 0; pos < kPos; ++pos) {
+      pack_a_for_gemm(rows, cin, u.data() + pos * rows * cin, cin, out.data() + pos * stride + q * cstride);
+    }
   }
 }
 
@@ -350,12 +449,17 @@ void conv_winograd(const ConvGeometry& g, const float* x, const float* packed, c
   T.groups_per_image = T.tiles_y * T.gx;
   T.groups_total = g.batch * T.groups_per_image;
   T.pos_stride = winograd_pos_stride(T.cout, T.cin);
-  // Groups per block: transformed input + GEMM output of a block within ~`budget` floats.
-  constexpr int64_t budget = 96 * 1024;  // floats; 2x and 4x larger were 5-10% slower (64 ch, 256x256)
-  int64_t G = std::max<int64_t>(1, budget / (kPos * kLanes * (T.cin + T.cout)));
+  T.chunk_stride = chunk_stride(T.cout, T.cin);
+  T.chunks = (T.cout + chunk_rows(T.cout) - 1) / chunk_rows(T.cout);
   const int64_t threads = pool != nullptr ? pool->num_threads() : 1;
+  if (!small_filters(T.cin, T.cout)) {
+    conv_large(T, x, packed, bias, out, pool, post);
+    return;
+  }
+  // Groups per block: transformed input + GEMM output of a block within ~`budget` floats.
+  int64_t G = std::max<int64_t>(1, kSmallBudget / (kPos * kLanes * (T.cin + T.cout)));
   if (threads > 1) G = std::min(G, std::max<int64_t>(1, T.groups_total / (4 * threads)));
-  G = std::min({G, T.groups_total, int64_t{64}});  // run_block's kMaxG
+  G = std::min(G, T.groups_total);
   if (G > 1) G = G / 2 * 2;  // whole 16-column panels
   T.G = G;
   T.v_stride = (prepacked_b_floats(G * kLanes, T.cin) + 15) / 16 * 16;
