@@ -86,10 +86,10 @@ def test_default_rule_takes_winograd_for_decoder_sized_convs(cout, monkeypatch):
 
 def test_default_rule_keeps_small_convs_on_gemm(monkeypatch):
     """14x14 outputs (16 tiles, half of each 8-tile group empty), convs of 4 input channels and
-    convs whose transformed filters exceed 4 MiB (256 -> 256) stay on the im2col GEMM
-    (bit-identical to KILN_CPU_WINOGRAD=0)."""
+    convs whose transformed filters exceed 4 MiB with fewer than 64 output tiles (256 -> 256 on
+    16x16: 16 tiles) stay on the im2col GEMM (bit-identical to KILN_CPU_WINOGRAD=0)."""
     monkeypatch.delenv("KILN_CPU_WINOGRAD", raising=False)
-    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64), ((1, 256, 32, 32), 256)):
+    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64), ((1, 256, 16, 16), 256)):
         torch.manual_seed(6)
         model = _model(shape[1], cout, 1, True, None)
         x = torch.randn(*shape)
@@ -98,3 +98,32 @@ def test_default_rule_keeps_small_convs_on_gemm(monkeypatch):
         auto = kiln.load_bytes(data, num_threads=1).run(x.numpy())[0]
         gemm, _ = _run(data, x.numpy(), 1, monkeypatch, "0")
         np.testing.assert_array_equal(auto, gemm)
+
+
+# Large filters (36 C_in C_out floats > 4 MiB: winograd.cpp's conv_large, blocks of tiles shared by
+# all threads, filters packed in output-channel chunks of <= 384 rows).
+LARGE_CASES = [
+    ((1, 1280, 32, 32), 96, "relu"),  # 1280 input channels: 5 K blocks; 64 tiles, one block
+    ((2, 300, 36, 44), 400, None),    # 2 output-channel chunks, 3 blocks of tile groups, partial groups
+]
+
+
+@pytest.mark.parametrize("case", LARGE_CASES, ids=["cin1280", "cout400"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_default_rule_takes_winograd_for_large_filters(case, threads, monkeypatch):
+    """The SD UNet's sizes: filters over 4 MiB with >= 64 output tiles take the Winograd path
+    without the override (it differs from the im2col GEMM's rounding), within 1e-4 of eager."""
+    shape, cout, act = case
+    torch.manual_seed(7)
+    model = _model(shape[1], cout, 1, True, act)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    data = kiln.export(model, (x,), verbose=False).data
+    monkeypatch.delenv("KILN_CPU_WINOGRAD", raising=False)
+    prog = kiln.load_bytes(data, num_threads=threads)
+    auto = prog.run(x.numpy())[0]
+    assert prog.method().num_fused_instructions == (1 if act else 0)
+    gemm, _ = _run(data, x.numpy(), threads, monkeypatch, "0")
+    assert_close(auto, expected, rel=1e-4, what=f"winograd conv {case}")
+    assert not np.array_equal(auto, gemm), "the default rule did not select the Winograd path"

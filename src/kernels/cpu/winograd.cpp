@@ -339,13 +339,17 @@ constexpr int64_t kSmallBudget = 96 * 1024;
 /// streamed from memory once per block, so a block has many tiles (each filter float is used for
 /// 8 G tiles).
 int64_t large_block_groups(const Tiling& T) {
-  const char* env = std::getenv("KILN_WINO_G");
-  const int64_t want = env != nullptr ? std::max(1, std::atoi(env)) : 16;
+  // Scratch of at most kLargeScratch bytes (also its memory: it is kept for the next call), at
+  // most 16 groups (128 tiles: 64x64 has 256), at least 1.
+  constexpr double kLargeScratch = 24.0 * 1024 * 1024;
+  const double per_group = static_cast<double>(kPos * kLanes * (T.cin + T.cout)) * 4.0;
+  int64_t want = std::clamp<int64_t>(static_cast<int64_t>(kLargeScratch / per_group), 1, 16);
+  if (const char* env = std::getenv("KILN_WINO_G")) want = std::max(1, std::atoi(env));  // tuning only
   int64_t G = std::min(want, T.groups_total);
-  // as even as possible: blocks of nearly equal size
+  // blocks of nearly equal size, whole 16-column panels where the block is not the whole batch
   const int64_t blocks = (T.groups_total + G - 1) / G;
   G = (T.groups_total + blocks - 1) / blocks;
-  if (G > 1 && G < T.groups_total) G = (G + 1) / 2 * 2;  // whole 16-column panels
+  if (G > 1 && G < T.groups_total) G = (G + 1) / 2 * 2;
   return G;
 }
 
@@ -386,16 +390,19 @@ bool winograd_applies(const ConvGeometry& g) {
   // half the lanes: left to im2col), 64->64 256x256 0.42, 64->3 512x512 0.57, 64->1 256x256 0.69,
   // 16->3 128x128 0.45, 8->64 128x128 0.88, 8->8 128x128 0.58, 4->64 64x64 1.11 (left to im2col).
   if (g.in_channels < 8) return false;
-  // Transformed filters (36 C_in C_out floats) of at most 4 MiB: every block of 8-16 tiles reads all
-  // of them, so larger ones (e.g. the SD UNet's 320/640-channel convs: 14.7 / 59 MB) would be
-  // streamed from memory once per block, and would take 4x the weights' memory (not measured; left
-  // to im2col). 128 -> 128 (2.4 MB) is in.
-  if (static_cast<double>(g.in_channels) * static_cast<double>(g.out_channels) * kPos * 4.0 > 4.0 * 1024 * 1024) {
-    return false;
-  }
   const int64_t ty = (g.out_size[0] + 3) / 4, tx = (g.out_size[1] + 3) / 4;
   const int64_t lanes = ty * ((tx + kLanes - 1) / kLanes * kLanes);
-  return ty * tx >= 32 && 2 * ty * tx >= lanes;
+  if (2 * ty * tx < lanes) return false;
+  if (small_filters(g.in_channels, g.out_channels)) return ty * tx >= 32;
+  // Larger filters (conv_large: each block of up to 128 tiles streams all of them from memory)
+  // need at least 64 output tiles in the batch, i.e. each transformed filter float used for 64
+  // tiles. Measured (1 thread, one conv, Winograd / im2col time, C_in -> C_out at H x W, padding 1):
+  // 64x64: 320->320 0.35, 640->320 0.34, 960->320 0.32, 640->640 0.29; 32x32: 320->640 0.24,
+  // 640->640 0.29, 1280->640 0.29, 1920->640 0.28, 1280->1280 0.26; left to im2col: 16x16 (16
+  // tiles): 640->1280 0.52, 1280->1280 0.60, 2560->1280 0.54 (faster, but the transformed filters
+  // take 4x the weights' memory: the SD UNet's 16x16 convs would grow from 0.77 to 3.1 GB);
+  // 8x8 (4 tiles): 1280->1280 0.98, 2560->1280 0.87.
+  return g.batch * ty * tx >= 64;
 }
 
 int64_t winograd_pos_stride(int64_t cout, int64_t cin) {
