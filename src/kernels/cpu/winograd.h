@@ -18,16 +18,21 @@ namespace kiln::cpu {
 
 /// True when the convolution `g` has the Winograd path's shape (2-D, not transposed, 3x3 kernel,
 /// stride 1, dilation 1, groups 1, any padding) and is large enough for it to be faster than
-/// the im2col GEMM: C_in >= 8, transformed filters (36 C_in C_out floats) <= 4 MiB, at least 32
-/// output tiles of 4x4 and at least half of the lanes of the 8-tile groups used (thresholds
-/// measured, see winograd.cpp).
+/// the im2col GEMM: C_in >= 8, at least half of the lanes of the 8-tile groups used, and
+///  - transformed filters (36 C_in C_out floats) <= 4 MiB: at least 32 output tiles of 4x4 per image;
+///  - larger filters: at least 64 output tiles in the batch (each transformed filter float, read
+///    from memory once per block of up to 128 tiles, used for >= 64 tiles; e.g. the SD UNet's
+///    64x64 and 32x32 convs, 320..1920 channels; its 16x16 and 8x8 ones stay on im2col).
+/// Thresholds measured, see winograd.cpp. The transformed filters take 4x the memory of the
+/// weights (conv.cpp keeps them instead of the packed weights, not besides).
 /// Environment KILN_CPU_WINOGRAD (read at each call; conv.cpp calls this when a method is loaded):
 /// "0" never, "1" for every convolution of that shape whatever its size (tests, benchmarks).
 bool winograd_applies(const ConvGeometry& g);
 
 /// Transformed filters U = G g G^T of weights w float32 [C_out, C_in, 3, 3] (computed in double,
 /// rounded once to float), for each of the 36 positions (k, l) of the 6x6 tile (index k*6 + l)
-/// packed as the GEMM's A operand [C_out x C_in] (cpu::pack_a_for_gemm), the positions
+/// packed as GEMM A operands (cpu::pack_a_for_gemm) in chunks of at most 384 output channels
+/// ([rows x C_in] each, so that a chunk's K block stays in L2), the positions
 /// winograd_pos_stride(C_out, C_in) floats apart. `out` is resized to 36 * that.
 void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, std::vector<float>& out);
 
@@ -36,8 +41,11 @@ int64_t winograd_pos_stride(int64_t cout, int64_t cin);
 
 /// out[n, o, :, :] = post(bias[o] + sum_c conv3x3(x[n, c], w[o, c])) for `g` (winograd_applies),
 /// x float32 [N, C_in, IH, IW], out float32 [N, C_out, OH, OW], bias [C_out] or null, `packed`
-/// from winograd_pack_weights. Parallel over blocks of output tiles on `pool` (may be null);
-/// per-thread scratch of 36 * (C_in + C_out) * (tiles per block) floats, kept between calls.
+/// from winograd_pack_weights. Filters <= 4 MiB: parallel over blocks of output tiles on `pool`
+/// (may be null), per-thread scratch of 36 * (C_in + C_out) * (tiles per block) floats (<= ~400
+/// KiB); larger filters: blocks of up to 128 tiles, each split between the threads (input
+/// channels, GEMMs per position and output-channel chunk, output channels), one scratch of at most
+/// ~24 MiB on the calling thread. Scratch is kept between calls.
 void conv_winograd(const ConvGeometry& g, const float* x, const float* packed, const float* bias, float* out,
                    ThreadPool* pool, const PostOp& post);
 
