@@ -27,26 +27,35 @@ namespace kiln::cpu {
 /// weights (conv.cpp keeps them instead of the packed weights, not besides).
 /// Environment KILN_CPU_WINOGRAD (read at each call; conv.cpp calls this when a method is loaded):
 /// "0" never, "1" for every convolution of that shape whatever its size (tests, benchmarks).
+/// Output tile size of the Winograd variant for `g`: 4 (F(4x4, 3x3)), 2 (F(2x2, 3x3): filters over
+/// 4 MiB with fewer than 64 tiles of 4x4 but at least 64 of 2x2, e.g. the SD UNet's 16x16 convs;
+/// transformed filters 16/9 of the weights' memory) or 0 (im2col). KILN_CPU_WINOGRAD "2": F(2x2,
+/// 3x3) for every convolution of the Winograd shape (tests, benchmarks).
+int winograd_tile(const ConvGeometry& g);
+
+/// winograd_tile(g) != 0.
 bool winograd_applies(const ConvGeometry& g);
 
 /// Transformed filters U = G g G^T of weights w float32 [C_out, C_in, 3, 3] (computed in double,
-/// rounded once to float), for each of the 36 positions (k, l) of the 6x6 tile (index k*6 + l)
+/// rounded once to float) for output tiles of `tile` x `tile` (4 or 2, as winograd_tile), for
+/// each of the n*n positions (k, l) of the n x n transformed tile (n = tile + 2; index k*n + l)
 /// packed as GEMM A operands (cpu::pack_a_for_gemm) in chunks of at most 384 output channels
 /// ([rows x C_in] each, so that a chunk's K block stays in L2), the positions
-/// winograd_pos_stride(C_out, C_in) floats apart. `out` is resized to 36 * that.
-void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, std::vector<float>& out);
+/// winograd_pos_stride(C_out, C_in) floats apart. `out` is resized to n*n * that.
+void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, int tile, std::vector<float>& out);
 
 /// Floats between consecutive positions of winograd_pack_weights' output.
 int64_t winograd_pos_stride(int64_t cout, int64_t cin);
 
-/// out[n, o, :, :] = post(bias[o] + sum_c conv3x3(x[n, c], w[o, c])) for `g` (winograd_applies),
+/// out[n, o, :, :] = post(bias[o] + sum_c conv3x3(x[n, c], w[o, c])) for `g` (winograd_applies)
+/// with output tiles of `tile` x `tile` (4 or 2, the packing's),
 /// x float32 [N, C_in, IH, IW], out float32 [N, C_out, OH, OW], bias [C_out] or null, `packed`
 /// from winograd_pack_weights. Filters <= 4 MiB: parallel over blocks of output tiles on `pool`
 /// (may be null), per-thread scratch of 36 * (C_in + C_out) * (tiles per block) floats (<= ~400
 /// KiB); larger filters: blocks of up to 128 tiles, each split between the threads (input
 /// channels, GEMMs per position and output-channel chunk, output channels), one scratch of at most
 /// ~24 MiB on the calling thread. Scratch is kept between calls.
-void conv_winograd(const ConvGeometry& g, const float* x, const float* packed, const float* bias, float* out,
-                   ThreadPool* pool, const PostOp& post);
+void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float* packed, const float* bias,
+                   float* out, ThreadPool* pool, const PostOp& post);
 
 }  // namespace kiln::cpu
