@@ -1,10 +1,12 @@
-// Winograd F(4x4, 3x3) convolution for the optimized cpu kernels (used by src/kernels/cpu/conv.cpp).
+// Winograd F(4x4, 3x3) and F(2x2, 3x3) convolution for the optimized cpu kernels (used by
+// src/kernels/cpu/conv.cpp).
 //
 // For float32 aten.convolution with a 3x3 kernel, stride 1, dilation 1, one group (any padding),
 // NCHW. Method: Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks" (CVPR 2016,
 // arXiv:1509.09308), section 4: each 4x4 output tile is Y = A^T [ sum_c (G g_c G^T) .* (B^T d_c B) ] A
 // for the 6x6 input tile d_c of channel c; the sum over c is, for each of the 36 transformed
 // positions, one GEMM [C_out x C_in] x [C_in x tiles] (batched GEMM, cpu::sgemm_prepacked).
+// F(2x2, 3x3) (section 4.1): 2x2 output tiles from 4x4 input tiles, 16 positions.
 #pragma once
 
 #include <cstdint>
@@ -16,21 +18,20 @@
 
 namespace kiln::cpu {
 
-/// True when the convolution `g` has the Winograd path's shape (2-D, not transposed, 3x3 kernel,
-/// stride 1, dilation 1, groups 1, any padding) and is large enough for it to be faster than
-/// the im2col GEMM: C_in >= 8, at least half of the lanes of the 8-tile groups used, and
-///  - transformed filters (36 C_in C_out floats) <= 4 MiB: at least 32 output tiles of 4x4 per image;
-///  - larger filters: at least 64 output tiles in the batch (each transformed filter float, read
-///    from memory once per block of up to 128 tiles, used for >= 64 tiles; e.g. the SD UNet's
-///    64x64 and 32x32 convs, 320..1920 channels; its 16x16 and 8x8 ones stay on im2col).
-/// Thresholds measured, see winograd.cpp. The transformed filters take 4x the memory of the
-/// weights (conv.cpp keeps them instead of the packed weights, not besides).
+/// Output tile size of the Winograd variant for the convolution `g`: 4 (F(4x4, 3x3)), 2 (F(2x2,
+/// 3x3)) or 0 (not Winograd: the im2col GEMM). Nonzero only for the Winograd path's shape (2-D,
+/// not transposed, 3x3 kernel, stride 1, dilation 1, groups 1, any padding) with C_in >= 8 and at
+/// least half of the lanes of the 8-tile groups used, where it was measured faster than im2col:
+///  - transformed filters (36 C_in C_out floats) <= 4 MiB: 4 with at least 32 tiles of 4x4 per image;
+///  - larger filters (each transformed filter float is read from memory once per block of up to
+///    128 tiles, so it must serve many tiles): 4 with at least 64 tiles of 4x4 in the batch (e.g.
+///    the SD UNet's 64x64 and 32x32 convs), else 2 with at least 64 tiles of 2x2 (its 16x16 convs;
+///    its 8x8 ones stay on im2col).
+/// Thresholds and ratios: winograd.cpp. The transformed filters take 4x (F(4x4, 3x3)) or 16/9x
+/// (F(2x2, 3x3)) the memory of the weights; conv.cpp keeps them instead of the packed weights.
 /// Environment KILN_CPU_WINOGRAD (read at each call; conv.cpp calls this when a method is loaded):
-/// "0" never, "1" for every convolution of that shape whatever its size (tests, benchmarks).
-/// Output tile size of the Winograd variant for `g`: 4 (F(4x4, 3x3)), 2 (F(2x2, 3x3): filters over
-/// 4 MiB with fewer than 64 tiles of 4x4 but at least 64 of 2x2, e.g. the SD UNet's 16x16 convs;
-/// transformed filters 16/9 of the weights' memory) or 0 (im2col). KILN_CPU_WINOGRAD "2": F(2x2,
-/// 3x3) for every convolution of the Winograd shape (tests, benchmarks).
+/// "0" never, "1" F(4x4, 3x3) and "2" F(2x2, 3x3) for every convolution of the Winograd shape
+/// whatever its size (tests, benchmarks).
 int winograd_tile(const ConvGeometry& g);
 
 /// winograd_tile(g) != 0.
