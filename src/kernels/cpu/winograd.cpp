@@ -566,19 +566,31 @@ void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, int tile, 
   }
   for (int64_t o0 = 0, q = 0; o0 < cout; o0 += mc, ++q) {
     const int64_t rows = std::min(mc, cout - o0);
+    // 32 input channels at a time, lanes innermost (vectorizable; each position's 32 values
+    // stored contiguously): the same operations, in the same order, as one channel at a time.
+    constexpr int64_t kC = 32;
     for (int64_t o = 0; o < rows; ++o) {
-      for (int64_t c = 0; c < cin; ++c) {
-        const float* g = w + ((o0 + o) * cin + c) * 9;
-        double tmp[6][3];  // G g
+      for (int64_t c0 = 0; c0 < cin; c0 += kC) {
+        const int64_t cb = std::min(kC, cin - c0);
+        const float* g = w + ((o0 + o) * cin + c0) * 9;
+        double gv[9][kC];  // gv[e][cc] = weight element e (row-major 3x3) of channel c0 + cc
+        for (int64_t cc = 0; cc < cb; ++cc) {
+          for (int e = 0; e < 9; ++e) gv[e][cc] = g[cc * 9 + e];
+        }
+        double tmp[6][3][kC];  // G g
         for (int k = 0; k < n; ++k) {
           for (int j = 0; j < 3; ++j) {
-            tmp[k][j] = gm[k][0] * g[0 * 3 + j] + gm[k][1] * g[1 * 3 + j] + gm[k][2] * g[2 * 3 + j];
+            for (int64_t cc = 0; cc < cb; ++cc) {
+              tmp[k][j][cc] = gm[k][0] * gv[0 * 3 + j][cc] + gm[k][1] * gv[1 * 3 + j][cc] + gm[k][2] * gv[2 * 3 + j][cc];
+            }
           }
         }
         for (int k = 0; k < n; ++k) {
           for (int l = 0; l < n; ++l) {  // (G g) G^T
-            const double v = tmp[k][0] * gm[l][0] + tmp[k][1] * gm[l][1] + tmp[k][2] * gm[l][2];
-            u[static_cast<size_t>(((k * n + l) * rows + o) * cin + c)] = static_cast<float>(v);
+            float* dst = u.data() + ((k * n + l) * rows + o) * cin + c0;
+            for (int64_t cc = 0; cc < cb; ++cc) {
+              dst[cc] = static_cast<float>(tmp[k][0][cc] * gm[l][0] + tmp[k][1][cc] * gm[l][1] + tmp[k][2][cc] * gm[l][2]);
+            }
           }
         }
       }
