@@ -1,10 +1,10 @@
-"""The cpu kernels' Winograd F(4x4, 3x3) convolution (src/kernels/cpu/winograd.cpp) against PyTorch
+"""The cpu kernels' Winograd F(4x4, 3x3) and F(2x2, 3x3) convolution (src/kernels/cpu/winograd.cpp) against PyTorch
 eager: sizes that are not multiples of the 4x4 tile or of the 8-tile groups, channel counts that are
 not multiples of the SIMD width or of the GEMM's blocks (C_in > 256: two K blocks), padding 0 / 1 /
 2, with and without bias, with a fused relu / silu, at 1 and 2 threads.
 
 KILN_CPU_WINOGRAD=1 (read when a method is loaded) sends every 3x3 stride-1 convolution to the
-Winograd path whatever its size; =0 never (then the im2col GEMM runs). Tolerance (issue 6): max abs
+Winograd path whatever its size (=2: the F(2x2, 3x3) variant); =0 never (then the im2col GEMM runs). Tolerance (issue 6): max abs
 error <= 1e-4 * max|expected| (F(4x4, 3x3) in float32 measures ~1e-6..1e-5 here).
 """
 import numpy as np
@@ -49,7 +49,8 @@ def _run(data, x, threads, monkeypatch, winograd):
 
 @pytest.mark.parametrize("case", CASES, ids=[f"w{i}" for i in range(len(CASES))])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_winograd_matches_eager(case, threads, monkeypatch):
+@pytest.mark.parametrize("variant", ["1", "2"], ids=["f4x4", "f2x2"])
+def test_winograd_matches_eager(case, threads, variant, monkeypatch):
     shape, cout, padding, bias, act = case
     torch.manual_seed(3)
     model = _model(shape[1], cout, padding, bias, act)
@@ -57,7 +58,7 @@ def test_winograd_matches_eager(case, threads, monkeypatch):
     with torch.no_grad():
         expected = model(x).numpy()
     data = kiln.export(model, (x,), verbose=False).data
-    wino, fused = _run(data, x.numpy(), threads, monkeypatch, "1")
+    wino, fused = _run(data, x.numpy(), threads, monkeypatch, variant)
     gemm, _ = _run(data, x.numpy(), threads, monkeypatch, "0")
     assert_close(wino, expected, rel=1e-4, what=f"winograd conv {case}")
     # The Winograd path really ran: its float32 rounding differs from the im2col GEMM's.
@@ -86,10 +87,10 @@ def test_default_rule_takes_winograd_for_decoder_sized_convs(cout, monkeypatch):
 
 def test_default_rule_keeps_small_convs_on_gemm(monkeypatch):
     """14x14 outputs (16 tiles, half of each 8-tile group empty), convs of 4 input channels and
-    convs whose transformed filters exceed 4 MiB (256 -> 256) stay on the im2col GEMM
-    (bit-identical to KILN_CPU_WINOGRAD=0)."""
+    convs whose transformed filters exceed 4 MiB with fewer than 64 output tiles of 2x2 (256 -> 256
+    on 8x8: 16) stay on the im2col GEMM (bit-identical to KILN_CPU_WINOGRAD=0)."""
     monkeypatch.delenv("KILN_CPU_WINOGRAD", raising=False)
-    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64), ((1, 256, 32, 32), 256)):
+    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64), ((1, 256, 8, 8), 256)):
         torch.manual_seed(6)
         model = _model(shape[1], cout, 1, True, None)
         x = torch.randn(*shape)
@@ -98,3 +99,41 @@ def test_default_rule_keeps_small_convs_on_gemm(monkeypatch):
         auto = kiln.load_bytes(data, num_threads=1).run(x.numpy())[0]
         gemm, _ = _run(data, x.numpy(), 1, monkeypatch, "0")
         np.testing.assert_array_equal(auto, gemm)
+
+
+# Large filters (36 C_in C_out floats > 4 MiB: winograd.cpp's conv_large, blocks of tiles shared by
+# all threads, filters packed in output-channel chunks of <= 384 rows): F(4x4, 3x3) with >= 64 tiles
+# of 4x4 in the batch, else F(2x2, 3x3) with >= 64 tiles of 2x2 (variant: KILN_CPU_WINOGRAD value
+# that gives the same result).
+LARGE_CASES = [
+    ((1, 1280, 32, 32), 96, "relu", "1"),  # 1280 input channels: 5 K blocks; 64 tiles, one block
+    ((2, 300, 36, 44), 400, None, "1"),    # 2 output-channel chunks, 3 blocks of tile groups, partial groups
+    ((1, 1280, 16, 16), 64, "silu", "2"),  # the SD UNet's 16x16 level: 16 tiles of 4x4, 64 of 2x2
+    ((2, 300, 13, 15), 400, None, "2"),    # F(2x2, 3x3): partial 2x2 tiles, 2 images, 2 chunks
+]
+
+
+@pytest.mark.parametrize("case", LARGE_CASES, ids=["cin1280", "cout400", "f2x2_cin1280", "f2x2_cout400"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_default_rule_takes_winograd_for_large_filters(case, threads, monkeypatch):
+    """The SD UNet's sizes: filters over 4 MiB take the Winograd variant the rule names without
+    the override (bit-identical to that variant forced, different from the other and from the
+    im2col GEMM), within 1e-4 of eager."""
+    shape, cout, act, variant = case
+    torch.manual_seed(7)
+    model = _model(shape[1], cout, 1, True, act)
+    x = torch.randn(*shape)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    data = kiln.export(model, (x,), verbose=False).data
+    monkeypatch.delenv("KILN_CPU_WINOGRAD", raising=False)
+    prog = kiln.load_bytes(data, num_threads=threads)
+    auto = prog.run(x.numpy())[0]
+    assert prog.method().num_fused_instructions == (1 if act else 0)
+    assert_close(auto, expected, rel=1e-4, what=f"winograd conv {case}")
+    forced, _ = _run(data, x.numpy(), threads, monkeypatch, variant)
+    other, _ = _run(data, x.numpy(), threads, monkeypatch, "2" if variant == "1" else "1")
+    gemm, _ = _run(data, x.numpy(), threads, monkeypatch, "0")
+    np.testing.assert_array_equal(auto, forced)
+    assert not np.array_equal(auto, other), "the default rule took the other Winograd variant"
+    assert not np.array_equal(auto, gemm), "the default rule did not select the Winograd path"

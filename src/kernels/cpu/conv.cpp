@@ -7,7 +7,8 @@
 //     plane (see DwLayout);
 //   1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
 //   3x3, stride 1, dilation 1, one group, constant weights, large enough (cpu::winograd_applies):
-//     Winograd F(4x4, 3x3) (winograd.cpp), filters transformed once in conv_prepare;
+//     Winograd F(4x4, 3x3) or, for large filters on small planes, F(2x2, 3x3) (winograd.cpp,
+//     cpu::winograd_tile), filters transformed once in conv_prepare (instead of the packed weights);
 //   few input channels (C_in <= 4, e.g. an RGB stem), kernel <= 7x7, stride 1 or 2: direct
 //     (conv_direct.cpp), on the raw weights;
 //   everything else: GEMM per group on the im2col matrix, packed on the fly (no im2col buffer).
@@ -96,6 +97,7 @@ struct ConvState : KernelState {
   std::vector<float> packed;    ///< per group, packed_a_floats(C_out_g, K) floats; empty: pack per call
   int64_t group_stride = 0;     ///< floats between consecutive groups' packed weights
   std::vector<float> winograd;  ///< transformed filters (cpu::winograd_pack_weights); empty: no Winograd
+  int winograd_tile = 0;        ///< their output tile (cpu::winograd_tile: 4 or 2)
 };
 
 /// 1x1 kernel, stride 1, no padding (dilation is then irrelevant): the plain GEMM path.
@@ -661,7 +663,7 @@ Error convolution(const KernelArgs& a) {
   } else if (is_plain_1x1(g)) {
     conv_1x1(g, px, pw, pb, po, a.pool, st);
   } else if (st != nullptr && !st->winograd.empty()) {
-    cpu::conv_winograd(g, px, st->winograd.data(), pb, po, a.pool, post);
+    cpu::conv_winograd(g, st->winograd_tile, px, st->winograd.data(), pb, po, a.pool, post);
   } else if (cpu::direct_conv_applies(g)) {
     cpu::conv_direct(g, px, pw, pb, po, a.pool, post);
   } else {
@@ -689,8 +691,9 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
       (OHW > 1 || cpu::winograd_applies(g))) {
     const int64_t cin_g = g.in_channels / g.groups, cout_g = g.out_channels / g.groups;
     const int64_t Kdim = cin_g * g.kernel[0] * g.kernel[1];
-    if (cpu::winograd_applies(g)) {  // the filters transformed for the Winograd path instead
-      cpu::winograd_pack_weights(w->data_as<float>(), g.out_channels, g.in_channels, st->winograd);
+    if (const int tile = cpu::winograd_tile(g); tile != 0) {  // the filters transformed for the Winograd path instead
+      st->winograd_tile = tile;
+      cpu::winograd_pack_weights(w->data_as<float>(), g.out_channels, g.in_channels, tile, st->winograd);
       st->bytes = st->winograd.size() * sizeof(float);
       st->released_inputs = {1};  // the Winograd path reads only the transformed copy
     } else if (cout_g > 1) {

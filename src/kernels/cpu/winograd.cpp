@@ -1,4 +1,4 @@
-// Winograd F(4x4, 3x3) convolution (see winograd.h).
+// Winograd F(4x4, 3x3) and F(2x2, 3x3) convolution (see winograd.h).
 //
 // Transform matrices: Lavin & Gray, "Fast Algorithms for Convolutional Neural Networks"
 // (arXiv:1509.09308), section 4.2, F(4x4, 3x3) with interpolation points 0, 1, -1, 2, -2, inf:
@@ -12,6 +12,10 @@
 // channel pair; prepared once) and V_c = B^T d_c B (the 6x6 input tile at rows 4 ty - PH .. +5,
 // columns 4 tx - PW .. +5, zero outside the input).
 //
+// F(2x2, 3x3) (section 4.1, points 0, 1, -1, inf; kG2 below): 4x4 input tiles at rows 2 ty - PH ..
+// +3, 16 positions, groups of 8 tiles = 16 output columns (lane order 0 1 4 5 2 3 6 7, from even /
+// odd float shuffles; input_group2, output_group2); everything else as F(4x4, 3x3).
+//
 // Data flow per block of output tiles (one task of the pool; per-thread scratch):
 //   1. input transform: groups of 8 horizontally adjacent tiles of one tile row; lane t of a ymm
 //      register holds tile t (in the order 0 2 4 6 1 3 5 7, which an in-lane 4x4 transpose of 4
@@ -21,8 +25,15 @@
 //      6x16 AVX2 microkernel of gemm.cpp);
 //   3. output transform of 8 tiles per ymm, + bias, fused activation, the same in-lane transpose
 //      back to rows of 32 contiguous output floats.
+// Filters up to 4 MiB: each thread runs whole blocks of a few groups on its own scratch (the
+// filters stay in the caches). Larger filters (conv_large; SD UNet: 320..2560 channels): blocks
+// of up to 16 groups, each of the three steps split between the threads, the filters packed in
+// output-channel chunks of <= 384 rows (a chunk's 256-deep K block, <= 384 KiB, stays in L2 while
+// the GEMM sweeps the block's 16-tile panels). There the GEMMs take ~77% of the time (perf,
+// 640 -> 640 at 32x32: 1.9 GFLOP of GEMM in ~25 ms at 1 thread) and the transforms ~6%.
 // Accuracy (float32, measured against torch eager on random data, tests/python/test_winograd.py):
-// max abs error ~1e-6..1e-5 of max|out| for 64..512 input channels.
+// max abs error ~1e-6..1e-5 of max|out| for 64..1280 input channels (1280 -> 96 at 32x32: 9e-6;
+// F(2x2, 3x3), 1280 -> 96 at 16x16: 3e-6; the full SD UNet denoise: 2.5e-6).
 #include "kernels/cpu/winograd.h"
 
 #include <immintrin.h>
@@ -38,16 +49,25 @@
 namespace kiln::cpu {
 namespace {
 
-constexpr int64_t kPos = 36;   // 6 x 6 transformed positions
+constexpr int64_t kPos = 36;   // 6 x 6 transformed positions of F(4x4, 3x3) (F(2x2, 3x3): 4 x 4)
 constexpr int64_t kLanes = 8;  // tiles per group (one ymm register)
-constexpr int64_t kRowRead = 36;  // input floats read per row of a group (34 used)
+constexpr int64_t kRowRead = 36;  // input floats read per row of a group (34 used; F(2x2, 3x3): 18)
+
+/// Transformed positions of the variant with output tiles of t x t (t = 4 or 2).
+constexpr int64_t positions(int t) { return (t + 2) * (t + 2); }
 
 /// G of F(4x4, 3x3) (Lavin & Gray, section 4.2).
 constexpr double kG[6][3] = {{1.0 / 4, 0.0, 0.0},         {-1.0 / 6, -1.0 / 6, -1.0 / 6}, {-1.0 / 6, 1.0 / 6, -1.0 / 6},
                              {1.0 / 24, 1.0 / 12, 1.0 / 6}, {1.0 / 24, -1.0 / 12, 1.0 / 6}, {0.0, 0.0, 1.0}};
+/// G of F(2x2, 3x3) (Lavin & Gray, section 4.1, interpolation points 0, 1, -1, inf):
+///   G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1], B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1],
+///   A^T = [1 1 1 0; 0 1 -1 -1].
+constexpr double kG2[4][3] = {{1.0, 0.0, 0.0}, {0.5, 0.5, 0.5}, {0.5, -0.5, 0.5}, {0.0, 0.0, 1.0}};
 
 /// What one call needs to know about the tiling.
 struct Tiling {
+  int t;          // output tile t x t: 4 (F(4x4, 3x3)) or 2 (F(2x2, 3x3))
+  int64_t npos;   // positions(t)
   int64_t IH, IW, OH, OW, PH, PW, cin, cout;
   int64_t tiles_y, tiles_x, gx;  // gx: groups of 8 tiles per tile row
   int64_t groups_per_image, groups_total;
@@ -55,6 +75,7 @@ struct Tiling {
   int64_t v_stride;  // floats per position of the transformed input (packed B) of a block
   int64_t m_floats;  // floats of the GEMM output of a block ([C_out][36][8 G])
   int64_t pos_stride;  // floats per position of the packed filters
+  int64_t chunks, chunk_stride;  // output-channel chunks of the packed filters (chunk_rows), floats apart
 };
 
 /// In-lane 4x4 transpose: in each 128-bit half, lane i of output c = lane c of input i.
@@ -110,7 +131,7 @@ __attribute__((target("avx2,fma"))) inline void row_columns(__m256 a0, __m256 a1
 /// Where the columns of a group lie: c0 = first input column (4 tx0 - PW); `direct` when all of
 /// [c0, c0 + 36) is inside the row, else mask[i] selects the lanes of load i (offsets 0, 8, 16, 24,
 /// 4, 12, 20, 28) inside [0, IW) (masked loads read nothing outside).
-struct GroupCols {
+struct alignas(32) GroupCols {
   int64_t c0;
   bool direct;
   __m256i mask[8];
@@ -118,14 +139,15 @@ struct GroupCols {
 
 __attribute__((target("avx2,fma"))) GroupCols group_cols(const Tiling& T, int64_t tx0) {
   GroupCols gc;
-  gc.c0 = tx0 * 4 - T.PW;
-  gc.direct = gc.c0 >= 0 && gc.c0 + kRowRead <= T.IW;
+  gc.c0 = tx0 * T.t - T.PW;
+  gc.direct = gc.c0 >= 0 && gc.c0 + (T.t == 4 ? kRowRead : 18) <= T.IW;
   if (!gc.direct) {
     static constexpr int kOff[8] = {0, 8, 16, 24, 4, 12, 20, 28};
+    static constexpr int kOff2[4] = {0, 8, 2, 10};  // input_group2's loads
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < (T.t == 4 ? 8 : 4); ++i) {
       // column c0 + off + lane in [0, IW)  <=>  lane > -1 - (c0 + off)  and  lane < IW - (c0 + off)
-      const int64_t first = gc.c0 + kOff[i];
+      const int64_t first = gc.c0 + (T.t == 4 ? kOff[i] : kOff2[i]);
       const int lo = static_cast<int>(std::clamp<int64_t>(-1 - first, -1, 8));
       const int hi = static_cast<int>(std::clamp<int64_t>(T.IW - first, 0, 8));
       gc.mask[i] = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo)),
@@ -218,6 +240,106 @@ __attribute__((target("avx2,fma"))) void output_group(const Tiling& T, const flo
   }
 }
 
+/// v = B^T d for F(2x2, 3x3) (one dimension of the input transform).
+__attribute__((target("avx2,fma"))) inline void bt4(const __m256 d[4], __m256 v[4]) {
+  v[0] = _mm256_sub_ps(d[0], d[2]);
+  v[1] = _mm256_add_ps(d[1], d[2]);
+  v[2] = _mm256_sub_ps(d[2], d[1]);
+  v[3] = _mm256_sub_ps(d[1], d[3]);
+}
+
+/// y = A^T m for F(2x2, 3x3) (one dimension of the output transform).
+__attribute__((target("avx2,fma"))) inline void at4(const __m256 m[4], __m256 y[2]) {
+  y[0] = _mm256_add_ps(_mm256_add_ps(m[0], m[1]), m[2]);
+  y[1] = _mm256_sub_ps(_mm256_sub_ps(m[1], m[2]), m[3]);
+}
+
+/// F(2x2, 3x3) input transform of one group (tile row ty: input rows 2 ty - PH .. + 3; tiles tx0 ..
+/// tx0 + 7: input columns c0 .. c0 + 17). Lane t of a ymm holds tile t' in the order 0 1 4 5 2 3 6 7,
+/// which the even / odd float shuffles of the loads at c0 + 0, 8 (columns 2 t' + 0, 1) and c0 + 2, 10
+/// (columns 2 t' + 2, 3) give directly. V[pos] lanes written at dst + pos * v_stride (8 floats each).
+__attribute__((target("avx2,fma"))) void input_group2(const Tiling& T, const float* plane, int64_t ty,
+                                                      const GroupCols& gc, float* dst) {
+  const int64_t r0 = ty * 2 - T.PH;
+  __m256 h[4][4];
+  for (int r = 0; r < 4; ++r) {
+    const int64_t ih = r0 + r;
+    if (ih < 0 || ih >= T.IH) {
+      for (int l = 0; l < 4; ++l) h[r][l] = _mm256_setzero_ps();
+      continue;
+    }
+    __m256 x0, x1, x2, x3;
+    if (gc.direct) {
+      const float* b = plane + ih * T.IW + gc.c0;
+      x0 = _mm256_loadu_ps(b);
+      x1 = _mm256_loadu_ps(b + 8);
+      x2 = _mm256_loadu_ps(b + 2);
+      x3 = _mm256_loadu_ps(b + 10);
+    } else {
+      // (the address arithmetic may point before the row; masked-out lanes are never read)
+      const float* b = reinterpret_cast<const float*>(reinterpret_cast<intptr_t>(plane + ih * T.IW) +
+                                                      static_cast<intptr_t>(gc.c0) * 4);
+      x0 = _mm256_maskload_ps(b, gc.mask[0]);
+      x1 = _mm256_maskload_ps(b + 8, gc.mask[1]);
+      x2 = _mm256_maskload_ps(b + 2, gc.mask[2]);
+      x3 = _mm256_maskload_ps(b + 10, gc.mask[3]);
+    }
+    const __m256 d[4] = {_mm256_shuffle_ps(x0, x1, 0x88), _mm256_shuffle_ps(x0, x1, 0xDD),
+                         _mm256_shuffle_ps(x2, x3, 0x88), _mm256_shuffle_ps(x2, x3, 0xDD)};
+    bt4(d, h[r]);
+  }
+  for (int l = 0; l < 4; ++l) {
+    const __m256 col[4] = {h[0][l], h[1][l], h[2][l], h[3][l]};
+    __m256 v[4];
+    bt4(col, v);
+    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(dst + static_cast<int64_t>(k * 4 + l) * T.v_stride, v[k]);
+  }
+}
+
+/// F(2x2, 3x3) output transform of one group for one output channel: M[pos] lanes at src + pos *
+/// pos_step; writes the valid part of rows 2 ty, 2 ty + 1, columns 2 tx0 .. 2 tx0 + 15 of `oplane`.
+/// Interleaving the two output columns of the lanes (order 0 1 4 5 2 3 6 7) gives 8 contiguous
+/// output floats per 128-bit half: unpacklo = columns 0..7, unpackhi = columns 8..15.
+__attribute__((target("avx2,fma"))) void output_group2(const Tiling& T, const float* src, int64_t pos_step,
+                                                       float bias, const PostOp& post, float* oplane, int64_t ty,
+                                                       int64_t tx0) {
+  __m256 t[4][2];
+  for (int k = 0; k < 4; ++k) {
+    __m256 m[4];
+    for (int l = 0; l < 4; ++l) m[l] = _mm256_loadu_ps(src + static_cast<int64_t>(k * 4 + l) * pos_step);
+    at4(m, t[k]);
+  }
+  const __m256 vb = _mm256_set1_ps(bias);
+  __m256 y[2][2];  // y[i][j]: output row i, column j of each lane's tile
+  for (int j = 0; j < 2; ++j) {
+    const __m256 col[4] = {t[0][j], t[1][j], t[2][j], t[3][j]};
+    __m256 r[2];
+    at4(col, r);
+    for (int i = 0; i < 2; ++i) {
+      __m256 v = _mm256_add_ps(r[i], vb);
+      if (post.kind != PostOp::Kind::None) v = apply8(post, v);
+      y[i][j] = v;
+    }
+  }
+  const int64_t ox = tx0 * 2;
+  const int64_t valid = std::min<int64_t>(kLanes * 2, T.OW - ox);
+  for (int i = 0; i < 2; ++i) {
+    const int64_t oy = ty * 2 + i;
+    if (oy >= T.OH) break;
+    const __m256 lo = _mm256_unpacklo_ps(y[i][0], y[i][1]), hi = _mm256_unpackhi_ps(y[i][0], y[i][1]);
+    float* dst = oplane + oy * T.OW + ox;
+    if (valid == kLanes * 2) {
+      _mm256_storeu_ps(dst, lo);
+      _mm256_storeu_ps(dst + 8, hi);
+    } else {
+      alignas(32) float tmp[16];
+      _mm256_store_ps(tmp, lo);
+      _mm256_store_ps(tmp + 8, hi);
+      std::memcpy(dst, tmp, sizeof(float) * static_cast<size_t>(valid));
+    }
+  }
+}
+
 /// Per-thread scratch of a block: transformed input (36 packed B operands) then GEMM output.
 float* block_scratch(size_t floats) {
   thread_local std::vector<float> scratch;
@@ -229,113 +351,261 @@ float* block_scratch(size_t floats) {
   return scratch.data();
 }
 
-/// One block of groups [g0, g1) of the whole batch.
+/// Rows of the packed filters' output-channel chunks: at most kMaxChunkRows (a multiple of the
+/// GEMM's 6-row panels), the chunks as even as that allows. A chunk's K block of packed filters
+/// (rows x 256 floats, <= 384 KiB) stays in L2 while the GEMM sweeps the block's tile panels.
+constexpr int64_t kMaxChunkRows = 384;
+int64_t chunk_rows(int64_t cout) {
+  const int64_t n = (cout + kMaxChunkRows - 1) / kMaxChunkRows;
+  return std::min(cout, ((cout + n - 1) / n + 5) / 6 * 6);
+}
+int64_t chunk_stride(int64_t cout, int64_t cin) { return (packed_a_floats(chunk_rows(cout), cin) + 15) / 16 * 16; }
+
+/// Where the groups of a block lie.
+struct Where {
+  int64_t n, ty, tx0;
+};
+
+/// One block of groups [g0, g1) of the whole batch (gi = gid - g0 below).
+struct Block {
+  const Tiling* T;
+  int64_t ng, N, npanels;
+  std::vector<Where> where;
+  std::vector<GroupCols> cols;
+  float* V;  // 36 packed B operands, v_stride floats apart
+  float* M;  // [C_out][36][N]
+
+  void init(const Tiling& t, int64_t g0, int64_t g1, float* scratch) {
+    T = &t;
+    ng = g1 - g0;
+    N = ng * kLanes;
+    npanels = (N + kGemmPanelCols - 1) / kGemmPanelCols;
+    where.resize(static_cast<size_t>(ng));
+    cols.resize(static_cast<size_t>(ng));
+    for (int64_t gi = 0; gi < ng; ++gi) {
+      const int64_t gid = g0 + gi;
+      const int64_t rem = gid % t.groups_per_image;
+      where[gi] = {gid / t.groups_per_image, rem / t.gx, rem % t.gx * kLanes};
+      cols[gi] = group_cols(t, where[gi].tx0);
+    }
+    V = scratch;
+    M = scratch + t.npos * t.v_stride;
+  }
+
+  /// 1. input transform of input channels [c0, c1), straight into the packed B panels; channel by
+  ///    channel, so that the group's input rows are read left to right and each panel row (2
+  ///    groups) is written whole.
+  void input(const float* x, int64_t c0, int64_t c1) const {
+    const int64_t IHW = T->IH * T->IW;
+    for (int64_t c = c0; c < c1; ++c) {
+      const int64_t kb = c / kGemmKBlock, p = c % kGemmKBlock;
+      const int64_t kc = std::min<int64_t>(kGemmKBlock, T->cin - kb * kGemmKBlock);
+      float* vc = V + kb * npanels * gemm_panel_stride(kGemmKBlock) + p * kGemmPanelCols;
+      for (int64_t gi = 0; gi < ng; ++gi) {
+        const float* plane = x + (where[gi].n * T->cin + c) * IHW;
+        float* dst = vc + gi / 2 * gemm_panel_stride(kc) + gi % 2 * kLanes;
+        if (T->t == 4) {
+          input_group(*T, plane, where[gi].ty, cols[gi], dst);
+        } else {
+          input_group2(*T, plane, where[gi].ty, cols[gi], dst);
+        }
+      }
+    }
+  }
+
+  /// 2. the GEMM of position pos for output-channel chunk q. M is [C_out][36][N]: position pos is
+  ///    the [C_out x N] matrix at M + pos * N with row stride 36 N, so that the output transform's
+  ///    36 reads of one channel are close together (positions a large power of two apart would
+  ///    share L1 sets).
+  void gemm(const float* packed, int64_t pos, int64_t q) const {
+    const int64_t mc = chunk_rows(T->cout), o0 = q * mc, rows = std::min(mc, T->cout - o0);
+    sgemm_prepacked(rows, N, T->cin, packed + pos * T->pos_stride + q * T->chunk_stride, V + pos * T->v_stride,
+                    M + o0 * T->npos * N + pos * N, T->npos * N);
+  }
+
+  /// 3. output transform of output channels [o0, o1) (lanes of group gi at column 8 gi).
+  void output(const float* bias, const PostOp& post, float* out, int64_t o0, int64_t o1) const {
+    const int64_t OHW = T->OH * T->OW;
+    for (int64_t o = o0; o < o1; ++o) {
+      const float b = bias != nullptr ? bias[o] : 0.0f;
+      for (int64_t gi = 0; gi < ng; ++gi) {
+        const float* src = M + o * T->npos * N + gi * kLanes;
+        float* oplane = out + (where[gi].n * T->cout + o) * OHW;
+        if (T->t == 4) {
+          output_group(*T, src, N, b, post, oplane, where[gi].ty, where[gi].tx0);
+        } else {
+          output_group2(*T, src, N, b, post, oplane, where[gi].ty, where[gi].tx0);
+        }
+      }
+    }
+  }
+};
+
+/// One block of groups [g0, g1) of the whole batch on the calling thread (its own scratch).
 void run_block(const Tiling& T, const float* x, const float* packed, const float* bias, float* out,
                const PostOp& post, int64_t g0, int64_t g1) {
-  const int64_t ng = g1 - g0;
-  const int64_t N = ng * kLanes;  // GEMM columns of this block
-  const int64_t npanels = (N + kGemmPanelCols - 1) / kGemmPanelCols;
-  float* V = block_scratch(static_cast<size_t>(kPos * T.v_stride + T.m_floats));
-  float* M = V + kPos * T.v_stride;
-  const int64_t IHW = T.IH * T.IW, OHW = T.OH * T.OW;
-  struct Where {
-    int64_t n, ty, tx0;
-  };
-  constexpr int64_t kMaxG = 64;
-  Where where[kMaxG];
-  GroupCols cols[kMaxG];
-  for (int64_t gi = 0; gi < ng; ++gi) {
-    const int64_t gid = g0 + gi;
-    const int64_t rem = gid % T.groups_per_image;
-    where[gi] = {gid / T.groups_per_image, rem / T.gx, rem % T.gx * kLanes};
-    cols[gi] = group_cols(T, where[gi].tx0);
+  thread_local Block blk;
+  blk.init(T, g0, g1, block_scratch(static_cast<size_t>(T.npos * T.v_stride + T.m_floats)));
+  blk.input(x, 0, T.cin);
+  for (int64_t pos = 0; pos < T.npos; ++pos) {
+    for (int64_t q = 0; q < T.chunks; ++q) blk.gemm(packed, pos, q);
   }
-  // 1. input transform, straight into the packed B panels; channel by channel, so that the
-  //    group's input rows are read left to right and each panel row (2 groups) is written whole.
-  for (int64_t c = 0; c < T.cin; ++c) {
-    const int64_t kb = c / kGemmKBlock, p = c % kGemmKBlock;
-    const int64_t kc = std::min<int64_t>(kGemmKBlock, T.cin - kb * kGemmKBlock);
-    float* vc = V + kb * npanels * gemm_panel_stride(kGemmKBlock) + p * kGemmPanelCols;
-    for (int64_t gi = 0; gi < ng; ++gi) {
-      input_group(T, x + (where[gi].n * T.cin + c) * IHW, where[gi].ty, cols[gi],
-                  vc + gi / 2 * gemm_panel_stride(kc) + gi % 2 * kLanes);
-    }
-  }
-  // 2. one GEMM per position. M is [C_out][36][N]: position pos is the [C_out x N] matrix at
-  //    M + pos * N with row stride 36 N, so that the output transform's 36 reads of one channel
-  //    are close together (positions a large power of two apart would share L1 sets).
-  for (int64_t pos = 0; pos < kPos; ++pos) {
-    sgemm_prepacked(T.cout, N, T.cin, packed + pos * T.pos_stride, V + pos * T.v_stride, M + pos * N, kPos * N);
-  }
-  // 3. output transform (lanes of group gi at column 8 gi), channel by channel
-  for (int64_t o = 0; o < T.cout; ++o) {
-    const float b = bias != nullptr ? bias[o] : 0.0f;
-    for (int64_t gi = 0; gi < ng; ++gi) {
-      output_group(T, M + o * kPos * N + gi * kLanes, N, b, post, out + (where[gi].n * T.cout + o) * OHW, where[gi].ty,
-                   where[gi].tx0);
-    }
+  blk.output(bias, post, out, 0, T.cout);
+}
+
+/// True when the transformed filters (36 C_in C_out floats) take at most 4 MiB: they then stay in
+/// the caches while each thread runs its own small blocks of tiles; larger ones run conv_large.
+bool small_filters(int64_t cin, int64_t cout) {
+  return static_cast<double>(cin) * static_cast<double>(cout) * kPos * 4.0 <= 4.0 * 1024 * 1024;
+}
+
+/// Floats of scratch (transformed input + GEMM output) of one block of the per-thread path: 2x
+/// and 4x larger were 5-10% slower (64 channels, 256x256).
+constexpr int64_t kSmallBudget = 96 * 1024;
+
+/// Large channel counts (blocks of fewer than 2 groups in kSmallBudget): blocks of
+/// large_block_groups() groups, each transformed, multiplied and transformed back by all threads
+/// together (input channels, (position, output-channel chunk) GEMMs, output channels split
+/// between them), in one shared scratch of 36 (C_in + C_out) 8 G floats. The packed filters are
+/// streamed from memory once per block, so a block has many tiles (each filter float is used for
+/// 8 G tiles).
+int64_t large_block_groups(const Tiling& T) {
+  // Scratch of at most kLargeScratch bytes (also its memory: it is kept for the next call), at
+  // most 16 groups (128 tiles: 64x64 has 256), at least 1. (8, 16 and 32 groups measured within
+  // the noise of a loaded box for 320 -> 320 and 960 -> 320 at 64x64.)
+  constexpr double kLargeScratch = 24.0 * 1024 * 1024;
+  const double per_group = static_cast<double>(T.npos * kLanes * (T.cin + T.cout)) * 4.0;
+  const int64_t want = std::clamp<int64_t>(static_cast<int64_t>(kLargeScratch / per_group), 1, 16);
+  int64_t G = std::min(want, T.groups_total);
+  // blocks of nearly equal size, whole 16-column panels where the block is not the whole batch
+  const int64_t blocks = (T.groups_total + G - 1) / G;
+  G = (T.groups_total + blocks - 1) / blocks;
+  if (G > 1 && G < T.groups_total) G = (G + 1) / 2 * 2;
+  return G;
+}
+
+void conv_large(Tiling& T, const float* x, const float* packed, const float* bias, float* out, ThreadPool* pool,
+                const PostOp& post) {
+  const int64_t G = large_block_groups(T);
+  T.G = G;
+  T.v_stride = (prepacked_b_floats(G * kLanes, T.cin) + 15) / 16 * 16;
+  T.m_floats = T.cout * T.npos * G * kLanes;
+  float* scratch = block_scratch(static_cast<size_t>(T.npos * T.v_stride + T.m_floats));
+  Block blk;
+  constexpr int64_t kChan = 16;  // channels per task of the transforms
+  for (int64_t g0 = 0; g0 < T.groups_total; g0 += G) {
+    blk.init(T, g0, std::min(T.groups_total, g0 + G), scratch);
+    parallel_tasks(pool, (T.cin + kChan - 1) / kChan, [&](int64_t t) {
+      blk.input(x, t * kChan, std::min(T.cin, (t + 1) * kChan));
+    });
+    parallel_tasks(pool, T.npos * T.chunks, [&](int64_t t) { blk.gemm(packed, t / T.chunks, t % T.chunks); });
+    parallel_tasks(pool, (T.cout + kChan - 1) / kChan, [&](int64_t t) {
+      blk.output(bias, post, out, t * kChan, std::min(T.cout, (t + 1) * kChan));
+    });
   }
 }
 
 }  // namespace
 
-bool winograd_applies(const ConvGeometry& g) {
-  if (g.spatial_dims != 2 || g.transposed || g.groups != 1) return false;
-  if (g.kernel[0] != 3 || g.kernel[1] != 3 || g.stride[0] != 1 || g.stride[1] != 1) return false;
-  if (g.dilation[0] != 1 || g.dilation[1] != 1) return false;
-  if (g.in_channels < 1 || g.out_channels < 1) return false;
+int winograd_tile(const ConvGeometry& g) {
+  if (g.spatial_dims != 2 || g.transposed || g.groups != 1) return 0;
+  if (g.kernel[0] != 3 || g.kernel[1] != 3 || g.stride[0] != 1 || g.stride[1] != 1) return 0;
+  if (g.dilation[0] != 1 || g.dilation[1] != 1) return 0;
+  if (g.in_channels < 1 || g.out_channels < 1) return 0;
   const char* env = std::getenv("KILN_CPU_WINOGRAD");
-  if (env != nullptr && std::strcmp(env, "0") == 0) return false;
-  if (env != nullptr && std::strcmp(env, "1") == 0) return true;
+  if (env != nullptr && std::strcmp(env, "0") == 0) return 0;
+  if (env != nullptr && std::strcmp(env, "1") == 0) return 4;
+  if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
   // C_in >= 8, any C_out, enough output tiles, and at least half of the 8-tile groups' lanes used
   // (a row of 4 tiles fills half a group). Measured (1 thread, one conv, Winograd / im2col time,
   // C_in -> C_out at H x W): 64->64 56x56 0.31, 128->128 28x28 0.37, 256->256 14x14 0.98 (16 tiles,
   // half the lanes: left to im2col), 64->64 256x256 0.42, 64->3 512x512 0.57, 64->1 256x256 0.69,
   // 16->3 128x128 0.45, 8->64 128x128 0.88, 8->8 128x128 0.58, 4->64 64x64 1.11 (left to im2col).
-  if (g.in_channels < 8) return false;
-  // Transformed filters (36 C_in C_out floats) of at most 4 MiB: every block of 8-16 tiles reads all
-  // of them, so larger ones (e.g. the SD UNet's 320/640-channel convs: 14.7 / 59 MB) would be
-  // streamed from memory once per block, and would take 4x the weights' memory (not measured; left
-  // to im2col). 128 -> 128 (2.4 MB) is in.
-  if (static_cast<double>(g.in_channels) * static_cast<double>(g.out_channels) * kPos * 4.0 > 4.0 * 1024 * 1024) {
-    return false;
+  if (g.in_channels < 8) return 0;
+  // Tiles of t x t in the batch, when at least half of the 8-tile groups' lanes are used (else 0).
+  const auto tiles = [&](int t) -> int64_t {
+    const int64_t ty = (g.out_size[0] + t - 1) / t, tx = (g.out_size[1] + t - 1) / t;
+    const int64_t lanes = ty * ((tx + kLanes - 1) / kLanes * kLanes);
+    return 2 * ty * tx >= lanes ? g.batch * ty * tx : 0;
+  };
+  if (small_filters(g.in_channels, g.out_channels)) {
+    const int64_t ty = (g.out_size[0] + 3) / 4, tx = (g.out_size[1] + 3) / 4;
+    return tiles(4) > 0 && ty * tx >= 32 ? 4 : 0;
   }
-  const int64_t ty = (g.out_size[0] + 3) / 4, tx = (g.out_size[1] + 3) / 4;
-  const int64_t lanes = ty * ((tx + kLanes - 1) / kLanes * kLanes);
-  return ty * tx >= 32 && 2 * ty * tx >= lanes;
+  // Larger filters (conv_large: each block of up to 128 tiles streams all of them from memory)
+  // need at least 64 output tiles in the batch, i.e. each transformed filter float used for 64
+  // tiles. Measured (1 thread, one conv, Winograd / im2col time, C_in -> C_out at H x W, padding 1):
+  // F(4x4, 3x3), 64x64: 320->320 0.35, 640->320 0.34, 960->320 0.32, 640->640 0.29; 32x32: 320->640
+  // 0.24, 640->640 0.29, 1280->640 0.29, 1920->640 0.28, 1280->1280 0.26. With fewer than 64 tiles
+  // of 4x4, F(2x2, 3x3) (4x the tiles, 16/9 the weights' memory instead of 4x) where that gives
+  // 64: 16x16: 1280->1280 0.53, 640->1280 0.51, 1920->1280 0.52, 2560->1280 0.45 (F(4x4, 3x3)
+  // there: 1.2x F(2x2, 3x3)'s time, and it would grow the SD UNet's 16x16 convs from 0.77 to 3.1 GB
+  // instead of 1.4 GB). Left to im2col: 8x8 (F(2x2, 3x3): 1280->1280 1.04, 2560->1280 0.99;
+  // F(4x4, 3x3): 0.98, 0.87 with 4x the memory).
+  if (tiles(4) >= 64) return 4;
+  if (tiles(2) >= 64) return 2;
+  return 0;
 }
 
-int64_t winograd_pos_stride(int64_t cout, int64_t cin) { return (packed_a_floats(cout, cin) + 15) / 16 * 16; }
+bool winograd_applies(const ConvGeometry& g) { return winograd_tile(g) != 0; }
 
-void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, std::vector<float>& out) {
+int64_t winograd_pos_stride(int64_t cout, int64_t cin) {
+  return (cout + chunk_rows(cout) - 1) / chunk_rows(cout) * chunk_stride(cout, cin);
+}
+
+void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, int tile, std::vector<float>& out) {
+  const int n = tile + 2;  // transformed tile n x n
+  const int64_t npos = positions(tile);
   const int64_t stride = winograd_pos_stride(cout, cin);
-  out.assign(static_cast<size_t>(kPos * stride), 0.0f);
-  std::vector<float> u(static_cast<size_t>(kPos * cout * cin));  // [pos][o][c]
-  for (int64_t o = 0; o < cout; ++o) {
-    for (int64_t c = 0; c < cin; ++c) {
-      const float* g = w + (o * cin + c) * 9;
-      double tmp[6][3];  // G g
-      for (int k = 0; k < 6; ++k) {
-        for (int j = 0; j < 3; ++j) {
-          tmp[k][j] = kG[k][0] * g[0 * 3 + j] + kG[k][1] * g[1 * 3 + j] + kG[k][2] * g[2 * 3 + j];
+  const int64_t mc = chunk_rows(cout), cstride = chunk_stride(cout, cin);
+  out.assign(static_cast<size_t>(npos * stride), 0.0f);
+  std::vector<float> u(static_cast<size_t>(npos * mc * cin));  // one chunk: [pos][o - o0][c]
+  double gm[6][3];  // G (n x 3)
+  for (int k = 0; k < n; ++k) {
+    for (int j = 0; j < 3; ++j) gm[k][j] = tile == 4 ? kG[k][j] : kG2[k][j];
+  }
+  for (int64_t o0 = 0, q = 0; o0 < cout; o0 += mc, ++q) {
+    const int64_t rows = std::min(mc, cout - o0);
+    // 32 input channels at a time, lanes innermost (vectorizable; each position's 32 values
+    // stored contiguously): the same operations, in the same order, as one channel at a time.
+    constexpr int64_t kC = 32;
+    for (int64_t o = 0; o < rows; ++o) {
+      for (int64_t c0 = 0; c0 < cin; c0 += kC) {
+        const int64_t cb = std::min(kC, cin - c0);
+        const float* g = w + ((o0 + o) * cin + c0) * 9;
+        double gv[9][kC];  // gv[e][cc] = weight element e (row-major 3x3) of channel c0 + cc
+        for (int64_t cc = 0; cc < cb; ++cc) {
+          for (int e = 0; e < 9; ++e) gv[e][cc] = g[cc * 9 + e];
         }
-      }
-      for (int k = 0; k < 6; ++k) {
-        for (int l = 0; l < 6; ++l) {  // (G g) G^T
-          const double v = tmp[k][0] * kG[l][0] + tmp[k][1] * kG[l][1] + tmp[k][2] * kG[l][2];
-          u[static_cast<size_t>(((k * 6 + l) * cout + o) * cin + c)] = static_cast<float>(v);
+        double tmp[6][3][kC];  // G g
+        for (int k = 0; k < n; ++k) {
+          for (int j = 0; j < 3; ++j) {
+            for (int64_t cc = 0; cc < cb; ++cc) {
+              tmp[k][j][cc] = gm[k][0] * gv[0 * 3 + j][cc] + gm[k][1] * gv[1 * 3 + j][cc] + gm[k][2] * gv[2 * 3 + j][cc];
+            }
+          }
+        }
+        for (int k = 0; k < n; ++k) {
+          for (int l = 0; l < n; ++l) {  // (G g) G^T
+            float* dst = u.data() + ((k * n + l) * rows + o) * cin + c0;
+            for (int64_t cc = 0; cc < cb; ++cc) {
+              dst[cc] = static_cast<float>(tmp[k][0][cc] * gm[l][0] + tmp[k][1][cc] * gm[l][1] + tmp[k][2][cc] * gm[l][2]);
+            }
+          }
         }
       }
     }
-  }
-  for (int64_t pos = 0; pos < kPos; ++pos) {
-    pack_a_for_gemm(cout, cin, u.data() + pos * cout * cin, cin, out.data() + pos * stride);
+    for (int64_t pos = 0; pos < npos; ++pos) {
+      pack_a_for_gemm(rows, cin, u.data() + pos * rows * cin, cin, out.data() + pos * stride + q * cstride);
+    }
   }
 }
 
-void conv_winograd(const ConvGeometry& g, const float* x, const float* packed, const float* bias, float* out,
-                   ThreadPool* pool, const PostOp& post) {
+void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float* packed, const float* bias,
+                   float* out, ThreadPool* pool, const PostOp& post) {
   Tiling T{};
+  T.t = tile;
+  T.npos = positions(tile);
   T.IH = g.in_size[0];
   T.IW = g.in_size[1];
   T.OH = g.out_size[0];
@@ -344,22 +614,27 @@ void conv_winograd(const ConvGeometry& g, const float* x, const float* packed, c
   T.PW = g.padding[1];
   T.cin = g.in_channels;
   T.cout = g.out_channels;
-  T.tiles_y = (T.OH + 3) / 4;
-  T.tiles_x = (T.OW + 3) / 4;
+  T.tiles_y = (T.OH + tile - 1) / tile;
+  T.tiles_x = (T.OW + tile - 1) / tile;
   T.gx = (T.tiles_x + kLanes - 1) / kLanes;
   T.groups_per_image = T.tiles_y * T.gx;
   T.groups_total = g.batch * T.groups_per_image;
   T.pos_stride = winograd_pos_stride(T.cout, T.cin);
-  // Groups per block: transformed input + GEMM output of a block within ~`budget` floats.
-  constexpr int64_t budget = 96 * 1024;  // floats; 2x and 4x larger were 5-10% slower (64 ch, 256x256)
-  int64_t G = std::max<int64_t>(1, budget / (kPos * kLanes * (T.cin + T.cout)));
+  T.chunk_stride = chunk_stride(T.cout, T.cin);
+  T.chunks = (T.cout + chunk_rows(T.cout) - 1) / chunk_rows(T.cout);
   const int64_t threads = pool != nullptr ? pool->num_threads() : 1;
+  if (!small_filters(T.cin, T.cout)) {
+    conv_large(T, x, packed, bias, out, pool, post);
+    return;
+  }
+  // Groups per block: transformed input + GEMM output of a block within ~`budget` floats.
+  int64_t G = std::max<int64_t>(1, kSmallBudget / (T.npos * kLanes * (T.cin + T.cout)));
   if (threads > 1) G = std::min(G, std::max<int64_t>(1, T.groups_total / (4 * threads)));
-  G = std::min({G, T.groups_total, int64_t{64}});  // run_block's kMaxG
+  G = std::min(G, T.groups_total);
   if (G > 1) G = G / 2 * 2;  // whole 16-column panels
   T.G = G;
   T.v_stride = (prepacked_b_floats(G * kLanes, T.cin) + 15) / 16 * 16;
-  T.m_floats = T.cout * kPos * G * kLanes;
+  T.m_floats = T.cout * T.npos * G * kLanes;
   const int64_t blocks = (T.groups_total + G - 1) / G;
   parallel_tasks(pool, blocks, [&](int64_t b) {
     run_block(T, x, packed, bias, out, post, b * G, std::min(T.groups_total, (b + 1) * G));
