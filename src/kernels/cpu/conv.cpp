@@ -117,18 +117,7 @@ __attribute__((target("avx2,fma"))) void dw_scatter_row(const ConvGeometry& g, c
   }
   if (SW == 2) {
     // x[2t] -> padded column 2t + PW, x[2t + 1] -> 2t + 1 + PW
-    float* ev = rowbase + (PW % 2) * L.plane + PW / 2;
-    float* od = rowbase + ((PW + 1) % 2) * L.plane + (PW + 1) / 2;
-    int64_t t = 0;
-    for (; 2 * t + 16 <= IW; t += 8) {
-      const __m256 a = _mm256_loadu_ps(src + 2 * t), b = _mm256_loadu_ps(src + 2 * t + 8);
-      // shuffle gives [a0 a2 b0 b2 | a4 a6 b4 b6]; permute 64-bit lanes 0,2,1,3 -> a0 a2 a4 a6 b0 b2 b4 b6
-      const __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
-      const __m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
-      _mm256_storeu_ps(ev + t, e);
-      _mm256_storeu_ps(od + t, o);
-    }
-    for (int64_t iw = 2 * t; iw < IW; ++iw) (iw % 2 == 0 ? ev : od)[iw / 2] = src[iw];
+    cpu::split_even_odd(src, IW, rowbase + (PW % 2) * L.plane + PW / 2, rowbase + ((PW + 1) % 2) * L.plane + (PW + 1) / 2);
     return;
   }
   for (int64_t iw = 0; iw < IW; ++iw) {

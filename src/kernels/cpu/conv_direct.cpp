@@ -39,18 +39,7 @@ KILN_AVX2 void build_row(const ConvGeometry& g, const float* xc, int64_t ih, int
     return;
   }
   // s == 2: padded column j = PW + iw goes to phase j % 2 at j / 2.
-  float* even = dst + (PW % 2) * Lw + PW / 2;            // iw even
-  float* odd = dst + ((PW + 1) % 2) * Lw + (PW + 1) / 2;  // iw odd
-  int64_t t = 0;
-  for (; 2 * t + 16 <= IW; t += 8) {
-    const __m256 a = _mm256_loadu_ps(src + 2 * t), b = _mm256_loadu_ps(src + 2 * t + 8);
-    // [a0 a2 b0 b2 | a4 a6 b4 b6] then 64-bit lanes 0, 2, 1, 3: a0 a2 a4 a6 b0 b2 b4 b6 (odd alike)
-    const __m256 e = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8));
-    const __m256 o = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8));
-    _mm256_storeu_ps(even + t, e);
-    _mm256_storeu_ps(odd + t, o);
-  }
-  for (int64_t iw = 2 * t; iw < IW; ++iw) (iw % 2 == 0 ? even : odd)[iw / 2] = src[iw];
+  split_even_odd(src, IW, dst + (PW % 2) * Lw + PW / 2, dst + ((PW + 1) % 2) * Lw + (PW + 1) / 2);
 }
 
 /// acc[o][v] for output channels oc0 .. oc0 + OCB - 1 and columns ow0 + 8 v .. + 7 of one output

@@ -114,6 +114,31 @@ KILN_AVX2 inline float hmax(__m256 v) {
   return _mm_cvtss_f32(m);
 }
 
+/// even[i] = src[2 i], odd[i] = src[2 i + 1]: the n floats of src split by the parity of their
+/// index (n / 2 + n % 2 even values, n / 2 odd ones), 16 at a time through two shuffles.
+KILN_AVX2 inline void split_even_odd(const float* src, int64_t n, float* even, float* odd) {
+  int64_t t = 0;
+  for (; 2 * t + 16 <= n; t += 8) {
+    const __m256 a = _mm256_loadu_ps(src + 2 * t), b = _mm256_loadu_ps(src + 2 * t + 8);
+    // shuffle gives [a0 a2 b0 b2 | a4 a6 b4 b6]; permute 64-bit lanes 0,2,1,3 -> a0 a2 a4 a6 b0 b2 b4 b6
+    _mm256_storeu_ps(even + t, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0x88)), 0xD8)));
+    _mm256_storeu_ps(odd + t, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(a, b, 0xDD)), 0xD8)));
+  }
+  for (int64_t i = 2 * t; i < n; ++i) (i % 2 == 0 ? even : odd)[i / 2] = src[i];
+}
+
+/// e^r ~ 1 + r + r^2 (p0 r^5 + ... + p5) for |r| <= ~ln2/2: the polynomial of the Cephes Math
+/// Library expf.c (S. Moshier, coefficients 1.9875691500E-4 ... 5.0000001201E-1).
+KILN_AVX2 inline __m256 exp_poly8(__m256 r) {
+  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
+  return _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+}
+
 /// e^(hi + lo) per lane, for a float hi and a small correction lo (|lo| <= ~4; 0 for plain e^x):
 /// lo enters the reduced argument after the exact Cody-Waite step, so it is not rounded away
 /// against a large hi (erfc8 passes the rounding residual of -z^2 this way).
@@ -132,14 +157,7 @@ KILN_AVX2 inline __m256 exp8_hl(__m256 hi, __m256 lo) {
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), hi);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
   r = _mm256_add_ps(r, lo);
-  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-  const __m256 r2 = _mm256_mul_ps(r, r);
-  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256 p = exp_poly8(r);
   const __m256i ni = _mm256_cvtps_epi32(n);
   const __m256i n1 = _mm256_srai_epi32(ni, 1);
   const __m256i n2 = _mm256_sub_epi32(ni, n1);
@@ -167,14 +185,7 @@ KILN_AVX2 inline __m256 exp8_nonpos(__m256 x) {
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
   r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500E-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507E-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073E-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894E-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459E-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201E-1f));
-  const __m256 r2 = _mm256_mul_ps(r, r);
-  p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256 p = exp_poly8(r);
   const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
   const __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
   return _mm256_andnot_ps(_mm256_cmp_ps(x, min_x, _CMP_LT_OQ), y);  // below -87.33 (not NaN): 0
