@@ -336,8 +336,8 @@ void pack_b(const GemmArgs& g, int64_t j0, int64_t nc, int64_t p0, int64_t kc, f
 }
 
 /// pack_a for row-major A (no transpose) with AVX2: 8 k-steps of a 6-row panel per 8x8
-/// transpose (rows 6, 7 are dummies). Each 8-float store overlaps the next one's first 2 floats;
-/// the last one writes 2 floats past the panel (the buffer has slack). Same result as pack_a.
+/// transpose (rows 6, 7 are dummies). Each 8-float store overlaps the next one's first 2 floats
+/// (overwritten by it); nothing is written past the panel. Same result as pack_a.
 __attribute__((target("avx2,fma"))) void pack_a_avx2(const GemmArgs& g, int64_t i0, int64_t mc, int64_t p0,
                                                      int64_t kc, float* out) {
   const __m256 valpha = _mm256_set1_ps(g.alpha);
@@ -357,7 +357,14 @@ __attribute__((target("avx2,fma"))) void pack_a_avx2(const GemmArgs& g, int64_t 
       r[6] = _mm256_setzero_ps();
       r[7] = _mm256_setzero_ps();
       cpu::transpose8x8(r);
-      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(dst + (p + k) * MR, r[k]);
+      for (int k = 0; k < 7; ++k) _mm256_storeu_ps(dst + (p + k) * MR, r[k]);
+      // The 8th store covers the next k's first 2 floats, or the 2 floats after the panel: the
+      // panel's last k stores its 6 floats alone, so that panels may be packed in any order.
+      if (p + 8 < kc) {
+        _mm256_storeu_ps(dst + (p + 7) * MR, r[7]);
+      } else {
+        _mm256_maskstore_ps(dst + (p + 7) * MR, lanes_below(MR), r[7]);
+      }
     }
     for (; p < kc; ++p) {
       for (int i = 0; i < MR; ++i) dst[p * MR + i] = i < m ? g.alpha * src[i][p] : 0.0f;
@@ -610,17 +617,16 @@ bool use_avx2() { return has_avx2_fma() && !g_force_portable.load(std::memory_or
 
 /// Packs all of op(A) [M, K] * alpha in the pack_a_for_gemm layout (K block pc at
 /// pc * padded_m(M), its MR-row panels kc * MR floats apart); `out` holds padded_m(M) * K + 16
-/// floats. In increasing pc: pack_a_avx2 overshoots its block by 2 floats, which the next block
-/// then overwrites (the last block's overshoot lands in the slack).
-void pack_a_whole(const GemmArgs& g, float* out) {
-  for (int64_t pc = 0; pc < g.K; pc += KC) {
-    const int64_t kc = std::min(KC, g.K - pc);
+/// floats. The K blocks are spread over `pool` (may be null).
+void pack_a_whole(const GemmArgs& g, float* out, ThreadPool* pool) {
+  parallel_tasks(pool, (g.K + KC - 1) / KC, [&](int64_t q) {
+    const int64_t pc = q * KC, kc = std::min(KC, g.K - pc);
     if (has_avx2_fma() && !g.trans_a) {
       pack_a_avx2(g, 0, g.M, pc, kc, out + pc * padded_m(g.M));
     } else {
       pack_a(g, 0, g.M, pc, kc, out + pc * padded_m(g.M));
     }
-  }
+  });
 }
 
 /// Packs all of op(B) [K, N] of `g` (its packer, or B transposed or not) in the
@@ -669,7 +675,7 @@ void gemm_blocked(const GemmArgs& g, bool parallel, ThreadPool* pool) {
     if (shared) {
       thread_local std::vector<float> buf_a;
       buf_a.resize(static_cast<size_t>(packed_a_floats(M, g.K)));
-      pack_a_whole(g, buf_a.data());
+      pack_a_whole(g, buf_a.data(), pool);
       gs.packed_a = buf_a.data();
     }
   } else {
@@ -733,7 +739,7 @@ int64_t packed_a_floats(int64_t M, int64_t K) { return padded_m(M) * K + 16; }
 
 void pack_a_for_gemm(int64_t M, int64_t K, const float* A, int64_t lda, float* out) {
   const GemmArgs g{false, false, M, 0, K, 1.0f, A, lda, nullptr, 0, 0.0f, nullptr, 0, nullptr};
-  pack_a_whole(g, out);
+  pack_a_whole(g, out, nullptr);
 }
 
 static_assert(KC == kGemmKBlock, "gemm.h documents the K block of packed operands");
