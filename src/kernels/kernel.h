@@ -139,6 +139,7 @@ void register_cpu_norm(KernelRegistry& r);        // cpu/norm.cpp: layer/group/b
 void register_cpu_softmax(KernelRegistry& r);     // cpu/softmax.cpp: _softmax, _log_softmax
 void register_cpu_activation(KernelRegistry& r);  // cpu/activation.cpp: unary float ops
 void register_cpu_elementwise(KernelRegistry& r); // cpu/elementwise.cpp: add, sub, mul, div
+void register_cpu_shape(KernelRegistry& r);       // cpu/shape.cpp: permute, transpose, slice
 void register_cpu_quantized(KernelRegistry& r);   // cpu/quantized.cpp: weight-only quantized linear/conv
 
 }  // namespace kiln

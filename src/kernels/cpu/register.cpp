@@ -12,6 +12,7 @@ void register_cpu_kernels(KernelRegistry& r) {
   register_cpu_softmax(r);
   register_cpu_activation(r);
   register_cpu_elementwise(r);
+  register_cpu_shape(r);
 }
 
 }  // namespace kiln
