@@ -45,3 +45,18 @@ def test_direct_conv_matches_eager(case):
     ref = kiln.load_bytes(data, num_threads=1, portable_kernels_only=True).run(x.numpy())[0]
     # float32 FMA sums differ in the last bits from the portable kernel's double sums
     assert not np.array_equal(out, ref), "the cpu kernel was not selected (bit-identical to the portable kernel)"
+
+
+@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
+def test_direct_conv_fewer_output_rows_than_threads():
+    """Two output rows of enough work for the pool, on 3 and 9 threads (one part per row; it
+    used to divide by zero)."""
+    torch.manual_seed(1)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 64, 7, padding=3), torch.nn.ReLU()).eval()
+    x = torch.randn(1, 3, 2, 300)
+    data = kiln.export(model, (x,), verbose=False).data
+    with torch.no_grad():
+        expected = model(x).numpy()
+    for threads in (2, 3, 9):
+        out = kiln.load_bytes(data, num_threads=threads).run(x.numpy())[0]
+        assert_close(out, expected, rel=1e-5, what=f"{threads} threads")

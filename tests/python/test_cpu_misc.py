@@ -78,6 +78,23 @@ SDPA_SHAPES = [
 ]
 
 
+def test_sdpa_large_scores_and_nan_rows():
+    """Scaled scores near 1e10 (the row maximum must give exactly e^0, however the scaling is
+    rounded) and NaN in a query row or in one feature of every key (the row's output is NaN, as in
+    eager, not the fully-masked 0), against eager, at 1 and 2 threads, over 1 and 3 key blocks."""
+    rng = np.random.default_rng(7)
+    for L, S in ((16, 16), (40, 300)):
+        q, k, v = rand(rng, 1, 2, L, 40), rand(rng, 1, 2, S, 40), rand(rng, 1, 2, S, 40)
+        check_sdpa(q * 3e4, k * 3e4, v, what=f"scores ~1e10, S={S}")
+        check_sdpa(q, k, v, scale=1e30, what=f"scale 1e30, S={S}")
+        qn = q.copy()
+        qn[0, 1, 2, 5] = np.nan
+        check_sdpa(qn, k, v, what=f"NaN in a query row, S={S}")
+        kn = k.copy()
+        kn[..., 3] = np.nan
+        check_sdpa(q, kn, v, what=f"NaN in every key, S={S}")
+
+
 @pytest.mark.parametrize("shapes", SDPA_SHAPES, ids=lambda s: "x".join(map(str, s[0])) + "_S" + str(s[1][-2]))
 @pytest.mark.parametrize("variant", ["plain", "causal", "bool_mask", "float_mask", "scale", "negative_scale"])
 def test_sdpa(shapes, variant):

@@ -300,27 +300,47 @@ KILN_AVX2 void mask_scores(const Problem& P, int64_t b, int64_t i, int64_t j0, f
 /// is the scaled maximum, and the scaling rides in the exponent's FMA) or exactly 1 (mask_scores
 /// already scaled them).
 KILN_AVX2 float softmax_update(float* s, int64_t n, float scale, float& m, float& l) {
-  __m256 mx = _mm256_set1_ps(kNegInf);
+  // The maximum, NaN-aware: a NaN score makes the row's maximum NaN, so that the row's output is
+  // NaN as in eager (max_ps alone drops NaN, and an all-NaN row would look fully masked).
+  __m256 mx = _mm256_set1_ps(kNegInf), nan = _mm256_setzero_ps();
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8) mx = _mm256_max_ps(mx, _mm256_loadu_ps(s + j));
+  for (; j + 8 <= n; j += 8) {
+    const __m256 v = _mm256_loadu_ps(s + j);
+    mx = _mm256_max_ps(mx, v);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  }
   float bm = cpu::hmax(mx);
-  for (; j < n; ++j) bm = std::max(bm, s[j]);
-  const float m_new = std::max(m, bm * scale);
+  bool has_nan = _mm256_movemask_ps(nan) != 0;
+  for (; j < n; ++j) {
+    bm = std::max(bm, s[j]);
+    has_nan = has_nan || std::isnan(s[j]);
+  }
+  // Once NaN, the row's maximum stays NaN over later blocks (std::max would drop it).
+  const float m_new = has_nan || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, bm * scale);
   if (m_new == kNegInf) {  // every score so far is -inf: nothing to add
     std::fill(s, s + n, 0.0f);
     return 1.0f;
   }
-  // Scores minus their maximum are <= 0 (or -inf, or NaN): exp8_nonpos.
-  const __m256 vm = _mm256_set1_ps(-m_new), vs = _mm256_set1_ps(scale);
+  // Scaled scores minus their maximum, for exp8_nonpos: the scaled score is rounded on its own
+  // (as m' = scale * max s was, and as eager scales before its softmax), then m' subtracted, so the
+  // row's maximum gives exactly 0 and no difference is positive (rounding is monotonic). One FMA
+  // would be off by up to half an ulp of m' (128 at 2.7e9): enough to push a whole row below
+  // exp's range. scaled() keeps the compiler from contracting the two into an FMA.
+  const __m256 vm = _mm256_set1_ps(m_new), vs = _mm256_set1_ps(scale);
+  auto scaled = [&](__m256 v) KILN_AVX2 {
+    __m256 t = _mm256_mul_ps(v, vs);
+    asm("" : "+x"(t));  // opaque: no mul + sub -> fmsub contraction (-ffp-contract=fast)
+    return _mm256_sub_ps(t, vm);
+  };
   __m256 sum = _mm256_setzero_ps();
   j = 0;
   for (; j + 8 <= n; j += 8) {
-    const __m256 p = cpu::exp8_nonpos(_mm256_fmadd_ps(_mm256_loadu_ps(s + j), vs, vm));
+    const __m256 p = cpu::exp8_nonpos(scaled(_mm256_loadu_ps(s + j)));
     _mm256_storeu_ps(s + j, p);
     sum = _mm256_add_ps(sum, p);
   }
   if (j < n) {
-    const __m256 p = _mm256_and_ps(cpu::exp8_nonpos(_mm256_fmadd_ps(load_tail(s + j, n - j), vs, vm)),
+    const __m256 p = _mm256_and_ps(cpu::exp8_nonpos(scaled(load_tail(s + j, n - j))),
                                    _mm256_castsi256_ps(cpu::tail_mask(n - j)));
     store_tail(s + j, n - j, p);
     sum = _mm256_add_ps(sum, p);

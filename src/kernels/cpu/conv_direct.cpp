@@ -161,7 +161,8 @@ void conv_direct(const ConvGeometry& g, const float* x, const float* w, const fl
   // Contiguous runs of output rows (each part builds each of its input rows once), a whole
   // number per thread, claimed dynamically.
   const int64_t threads = pool->num_threads();
-  const int64_t parts = std::min<int64_t>(rows, 4 * threads) / threads * threads;
+  int64_t parts = std::min<int64_t>(rows, 4 * threads);
+  if (parts > threads) parts = parts / threads * threads;  // fewer rows than threads: one part each
   const int64_t per = (rows + parts - 1) / parts;
   parallel_tasks(pool, parts, [&](int64_t t) {
     run_rows(g, x, w, bias, out, std::min(rows, t * per), std::min(rows, (t + 1) * per), post);
