@@ -140,7 +140,12 @@ PYBIND11_MODULE(_kiln, m) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const KilnError& e) {
-      py::tuple args = py::make_tuple(e.error.to_string(), error_code_name(e.error.code()));
+      // A message may quote bytes from a damaged file that are not UTF-8: replaced, not a
+      // UnicodeDecodeError in place of the KilnError.
+      const std::string msg = e.error.to_string();
+      py::object text = py::reinterpret_steal<py::object>(
+          PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "replace"));
+      py::tuple args = py::make_tuple(text, error_code_name(e.error.code()));
       PyErr_SetObject(exc_type, args.ptr());
     }
   });

@@ -1435,7 +1435,9 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     report["alternatives"] = alts
     report["require_delegation"] = require
     report["compute_dtype"] = compute_dtype
-    path = None if out is None else os.fspath(out)
+    path = None if out is None else os.fsdecode(os.fspath(out))
+    if path is not None and (path == "" or path.endswith(os.sep)):
+        raise ExportError(f"out={path!r} is not a file name" + (" (it ends with a folder separator)" if path else ""))
     report["path"] = path
     try:
         # The report first: a report that cannot be written leaves no program behind.

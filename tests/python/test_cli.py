@@ -429,6 +429,20 @@ def test_py_export_compute_dtype_for_mlx(tmp_path):
         assert 1e-6 < err < 5e-2, err
 
 
+def test_export_out_that_is_not_a_file_name(tmp_path):
+    """out='' or a path ending in a folder separator is refused before anything is written (no
+    folder created); a bytes path is a path."""
+    m = torch.nn.Linear(3, 2)
+    x = torch.randn(1, 3)
+    for out in ("", str(tmp_path / "newdir") + os.sep):
+        with pytest.raises(kiln.ExportError, match="is not a file name"):
+            kiln.export(m, (x,), out=out, verbose=False)
+    assert not (tmp_path / "newdir").exists()
+    target = tmp_path / "b.kiln"
+    kiln.export(m, (x,), out=os.fsencode(str(target)), verbose=False)
+    assert kiln.load(str(target)).run(x.numpy())[0].shape == (1, 2)
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full")
 def test_export_to_a_device_writes_into_it(tmp_path):
     """-o /dev/full is an error (the device stays a device, not replaced by a regular file); a

@@ -458,3 +458,18 @@ def test_require_delegation_lists_the_nodes_of_every_method():
     msg = str(e.value)
     assert "method 'enc'" in msg and "aten.native_group_norm" in msg
     assert "method 'dec'" in msg and "aten.native_layer_norm" in msg
+
+
+def test_damaged_op_name_that_is_not_utf8_raises_kiln_error():
+    """A program whose op name was damaged into bytes that are not UTF-8 is refused with a
+    KilnError (OperatorMissing, the bytes shown replaced), not a UnicodeDecodeError."""
+    import torch
+    m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()).eval()
+    data = bytearray(kiln.export(m, (torch.randn(1, 4),), verbose=False).data)
+    at = data.find(b"aten.relu")
+    assert at > 0
+    data[at + 5] = 0xFF
+    with pytest.raises(kiln.KilnError) as ei:
+        kiln.load_bytes(bytes(data)).run(np.zeros((1, 4), np.float32))
+    assert ei.value.args[1] == "OperatorMissing", ei.value.args
+    assert "\ufffd" in ei.value.args[0]

@@ -7,6 +7,8 @@ KILN_CPU_WINOGRAD=1 (read when a method is loaded) sends every 3x3 stride-1 conv
 Winograd path whatever its size (=2: the F(2x2, 3x3) variant); =0 never (then the im2col GEMM runs). Tolerance (issue 6): max abs
 error <= 1e-4 * max|expected| (F(4x4, 3x3) in float32 measures ~1e-6..1e-5 here).
 """
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -137,3 +139,16 @@ def test_default_rule_takes_winograd_for_large_filters(case, threads, monkeypatc
     np.testing.assert_array_equal(auto, forced)
     assert not np.array_equal(auto, other), "the default rule took the other Winograd variant"
     assert not np.array_equal(auto, gemm), "the default rule did not select the Winograd path"
+
+
+def test_unknown_winograd_setting_is_reported():
+    """KILN_CPU_WINOGRAD other than 0/1/2 is said once on stderr (then the default policy)."""
+    import subprocess
+    import sys
+    code = ("import torch, kiln\n"
+            "m = torch.nn.Conv2d(16, 16, 3, padding=1); x = torch.randn(1, 16, 32, 32)\n"
+            "for _ in range(2): kiln.load_bytes(kiln.export(m, (x,), verbose=False).data).run(x.numpy())\n")
+    env = dict(os.environ, KILN_CPU_WINOGRAD="yes")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("ignoring KILN_CPU_WINOGRAD='yes'") == 1, r.stderr

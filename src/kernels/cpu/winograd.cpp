@@ -39,8 +39,10 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstdlib>
+#include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "kernels/cpu/gemm.h"
@@ -516,6 +518,12 @@ int winograd_tile(const ConvGeometry& g) {
   if (env != nullptr && std::strcmp(env, "0") == 0) return 0;
   if (env != nullptr && std::strcmp(env, "1") == 0) return 4;
   if (env != nullptr && std::strcmp(env, "2") == 0) return 2;
+  if (env != nullptr && *env != '\0') {  // anything else is said once, not ignored silently
+    static std::atomic<bool> warned{false};
+    if (!warned.exchange(true)) {
+      std::fprintf(stderr, "kiln: ignoring KILN_CPU_WINOGRAD='%s' (0, 1 or 2); using the default policy\n", env);
+    }
+  }
   // C_in >= 8, any C_out, enough output tiles, and at least half of the 8-tile groups' lanes used
   // (a row of 4 tiles fills half a group). Measured (1 thread, one conv, Winograd / im2col time,
   // C_in -> C_out at H x W): 64->64 56x56 0.31, 128->128 28x28 0.37, 256->256 14x14 0.98 (16 tiles,
