@@ -1,0 +1,46 @@
+"""Special paths of the cpu convolution kernel (src/kernels/cpu/conv.cpp) against PyTorch eager,
+at 1 and 2 threads: the direct pointwise kernel (1x1, stride 1, one group, C_in <= 256: every
+tile shape, column tails of 1..15, channel tails of 1..5, batch > 1, fused activations with a
+compile-time kind and the generic one, no bias), and the GEMM path just past its limit.
+
+fp32 tolerance: max abs error <= 1e-5 * max|expected| (sums of at most 257 products).
+"""
+import pytest
+import torch
+
+import kiln
+from oprunner import assert_close, has_avx2_fma
+
+torch.set_num_threads(1)
+
+ACTS = {"none": None, "relu": torch.nn.ReLU, "hardswish": torch.nn.Hardswish, "sigmoid": torch.nn.Sigmoid}
+
+# (batch, C_in, C_out, H, W, bias, activation)
+POINTWISE = [
+    (1, 16, 64, 24, 24, True, "relu"),      # full 6x16 tiles, channel tail 4
+    (2, 3, 7, 5, 9, True, "hardswish"),     # 45 columns: tail 13; channel tail 1; batch 2
+    (1, 24, 6, 7, 7, False, "none"),        # 49 columns: tail of 1 (one-vector path); no bias
+    (1, 1, 2, 4, 4, True, "sigmoid"),       # one input channel, 16 columns, generic post-op
+    (1, 256, 12, 14, 14, True, "relu"),     # the largest C_in the direct path takes
+    (1, 257, 12, 14, 14, True, "none"),     # just past it: the GEMM path
+    (3, 40, 20, 33, 31, True, "hardswish"), # odd plane (1023 columns), several column blocks
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", POINTWISE, ids=[f"n{c[0]}_{c[1]}to{c[2]}_{c[3]}x{c[4]}_{c[6]}" for c in POINTWISE])
+def test_pointwise_matches_eager(case, threads):
+    n, cin, cout, h, w, bias, act = case
+    torch.manual_seed(cin * 1000 + cout)
+    layers = [torch.nn.Conv2d(cin, cout, 1, bias=bias)]
+    if ACTS[act] is not None:
+        layers.append(ACTS[act]())
+    model = torch.nn.Sequential(*layers).eval()
+    x = torch.randn(n, cin, h, w)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    res = kiln.export(model, (x,), verbose=False)
+    prog = kiln.load_bytes(res.data, num_threads=threads)
+    assert_close(prog.run(x.numpy())[0], expected, what=f"{case}, {threads} threads")
+    if has_avx2_fma() and act != "none":
+        assert prog.method().num_fused_instructions == 1
