@@ -44,3 +44,59 @@ def test_pointwise_matches_eager(case, threads):
     assert_close(prog.run(x.numpy())[0], expected, what=f"{case}, {threads} threads")
     if has_avx2_fma() and act != "none":
         assert prog.method().num_fused_instructions == 1
+
+
+class Residual(torch.nn.Module):
+    """Inverted-residual-like block: expand 1x1 + relu, depthwise 3x3, project 1x1, then the
+    residual aten.add in the order and with the alpha of `mode`:
+      "conv_first": project(y) + x; "conv_second": x + project(y); "alpha2": x + 2 * project(y)
+      (not fused: alpha != 1); "act": relu(project(y)) + x (the relu is fused, the add is not);
+      "self": x + c(x) where c reads x directly (C_in == C_out)."""
+
+    def __init__(self, c, mode):
+        super().__init__()
+        self.mode = mode
+        self.expand = torch.nn.Conv2d(c, 3 * c, 1)
+        self.dw = torch.nn.Conv2d(3 * c, 3 * c, 3, padding=1, groups=3 * c)
+        self.project = torch.nn.Conv2d(3 * c, c, 1)
+        self.direct = torch.nn.Conv2d(c, c, 1)
+
+    def forward(self, x):
+        if self.mode == "self":
+            return x + self.direct(x)
+        y = self.project(self.dw(torch.relu(self.expand(x))))
+        if self.mode == "conv_first":
+            return y + x
+        if self.mode == "conv_second":
+            return x + y
+        if self.mode == "alpha2":
+            return torch.add(x, y, alpha=2.0)
+        return torch.relu(y) + x
+
+
+# (mode, batch, C, H, W, fused instructions with the cpu kernels: the expand conv's relu, plus the add)
+RESIDUAL = [
+    ("conv_first", 1, 16, 12, 12, 2),
+    ("conv_second", 2, 8, 5, 9, 2),   # 45 columns: tile tails; batch 2
+    ("alpha2", 1, 8, 6, 6, 1),
+    ("act", 1, 8, 7, 7, 2),           # relu fused instead of the add
+    ("self", 1, 7, 9, 11, 1),         # the residual is the convolution's own input
+]
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("case", RESIDUAL, ids=[c[0] for c in RESIDUAL])
+def test_residual_add_fusion_matches_eager(case, threads):
+    mode, n, c, h, w, fused = case
+    torch.manual_seed(c * 100 + h)
+    model = Residual(c, mode).eval()
+    x = torch.randn(n, c, h, w)
+    with torch.no_grad():
+        expected = model(x).numpy()
+    res = kiln.export(model, (x,), verbose=False)
+    prog = kiln.load_bytes(res.data, num_threads=threads)
+    assert_close(prog.run(x.numpy())[0], expected, what=f"{case}, {threads} threads")
+    ref = kiln.load_bytes(res.data, num_threads=threads, portable_kernels_only=True)
+    assert_close(ref.run(x.numpy())[0], expected, what=f"{case}, portable kernels")
+    if has_avx2_fma():
+        assert prog.method().num_fused_instructions == fused

@@ -96,6 +96,7 @@ struct ConvState : KernelState {
   int64_t group_stride = 0;     ///< floats between consecutive groups' packed weights
   std::vector<float> winograd;  ///< transformed filters (cpu::winograd_pack_weights); empty: no Winograd
   std::vector<float> pw_w, pw_b;  ///< direct pointwise path (pack_pointwise); empty: not used
+  bool residual = false;          ///< a following aten.add (alpha 1) fused: + KernelArgs::inputs[3]
 };
 
 /// 1x1 kernel, stride 1, no padding (dilation is then irrelevant): the plain GEMM path.
@@ -634,12 +635,25 @@ KILN_AVX2 inline __m256 pw_post(const cpu::PostOp& post, __m256 v) {
   return v;
 }
 
+/// One output row of a tile with a fused residual add: o[t] = post(v[t]) + r[t], t < n (<= 16).
+template <PwPost P>
+KILN_AVX2 inline void pw_store_residual(float* o, const float* r, __m256 v0, __m256 v1, int64_t n, __m256i m0,
+                                        __m256i m1, const cpu::PostOp& post) {
+  if (n == 16) {
+    _mm256_storeu_ps(o, _mm256_add_ps(pw_post<P>(post, v0), _mm256_loadu_ps(r)));
+    _mm256_storeu_ps(o + 8, _mm256_add_ps(pw_post<P>(post, v1), _mm256_loadu_ps(r + 8)));
+    return;
+  }
+  _mm256_maskstore_ps(o, m0, _mm256_add_ps(pw_post<P>(post, v0), _mm256_maskload_ps(r, m0)));
+  if (n > 8) _mm256_maskstore_ps(o + 8, m1, _mm256_add_ps(pw_post<P>(post, v1), _mm256_maskload_ps(r + 8, m1)));
+}
+
 /// Output channels [co0, co0 + mr) (mr <= 6) over columns [j0, j0 + nc) of one image:
 /// `w` [K][6] and `b6` [6] are the channel group's packed weights and bias (zero past mr),
 /// x [K][ldx] the input planes, out [C_out][ldx].
 template <PwPost P>
 KILN_AVX2 void pw_rows(int64_t K, const float* w, const float* b6, const float* x, int64_t ldx, float* out, int mr,
-                       int64_t j0, int64_t nc, const cpu::PostOp& post) {
+                       int64_t j0, int64_t nc, const cpu::PostOp& post, const float* res) {
   const __m256 bb0 = _mm256_broadcast_ss(b6 + 0), bb1 = _mm256_broadcast_ss(b6 + 1), bb2 = _mm256_broadcast_ss(b6 + 2);
   const __m256 bb3 = _mm256_broadcast_ss(b6 + 3), bb4 = _mm256_broadcast_ss(b6 + 4), bb5 = _mm256_broadcast_ss(b6 + 5);
   int64_t j = j0;
@@ -707,6 +721,16 @@ KILN_AVX2 void pw_rows(int64_t K, const float* w, const float* b6, const float* 
       }
     }
     float* o = out + j;
+    if (res != nullptr) {  // fused residual aten.add: (conv result) + res, as the add kernel computes it
+      const float* r = res + j;
+      pw_store_residual<P>(o, r, c00, c01, n, m0, m1, post);
+      if (mr > 1) pw_store_residual<P>(o + ldx, r + ldx, c10, c11, n, m0, m1, post);
+      if (mr > 2) pw_store_residual<P>(o + 2 * ldx, r + 2 * ldx, c20, c21, n, m0, m1, post);
+      if (mr > 3) pw_store_residual<P>(o + 3 * ldx, r + 3 * ldx, c30, c31, n, m0, m1, post);
+      if (mr > 4) pw_store_residual<P>(o + 4 * ldx, r + 4 * ldx, c40, c41, n, m0, m1, post);
+      if (mr > 5) pw_store_residual<P>(o + 5 * ldx, r + 5 * ldx, c50, c51, n, m0, m1, post);
+      continue;
+    }
     if (n == 16 && mr == kPwMR) {
       _mm256_storeu_ps(o, pw_post<P>(post, c00));
       _mm256_storeu_ps(o + 8, pw_post<P>(post, c01));
@@ -740,7 +764,8 @@ KILN_AVX2 void pw_rows(int64_t K, const float* w, const float* b6, const float* 
 /// Work is split over column blocks whose C_in input rows fit in 16 KiB (L1); each block computes
 /// all output channels.
 template <PwPost P>
-void pointwise_direct_impl(const ConvGeometry& g, const float* px, float* po, ThreadPool* pool, const ConvState& st) {
+void pointwise_direct_impl(const ConvGeometry& g, const float* px, float* po, ThreadPool* pool, const ConvState& st,
+                           const float* res) {
   const int64_t K = g.in_channels, M = g.out_channels, HW = g.in_size[0] * g.in_size[1];
   const int64_t groups6 = (M + kPwMR - 1) / kPwMR;
   const int64_t nb = std::max<int64_t>(16, 4096 / K / 16 * 16);  // columns per block
@@ -753,7 +778,7 @@ void pointwise_direct_impl(const ConvGeometry& g, const float* px, float* po, Th
     for (int64_t q = 0; q < groups6; ++q) {
       const int mr = static_cast<int>(std::min(kPwMR, M - q * kPwMR));
       pw_rows<P>(K, st.pw_w.data() + q * K * kPwMR, st.pw_b.data() + q * kPwMR, x, HW, out + q * kPwMR * HW, mr, j0, nc,
-                 st.post);
+                 st.post, res != nullptr ? res + n * M * HW + q * kPwMR * HW : nullptr);
     }
   };
   const double flops = 2.0 * static_cast<double>(g.batch * M * K) * static_cast<double>(HW);
@@ -764,12 +789,14 @@ void pointwise_direct_impl(const ConvGeometry& g, const float* px, float* po, Th
   cpu::parallel_tasks(pool, tasks, run);
 }
 
-void pointwise_direct(const ConvGeometry& g, const float* px, float* po, ThreadPool* pool, const ConvState& st) {
+/// `res` (null: none): the fused residual [N, C_out, H, W] added after the activation.
+void pointwise_direct(const ConvGeometry& g, const float* px, float* po, ThreadPool* pool, const ConvState& st,
+                      const float* res) {
   switch (st.post.kind) {
-    case cpu::PostOp::Kind::None: pointwise_direct_impl<PwPost::None>(g, px, po, pool, st); return;
-    case cpu::PostOp::Kind::Relu: pointwise_direct_impl<PwPost::Relu>(g, px, po, pool, st); return;
-    case cpu::PostOp::Kind::Hardswish: pointwise_direct_impl<PwPost::Hardswish>(g, px, po, pool, st); return;
-    default: pointwise_direct_impl<PwPost::Generic>(g, px, po, pool, st); return;
+    case cpu::PostOp::Kind::None: pointwise_direct_impl<PwPost::None>(g, px, po, pool, st, res); return;
+    case cpu::PostOp::Kind::Relu: pointwise_direct_impl<PwPost::Relu>(g, px, po, pool, st, res); return;
+    case cpu::PostOp::Kind::Hardswish: pointwise_direct_impl<PwPost::Hardswish>(g, px, po, pool, st, res); return;
+    default: pointwise_direct_impl<PwPost::Generic>(g, px, po, pool, st, res); return;
   }
 }
 
@@ -842,7 +869,14 @@ Error convolution(const KernelArgs& a) {
   } else if (use_depthwise_kernel(g)) {
     depthwise(g, px, pw, pb, po, a.pool, post);
   } else if (st != nullptr && !st->pw_w.empty()) {
-    pointwise_direct(g, px, po, a.pool, *st);
+    const float* res = nullptr;
+    if (st->residual) {  // the runtime passes the fused aten.add's other input after ours
+      if (a.inputs.size() < 4 || a.inputs[3] == nullptr || a.inputs[3]->type() != a.outputs[0]->type()) {
+        return Error(ErrorCode::Internal, "aten.convolution: fused aten.add without its other input");
+      }
+      res = a.inputs[3]->data_as<float>();
+    }
+    pointwise_direct(g, px, po, a.pool, *st, res);
   } else if (is_plain_1x1(g)) {
     conv_1x1(g, px, pw, pb, po, a.pool, st);
   } else if (st != nullptr && !st->winograd.empty()) {
@@ -890,6 +924,14 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
       st->bytes = st->packed.size() * sizeof(float);
       st->released_inputs = {1};  // the GEMM paths read only the packed copy (M, N > 1 here)
     }
+  }
+  // A residual aten.add (alpha 1) of the output and another tensor of its type, on the direct
+  // pointwise path (its store adds the other tensor; no activation was fused, the add is next).
+  if (!st->fused_next && p.next != nullptr && p.next->other != nullptr && p.next->op == "aten.add" &&
+      p.next->attrs.get_float("alpha", 1.0) == 1.0 && !st->pw_w.empty() && *p.next->other == *sig.outputs[0] &&
+      sig.outputs[0]->dtype == DType::Float32) {
+    st->residual = true;
+    st->fused_next = true;
   }
   if (!st->fused_next && st->packed.empty() && st->winograd.empty() && st->pw_w.empty()) return std::unique_ptr<KernelState>();
   return std::unique_ptr<KernelState>(std::move(st));
