@@ -23,6 +23,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ir/ops/conv.h"
@@ -103,6 +104,29 @@ struct ConvState : KernelState {
 bool is_plain_1x1(const ConvGeometry& g) {
   return g.kernel[0] == 1 && g.kernel[1] == 1 && g.stride[0] == 1 && g.stride[1] == 1 && g.padding[0] == 0 &&
          g.padding[1] == 0;
+}
+
+/// The post-op applied to one vector, with the kind fixed at compile time where it is one of the
+/// common ones (Generic: cpu::apply8's switch); the same float operations as cpu::apply8.
+enum class PwPost { None, Relu, Hardswish, Generic };
+template <PwPost P>
+KILN_AVX2 inline __m256 pw_post(const cpu::PostOp& post, __m256 v) {
+  if constexpr (P == PwPost::None) return v;
+  if constexpr (P == PwPost::Relu) return cpu::relu8(v);
+  if constexpr (P == PwPost::Hardswish) return cpu::hardswish8(v);
+  if constexpr (P == PwPost::Generic) return cpu::apply8(post, v);
+  return v;
+}
+
+/// Calls f(std::integral_constant<PwPost, P>{}) with the P that computes `post`.
+template <class F>
+void with_post_kind(const cpu::PostOp& post, F&& f) {
+  switch (post.kind) {
+    case cpu::PostOp::Kind::None: f(std::integral_constant<PwPost, PwPost::None>{}); return;
+    case cpu::PostOp::Kind::Relu: f(std::integral_constant<PwPost, PwPost::Relu>{}); return;
+    case cpu::PostOp::Kind::Hardswish: f(std::integral_constant<PwPost, PwPost::Hardswish>{}); return;
+    default: f(std::integral_constant<PwPost, PwPost::Generic>{}); return;
+  }
 }
 
 /// Copies input row `src` [IW] into padded row r of `buf` (phase planes as DwLayout).
@@ -242,6 +266,7 @@ bool use_depthwise_c8(const ConvGeometry& g) {
 /// `in` (DwC8::in_floats) has zero borders; `acc` holds round_up(OH * OW, 8) pixels of 8 floats.
 /// The output pixels are taken 8 at a time in flat order (oh * OW + ow, across rows), each with
 /// its own input position, so only the plane's last block is partial.
+template <PwPost P>
 __attribute__((target("avx2,fma"))) void depthwise_c8_block(const ConvGeometry& g, const DwC8& L, const float* x,
                                                             const float* w, const float* bias, float* out, int64_t c0,
                                                             int64_t nc, float* in, float* acc,
@@ -326,7 +351,7 @@ __attribute__((target("avx2,fma"))) void depthwise_c8_block(const ConvGeometry& 
     _mm256_storeu_ps(d + 56, a7);
   }
   // 3. transpose back into the output planes, post-op applied.
-  const bool has_post = post.kind != cpu::PostOp::Kind::None;
+  constexpr bool has_post = P != PwPost::None;
   for (int64_t p = 0; p < OHW; p += 8) {
     const int64_t n = std::min<int64_t>(8, OHW - p);
     __m256 r[8];
@@ -334,7 +359,7 @@ __attribute__((target("avx2,fma"))) void depthwise_c8_block(const ConvGeometry& 
     cpu::transpose8x8(r);
     for (int64_t c = 0; c < nc; ++c) {
       float* d = out + (c0 + c) * OHW + p;
-      const __m256 v = has_post ? cpu::apply8(post, r[c]) : r[c];
+      const __m256 v = has_post ? pw_post<P>(post, r[c]) : r[c];
       if (n == 8) {
         _mm256_storeu_ps(d, v);
       } else {
@@ -366,11 +391,13 @@ void depthwise_c8(const ConvGeometry& g, const float* px, const float* pw, const
       std::fill(b + r * Wp * 8, b + (r * Wp + PW) * 8, 0.0f);
       std::fill(b + (r * Wp + PW + IW) * 8, b + (r + 1) * Wp * 8, 0.0f);
     }
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t n = t / blocks, c0 = (t % blocks) * 8;
-      depthwise_c8_block(g, L, px + n * C * in_plane, pw, pb, po + n * C * out_plane, c0, std::min<int64_t>(8, C - c0),
-                         b, acc.data(), post);
-    }
+    with_post_kind(post, [&](auto kind) {
+      for (int64_t t = begin; t < end; ++t) {
+        const int64_t n = t / blocks, c0 = (t % blocks) * 8;
+        depthwise_c8_block<decltype(kind)::value>(g, L, px + n * C * in_plane, pw, pb, po + n * C * out_plane, c0,
+                                                  std::min<int64_t>(8, C - c0), b, acc.data(), post);
+      }
+    });
   };
   const int64_t tasks = g.batch * blocks;
   const double work = static_cast<double>(g.batch * C) * static_cast<double>(out_plane * g.kernel[0] * g.kernel[1]);
@@ -621,18 +648,6 @@ constexpr int64_t kPwMaxK = 256;  ///< most input channels this path takes (see 
 bool use_pointwise_direct(const ConvGeometry& g) {
   return !g.transposed && g.groups == 1 && is_plain_1x1(g) && g.in_channels >= 1 && g.in_channels <= kPwMaxK &&
          g.out_channels >= 2 && g.in_size[0] * g.in_size[1] >= 16;
-}
-
-/// The post-op applied to one vector, with the kind fixed at compile time where it is one of the
-/// common ones (Generic: cpu::apply8's switch); the same float operations as cpu::apply8.
-enum class PwPost { None, Relu, Hardswish, Generic };
-template <PwPost P>
-KILN_AVX2 inline __m256 pw_post(const cpu::PostOp& post, __m256 v) {
-  if constexpr (P == PwPost::None) return v;
-  if constexpr (P == PwPost::Relu) return cpu::relu8(v);
-  if constexpr (P == PwPost::Hardswish) return cpu::hardswish8(v);
-  if constexpr (P == PwPost::Generic) return cpu::apply8(post, v);
-  return v;
 }
 
 /// One output row of a tile with a fused residual add: o[t] = post(v[t]) + r[t], t < n (<= 16).
