@@ -24,6 +24,7 @@ POINTWISE = [
     (1, 256, 12, 14, 14, True, "relu"),     # the largest C_in the direct path takes
     (1, 257, 12, 14, 14, True, "none"),     # just past it: the GEMM path
     (3, 40, 20, 33, 31, True, "hardswish"), # odd plane (1023 columns), several column blocks
+    (1, 200, 242, 7, 7, True, "relu"),      # few column blocks: at 2 threads the channels are split too
 ]
 
 

@@ -777,7 +777,7 @@ KILN_AVX2 void pw_rows(int64_t K, const float* w, const float* b6, const float* 
 /// The direct pointwise convolution (use_pointwise_direct) with weights packed by
 /// conv_prepare: st.pw_w [ceil(C_out/6)][C_in][6], st.pw_b [ceil(C_out/6) * 6] (zero padded).
 /// Work is split over column blocks whose C_in input rows fit in 16 KiB (L1); each block computes
-/// all output channels.
+/// all output channels (split in chunks too when there are few blocks and several threads).
 template <PwPost P>
 void pointwise_direct_impl(const ConvGeometry& g, const float* px, float* po, ThreadPool* pool, const ConvState& st,
                            const float* res) {
@@ -785,19 +785,29 @@ void pointwise_direct_impl(const ConvGeometry& g, const float* px, float* po, Th
   const int64_t groups6 = (M + kPwMR - 1) / kPwMR;
   const int64_t nb = std::max<int64_t>(16, 4096 / K / 16 * 16);  // columns per block
   const int64_t blocks = (HW + nb - 1) / nb;
-  const int64_t tasks = g.batch * blocks;
+  const double flops = 2.0 * static_cast<double>(g.batch * M * K) * static_cast<double>(HW);
+  const bool parallel = pool != nullptr && pool->num_threads() > 1 && flops >= 2e6;
+  // With few column blocks (7x7, 14x14 planes) the output channels are split too, so that the
+  // threads get even shares (about 4 tasks per thread).
+  int64_t per = groups6;  // channel groups per task
+  if (parallel && g.batch * blocks < 4 * pool->num_threads()) {
+    const int64_t want = (4 * pool->num_threads() + g.batch * blocks - 1) / (g.batch * blocks);
+    per = (groups6 + std::min(want, groups6) - 1) / std::min(want, groups6);
+  }
+  const int64_t mchunks = (groups6 + per - 1) / per;
+  const int64_t tasks = g.batch * blocks * mchunks;
   auto run = [&](int64_t t) {
-    const int64_t n = t / blocks, j0 = (t % blocks) * nb, nc = std::min(nb, HW - j0);
+    const int64_t mc = t % mchunks, nbk = t / mchunks;
+    const int64_t n = nbk / blocks, j0 = (nbk % blocks) * nb, nc = std::min(nb, HW - j0);
     const float* x = px + n * K * HW;
     float* out = po + n * M * HW;
-    for (int64_t q = 0; q < groups6; ++q) {
+    for (int64_t q = mc * per; q < std::min(groups6, (mc + 1) * per); ++q) {
       const int mr = static_cast<int>(std::min(kPwMR, M - q * kPwMR));
       pw_rows<P>(K, st.pw_w.data() + q * K * kPwMR, st.pw_b.data() + q * kPwMR, x, HW, out + q * kPwMR * HW, mr, j0, nc,
                  st.post, res != nullptr ? res + n * M * HW + q * kPwMR * HW : nullptr);
     }
   };
-  const double flops = 2.0 * static_cast<double>(g.batch * M * K) * static_cast<double>(HW);
-  if (pool == nullptr || pool->num_threads() <= 1 || tasks < 2 || flops < 2e6) {
+  if (!parallel || tasks < 2) {
     for (int64_t t = 0; t < tasks; ++t) run(t);
     return;
   }
