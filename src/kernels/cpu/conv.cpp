@@ -783,8 +783,11 @@ void pointwise_direct_impl(const ConvGeometry& g, const float* px, float* po, Th
                            const float* res) {
   const int64_t K = g.in_channels, M = g.out_channels, HW = g.in_size[0] * g.in_size[1];
   const int64_t groups6 = (M + kPwMR - 1) / kPwMR;
-  const int64_t nb = std::max<int64_t>(16, 4096 / K / 16 * 16);  // columns per block
-  const int64_t blocks = (HW + nb - 1) / nb;
+  // Column blocks of nb columns (the last one takes the rest): the block's K input rows take
+  // about 16 KiB (L1); planes under 128 columns are one block, so that the weights (C_out x C_in,
+  // up to 600 KiB at 7x7) are read once, not once per 16 columns (7x7 160 -> 960: 0.22 -> 0.21 ms).
+  const int64_t nb = HW < 128 ? HW : std::max<int64_t>(16, 4096 / K / 16 * 16);
+  const int64_t blocks = std::max<int64_t>(1, HW / nb);
   const double flops = 2.0 * static_cast<double>(g.batch * M * K) * static_cast<double>(HW);
   const bool parallel = pool != nullptr && pool->num_threads() > 1 && flops >= 2e6;
   // With few column blocks (7x7, 14x14 planes) the output channels are split too, so that the
@@ -798,7 +801,7 @@ void pointwise_direct_impl(const ConvGeometry& g, const float* px, float* po, Th
   const int64_t tasks = g.batch * blocks * mchunks;
   auto run = [&](int64_t t) {
     const int64_t mc = t % mchunks, nbk = t / mchunks;
-    const int64_t n = nbk / blocks, j0 = (nbk % blocks) * nb, nc = std::min(nb, HW - j0);
+    const int64_t n = nbk / blocks, j0 = (nbk % blocks) * nb, nc = nbk % blocks == blocks - 1 ? HW - j0 : nb;
     const float* x = px + n * K * HW;
     float* out = po + n * M * HW;
     for (int64_t q = mc * per; q < std::min(groups6, (mc + 1) * per); ++q) {
