@@ -11,7 +11,7 @@
 // of the same type, the activation's output w takes exactly v's bytes: one slot living from node
 // i to w's last use. Fused, the convolution writes the activated values there directly; unfused,
 // the activation runs in place. Either way w never shares bytes with the convolution's inputs,
-// and the pair needs one buffer instead of two.
+// and the pair needs one buffer instead of two. (Residual adds after a convolution: see below.)
 #include <algorithm>
 #include <string_view>
 
@@ -44,7 +44,6 @@ MemoryPlan plan_memory(const Graph& graph) {
   for (ValueId o : graph.outputs()) {
     if (!values[static_cast<size_t>(o)].constant) last[static_cast<size_t>(o)] = end;
   }
-  // In-place activations (see the top of this file): alias[w] = v.
   std::vector<int> readers(values.size(), 0);
   for (const auto& n : nodes) {
     for (ValueId in : n.inputs) {
@@ -53,6 +52,29 @@ MemoryPlan plan_memory(const Graph& graph) {
   }
   std::vector<bool> is_output(values.size(), false);
   for (ValueId o : graph.outputs()) is_output[static_cast<size_t>(o)] = true;
+  // Residual adds: when node i is a convolution whose output v (not a method output) is read
+  // only by node i + 1, an aten.add of v and another value of v's type, the convolution's inputs
+  // stay live through node i + 1, so that the add's output never shares their bytes and the
+  // runtime may fuse the add into the convolution (fusable_next in src/runtime/program.cpp),
+  // which writes the sum while it still reads its inputs. (Before the in-place aliasing below,
+  // which extends a slot to the last use of the activation output it holds.)
+  for (int64_t i = 0; i + 1 < end; ++i) {
+    const auto& a = nodes[static_cast<size_t>(i)];
+    const auto& b = nodes[static_cast<size_t>(i + 1)];
+    if (a.op != "aten.convolution" || b.op != "aten.add" || a.outputs.size() != 1 || b.inputs.size() != 2 ||
+        (b.inputs[0] == a.outputs[0]) == (b.inputs[1] == a.outputs[0])) {
+      continue;
+    }
+    const auto v = static_cast<size_t>(a.outputs[0]);
+    const ValueId r = b.inputs[0] == a.outputs[0] ? b.inputs[1] : b.inputs[0];
+    if (r == kNoValue || readers[v] != 1 || is_output[v] || !(values[static_cast<size_t>(r)].type == values[v].type)) continue;
+    for (ValueId in : a.inputs) {
+      if (in != kNoValue && !values[static_cast<size_t>(in)].constant) {
+        last[static_cast<size_t>(in)] = std::max(last[static_cast<size_t>(in)], i + 1);
+      }
+    }
+  }
+  // In-place activations (see the top of this file): alias[w] = v.
   std::vector<ValueId> alias(values.size(), kNoValue);
   for (int64_t i = 0; i + 1 < end; ++i) {
     const auto& a = nodes[static_cast<size_t>(i)];

@@ -56,14 +56,19 @@ struct KernelSignature {
 using KernelAccepts = bool (*)(const KernelSignature&);
 
 /// The instruction right after a kernel call, offered to the kernel's prepare for fusion: a
-/// single-input op (e.g. aten.relu) whose only tensor input is the call's only output, which
-/// nothing else reads. If the kernel fuses it (KernelState::fused_next), each call must write
-/// exactly what the two instructions would have written (`op` applied to the call's result, in
-/// the same float operations: bit-identical), into the call's outputs[0], which the runtime then
-/// points at the follow-on instruction's output.
+/// single-input op (e.g. aten.relu) whose only tensor input is the call's only output, or an
+/// aten.add of that output and one other tensor of the same type (e.g. a residual connection),
+/// where nothing else reads the call's output. If the kernel fuses it (KernelState::fused_next),
+/// each call must write exactly what the two instructions would have written (`op` applied to
+/// the call's result, in the same float operations: bit-identical), into the call's outputs[0],
+/// which the runtime then points at the follow-on instruction's output. For the two-input case
+/// the runtime passes the other tensor to each call as one extra input after the call's own
+/// (KernelArgs::inputs[number of schema inputs]); the planner and loader guarantee that its
+/// bytes do not overlap the output's.
 struct FusionCandidate {
   std::string_view op;
   const Attributes& attrs;
+  const TensorType* other = nullptr;  ///< aten.add's other input (same type as the output), else null
 };
 
 /// Inputs of a kernel's prepare: the call's signature, its constant inputs (by schema position;

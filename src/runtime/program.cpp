@@ -149,12 +149,14 @@ std::pair<uint64_t, uint64_t> arena_range(const detail::MethodPlan& plan, int32_
 }
 
 /// The instruction after kernel call k, when the kernel may fuse it (KernelPrepareArgs::next):
-/// k has one output v; instruction k + 1 is a kernel call whose only tensor input is v and whose
-/// one output w has v's type; nothing else reads v and v is not a method output; and w's arena
-/// bytes overlap no arena input of k (the kernel writes w while reading those inputs; values
-/// other than k's inputs that are live at k are still live at k + 1, so the arena plan already
+/// k has one output v; instruction k + 1 is a kernel call whose only tensor input is v, or an
+/// aten.add of v and one other value r (*other = r, else -1) of v's type, and whose one output w
+/// has v's type; nothing else reads v and v is not a method output; and w's arena bytes overlap
+/// no arena input of k and not r (the kernel writes w while reading those inputs; values other
+/// than k's inputs and r that are live at k are still live at k + 1, so the arena plan already
 /// keeps them apart from w).
-bool fusable_next(const detail::MethodPlan& plan, size_t k, const std::vector<int>& readers) {
+bool fusable_next(const detail::MethodPlan& plan, size_t k, const std::vector<int>& readers, int32_t* other) {
+  *other = -1;
   if (k + 1 >= plan.instructions.size()) return false;
   const auto& a = plan.instructions[k];
   const auto& b = plan.instructions[k + 1];
@@ -162,7 +164,13 @@ bool fusable_next(const detail::MethodPlan& plan, size_t k, const std::vector<in
   const int32_t v = a.outputs[0], w = b.outputs[0];
   int tensor_args = 0;
   for (int32_t x : b.args) tensor_args += x >= 0;
-  if (tensor_args != 1 || b.args.empty() || b.args[0] != v) return false;
+  int32_t r = -1;
+  if (tensor_args == 2 && b.op == "aten.add" && b.args.size() == 2 && (b.args[0] == v) != (b.args[1] == v)) {
+    r = b.args[0] == v ? b.args[1] : b.args[0];
+    if (r < 0 || plan.value_types[static_cast<size_t>(r)] != plan.value_types[static_cast<size_t>(v)]) return false;
+  } else if (tensor_args != 1 || b.args.empty() || b.args[0] != v) {
+    return false;
+  }
   if (readers[static_cast<size_t>(v)] != 1) return false;
   for (int32_t o : plan.outputs) {
     if (o == v) return false;
@@ -170,11 +178,15 @@ bool fusable_next(const detail::MethodPlan& plan, size_t k, const std::vector<in
   if (plan.value_types[static_cast<size_t>(v)] != plan.value_types[static_cast<size_t>(w)]) return false;
   if (plan.arena_offsets[static_cast<size_t>(w)] < 0) return false;
   const auto [wlo, whi] = arena_range(plan, w);
-  for (int32_t x : a.args) {
-    if (x < 0) continue;
+  auto overlaps_w = [&](int32_t x) {
     const auto [lo, hi] = arena_range(plan, x);
-    if (lo < hi && wlo < hi && lo < whi) return false;
+    return lo < hi && wlo < hi && lo < whi;
+  };
+  for (int32_t x : a.args) {
+    if (x >= 0 && overlaps_w(x)) return false;
   }
+  if (r >= 0 && overlaps_w(r)) return false;
+  *other = r;
   return true;
 }
 
@@ -258,7 +270,11 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
       for (int32_t v : ins.outputs) out_types.push_back(&plan->value_types[static_cast<size_t>(v)]);
       const KernelSignature sig{in_types, out_types, ins.attrs};
       std::optional<FusionCandidate> next;
-      if (fusable_next(*plan, k, readers)) next.emplace(FusionCandidate{plan->instructions[k + 1].op, plan->instructions[k + 1].attrs});
+      int32_t other = -1;
+      if (fusable_next(*plan, k, readers, &other)) {
+        next.emplace(FusionCandidate{plan->instructions[k + 1].op, plan->instructions[k + 1].attrs,
+                                     other >= 0 ? &plan->value_types[static_cast<size_t>(other)] : nullptr});
+      }
       auto state = prepare(KernelPrepareArgs{sig, constants, next ? &*next : nullptr});
       if (!state.ok()) {
         return Error(state.error().code(), "method '" + name + "' instruction " + std::to_string(k) + " (" + ins.op +
@@ -274,6 +290,7 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
       }
       if (im.states[k]->fused_next && next) {
         im.outs[k][0] = &im.values[static_cast<size_t>(plan->instructions[k + 1].outputs[0])];
+        if (other >= 0) im.args[k].push_back(&im.values[static_cast<size_t>(other)]);  // FusionCandidate::other
         im.skip[k + 1] = 1;
         ++im.num_fused;
       }

@@ -157,6 +157,79 @@ TEST(CpuFusion, FusedIsBitIdenticalToUnfusedAndMatchesPortable) {
   }
 }
 
+/// x -> 1x1 convolution -> aten.add with the second input r (conv first or second); outputs
+/// {add} (fusable) or {add, convolution}.
+Result<std::vector<uint8_t>> compile_residual(const Conv& c, bool conv_first, bool expose_conv) {
+  Graph g;
+  const ValueId x = g.add_input("x", {DType::Float32, {c.n, c.cin, c.h, c.w}});
+  const ValueId r = g.add_input("r", {DType::Float32, {c.n, c.cout, c.h, c.w}});
+  std::vector<float> wv = pattern(static_cast<size_t>(c.cout * c.cin), 7);
+  auto w = g.add_constant("w", {DType::Float32, {c.cout, c.cin, 1, 1}}, float_bytes(wv));
+  if (!w.ok()) return w.error();
+  auto b = g.add_constant("b", {DType::Float32, {c.cout}}, float_bytes(pattern(static_cast<size_t>(c.cout), 8)));
+  if (!b.ok()) return b.error();
+  Attributes attrs{{"stride", V{1, 1}}, {"padding", V{0, 0}}, {"dilation", V{1, 1}},
+                   {"transposed", false}, {"output_padding", V{0, 0}}, {"groups", int64_t{1}}};
+  auto y = g.add_node("aten.convolution", {x, w.value(), b.value()}, attrs, "conv");
+  if (!y.ok()) return y.error();
+  const ValueId yv = y.value()[0];
+  auto z = g.add_node("aten.add", {conv_first ? yv : r, conv_first ? r : yv}, {{"alpha", 1.0}}, "add");
+  if (!z.ok()) return z.error();
+  std::vector<ValueId> outs{z.value()[0]};
+  if (expose_conv) outs.push_back(yv);
+  KILN_RETURN_IF_ERROR(g.set_outputs(outs));
+  ProgramBuilder pb;
+  KILN_RETURN_IF_ERROR(pb.add_method("forward", std::move(g)));
+  auto compiled = pb.compile();
+  if (!compiled.ok()) return compiled.error();
+  return std::move(compiled.value().bytes);
+}
+
+TEST(CpuFusion, ResidualAddFusedIntoPointwiseIsBitIdenticalToUnfused) {
+  if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
+  ThreadPool pool2(2), one(1);
+  // 1x1 convolutions on the direct pointwise path: full tiles, column and channel tails, batch 2.
+  for (const Conv& c : {Conv{1, 16, 8, 8, 24, 1, 1, 0, 1, true}, Conv{2, 5, 5, 9, 7, 1, 1, 0, 1, true}}) {
+    for (bool conv_first : {true, false}) {
+      const TensorType xt{DType::Float32, {c.n, c.cin, c.h, c.w}}, rt{DType::Float32, {c.n, c.cout, c.h, c.w}};
+      std::vector<float> x = pattern(static_cast<size_t>(xt.numel()), 3), r = pattern(static_cast<size_t>(rt.numel()), 5);
+      r[3] = std::nanf("");
+      KILN_ASSERT_OK_AND_ASSIGN(fusable, compile_residual(c, conv_first, false));
+      KILN_ASSERT_OK_AND_ASSIGN(unfusable, compile_residual(c, conv_first, true));
+      for (ThreadPool* p : {&one, &pool2}) {
+        std::vector<std::vector<float>> outs;
+        for (const auto* bytes : {&fusable, &unfusable, &fusable}) {
+          const bool portable = outs.size() == 2;
+          auto program = Program::load_from_buffer(*bytes);
+          ASSERT_TRUE(program.ok()) << program.error().message();
+          MethodOptions mo;
+          mo.portable_kernels_only = portable;
+          mo.pool = p;
+          auto method = program.value()->load_method("forward", mo);
+          ASSERT_TRUE(method.ok()) << method.error().message();
+          EXPECT_EQ(method->num_fused_instructions(), outs.empty() ? 1u : 0u);
+          Tensor tx{DType::Float32, xt.sizes, x.data()}, tr{DType::Float32, rt.sizes, r.data()};
+          auto res = method->execute({tx, tr});
+          ASSERT_TRUE(res.ok()) << res.error().message();
+          const Tensor& o = (*res)[0];
+          outs.emplace_back(o.data_as<float>(), o.data_as<float>() + o.numel());
+        }
+        ASSERT_EQ(outs[0].size(), outs[1].size());
+        EXPECT_EQ(std::memcmp(outs[0].data(), outs[1].data(), outs[0].size() * sizeof(float)), 0)
+            << "fused residual add differs from unfused (cin " << c.cin << ", conv_first " << conv_first << ")";
+        EXPECT_TRUE(std::isnan(outs[0][3]));
+        double maxref = 0, maxerr = 0;
+        for (size_t i = 0; i < outs[2].size(); ++i) {
+          if (std::isnan(outs[2][i])) continue;
+          maxref = std::max(maxref, std::fabs(static_cast<double>(outs[2][i])));
+          maxerr = std::max(maxerr, std::fabs(static_cast<double>(outs[0][i]) - outs[2][i]));
+        }
+        EXPECT_LE(maxerr, 2e-5 * std::max(maxref, 1e-30));
+      }
+    }
+  }
+}
+
 TEST(CpuFusion, ConstantWeightsArePackedOnceForGemmPaths) {
   if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
   const Act relu{"aten.relu", {}};
