@@ -11,7 +11,7 @@
 //   3x3, stride 1, dilation 1, one group, constant weights, large enough (cpu::winograd_applies):
 //     Winograd F(4x4, 3x3) or, for large filters on small planes, F(2x2, 3x3) (winograd.cpp,
 //     cpu::winograd_tile), filters transformed once in conv_prepare (instead of the packed weights);
-//   few input channels (C_in <= 4, e.g. an RGB stem), kernel <= 7x7, stride 1 or 2: direct
+//   few input channels (C_in <= 4, C_in * kH * kW <= 64, e.g. an RGB 3x3 stem), stride 1 or 2: direct
 //     (conv_direct.cpp), on the raw weights;
 //   everything else: GEMM per group on the im2col matrix, packed on the fly (no im2col buffer).
 //   transposed: GEMM into a column buffer, then col2im (conv_transposed).

@@ -144,7 +144,7 @@ KILN_AVX2 void run_rows(const ConvGeometry& g, const float* x, const float* w, c
 bool direct_conv_applies(const ConvGeometry& g) {
   return cpu_has_avx2_fma() && g.spatial_dims == 2 && !g.transposed && g.groups == 1 && g.in_channels >= 1 &&
          g.in_channels <= 4 && g.kernel[0] >= 1 && g.kernel[0] <= 7 && g.kernel[1] >= 1 && g.kernel[1] <= 7 &&
-         g.kernel[0] * g.kernel[1] > 1 && g.stride[0] == g.stride[1] && (g.stride[0] == 1 || g.stride[0] == 2) &&
+         g.kernel[0] * g.kernel[1] > 1 && g.in_channels * g.kernel[0] * g.kernel[1] <= 64 && g.stride[0] == g.stride[1] && (g.stride[0] == 1 || g.stride[0] == 2) &&
          g.dilation[0] == 1 && g.dilation[1] == 1 && g.padding[1] <= 64 && g.out_size[1] >= 8 && g.batch > 0 &&
          g.out_channels > 0;
 }

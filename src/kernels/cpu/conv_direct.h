@@ -2,9 +2,11 @@
 // used by src/kernels/cpu/conv.cpp.
 //
 // For float32 aten.convolution, 2-D, not transposed, one group, C_in <= 4, a kernel of at most 7x7
-// (more than one tap), stride 1 or 2 (the same along H and W), dilation 1, any padding, NCHW.
-// There the im2col GEMM is a poor fit: its K (C_in * kH * kW, e.g. 27) is short, so packing the
-// im2col matrix and storing each C tile cost as much as the products. Here each output row is
+// (more than one tap) with C_in * kH * kW <= 64, stride 1 or 2 (the same along H and W), dilation
+// 1, any padding, NCHW. There the im2col GEMM is a poor fit: its K (C_in * kH * kW, e.g. 27) is
+// short, so packing the im2col matrix and storing each C tile cost as much as the products
+// (mobilenet_v3's 3x3 stem: 0.84x the GEMM's time). With a longer K the GEMM is as fast or faster
+// (resnet18's 7x7 stem, K = 147: 1.03x), so it keeps those. Here each output row is
 // computed from its C_in * kH input rows, copied once into zero-padded rows split by stride
 // phase (padded column j goes to phase j % stride at j / stride), so that for output column ow
 // and tap kw the input x[ow * stride + kw] is a plain vector load at phase kw % stride, offset
