@@ -177,10 +177,10 @@ bool fusable_next(const detail::MethodPlan& plan, size_t k, const std::vector<in
   }
   if (plan.value_types[static_cast<size_t>(v)] != plan.value_types[static_cast<size_t>(w)]) return false;
   if (plan.arena_offsets[static_cast<size_t>(w)] < 0) return false;
-  const auto [wlo, whi] = arena_range(plan, w);
-  auto overlaps_w = [&](int32_t x) {
+  const std::pair<uint64_t, uint64_t> wr = arena_range(plan, w);  // not a structured binding: clang 14
+  auto overlaps_w = [&](int32_t x) {                                   // cannot capture those in a lambda
     const auto [lo, hi] = arena_range(plan, x);
-    return lo < hi && wlo < hi && lo < whi;
+    return lo < hi && wr.first < hi && lo < wr.second;
   };
   for (int32_t x : a.args) {
     if (x >= 0 && overlaps_w(x)) return false;
