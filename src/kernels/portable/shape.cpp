@@ -9,6 +9,7 @@
 #include "ir/op_registry.h"
 #include "ir/ops/shape_rules.h"
 #include "kernels/kernel.h"
+#include "kernels/strided_copy.h"
 
 namespace kiln {
 namespace {
@@ -18,29 +19,6 @@ namespace sr = shape_rules;
 Error mismatch(const char* op, const Tensor& out, const std::vector<int64_t>& sizes) {
   return Error(ErrorCode::Internal, std::string(op) + ": output " + out.type().to_string() +
                                         " does not match the computed sizes " + sizes_to_string(sizes));
-}
-
-template <typename T>
-void copy_run(const uint8_t* src, int64_t stride, int64_t n, uint8_t* dst) {
-  const T* s = reinterpret_cast<const T*>(src);
-  T* d = reinterpret_cast<T*>(dst);
-  for (int64_t i = 0; i < n; ++i) d[i] = s[i * stride];
-}
-
-// Copies `n` elements of `esize` bytes, `stride` elements apart in src, contiguously into dst.
-void copy_elements(const uint8_t* src, int64_t stride, int64_t n, size_t esize, uint8_t* dst) {
-  if (stride == 1) {
-    std::memcpy(dst, src, static_cast<size_t>(n) * esize);
-    return;
-  }
-  switch (esize) {
-    case 1: copy_run<uint8_t>(src, stride, n, dst); return;
-    case 2: copy_run<uint16_t>(src, stride, n, dst); return;
-    case 4: copy_run<uint32_t>(src, stride, n, dst); return;
-    case 8: copy_run<uint64_t>(src, stride, n, dst); return;
-    default:
-      for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * esize, src + i * stride * static_cast<int64_t>(esize), esize);
-  }
 }
 
 // Materializes the strided view `v` of `in` into the contiguous `out` (sizes must equal v.sizes).
@@ -56,20 +34,7 @@ Error copy_view(const char* op, const Tensor& in, const sr::StridedView& v, Tens
     std::memcpy(dst, src, es);
     return {};
   }
-  const int64_t inner = v.sizes[rank - 1];
-  const int64_t inner_stride = v.strides[rank - 1];
-  std::vector<int64_t> idx(rank - 1, 0);  // counter over the outer dims
-  int64_t base = 0;                       // element offset of the current row
-  for (int64_t row = 0, rows = n / inner; row < rows; ++row) {
-    copy_elements(src + base * static_cast<int64_t>(es), inner_stride, inner, es, dst);
-    dst += inner * static_cast<int64_t>(es);
-    for (size_t d = rank - 1; d-- > 0;) {
-      base += v.strides[d];
-      if (++idx[d] < v.sizes[d]) break;
-      base -= v.strides[d] * v.sizes[d];
-      idx[d] = 0;
-    }
-  }
+  copy_view_rows(src, v, es, dst, 0, n / v.sizes[rank - 1]);
   return {};
 }
 
