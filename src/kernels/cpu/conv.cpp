@@ -154,6 +154,67 @@ __attribute__((target("avx2,fma"))) void dw_scatter_row(const ConvGeometry& g, c
   }
 }
 
+/// NV vectors (8 output columns each) of one output row of a depthwise plane with KK taps:
+/// o[8 v + i] = post(bias + sum_t wk[t] * src[t][ow + 8 v + i]), taps in order with fused
+/// multiply-add from the bias (the same operations as depthwise_plane's flat loop); `n` columns
+/// are stored (8 (NV - 1) < n <= 8 NV). The NV accumulators stay in registers (every loop over v
+/// unrolled); with NV = 8 there are enough independent FMA chains to cover the FMA latency.
+template <int KK, int NV, PwPost P>
+KILN_AVX2 inline void dw_row_vectors(const float* const* src, int64_t ow, const float* wk, __m256 b0, float* o,
+                                     int64_t n, const cpu::PostOp& post) {
+  __m256 acc[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc[v] = b0;
+#pragma GCC unroll 25
+  for (int t = 0; t < KK; ++t) {
+    const __m256 wv = _mm256_broadcast_ss(wk + t);
+    const float* p = src[t] + ow;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 8 * v), acc[v]);
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV - 1; ++v) _mm256_storeu_ps(o + 8 * v, pw_post<P>(post, acc[v]));
+  const int64_t last = n - 8 * (NV - 1);
+  if (last == 8) {
+    _mm256_storeu_ps(o + 8 * (NV - 1), pw_post<P>(post, acc[NV - 1]));
+  } else {
+    cpu::store_tail(o + 8 * (NV - 1), last, pw_post<P>(post, acc[NV - 1]));
+  }
+}
+
+/// One depthwise output plane out [OH, OW] (weights wk [KK], KK = 9 or 25) from the DwLayout
+/// buffer `base` (tap t at offset tap[t]; see depthwise_plane), output row by output row: each
+/// row in blocks of 64 columns, then one block of the remaining 1..63 (1..8 vectors, the last
+/// one stored masked), straight into the output (no pitch-Lw temporary, no padding columns
+/// computed). Reads stay inside the buffer: row oh reads at most (oh + (KH-1)*DH / SH) * Lw +
+/// (KW-1)*DW / SW + round_up(OW, 8) <= (Lh - 1) * Lw + Lw + 7 floats into a phase plane, since
+/// (OH - 1) * SH + (KH - 1) * DH < Hp and likewise along W; the phase plane has Lw + 16 floats of
+/// tail.
+template <int KK, PwPost P>
+KILN_AVX2 void dw_plane_rows(const float* base, const int64_t* tap, int64_t Lw, const float* wk, float bias,
+                             float* out, int64_t OH, int64_t OW, const cpu::PostOp& post) {
+  const __m256 b0 = _mm256_set1_ps(bias);
+  const float* src[KK];
+  for (int64_t oh = 0; oh < OH; ++oh) {
+    for (int t = 0; t < KK; ++t) src[t] = base + oh * Lw + tap[t];
+    float* o = out + oh * OW;
+    int64_t ow = 0;
+    for (; ow + 64 <= OW; ow += 64) dw_row_vectors<KK, 8, P>(src, ow, wk, b0, o + ow, 64, post);
+    const int64_t r = OW - ow;
+    switch ((r + 7) / 8) {
+      case 1: dw_row_vectors<KK, 1, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 2: dw_row_vectors<KK, 2, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 3: dw_row_vectors<KK, 3, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 4: dw_row_vectors<KK, 4, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 5: dw_row_vectors<KK, 5, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 6: dw_row_vectors<KK, 6, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 7: dw_row_vectors<KK, 7, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 8: dw_row_vectors<KK, 8, P>(src, ow, wk, b0, o + ow, r, post); break;
+      default: break;  // r == 0
+    }
+  }
+}
+
 /// Depthwise convolution of one input plane x [IH, IW] into `mult` output planes out [mult, OH, OW]
 /// with weights w [mult, KH, KW] and bias [mult] (or null):
 ///   out[m, oh, ow] = bias[m] + sum_{kh, kw} w[m, kh, kw] * x[oh*SH - PH + kh*DH, ow*SW - PW + kw*DW]
@@ -175,6 +236,20 @@ __attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, 
     }
   }
   const int64_t KK = KH * KW;
+  if (KK == 9 || KK == 25) {  // 3x3, 5x5: taps unrolled, output rows written in place
+    with_post_kind(post, [&](auto kind) {
+      constexpr PwPost P = decltype(kind)::value;
+      for (int64_t m = 0; m < mult; ++m) {
+        const float bm = bias != nullptr ? bias[m] : 0.0f;
+        if (KK == 9) {
+          dw_plane_rows<9, P>(buf.data(), tap.data(), L.Lw, w + m * KK, bm, out + m * OH * OW, OH, OW, post);
+        } else {
+          dw_plane_rows<25, P>(buf.data(), tap.data(), L.Lw, w + m * KK, bm, out + m * OH * OW, OH, OW, post);
+        }
+      }
+    });
+    return;
+  }
   const int64_t count = OH * L.Lw;  // flat outputs with pitch Lw
   const bool direct = L.Lw == OW;   // the flat layout is the output layout
   const float* base = buf.data();
