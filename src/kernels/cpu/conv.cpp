@@ -102,6 +102,7 @@ struct ConvState : KernelState {
   std::vector<float> winograd;  ///< transformed filters (cpu::winograd_pack_weights); empty: no Winograd
   int winograd_tile = 0;        ///< their output tile (cpu::winograd_tile: 4 or 2)
   std::vector<float> pw_w, pw_b;  ///< direct pointwise path (pack_pointwise); empty: not used
+  std::vector<float> gv_w, gv_b;  ///< one-pixel pointwise path (pack_pointwise_gemv); empty: not used
   bool residual = false;          ///< a following aten.add (alpha 1) fused: + KernelArgs::inputs[3]
 };
 
@@ -911,6 +912,92 @@ void pack_pointwise(const ConvGeometry& g, const float* w, const float* b, ConvS
   }
 }
 
+/// One-pixel pointwise convolution (1x1, one group, H = W = 1: the squeeze-excite layers'
+/// [N, C, 1, 1] after the global average pool), a matrix-vector product per image:
+///   out[n, co] = post(bias[co] + sum_ci W[co, ci] * x[n, ci]),
+/// accumulated in ci order with fused multiply-add from the bias. It is bound by reading the
+/// weights (960 x 240 floats: 0.9 MiB, from L3), so conv_prepare packs them once into blocks of 32
+/// output channels, st.gv_w [ceil(C_out/32)][C_in][32] (zero padded; bias st.gv_b likewise):
+/// each block is one contiguous stream, read with full vectors, 4 independent accumulators of 8
+/// channels, and no horizontal sums (the GEMM's matrix-vector product reads W row by row: one
+/// dot product and a horizontal sum per output channel, 2 accumulators).
+constexpr int64_t kGvBlock = 32;
+
+/// Whether the one-pixel pointwise path takes this geometry (see above).
+bool use_pointwise_gemv(const ConvGeometry& g) {
+  return !g.transposed && g.groups == 1 && is_plain_1x1(g) && g.in_size[0] == 1 && g.in_size[1] == 1 &&
+         g.in_channels >= 1 && g.out_channels >= 1;
+}
+
+/// Packs W [C_out, C_in] and bias [C_out] (or null) into st.gv_w / st.gv_b (layout above).
+void pack_pointwise_gemv(const ConvGeometry& g, const float* w, const float* b, ConvState& st) {
+  const int64_t K = g.in_channels, M = g.out_channels, blocks = (M + kGvBlock - 1) / kGvBlock;
+  st.gv_w.assign(static_cast<size_t>(blocks * K * kGvBlock), 0.0f);
+  st.gv_b.assign(static_cast<size_t>(blocks * kGvBlock), 0.0f);
+  for (int64_t co = 0; co < M; ++co) {
+    const int64_t q = co / kGvBlock, r = co % kGvBlock;
+    for (int64_t k = 0; k < K; ++k) st.gv_w[static_cast<size_t>((q * K + k) * kGvBlock + r)] = w[co * K + k];
+    if (b != nullptr) st.gv_b[static_cast<size_t>(co)] = b[co];
+  }
+}
+
+/// Output blocks [q0, q1) of every image (see use_pointwise_gemv); x [N, C_in], out [N, C_out].
+template <PwPost P>
+KILN_AVX2 void gemv_blocks(const ConvGeometry& g, const ConvState& st, const float* x, float* out, int64_t q0,
+                           int64_t q1) {
+  const int64_t K = g.in_channels, M = g.out_channels;
+  for (int64_t q = q0; q < q1; ++q) {
+    const float* wq = st.gv_w.data() + q * K * kGvBlock;
+    const float* bq = st.gv_b.data() + q * kGvBlock;
+    const int64_t valid = std::min(kGvBlock, M - q * kGvBlock);
+    for (int64_t n = 0; n < g.batch; ++n) {
+      const float* xn = x + n * K;
+      __m256 a0 = _mm256_loadu_ps(bq), a1 = _mm256_loadu_ps(bq + 8), a2 = _mm256_loadu_ps(bq + 16),
+             a3 = _mm256_loadu_ps(bq + 24);
+      const float* wp = wq;
+      for (int64_t k = 0; k < K; ++k, wp += kGvBlock) {
+        const __m256 xv = _mm256_broadcast_ss(xn + k);
+        a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp), a0);
+        a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp + 8), a1);
+        a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp + 16), a2);
+        a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp + 24), a3);
+      }
+      float* o = out + n * M + q * kGvBlock;
+      const __m256 r[4] = {pw_post<P>(st.post, a0), pw_post<P>(st.post, a1), pw_post<P>(st.post, a2),
+                           pw_post<P>(st.post, a3)};
+      for (int v = 0; v < 4; ++v) {
+        const int64_t left = valid - 8 * v;
+        if (left <= 0) break;
+        if (left >= 8) {
+          _mm256_storeu_ps(o + 8 * v, r[v]);
+        } else {
+          cpu::store_tail(o + 8 * v, left, r[v]);
+        }
+      }
+    }
+  }
+}
+
+/// The one-pixel pointwise convolution with st.gv_w / st.gv_b; parallel over blocks of output
+/// channels when the weights take at least 128 KiB (each thread then streams its share).
+void pointwise_gemv(const ConvGeometry& g, const float* px, float* po, ThreadPool* pool, const ConvState& st) {
+  const int64_t blocks = (g.out_channels + kGvBlock - 1) / kGvBlock;
+  with_post_kind(st.post, [&](auto kind) {
+    constexpr PwPost P = decltype(kind)::value;
+    const bool parallel = pool != nullptr && pool->num_threads() > 1 && blocks > 1 &&
+                          g.in_channels * g.out_channels >= 32768;
+    if (!parallel) {
+      gemv_blocks<P>(g, st, px, po, 0, blocks);
+      return;
+    }
+    const int64_t parts = std::min<int64_t>(blocks, 2 * pool->num_threads());
+    const int64_t per = (blocks + parts - 1) / parts;
+    cpu::parallel_tasks(pool, (blocks + per - 1) / per, [&](int64_t t) {
+      gemv_blocks<P>(g, st, px, po, t * per, std::min(blocks, (t + 1) * per));
+    });
+  });
+}
+
 /// 1x1, stride 1, no padding: one GEMM per (image, group) directly on the NCHW planes.
 void conv_1x1(const ConvGeometry& g, const float* px, const float* pw, const float* pb, float* po, ThreadPool* pool,
               const ConvState* st) {
@@ -965,6 +1052,8 @@ Error convolution(const KernelArgs& a) {
     conv_transposed(g, px, pw, pb, po, a.pool, post);
   } else if (use_depthwise_kernel(g)) {
     depthwise(g, px, pw, pb, po, a.pool, post);
+  } else if (st != nullptr && !st->gv_w.empty()) {
+    pointwise_gemv(g, px, po, a.pool, *st);
   } else if (st != nullptr && !st->pw_w.empty()) {
     const float* res = nullptr;
     if (st->residual) {  // the runtime passes the fused aten.add's other input after ours
@@ -999,6 +1088,14 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
   }
   const Tensor* w = p.constants.size() > 1 ? p.constants[1] : nullptr;
   const int64_t OHW = g.out_size[0] * g.out_size[1];
+  if (w != nullptr && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && use_pointwise_gemv(g) &&
+      p.constants.size() == 3 && (sig.inputs[2] == nullptr || p.constants[2] != nullptr)) {
+    pack_pointwise_gemv(g, w->data_as<float>(), sig.inputs[2] != nullptr ? p.constants[2]->data_as<float>() : nullptr,
+                        *st);
+    st->bytes = (st->gv_w.size() + st->gv_b.size()) * sizeof(float);
+    st->released_inputs = {1, 2};  // the one-pixel path reads only the packed copies
+    return std::unique_ptr<KernelState>(std::move(st));
+  }
   // GEMM paths with a constant weight and more than one output column (a single column is a
   // matrix-vector product, which reads the weights directly; Winograd takes any size it is given).
   if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && !use_depthwise_kernel(g) && !cpu::direct_conv_applies(g) &&
