@@ -66,3 +66,26 @@ def test_depthwise_rows_many_planes_two_threads():
     for threads in (1, 2):
         assert_close(kiln.load_bytes(data, num_threads=threads).run(x.numpy())[0], expected, rel=1e-5,
                      what=f"{threads} threads")
+
+
+@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
+def test_depthwise_layers_of_different_layouts_in_sequence():
+    """Consecutive depthwise layers whose padded buffers differ (padding 2 then 1 on the same plane
+    size, then stride 2, then the first layout again): each thread's buffer, kept between calls,
+    is laid out and zeroed again for each, so no interior value of one layer lands in another's
+    padding."""
+    torch.manual_seed(9)
+    c = 6
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(c, c, 5, padding=2, groups=c), torch.nn.ReLU(),
+        torch.nn.Conv2d(c, c, 3, padding=1, groups=c),
+        torch.nn.Conv2d(c, c, 3, stride=2, padding=1, groups=c), torch.nn.Hardswish(),
+        torch.nn.Conv2d(c, c, 5, padding=2, groups=c)).eval()
+    x = torch.randn(1, c, 36, 70) + 3.0  # nonzero everywhere: stale values in the padding would show
+    data = kiln.export(model, (x,), verbose=False).data
+    with torch.no_grad():
+        expected = model(x).numpy()
+    for threads in (1, 2):
+        prog = kiln.load_bytes(data, num_threads=threads)
+        for _ in range(2):
+            assert_close(prog.run(x.numpy())[0], expected, rel=1e-5, what=f"{threads} threads")
