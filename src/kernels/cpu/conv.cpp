@@ -725,11 +725,15 @@ void conv_transposed(const ConvGeometry& g, const float* px, const float* pw, co
 /// the initial accumulator and the activation (compile-time kind) in the store.
 constexpr int64_t kPwMR = 6;     ///< output channels per register tile
 constexpr int64_t kPwMaxK = 256;  ///< most input channels this path takes (see use_pointwise_direct)
+/// On planes of at most 64 pixels (7x7: one column block, the weights read once), up to this many.
+constexpr int64_t kPwMaxKSmallPlane = 1024;
 
 /// Whether the direct pointwise kernel takes this geometry (see above).
 bool use_pointwise_direct(const ConvGeometry& g) {
-  return !g.transposed && g.groups == 1 && is_plain_1x1(g) && g.in_channels >= 1 && g.in_channels <= kPwMaxK &&
-         g.out_channels >= 2 && g.in_size[0] * g.in_size[1] >= 16;
+  const int64_t hw = g.in_size[0] * g.in_size[1];
+  return !g.transposed && g.groups == 1 && is_plain_1x1(g) && g.in_channels >= 1 &&
+         (g.in_channels <= kPwMaxK || (hw <= 64 && g.in_channels <= kPwMaxKSmallPlane)) && g.out_channels >= 2 &&
+         hw >= 16;
 }
 
 /// One output row of a tile with a fused residual add: o[t] = post(v[t]) + r[t], t < n (<= 16).
@@ -745,6 +749,34 @@ KILN_AVX2 inline void pw_store_residual(float* o, const float* r, __m256 v0, __m
   if (n > 8) _mm256_maskstore_ps(o + 8, m1, _mm256_add_ps(pw_post<P>(post, v1), _mm256_maskload_ps(r + 8, m1)));
 }
 
+/// One output column (out[i * ldx], i < mr) of a channel group, for a plane's last column when
+/// it is alone in its 16-column tile (7x7 planes: 49 = 3 * 16 + 1): the group's 6 channels across
+/// the lanes of one vector (lane i: w[k * 6 + i]; lanes 6, 7 read the next input channel's
+/// weights and are dropped; pack_pointwise pads st.pw_w by 8 floats for the last group), 4
+/// partial sums over k % 4, then the bias, activation and fused residual as pw_rows. A 1-column
+/// tile in pw_rows spends 6 FMAs per input channel on 1 useful lane each (12% of a 7x7 layer's
+/// multiply-adds); here it is 1.
+template <PwPost P>
+KILN_AVX2 void pw_one_column(int64_t K, const float* w, const float* b6, const float* x, int64_t ldx, float* out, int mr,
+                             const cpu::PostOp& post, const float* res) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    const float* xp = x + k * ldx;
+    const float* wp = w + k * kPwMR;
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(xp), _mm256_loadu_ps(wp), a0);
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(xp + ldx), _mm256_loadu_ps(wp + kPwMR), a1);
+    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(xp + 2 * ldx), _mm256_loadu_ps(wp + 2 * kPwMR), a2);
+    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(xp + 3 * ldx), _mm256_loadu_ps(wp + 3 * kPwMR), a3);
+  }
+  for (; k < K; ++k) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k * ldx), _mm256_loadu_ps(w + k * kPwMR), a0);
+  __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  v = pw_post<P>(post, _mm256_add_ps(v, _mm256_maskload_ps(b6, cpu::tail_mask(kPwMR))));
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
+  for (int i = 0; i < mr; ++i) out[i * ldx] = res != nullptr ? t[i] + res[i * ldx] : t[i];
+}
+
 /// Output channels [co0, co0 + mr) (mr <= 6) over columns [j0, j0 + nc) of one image:
 /// `w` [K][6] and `b6` [6] are the channel group's packed weights and bias (zero past mr),
 /// x [K][ldx] the input planes, out [C_out][ldx].
@@ -757,6 +789,10 @@ KILN_AVX2 void pw_rows(int64_t K, const float* w, const float* b6, const float* 
   const int64_t end = j0 + nc;
   for (; j < end; j += 16) {
     const int64_t n = std::min<int64_t>(16, end - j);
+    if (n == 1) {
+      pw_one_column<P>(K, w, b6, x + j, ldx, out + j, mr, post, res != nullptr ? res + j : nullptr);
+      continue;
+    }
     const __m256i m0 = cpu::tail_mask(std::min<int64_t>(n, 8)), m1 = cpu::tail_mask(std::max<int64_t>(n - 8, 0));
     __m256 c00 = bb0, c01 = bb0, c10 = bb1, c11 = bb1, c20 = bb2, c21 = bb2;
     __m256 c30 = bb3, c31 = bb3, c40 = bb4, c41 = bb4, c50 = bb5, c51 = bb5;
@@ -915,7 +951,7 @@ void pointwise_direct(const ConvGeometry& g, const float* px, float* po, ThreadP
 void pack_pointwise(const ConvGeometry& g, const float* w, const float* b, ConvState& st) {
   const int64_t K = g.in_channels, M = g.out_channels;
   const int64_t groups6 = (M + kPwMR - 1) / kPwMR;
-  st.pw_w.assign(static_cast<size_t>(groups6 * K * kPwMR), 0.0f);
+  st.pw_w.assign(static_cast<size_t>(groups6 * K * kPwMR + 8), 0.0f);  // + 8: pw_one_column's last vector read
   st.pw_b.assign(static_cast<size_t>(groups6 * kPwMR), 0.0f);
   for (int64_t co = 0; co < M; ++co) {
     const int64_t q = co / kPwMR, r = co % kPwMR;
