@@ -1,12 +1,15 @@
 // Optimized cpu kernel for aten.convolution (float32, 1-D and 2-D; NCHW).
 //
-// Seven paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
+// Eight paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
 //   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernels: output rows of at most 32
 //     columns and multiplier 1 take 8 channels at a time, interleaved (depthwise_c8); the others
-//     compute each output plane as a flat 1-D correlation over the padded, stride-split input
-//     plane (see DwLayout);
-//   1x1, stride 1, no padding, one group, C_in <= 256, constant weights: a direct kernel on the
-//     NCHW planes (pointwise_direct: no packing of the input, bias and activation in registers);
+//     work on the padded, stride-split input plane (see DwLayout): 3x3 and 5x5 taps row by row
+//     with the taps unrolled (dw_plane_rows), other kernels as a flat 1-D correlation;
+//   1x1, one group, a 1x1 input plane (squeeze-excite), constant weights: a matrix-vector product
+//     on weights packed in blocks of 32 output channels (pointwise_gemv);
+//   1x1, stride 1, no padding, one group, C_in <= 256 (<= 1024 on planes of at most 64 pixels),
+//     constant weights: a direct kernel on the NCHW planes (pointwise_direct: no packing of the
+//     input, bias, activation and a residual add in registers);
 //   other 1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
 //   3x3, stride 1, dilation 1, one group, constant weights, large enough (cpu::winograd_applies):
 //     Winograd F(4x4, 3x3) or, for large filters on small planes, F(2x2, 3x3) (winograd.cpp,
