@@ -1,9 +1,11 @@
 """Special paths of the cpu convolution kernel (src/kernels/cpu/conv.cpp) against PyTorch eager,
-at 1 and 2 threads: the direct pointwise kernel (1x1, stride 1, one group, C_in <= 256: every
-tile shape, column tails of 1..15, channel tails of 1..5, batch > 1, fused activations with a
-compile-time kind and the generic one, no bias), and the GEMM path just past its limit.
+at 1 and 2 threads: the direct pointwise kernel (1x1, stride 1, one group, C_in <= 256, or up to
+1024 on planes of at most 64 pixels: every tile shape, column tails of 1..15 (a tail of 1 column
+has its own kernel, pw_one_column), channel tails of 1..5, batch > 1, fused activations with a
+compile-time kind and the generic one, no bias, fused residual adds), and the GEMM path just
+past its limits.
 
-fp32 tolerance: max abs error <= 1e-5 * max|expected| (sums of at most 257 products).
+fp32 tolerance: max abs error <= 1e-5 * max|expected| (sums of at most 1025 products).
 """
 import pytest
 import torch
@@ -25,6 +27,12 @@ POINTWISE = [
     (1, 257, 12, 14, 14, True, "none"),     # just past it: the GEMM path
     (3, 40, 20, 33, 31, True, "hardswish"), # odd plane (1023 columns), several column blocks
     (1, 200, 242, 7, 7, True, "relu"),      # few column blocks: at 2 threads the channels are split too
+    (1, 960, 20, 7, 7, True, "hardswish"),  # C_in > 256 on a 7x7 plane: direct, one-column tail
+    (2, 301, 13, 1, 33, True, "none"),      # 33 columns (tail of 1), channel tail 1, batch 2
+    (1, 3, 5, 1, 17, True, "relu"),         # one-column tail with fewer than 4 input channels
+    (1, 1024, 7, 8, 8, False, "sigmoid"),   # the largest C_in on a small plane; 64 columns, no bias
+    (1, 1025, 8, 7, 7, True, "none"),       # just past it: the GEMM path
+    (1, 300, 8, 9, 9, True, "relu"),        # C_in > 256 on 81 pixels: the GEMM path
 ]
 
 
@@ -82,6 +90,8 @@ RESIDUAL = [
     ("alpha2", 1, 8, 6, 6, 1),
     ("act", 1, 8, 7, 7, 2),           # relu fused instead of the add
     ("self", 1, 7, 9, 11, 1),         # the residual is the convolution's own input
+    ("conv_first", 1, 96, 7, 7, 2),   # project conv 288 -> 96 on 7x7: C_in > 256, one-column tail
+    ("conv_second", 2, 100, 1, 17, 2),  # 300 -> 100 on 17 columns (16 + 1), batch 2
 ]
 
 

@@ -1,12 +1,15 @@
 // Optimized cpu kernel for aten.convolution (float32, 1-D and 2-D; NCHW).
 //
-// Seven paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
+// Eight paths, chosen per call (semantics: src/kernels/portable/conv.cpp):
 //   depthwise (C_in/groups == 1, any multiplier): direct AVX2 kernels: output rows of at most 32
 //     columns and multiplier 1 take 8 channels at a time, interleaved (depthwise_c8); the others
-//     compute each output plane as a flat 1-D correlation over the padded, stride-split input
-//     plane (see DwLayout);
-//   1x1, stride 1, no padding, one group, C_in <= 256, constant weights: a direct kernel on the
-//     NCHW planes (pointwise_direct: no packing of the input, bias and activation in registers);
+//     work on the padded, stride-split input plane (see DwLayout): 3x3 and 5x5 taps row by row
+//     with the taps unrolled (dw_plane_rows), other kernels as a flat 1-D correlation;
+//   1x1, one group, a 1x1 input plane (squeeze-excite), constant weights: a matrix-vector product
+//     on weights packed in blocks of 32 output channels (pointwise_gemv);
+//   1x1, stride 1, no padding, one group, C_in <= 256 (<= 1024 on planes of at most 64 pixels),
+//     constant weights: a direct kernel on the NCHW planes (pointwise_direct: no packing of the
+//     input, bias, activation and a residual add in registers);
 //   other 1x1, stride 1, no padding: out[n, group] = W[C_out_g x C_in_g] * X[n, group][C_in_g x H*W], one GEMM;
 //   3x3, stride 1, dilation 1, one group, constant weights, large enough (cpu::winograd_applies):
 //     Winograd F(4x4, 3x3) or, for large filters on small planes, F(2x2, 3x3) (winograd.cpp,
@@ -24,6 +27,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <type_traits>
@@ -102,6 +106,7 @@ struct ConvState : KernelState {
   std::vector<float> winograd;  ///< transformed filters (cpu::winograd_pack_weights); empty: no Winograd
   int winograd_tile = 0;        ///< their output tile (cpu::winograd_tile: 4 or 2)
   std::vector<float> pw_w, pw_b;  ///< direct pointwise path (pack_pointwise); empty: not used
+  std::vector<float> gv_w, gv_b;  ///< one-pixel pointwise path (pack_pointwise_gemv); empty: not used
   bool residual = false;          ///< a following aten.add (alpha 1) fused: + KernelArgs::inputs[3]
 };
 
@@ -154,6 +159,67 @@ __attribute__((target("avx2,fma"))) void dw_scatter_row(const ConvGeometry& g, c
   }
 }
 
+/// NV vectors (8 output columns each) of one output row of a depthwise plane with KK taps:
+/// o[8 v + i] = post(bias + sum_t wk[t] * src[t][ow + 8 v + i]), taps in order with fused
+/// multiply-add from the bias (the same operations as depthwise_plane's flat loop); `n` columns
+/// are stored (8 (NV - 1) < n <= 8 NV). The NV accumulators stay in registers (every loop over v
+/// unrolled); with NV = 8 there are enough independent FMA chains to cover the FMA latency.
+template <int KK, int NV, PwPost P>
+KILN_AVX2 inline void dw_row_vectors(const float* const* src, int64_t ow, const float* wk, __m256 b0, float* o,
+                                     int64_t n, const cpu::PostOp& post) {
+  __m256 acc[NV];
+#pragma GCC unroll 8
+  for (int v = 0; v < NV; ++v) acc[v] = b0;
+#pragma GCC unroll 25
+  for (int t = 0; t < KK; ++t) {
+    const __m256 wv = _mm256_broadcast_ss(wk + t);
+    const float* p = src[t] + ow;
+#pragma GCC unroll 8
+    for (int v = 0; v < NV; ++v) acc[v] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(p + 8 * v), acc[v]);
+  }
+#pragma GCC unroll 8
+  for (int v = 0; v < NV - 1; ++v) _mm256_storeu_ps(o + 8 * v, pw_post<P>(post, acc[v]));
+  const int64_t last = n - 8 * (NV - 1);
+  if (last == 8) {
+    _mm256_storeu_ps(o + 8 * (NV - 1), pw_post<P>(post, acc[NV - 1]));
+  } else {
+    cpu::store_tail(o + 8 * (NV - 1), last, pw_post<P>(post, acc[NV - 1]));
+  }
+}
+
+/// One depthwise output plane out [OH, OW] (weights wk [KK], KK = 9 or 25) from the DwLayout
+/// buffer `base` (tap t at offset tap[t]; see depthwise_plane), output row by output row: each
+/// row in blocks of 64 columns, then one block of the remaining 1..63 (1..8 vectors, the last
+/// one stored masked), straight into the output (no pitch-Lw temporary, no padding columns
+/// computed). Reads stay inside the buffer: row oh reads at most (oh + (KH-1)*DH / SH) * Lw +
+/// (KW-1)*DW / SW + round_up(OW, 8) <= (Lh - 1) * Lw + Lw + 7 floats into a phase plane, since
+/// (OH - 1) * SH + (KH - 1) * DH < Hp and likewise along W; the phase plane has Lw + 16 floats of
+/// tail.
+template <int KK, PwPost P>
+KILN_AVX2 void dw_plane_rows(const float* base, const int64_t* tap, int64_t Lw, const float* wk, float bias,
+                             float* out, int64_t OH, int64_t OW, const cpu::PostOp& post) {
+  const __m256 b0 = _mm256_set1_ps(bias);
+  const float* src[KK];
+  for (int64_t oh = 0; oh < OH; ++oh) {
+    for (int t = 0; t < KK; ++t) src[t] = base + oh * Lw + tap[t];
+    float* o = out + oh * OW;
+    int64_t ow = 0;
+    for (; ow + 64 <= OW; ow += 64) dw_row_vectors<KK, 8, P>(src, ow, wk, b0, o + ow, 64, post);
+    const int64_t r = OW - ow;
+    switch ((r + 7) / 8) {
+      case 1: dw_row_vectors<KK, 1, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 2: dw_row_vectors<KK, 2, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 3: dw_row_vectors<KK, 3, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 4: dw_row_vectors<KK, 4, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 5: dw_row_vectors<KK, 5, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 6: dw_row_vectors<KK, 6, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 7: dw_row_vectors<KK, 7, P>(src, ow, wk, b0, o + ow, r, post); break;
+      case 8: dw_row_vectors<KK, 8, P>(src, ow, wk, b0, o + ow, r, post); break;
+      default: break;  // r == 0
+    }
+  }
+}
+
 /// Depthwise convolution of one input plane x [IH, IW] into `mult` output planes out [mult, OH, OW]
 /// with weights w [mult, KH, KW] and bias [mult] (or null):
 ///   out[m, oh, ow] = bias[m] + sum_{kh, kw} w[m, kh, kw] * x[oh*SH - PH + kh*DH, ow*SW - PW + kw*DW]
@@ -165,8 +231,9 @@ __attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, 
   const int64_t IH = g.in_size[0], IW = g.in_size[1], OH = g.out_size[0], OW = g.out_size[1];
   const int64_t KH = g.kernel[0], KW = g.kernel[1], SH = g.stride[0], SW = g.stride[1];
   const int64_t PH = g.padding[0], DH = g.dilation[0], DW = g.dilation[1];
-  // `buf` was zeroed when allocated: the scatter writes the same positions for every plane of a
-  // geometry, so the padding stays zero from one plane to the next.
+  // `buf` was zeroed when laid out for this geometry's (IH, IW, PH, PW, SH, SW) (see depthwise):
+  // the scatter writes the same positions for every plane of it, so the padding stays zero from
+  // one plane (and one call) to the next.
   for (int64_t ih = 0; ih < IH; ++ih) dw_scatter_row(g, L, x + ih * IW, ih + PH, buf.data());
   for (int64_t kh = 0; kh < KH; ++kh) {
     for (int64_t kw = 0; kw < KW; ++kw) {
@@ -175,6 +242,20 @@ __attribute__((target("avx2,fma"))) void depthwise_plane(const ConvGeometry& g, 
     }
   }
   const int64_t KK = KH * KW;
+  if (KK == 9 || KK == 25) {  // 3x3, 5x5: taps unrolled, output rows written in place
+    with_post_kind(post, [&](auto kind) {
+      constexpr PwPost P = decltype(kind)::value;
+      for (int64_t m = 0; m < mult; ++m) {
+        const float bm = bias != nullptr ? bias[m] : 0.0f;
+        if (KK == 9) {
+          dw_plane_rows<9, P>(buf.data(), tap.data(), L.Lw, w + m * KK, bm, out + m * OH * OW, OH, OW, post);
+        } else {
+          dw_plane_rows<25, P>(buf.data(), tap.data(), L.Lw, w + m * KK, bm, out + m * OH * OW, OH, OW, post);
+        }
+      }
+    });
+    return;
+  }
   const int64_t count = OH * L.Lw;  // flat outputs with pitch Lw
   const bool direct = L.Lw == OW;   // the flat layout is the output layout
   const float* base = buf.data();
@@ -417,8 +498,18 @@ void depthwise(const ConvGeometry& g, const float* px, const float* pw, const fl
   const int64_t kk = g.kernel[0] * g.kernel[1];
   const DwLayout L(g);
   auto run = [&](int64_t begin, int64_t end) {
-    std::vector<float> buf(static_cast<size_t>(L.total));  // zeros: the padding of every plane
-    std::vector<float> tmp(static_cast<size_t>(g.out_size[0] * L.Lw));
+    // Per-thread scratch kept between calls: the padded buffer is zeroed only when the layout
+    // changes (every plane of one layout writes the same interior positions, so its padding stays
+    // zero), not allocated and zeroed again for every chunk of planes (at 2 threads, 16 planes of
+    // 112x112: 4 x 52 KiB per thread).
+    thread_local std::vector<float> buf, tmp;
+    thread_local std::array<int64_t, 6> layout{};  // IH, IW, PH, PW, SH, SW that `buf` is laid out for
+    const std::array<int64_t, 6> key{g.in_size[0], g.in_size[1], g.padding[0], g.padding[1], g.stride[0], g.stride[1]};
+    if (layout != key || buf.size() != static_cast<size_t>(L.total)) {
+      buf.assign(static_cast<size_t>(L.total), 0.0f);
+      layout = key;
+    }
+    tmp.resize(static_cast<size_t>(g.out_size[0] * L.Lw));
     std::vector<int64_t> tap(static_cast<size_t>(kk));
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = t / C, c = t % C;
@@ -637,11 +728,15 @@ void conv_transposed(const ConvGeometry& g, const float* px, const float* pw, co
 /// the initial accumulator and the activation (compile-time kind) in the store.
 constexpr int64_t kPwMR = 6;     ///< output channels per register tile
 constexpr int64_t kPwMaxK = 256;  ///< most input channels this path takes (see use_pointwise_direct)
+/// On planes of at most 64 pixels (7x7: one column block, the weights read once), up to this many.
+constexpr int64_t kPwMaxKSmallPlane = 1024;
 
 /// Whether the direct pointwise kernel takes this geometry (see above).
 bool use_pointwise_direct(const ConvGeometry& g) {
-  return !g.transposed && g.groups == 1 && is_plain_1x1(g) && g.in_channels >= 1 && g.in_channels <= kPwMaxK &&
-         g.out_channels >= 2 && g.in_size[0] * g.in_size[1] >= 16;
+  const int64_t hw = g.in_size[0] * g.in_size[1];
+  return !g.transposed && g.groups == 1 && is_plain_1x1(g) && g.in_channels >= 1 &&
+         (g.in_channels <= kPwMaxK || (hw <= 64 && g.in_channels <= kPwMaxKSmallPlane)) && g.out_channels >= 2 &&
+         hw >= 16;
 }
 
 /// One output row of a tile with a fused residual add: o[t] = post(v[t]) + r[t], t < n (<= 16).
@@ -657,6 +752,34 @@ KILN_AVX2 inline void pw_store_residual(float* o, const float* r, __m256 v0, __m
   if (n > 8) _mm256_maskstore_ps(o + 8, m1, _mm256_add_ps(pw_post<P>(post, v1), _mm256_maskload_ps(r + 8, m1)));
 }
 
+/// One output column (out[i * ldx], i < mr) of a channel group, for a plane's last column when
+/// it is alone in its 16-column tile (7x7 planes: 49 = 3 * 16 + 1): the group's 6 channels across
+/// the lanes of one vector (lane i: w[k * 6 + i]; lanes 6, 7 read the next input channel's
+/// weights and are dropped; pack_pointwise pads st.pw_w by 8 floats for the last group), 4
+/// partial sums over k % 4, then the bias, activation and fused residual as pw_rows. A 1-column
+/// tile in pw_rows spends 6 FMAs per input channel on 1 useful lane each (12% of a 7x7 layer's
+/// multiply-adds); here it is 1.
+template <PwPost P>
+KILN_AVX2 void pw_one_column(int64_t K, const float* w, const float* b6, const float* x, int64_t ldx, float* out, int mr,
+                             const cpu::PostOp& post, const float* res) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    const float* xp = x + k * ldx;
+    const float* wp = w + k * kPwMR;
+    a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(xp), _mm256_loadu_ps(wp), a0);
+    a1 = _mm256_fmadd_ps(_mm256_broadcast_ss(xp + ldx), _mm256_loadu_ps(wp + kPwMR), a1);
+    a2 = _mm256_fmadd_ps(_mm256_broadcast_ss(xp + 2 * ldx), _mm256_loadu_ps(wp + 2 * kPwMR), a2);
+    a3 = _mm256_fmadd_ps(_mm256_broadcast_ss(xp + 3 * ldx), _mm256_loadu_ps(wp + 3 * kPwMR), a3);
+  }
+  for (; k < K; ++k) a0 = _mm256_fmadd_ps(_mm256_broadcast_ss(x + k * ldx), _mm256_loadu_ps(w + k * kPwMR), a0);
+  __m256 v = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  v = pw_post<P>(post, _mm256_add_ps(v, _mm256_maskload_ps(b6, cpu::tail_mask(kPwMR))));
+  alignas(32) float t[8];
+  _mm256_store_ps(t, v);
+  for (int i = 0; i < mr; ++i) out[i * ldx] = res != nullptr ? t[i] + res[i * ldx] : t[i];
+}
+
 /// Output channels [co0, co0 + mr) (mr <= 6) over columns [j0, j0 + nc) of one image:
 /// `w` [K][6] and `b6` [6] are the channel group's packed weights and bias (zero past mr),
 /// x [K][ldx] the input planes, out [C_out][ldx].
@@ -669,6 +792,10 @@ KILN_AVX2 void pw_rows(int64_t K, const float* w, const float* b6, const float* 
   const int64_t end = j0 + nc;
   for (; j < end; j += 16) {
     const int64_t n = std::min<int64_t>(16, end - j);
+    if (n == 1) {
+      pw_one_column<P>(K, w, b6, x + j, ldx, out + j, mr, post, res != nullptr ? res + j : nullptr);
+      continue;
+    }
     const __m256i m0 = cpu::tail_mask(std::min<int64_t>(n, 8)), m1 = cpu::tail_mask(std::max<int64_t>(n - 8, 0));
     __m256 c00 = bb0, c01 = bb0, c10 = bb1, c11 = bb1, c20 = bb2, c21 = bb2;
     __m256 c30 = bb3, c31 = bb3, c40 = bb4, c41 = bb4, c50 = bb5, c51 = bb5;
@@ -827,13 +954,99 @@ void pointwise_direct(const ConvGeometry& g, const float* px, float* po, ThreadP
 void pack_pointwise(const ConvGeometry& g, const float* w, const float* b, ConvState& st) {
   const int64_t K = g.in_channels, M = g.out_channels;
   const int64_t groups6 = (M + kPwMR - 1) / kPwMR;
-  st.pw_w.assign(static_cast<size_t>(groups6 * K * kPwMR), 0.0f);
+  st.pw_w.assign(static_cast<size_t>(groups6 * K * kPwMR + 8), 0.0f);  // + 8: pw_one_column's last vector read
   st.pw_b.assign(static_cast<size_t>(groups6 * kPwMR), 0.0f);
   for (int64_t co = 0; co < M; ++co) {
     const int64_t q = co / kPwMR, r = co % kPwMR;
     for (int64_t k = 0; k < K; ++k) st.pw_w[static_cast<size_t>((q * K + k) * kPwMR + r)] = w[co * K + k];
     if (b != nullptr) st.pw_b[static_cast<size_t>(co)] = b[co];
   }
+}
+
+/// One-pixel pointwise convolution (1x1, one group, H = W = 1: the squeeze-excite layers'
+/// [N, C, 1, 1] after the global average pool), a matrix-vector product per image:
+///   out[n, co] = post(bias[co] + sum_ci W[co, ci] * x[n, ci]),
+/// accumulated in ci order with fused multiply-add from the bias. It is bound by reading the
+/// weights (960 x 240 floats: 0.9 MiB, from L3), so conv_prepare packs them once into blocks of 32
+/// output channels, st.gv_w [ceil(C_out/32)][C_in][32] (zero padded; bias st.gv_b likewise):
+/// each block is one contiguous stream, read with full vectors, 4 independent accumulators of 8
+/// channels, and no horizontal sums (the GEMM's matrix-vector product reads W row by row: one
+/// dot product and a horizontal sum per output channel, 2 accumulators).
+constexpr int64_t kGvBlock = 32;
+
+/// Whether the one-pixel pointwise path takes this geometry (see above).
+bool use_pointwise_gemv(const ConvGeometry& g) {
+  return !g.transposed && g.groups == 1 && is_plain_1x1(g) && g.in_size[0] == 1 && g.in_size[1] == 1 &&
+         g.in_channels >= 1 && g.out_channels >= 1;
+}
+
+/// Packs W [C_out, C_in] and bias [C_out] (or null) into st.gv_w / st.gv_b (layout above).
+void pack_pointwise_gemv(const ConvGeometry& g, const float* w, const float* b, ConvState& st) {
+  const int64_t K = g.in_channels, M = g.out_channels, blocks = (M + kGvBlock - 1) / kGvBlock;
+  st.gv_w.assign(static_cast<size_t>(blocks * K * kGvBlock), 0.0f);
+  st.gv_b.assign(static_cast<size_t>(blocks * kGvBlock), 0.0f);
+  for (int64_t co = 0; co < M; ++co) {
+    const int64_t q = co / kGvBlock, r = co % kGvBlock;
+    for (int64_t k = 0; k < K; ++k) st.gv_w[static_cast<size_t>((q * K + k) * kGvBlock + r)] = w[co * K + k];
+    if (b != nullptr) st.gv_b[static_cast<size_t>(co)] = b[co];
+  }
+}
+
+/// Output blocks [q0, q1) of every image (see use_pointwise_gemv); x [N, C_in], out [N, C_out].
+template <PwPost P>
+KILN_AVX2 void gemv_blocks(const ConvGeometry& g, const ConvState& st, const float* x, float* out, int64_t q0,
+                           int64_t q1) {
+  const int64_t K = g.in_channels, M = g.out_channels;
+  for (int64_t q = q0; q < q1; ++q) {
+    const float* wq = st.gv_w.data() + q * K * kGvBlock;
+    const float* bq = st.gv_b.data() + q * kGvBlock;
+    const int64_t valid = std::min(kGvBlock, M - q * kGvBlock);
+    for (int64_t n = 0; n < g.batch; ++n) {
+      const float* xn = x + n * K;
+      __m256 a0 = _mm256_loadu_ps(bq), a1 = _mm256_loadu_ps(bq + 8), a2 = _mm256_loadu_ps(bq + 16),
+             a3 = _mm256_loadu_ps(bq + 24);
+      const float* wp = wq;
+      for (int64_t k = 0; k < K; ++k, wp += kGvBlock) {
+        const __m256 xv = _mm256_broadcast_ss(xn + k);
+        a0 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp), a0);
+        a1 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp + 8), a1);
+        a2 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp + 16), a2);
+        a3 = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wp + 24), a3);
+      }
+      float* o = out + n * M + q * kGvBlock;
+      const __m256 r[4] = {pw_post<P>(st.post, a0), pw_post<P>(st.post, a1), pw_post<P>(st.post, a2),
+                           pw_post<P>(st.post, a3)};
+      for (int v = 0; v < 4; ++v) {
+        const int64_t left = valid - 8 * v;
+        if (left <= 0) break;
+        if (left >= 8) {
+          _mm256_storeu_ps(o + 8 * v, r[v]);
+        } else {
+          cpu::store_tail(o + 8 * v, left, r[v]);
+        }
+      }
+    }
+  }
+}
+
+/// The one-pixel pointwise convolution with st.gv_w / st.gv_b; parallel over blocks of output
+/// channels when the weights take at least 128 KiB (each thread then streams its share).
+void pointwise_gemv(const ConvGeometry& g, const float* px, float* po, ThreadPool* pool, const ConvState& st) {
+  const int64_t blocks = (g.out_channels + kGvBlock - 1) / kGvBlock;
+  with_post_kind(st.post, [&](auto kind) {
+    constexpr PwPost P = decltype(kind)::value;
+    const bool parallel = pool != nullptr && pool->num_threads() > 1 && blocks > 1 &&
+                          g.in_channels * g.out_channels >= 32768;
+    if (!parallel) {
+      gemv_blocks<P>(g, st, px, po, 0, blocks);
+      return;
+    }
+    const int64_t parts = std::min<int64_t>(blocks, 2 * pool->num_threads());
+    const int64_t per = (blocks + parts - 1) / parts;
+    cpu::parallel_tasks(pool, (blocks + per - 1) / per, [&](int64_t t) {
+      gemv_blocks<P>(g, st, px, po, t * per, std::min(blocks, (t + 1) * per));
+    });
+  });
 }
 
 /// 1x1, stride 1, no padding: one GEMM per (image, group) directly on the NCHW planes.
@@ -890,6 +1103,8 @@ Error convolution(const KernelArgs& a) {
     conv_transposed(g, px, pw, pb, po, a.pool, post);
   } else if (use_depthwise_kernel(g)) {
     depthwise(g, px, pw, pb, po, a.pool, post);
+  } else if (st != nullptr && !st->gv_w.empty()) {
+    pointwise_gemv(g, px, po, a.pool, *st);
   } else if (st != nullptr && !st->pw_w.empty()) {
     const float* res = nullptr;
     if (st->residual) {  // the runtime passes the fused aten.add's other input after ours
@@ -924,6 +1139,14 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
   }
   const Tensor* w = p.constants.size() > 1 ? p.constants[1] : nullptr;
   const int64_t OHW = g.out_size[0] * g.out_size[1];
+  if (w != nullptr && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && use_pointwise_gemv(g) &&
+      p.constants.size() == 3 && (sig.inputs[2] == nullptr || p.constants[2] != nullptr)) {
+    pack_pointwise_gemv(g, w->data_as<float>(), sig.inputs[2] != nullptr ? p.constants[2]->data_as<float>() : nullptr,
+                        *st);
+    st->bytes = (st->gv_w.size() + st->gv_b.size()) * sizeof(float);
+    st->released_inputs = {1, 2};  // the one-pixel path reads only the packed copies
+    return std::unique_ptr<KernelState>(std::move(st));
+  }
   // GEMM paths with a constant weight and more than one output column (a single column is a
   // matrix-vector product, which reads the weights directly; Winograd takes any size it is given).
   if (w != nullptr && !g.transposed && w->dtype == DType::Float32 && g.batch > 0 && g.out_channels > 0 && g.in_channels > 0 && !use_depthwise_kernel(g) && !cpu::direct_conv_applies(g) &&

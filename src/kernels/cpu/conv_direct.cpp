@@ -43,11 +43,13 @@ KILN_AVX2 void build_row(const ConvGeometry& g, const float* xc, int64_t ih, int
 }
 
 /// acc[o][v] for output channels oc0 .. oc0 + OCB - 1 and columns ow0 + 8 v .. + 7 of one output
-/// row, from the phase rows rows[c * kH + kh]; then bias, activation, store of columns < OW.
+/// row, from the phase rows rows[c * kH + kh] (tap kw at offset koff[kw] = (kw % s) * Lw + kw / s,
+/// computed once per call rather than divided out per tap); then bias, activation, store of
+/// columns < OW.
 template <int OCB>
-KILN_AVX2 void tile(const ConvGeometry& g, const float* const* rows, int64_t Lw, const float* w, const float* bias,
-                    int64_t oc0, int64_t ow0, float* out_row, int64_t plane, const PostOp& post) {
-  const int64_t C = g.in_channels, KH = g.kernel[0], KW = g.kernel[1], s = g.stride[1], OW = g.out_size[1];
+KILN_AVX2 void tile(const ConvGeometry& g, const float* const* rows, const int64_t* koff, const float* w,
+                    const float* bias, int64_t oc0, int64_t ow0, float* out_row, int64_t plane, const PostOp& post) {
+  const int64_t C = g.in_channels, KH = g.kernel[0], KW = g.kernel[1], OW = g.out_size[1];
   __m256 acc[OCB][kVectors];  // in registers: every loop over o and v is unrolled
 #pragma GCC unroll 4
   for (int o = 0; o < OCB; ++o) {
@@ -60,7 +62,7 @@ KILN_AVX2 void tile(const ConvGeometry& g, const float* const* rows, int64_t Lw,
       const float* r = rows[c * KH + kh];
       const float* wk = w + oc0 * wstride + (c * KH + kh) * KW;
       for (int64_t kw = 0; kw < KW; ++kw) {
-        const float* src = r + (kw % s) * Lw + ow0 + kw / s;
+        const float* src = r + koff[kw] + ow0;
         __m256 in[kVectors];
 #pragma GCC unroll 3
         for (int v = 0; v < kVectors; ++v) in[v] = _mm256_loadu_ps(src + 8 * v);
@@ -109,6 +111,8 @@ KILN_AVX2 void run_rows(const ConvGeometry& g, const float* x, const float* w, c
   cache.buf.resize(static_cast<size_t>(C * KH * cache.slot_floats));
   cache.slot_row.assign(static_cast<size_t>(C * KH), INT64_MIN);
   std::vector<const float*> rows(static_cast<size_t>(C * KH));
+  int64_t koff[8];  // kW <= 7 (direct_conv_applies)
+  for (int64_t kw = 0; kw < g.kernel[1]; ++kw) koff[kw] = (kw % s) * cache.Lw + kw / s;
   int64_t image = -1;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t n = r / OH, oh = r % OH;
@@ -132,9 +136,9 @@ KILN_AVX2 void run_rows(const ConvGeometry& g, const float* x, const float* w, c
     for (int64_t ow0 = 0; ow0 < OW; ow0 += 8 * kVectors) {
       int64_t oc = 0;
       for (; oc + kOcBlock <= g.out_channels; oc += kOcBlock) {
-        tile<kOcBlock>(g, rows.data(), cache.Lw, w, bias, oc, ow0, out_row, plane, post);
+        tile<kOcBlock>(g, rows.data(), koff, w, bias, oc, ow0, out_row, plane, post);
       }
-      for (; oc < g.out_channels; ++oc) tile<1>(g, rows.data(), cache.Lw, w, bias, oc, ow0, out_row, plane, post);
+      for (; oc < g.out_channels; ++oc) tile<1>(g, rows.data(), koff, w, bias, oc, ow0, out_row, plane, post);
     }
   }
 }
