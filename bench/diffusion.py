@@ -17,7 +17,10 @@ method and thread settings never leak):
    (--kiln, several allowed: e.g. the xnnpack program and the portable one run with cpu kernels);
 3. ONNX Runtime (ORT_ENABLE_ALL, intra_op = threads, inter_op = 1, sequential) and eager
    (torch.set_num_threads, inference_mode) through this script's --worker mode.
-Every engine times warm-up + --runs executions (median reported); every engine's output is
+Every engine times warm-up + --runs executions (median reported); with --rounds R the engines of a
+method run R times in turn (paired rounds: each engine's figure is the median of its R medians, and
+its ratio to ONNX Runtime the median of the R per-round ratios, which a shared machine's changing
+load affects far less than one run per engine); every engine's output is
 compared with eager's (max abs error / max |eager|). Results: a JSON file in --work and, with
 --report, a Markdown section in that file between <!-- diffusion-bench --> markers.
 """
@@ -164,7 +167,7 @@ def kiln_label(path: str, kernels: str) -> str:
 
 
 def run_kiln(kiln_bin: str, path: str, method: str, work: str, threads: int, runs: int, warmup: int,
-             kernels: str) -> dict:
+             kernels: str, with_output: bool = True) -> dict:
     inputs = []
     for k in INPUTS[method]:
         inputs += ["--input-npy", os.path.join(work, f"{k}.npy")]
@@ -174,6 +177,8 @@ def run_kiln(kiln_bin: str, path: str, method: str, work: str, threads: int, run
     if p.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {p.stderr.strip()[-2000:]}")
     r = json.loads(p.stdout)
+    if not with_output:
+        return r
     # the output, for the error vs eager: `kiln run` writes it (output_0.npy)
     out_dir = os.path.join(work, f"out_kiln_{os.path.basename(path)}_{kernels}_{method}")
     cmd = [kiln_bin, "run", path, "--method", method, "--threads", str(threads), "--kernels", kernels,
@@ -194,6 +199,10 @@ def main(argv=None) -> int:
     p.add_argument("--runs", nargs=3, type=int, default=[5, 3, 3], metavar=("ENCODE", "DENOISE", "DECODE"),
                    help="timed runs per method (after 1 warm-up)")
     p.add_argument("--engines", nargs="+", default=["kiln", "ort", "eager"])
+    p.add_argument("--rounds", type=int, default=1,
+                   help="paired rounds: every engine of a method runs once per round, rounds one after another; "
+                        "the table gives each engine's median over its rounds' medians and, against ONNX Runtime, "
+                        "the median of the rounds' ratios (a change of the machine's load between rounds cancels)")
     p.add_argument("--methods", nargs="+", default=list(METHODS))
     p.add_argument("--seed", type=int, default=0, help="weights seed (as export.py --seed)")
     p.add_argument("--kiln-bin", default=os.path.join(ROOT, "build", "tools", "kiln"))
@@ -236,38 +245,57 @@ def main(argv=None) -> int:
             results = [r for r in json.load(f) if not (r["method"] in a.methods and r["engine"] in a.engines and (
                 r["engine"] != "kiln" or r.get("file") in new_files))]
     for m in a.methods:
-        for e in a.engines:
-            specs = a.kiln if e == "kiln" else [None]
-            for spec in specs:
-                t0 = time.perf_counter()
-                try:
-                    if e == "kiln":
-                        path, _, kern = spec.partition(":")
-                        r = run_kiln(a.kiln_bin, path, m, a.work, a.threads, runs[m], 1, kern or "cpu")
-                        r.update(engine="kiln", method=m, label=kiln_label(path, kern or "cpu"))
-                    else:
-                        q = subprocess.run([sys.executable, __file__, "--worker", e, m, "--work", a.work, "--threads",
-                                            str(a.threads), "--runs", *map(str, a.runs), "--seed", str(a.seed)],
-                                           capture_output=True, text=True, env=env)
-                        if q.returncode != 0:
-                            raise RuntimeError(q.stderr.strip()[-1500:])
-                        r = json.loads(q.stdout.strip().splitlines()[-1])
-                        r["label"] = {"ort": "ONNX Runtime", "eager": "PyTorch eager"}[e]
-                        r["output"] = os.path.join(a.work, f"out_{e}_{m}.npy")
-                except Exception as ex:  # noqa: BLE001
-                    r = {"engine": e, "method": m, "label": e if spec is None else spec, "error": str(ex)}
-                print(f"[bench] {m} {r['label']}: " + (f"median {r['median_ms']:.1f} ms, peak RSS "
-                      f"{r['peak_rss_mib']:.0f} MiB" if "error" not in r else f"FAILED {r['error'][-300:]}")
-                      + f" ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-                results.append(r)
-                with open(res_path, "w") as f:
-                    json.dump(results, f, indent=1)
+        rounds: dict = {}  # (engine, spec) -> that engine's result of every round
+        for k, e, spec in [(k, e, s) for k in range(max(1, a.rounds)) for e in a.engines
+                           for s in (a.kiln if e == "kiln" else [None])]:
+            t0 = time.perf_counter()
+            try:
+                if e == "kiln":
+                    path, _, kern = spec.partition(":")
+                    r = run_kiln(a.kiln_bin, path, m, a.work, a.threads, runs[m], 1, kern or "cpu", with_output=k == 0)
+                    r.update(engine="kiln", method=m, label=kiln_label(path, kern or "cpu"))
+                else:
+                    q = subprocess.run([sys.executable, __file__, "--worker", e, m, "--work", a.work, "--threads",
+                                        str(a.threads), "--runs", *map(str, a.runs), "--seed", str(a.seed)],
+                                       capture_output=True, text=True, env=env)
+                    if q.returncode != 0:
+                        raise RuntimeError(q.stderr.strip()[-1500:])
+                    r = json.loads(q.stdout.strip().splitlines()[-1])
+                    r["label"] = {"ort": "ONNX Runtime", "eager": "PyTorch eager"}[e]
+                    r["output"] = os.path.join(a.work, f"out_{e}_{m}.npy")
+            except Exception as ex:  # noqa: BLE001
+                r = {"engine": e, "method": m, "label": e if spec is None else spec, "error": str(ex)}
+            print(f"[bench] {m} {r['label']}" + (f" round {k + 1}/{a.rounds}" if a.rounds > 1 else "") + ": " +
+                  (f"median {r['median_ms']:.1f} ms, peak RSS {r['peak_rss_mib']:.0f} MiB" if "error" not in r
+                   else f"FAILED {r['error'][-300:]}") + f" ({time.perf_counter() - t0:.0f} s)",
+                  file=sys.stderr, flush=True)
+            rounds.setdefault((e, spec), []).append(r)
+        for rs in rounds.values():
+            results.append(merge_rounds(rs))
+        with open(res_path, "w") as f:
+            json.dump(results, f, indent=1)
     add_errors(results)
     with open(res_path, "w") as f:
         json.dump(results, f, indent=1)
     if a.report:
         write_report(a.report, results, a)
     return 0
+
+
+def merge_rounds(rs: list) -> dict:
+    """One engine's results of several paired rounds as one: median_ms the median of the rounds'
+    medians (their list in round_medians), times_ms all timed runs, peak RSS the largest; an error in
+    any round makes the whole an error."""
+    import statistics
+    bad = next((r for r in rs if "error" in r), None)
+    if bad is not None or len(rs) == 1:
+        return bad if bad is not None else rs[0]
+    r = dict(rs[0])  # the first round's also has the output (the error vs eager)
+    r["round_medians"] = [x["median_ms"] for x in rs]
+    r["median_ms"] = statistics.median(r["round_medians"])
+    r["times_ms"] = [t for x in rs for t in x["times_ms"]]
+    r["peak_rss_mib"] = max(x["peak_rss_mib"] for x in rs)
+    return r
 
 
 def add_errors(results):
@@ -306,7 +334,15 @@ def write_report(path: str, results, a):
             if "error" in r:
                 rows.append(f"| {m} | {r['label']} | failed: {r['error'][-120:]} | | | | | |")
                 continue
-            ratio = lambda k: f"{r['median_ms'] / base[k]['median_ms']:.2f}x" if k in base else "-"  # noqa: E731
+            def ratio(k, r=r):
+                if k not in base:
+                    return "-"
+                a_, b_ = r.get("round_medians"), base[k].get("round_medians")
+                if a_ and b_ and len(a_) == len(b_):  # paired rounds: the median of the rounds' ratios
+                    q = sorted(x / y for x, y in zip(a_, b_))
+                    return f"{q[len(q) // 2] if len(q) % 2 else (q[len(q) // 2 - 1] + q[len(q) // 2]) / 2:.2f}x " \
+                           f"[{q[0]:.2f}-{q[-1]:.2f}]"
+                return f"{r['median_ms'] / base[k]['median_ms']:.2f}x"
             wa = "-"
             if r["engine"] == "kiln":
                 f = r["file"]
@@ -323,7 +359,10 @@ def write_report(path: str, results, a):
     b, e = (f"<!-- diffusion-bench{':' + a.tag if a.tag else ''} -->",
             f"<!-- /diffusion-bench{':' + a.tag if a.tag else ''} -->")
     body = (f"{b}\n`python bench/diffusion.py` (table written {when}; {a.threads} threads; "
-            "median of (runs) timed runs after 1 warm-up; weights: the fp32 parameters of the method's model; "
+            "median of (runs) timed runs after 1 warm-up"
+            + ("; with paired rounds: the median over the rounds' medians, and against ONNX Runtime the median "
+               "[min-max] of the rounds' ratios" if any(r.get("round_medians") for r in results) else "")
+            + "; weights: the fp32 parameters of the method's model; "
             "arena: the method's planned arena from `kiln inspect`; error: max abs difference from eager's "
             "output / max |eager output|):\n\n"
             + "\n".join(rows) + f"\n{e}")
