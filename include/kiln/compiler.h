@@ -221,16 +221,20 @@ Result<size_t> fold_batch_norm(Graph& graph);
 ///   before it: conv(x * k, w) + b = conv(x, w * k) + b   (the mul's result read only by the
 ///              convolution / linear, as its input; zero padding stays zero), e.g. the 1 / 1.702
 ///              that rewrite_quick_gelu leaves in front of a CLIP MLP's second linear.
-/// Scales outside [1e-8, 1e8] in magnitude are not folded (the partial sums could overflow or the
-/// weights underflow where eager's would not). Returns the number of mul/add groups folded.
+/// Only a bias of shape [out_features] (or none) is rewritten after a linear (F.linear also takes
+/// biases that broadcast). Scales outside [1e-8, 1e8] in magnitude are not folded (the partial
+/// sums could overflow or the weights underflow where eager's would not). Returns the number of
+/// mul/add groups folded.
 Result<size_t> fold_scalar_affine(Graph& graph);
 
 /// Rewrites quick-GELU, m = x * sigmoid(c * x) (CLIP's activation, c = 1.702; either operand
 /// order of both muls), as m = silu(c * x) * (1 / c), which is the same function (silu(y) =
 /// y * sigmoid(y), PyTorch Activation.cpp): the sigmoid node becomes aten.silu and the outer mul
 /// multiplies by the float32 constant 1 / c. Conditions: c a finite float32 one-element constant
-/// with 1e-8 <= |c| <= 1e8, x float32 of m's type, sigmoid(c * x) and c * x read only by the next
-/// step (not method outputs). Afterwards x is read only by c * x, so fold_scalar_affine can fold
+/// with 1e-3 <= |c| <= 1e3, x float32 of m's type, sigmoid(c * x) and c * x read only by the next
+/// step (not method outputs). The one difference from eager: where c * x overflows float32
+/// (|x| > FLT_MAX / |c|, 2.0e38 for c = 1.702), eager's sigmoid(inf) = 1 returns x while the
+/// rewrite returns +-inf or NaN; the bound on |c| keeps that to |x| > 3.4e35. Afterwards x is read only by c * x, so fold_scalar_affine can fold
 /// c into a linear / convolution producing x and 1 / c into one consuming m, and the runtime can
 /// fuse the silu into the producer's stores: one GEMM with an activation instead of three
 /// elementwise passes. Returns the number of rewrites.

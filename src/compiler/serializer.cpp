@@ -127,7 +127,13 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         if (!folded.ok()) return Error(folded.error().code(), "method '" + name + "': " + folded.error().message());
         rep.num_folded = folded.value();
       }
-      if (options.fold_constants) {  // before the affine folding, which folds the scales it leaves
+      // The pattern rewrites come after constant folding (their constants 3, 6 and c must be
+      // folded first) and before the affine folding, which folds the scales quick-GELU leaves
+      // (and would otherwise take hardswish's 1/6 into a following convolution).
+      if (options.fold_constants) {
+        auto hs = fuse_hardswish(g);
+        if (!hs.ok()) return Error(hs.error().code(), "method '" + name + "': hardswish recognition: " + hs.error().message());
+        rep.num_hardswish = hs.value();
         auto qg = rewrite_quick_gelu(g);
         if (!qg.ok()) return Error(qg.error().code(), "method '" + name + "': quick-GELU rewrite: " + qg.error().message());
         rep.num_quick_gelu = qg.value();
@@ -139,11 +145,6 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         auto af = fold_scalar_affine(g);
         if (!af.ok()) return Error(af.error().code(), "method '" + name + "': affine folding: " + af.error().message());
         rep.num_affine_folded = af.value();
-      }
-      if (options.fold_constants) {  // its constants 3 and 6 must be folded first
-        auto hs = fuse_hardswish(g);
-        if (!hs.ok()) return Error(hs.error().code(), "method '" + name + "': hardswish recognition: " + hs.error().message());
-        rep.num_hardswish = hs.value();
       }
       if (options.quantize.bits != 0) {
         auto q = quantize_weights(g, options.quantize);

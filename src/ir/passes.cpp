@@ -313,6 +313,9 @@ Result<size_t> fold_scalar_affine(Graph& graph) {
     int64_t channels = 0;
     if (drop[ci] || weighted(conv, &channels) == nullptr) continue;
     const ValueId bias_id = conv.inputs[2];
+    // The bias is rewritten per output feature: only one of shape [channels] (a linear's bias may
+    // be any shape broadcasting to its output: [1], [rows, 1], [rows, out_f] are left alone).
+    if (bias_id != kNoValue && graph.value(bias_id).type.sizes != std::vector<int64_t>{channels}) continue;
     const float* b = const_f32(graph, bias_id);
     // conv -> [mul(s)] -> [add(t)]: y * s + t, at least one step
     double scale = 1.0, shift = 0.0, v = 0.0;
@@ -466,7 +469,7 @@ Result<size_t> rewrite_quick_gelu(Graph& graph) {
       if (a.inputs.size() != 2 || !(graph.value(a.outputs[0]).type == mt)) continue;
       const ValueId cv = a.inputs[0] == x ? a.inputs[1] : (a.inputs[1] == x ? a.inputs[0] : kNoValue);
       const double c = cv == kNoValue ? std::nan("") : const_scalar(graph, cv);
-      if (!std::isfinite(c) || std::fabs(c) < 1e-8 || std::fabs(c) > 1e8) continue;
+      if (!std::isfinite(c) || std::fabs(c) < 1e-3 || std::fabs(c) > 1e3) continue;
       const float inv = static_cast<float>(1.0 / c);
       std::vector<uint8_t> bytes(sizeof(float));
       std::memcpy(bytes.data(), &inv, sizeof(float));

@@ -206,3 +206,70 @@ def test_views_share_their_input_bytes():
         got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())
         for g, w in zip(got, want):
             assert_close(g, w, rel=1e-6, what=f"portable={portable}")
+
+
+@pytest.mark.parametrize("bias_shape,folded", [((45,), 1), ((1,), 0), ((5, 1), 0), ((5, 45), 0), (None, 1)])
+def test_scalar_affine_after_a_linear_only_with_a_per_feature_bias(bias_shape, folded):
+    """F.linear(x, w, b) * 2 + 1: folded into the weight and bias when b is [out_features] or
+    absent; a bias that broadcasts from another shape ([1], [rows, 1], [rows, out]) is left alone."""
+    torch.manual_seed(6)
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(45, 37))
+            self.b = torch.nn.Parameter(torch.randn(*bias_shape)) if bias_shape else None
+
+        def forward(self, x):
+            return torch.nn.functional.linear(x, self.w, self.b) * 2 + 1
+
+    m = M().eval()
+    x = torch.randn(5, 37)
+    with torch.no_grad():
+        want = m(x).numpy()
+    res = kiln.export(m, (x,), verbose=False)
+    assert res.report["methods"][0]["num_affine_folded"] == folded
+    for portable in (False, True):
+        got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())[0]
+        assert_close(got, want, rel=1e-5, what=f"bias {bias_shape} portable={portable}")
+
+
+def test_hardswish_times_a_sixth_before_a_conv_is_still_recognized():
+    """y * clamp(y + 3, 0, 6) * (1/6) feeding a convolution: recognized as hardswish (the affine
+    folding, which runs after it, would otherwise take the 1/6 into the convolution's weights)."""
+    torch.manual_seed(7)
+    c1, c2 = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 4, 1)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            y = c1(x)
+            return c2(y * torch.clamp(y + 3, 0, 6) * torch.tensor(1.0 / 6.0))
+
+    x = torch.randn(1, 3, 10, 9) * 3
+    with torch.no_grad():
+        want = M()(x).numpy()
+    res = kiln.export(M(), (x,), verbose=False)
+    rep = res.report["methods"][0]
+    assert rep["num_hardswish"] == 1 and rep["num_affine_folded"] == 0
+    assert rep["num_nodes"] == 3
+    got = kiln.load_bytes(res.data).run(x.numpy())[0]
+    assert_close(got, want, rel=1e-5, what="hardswish before conv")
+
+
+def test_quick_gelu_with_an_out_of_range_scale_is_left_alone():
+    """x * sigmoid(c x) with |c| > 1e3 is not rewritten (the rewrite's c x could overflow where
+    eager's result is finite); it still equals eager's."""
+    torch.manual_seed(8)
+    fc = torch.nn.Linear(6, 6)
+
+    class M(torch.nn.Module):
+        def forward(self, h):
+            x = fc(h)
+            return x * torch.sigmoid(5e3 * x)
+
+    h = torch.randn(3, 6)
+    with torch.no_grad():
+        want = M()(h).numpy()
+    res = kiln.export(M(), (h,), verbose=False)
+    assert res.report["methods"][0]["num_quick_gelu"] == 0
+    assert_close(kiln.load_bytes(res.data).run(h.numpy())[0], want, rel=1e-5, what="c = 5e3")
