@@ -71,7 +71,8 @@ struct Tiling {
   int t;          // output tile t x t: 4 (F(4x4, 3x3)) or 2 (F(2x2, 3x3))
   int64_t npos;   // positions(t)
   int64_t IH, IW, OH, OW, PH, PW, cin, cout;
-  int64_t tiles_y, tiles_x, gx;  // gx: groups of 8 tiles per tile row
+  int64_t tiles_y, tiles_x, gx;  // gx: groups of 8 tiles per tile row (pair: 1)
+  bool pair;  // F(2x2, 3x3) with at most 4 tiles per row: a group is 4 tiles of two tile rows
   int64_t groups_per_image, groups_total;
   int64_t G;         // groups per block (task)
   int64_t v_stride;  // floats per position of the transformed input (packed B) of a block
@@ -142,7 +143,7 @@ struct alignas(32) GroupCols {
 __attribute__((target("avx2,fma"))) GroupCols group_cols(const Tiling& T, int64_t tx0) {
   GroupCols gc;
   gc.c0 = tx0 * T.t - T.PW;
-  gc.direct = gc.c0 >= 0 && gc.c0 + (T.t == 4 ? kRowRead : 18) <= T.IW;
+  gc.direct = gc.c0 >= 0 && gc.c0 + (T.t == 4 ? kRowRead : T.pair ? 10 : 18) <= T.IW;
   if (!gc.direct) {
     static constexpr int kOff[8] = {0, 8, 16, 24, 4, 12, 20, 28};
     static constexpr int kOff2[4] = {0, 8, 2, 10};  // input_group2's loads
@@ -256,6 +257,36 @@ __attribute__((target("avx2,fma"))) inline void at4(const __m256 m[4], __m256 y[
   y[1] = _mm256_sub_ps(_mm256_sub_ps(m[1], m[2]), m[3]);
 }
 
+/// Loads input row `row` of `plane` at columns c0 .. c0 + 7 (a) and c0 + 2 .. c0 + 9 (b) for a
+/// pair group of input_group2 (zero for a row outside the input).
+__attribute__((target("avx2,fma"))) inline void pair_row(const Tiling& T, const float* plane, int64_t row,
+                                                          const GroupCols& gc, __m256& a, __m256& b) {
+  if (row < 0 || row >= T.IH) {
+    a = b = _mm256_setzero_ps();
+  } else if (gc.direct) {
+    const float* p = plane + row * T.IW + gc.c0;
+    a = _mm256_loadu_ps(p);
+    b = _mm256_loadu_ps(p + 2);
+  } else {
+    // (the address arithmetic may point before the row; masked-out lanes are never read)
+    const float* p = reinterpret_cast<const float*>(reinterpret_cast<intptr_t>(plane + row * T.IW) +
+                                                    static_cast<intptr_t>(gc.c0) * 4);
+    a = _mm256_maskload_ps(p, gc.mask[0]);
+    b = _mm256_maskload_ps(p + 2, gc.mask[2]);
+  }
+}
+
+/// The loads of input_group2 for a pair group: row A = input row ih (tile row ty), row B = ih + 2
+/// (tile row ty + 1), each at columns c0 + 0 .. 9: x0 = A[c0 ..], x1 = B[c0 ..], x2 = A[c0 + 2 ..],
+/// x3 = B[c0 + 2 ..]. The even / odd shuffles of (x0, x1) then hold the tiles in the lane order
+/// A0 A1 B0 B1 A2 A3 B2 B3.
+__attribute__((target("avx2,fma"))) inline void pair_loads(const Tiling& T, const float* plane, int64_t ih,
+                                                            const GroupCols& gc, __m256& x0, __m256& x1, __m256& x2,
+                                                            __m256& x3) {
+  pair_row(T, plane, ih, gc, x0, x2);
+  pair_row(T, plane, ih + 2, gc, x1, x3);
+}
+
 /// F(2x2, 3x3) input transform of one group (tile row ty: input rows 2 ty - PH .. + 3; tiles tx0 ..
 /// tx0 + 7: input columns c0 .. c0 + 17). Lane t of a ymm holds tile t' in the order 0 1 4 5 2 3 6 7,
 /// which the even / odd float shuffles of the loads at c0 + 0, 8 (columns 2 t' + 0, 1) and c0 + 2, 10
@@ -266,12 +297,14 @@ __attribute__((target("avx2,fma"))) void input_group2(const Tiling& T, const flo
   __m256 h[4][4];
   for (int r = 0; r < 4; ++r) {
     const int64_t ih = r0 + r;
-    if (ih < 0 || ih >= T.IH) {
+    if (!T.pair && (ih < 0 || ih >= T.IH)) {
       for (int l = 0; l < 4; ++l) h[r][l] = _mm256_setzero_ps();
       continue;
     }
     __m256 x0, x1, x2, x3;
-    if (gc.direct) {
+    if (T.pair) {
+      pair_loads(T, plane, ih, gc, x0, x1, x2, x3);
+    } else if (gc.direct) {
       const float* b = plane + ih * T.IW + gc.c0;
       x0 = _mm256_loadu_ps(b);
       x1 = _mm256_loadu_ps(b + 8);
@@ -322,6 +355,20 @@ __attribute__((target("avx2,fma"))) void output_group2(const Tiling& T, const fl
       if (post.kind != PostOp::Kind::None) v = apply8(post, v);
       y[i][j] = v;
     }
+  }
+  if (T.pair) {  // lanes A0 A1 B0 B1 A2 A3 B2 B3: unpacklo = row A columns 0..7, unpackhi = row B's
+    const int64_t valid = std::min<int64_t>(8, T.OW);
+    for (int i = 0; i < 2; ++i) {
+      const __m256 lo = _mm256_unpacklo_ps(y[i][0], y[i][1]), hi = _mm256_unpackhi_ps(y[i][0], y[i][1]);
+      alignas(32) float tmp[16];
+      _mm256_store_ps(tmp, lo);
+      _mm256_store_ps(tmp + 8, hi);
+      for (int half = 0; half < 2; ++half) {
+        const int64_t oy = ty * 2 + 2 * half + i;
+        if (oy < T.OH) std::memcpy(oplane + oy * T.OW, tmp + 8 * half, sizeof(float) * static_cast<size_t>(valid));
+      }
+    }
+    return;
   }
   const int64_t ox = tx0 * 2;
   const int64_t valid = std::min<int64_t>(kLanes * 2, T.OW - ox);
@@ -387,7 +434,7 @@ struct Block {
     for (int64_t gi = 0; gi < ng; ++gi) {
       const int64_t gid = g0 + gi;
       const int64_t rem = gid % t.groups_per_image;
-      where[gi] = {gid / t.groups_per_image, rem / t.gx, rem % t.gx * kLanes};
+      where[gi] = {gid / t.groups_per_image, rem / t.gx * (t.pair ? 2 : 1), rem % t.gx * kLanes};
       cols[gi] = group_cols(t, where[gi].tx0);
     }
     V = scratch;
@@ -530,10 +577,11 @@ int winograd_tile(const ConvGeometry& g) {
   // half the lanes: left to im2col), 64->64 256x256 0.42, 64->3 512x512 0.57, 64->1 256x256 0.69,
   // 16->3 128x128 0.45, 8->64 128x128 0.88, 8->8 128x128 0.58, 4->64 64x64 1.11 (left to im2col).
   if (g.in_channels < 8) return 0;
-  // Tiles of t x t in the batch, when at least half of the 8-tile groups' lanes are used (else 0).
+  // Tiles of t x t in the batch, when at least half of the 8-tile groups' lanes are used (else 0;
+  // F(2x2, 3x3) with at most 4 tiles per row: groups of two tile rows, Tiling::pair).
   const auto tiles = [&](int t) -> int64_t {
     const int64_t ty = (g.out_size[0] + t - 1) / t, tx = (g.out_size[1] + t - 1) / t;
-    const int64_t lanes = ty * ((tx + kLanes - 1) / kLanes * kLanes);
+    const int64_t lanes = t == 2 && tx <= kLanes / 2 ? (ty + 1) / 2 * kLanes : ty * ((tx + kLanes - 1) / kLanes * kLanes);
     return 2 * ty * tx >= lanes ? g.batch * ty * tx : 0;
   };
   if (small_filters(g.in_channels, g.out_channels)) {
@@ -548,10 +596,13 @@ int winograd_tile(const ConvGeometry& g) {
   // of 4x4, F(2x2, 3x3) (4x the tiles, 16/9 the weights' memory instead of 4x) where that gives
   // 64: 16x16: 1280->1280 0.53, 640->1280 0.51, 1920->1280 0.52, 2560->1280 0.45 (F(4x4, 3x3)
   // there: 1.2x F(2x2, 3x3)'s time, and it would grow the SD UNet's 16x16 convs from 0.77 to 3.1 GB
-  // instead of 1.4 GB). Left to im2col: 8x8 (F(2x2, 3x3): 1280->1280 1.04, 2560->1280 0.99;
-  // F(4x4, 3x3): 0.98, 0.87 with 4x the memory).
+  // instead of 1.4 GB). Smaller planes, since groups of 8 tiles may span two tile rows (pair):
+  // F(2x2, 3x3) from 16 tiles of 2x2 (7x7, 8x8). Measured (1 thread, 2-4 convs in a row,
+  // F(2x2, 3x3) / im2col time, noisy box): 512->512 7x7 0.52, 256->256 7x7 0.55, 256->256 14x14
+  // 0.55, 512->512 14x14 0.5, 1280->1280 8x8 0.55 (before pairing, with half of the lanes empty, 8x8
+  // was 1.04 and stayed on im2col). The transformed filters take 16/9 the weights' memory.
   if (tiles(4) >= 64) return 4;
-  if (tiles(2) >= 64) return 2;
+  if (tiles(2) >= 16) return 2;
   return 0;
 }
 
@@ -624,8 +675,9 @@ void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float*
   T.cout = g.out_channels;
   T.tiles_y = (T.OH + tile - 1) / tile;
   T.tiles_x = (T.OW + tile - 1) / tile;
+  T.pair = tile == 2 && T.tiles_x <= kLanes / 2;
   T.gx = (T.tiles_x + kLanes - 1) / kLanes;
-  T.groups_per_image = T.tiles_y * T.gx;
+  T.groups_per_image = T.pair ? (T.tiles_y + 1) / 2 : T.tiles_y * T.gx;
   T.groups_total = g.batch * T.groups_per_image;
   T.pos_stride = winograd_pos_stride(T.cout, T.cin);
   T.chunk_stride = chunk_stride(T.cout, T.cin);
