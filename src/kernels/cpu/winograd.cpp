@@ -73,6 +73,8 @@ struct Tiling {
   int64_t IH, IW, OH, OW, PH, PW, cin, cout;
   int64_t tiles_y, tiles_x, gx;  // gx: groups of 8 tiles per tile row (pair: 1)
   bool pair;  // F(2x2, 3x3) with at most 4 tiles per row: a group is 4 tiles of two tile rows
+  const float* residual;  // fused residual add ([N, C_out, OH, OW]) or null, then `after`
+  PostOp after;
   int64_t groups_per_image, groups_total;
   int64_t G;         // groups per block (task)
   int64_t v_stride;  // floats per position of the transformed input (packed B) of a block
@@ -80,6 +82,15 @@ struct Tiling {
   int64_t pos_stride;  // floats per position of the packed filters
   int64_t chunks, chunk_stride;  // output-channel chunks of the packed filters (chunk_rows), floats apart
 };
+
+/// y[i] = after(y[i] + r[i]), i < n (cpu::residual_inplace).
+__attribute__((target("avx2,fma"))) void residual_inplace_avx2(float* y, const float* r, int64_t n, const PostOp& after) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(y + i, apply8(after, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(r + i))));
+  }
+  if (i < n) store_tail(y + i, n - i, apply8(after, _mm256_add_ps(load_tail(y + i, n - i), load_tail(r + i, n - i))));
+}
 
 /// In-lane 4x4 transpose: in each 128-bit half, lane i of output c = lane c of input i.
 __attribute__((target("avx2,fma"))) inline void transpose4_inlane(__m256& a0, __m256& a1, __m256& a2, __m256& a3) {
@@ -200,7 +211,7 @@ __attribute__((target("avx2,fma"))) void input_group(const Tiling& T, const floa
 /// writes the valid part of rows 4 ty .. 4 ty + 3, columns 4 tx0 .. 4 tx0 + 31 of `oplane` [OH, OW].
 __attribute__((target("avx2,fma"))) void output_group(const Tiling& T, const float* src, int64_t pos_step,
                                                       float bias, const PostOp& post, float* oplane, int64_t ty,
-                                                      int64_t tx0) {
+                                                      int64_t tx0, const float* res) {
   __m256 t[6][4];
   for (int k = 0; k < 6; ++k) {
     __m256 m[6];
@@ -240,6 +251,7 @@ __attribute__((target("avx2,fma"))) void output_group(const Tiling& T, const flo
       _mm256_store_ps(tmp + 24, z3);
       std::memcpy(dst, tmp, sizeof(float) * static_cast<size_t>(valid));
     }
+    if (res != nullptr) residual_inplace_avx2(dst, res + oy * T.OW + ox, valid, T.after);
   }
 }
 
@@ -337,7 +349,7 @@ __attribute__((target("avx2,fma"))) void input_group2(const Tiling& T, const flo
 /// output floats per 128-bit half: unpacklo = columns 0..7, unpackhi = columns 8..15.
 __attribute__((target("avx2,fma"))) void output_group2(const Tiling& T, const float* src, int64_t pos_step,
                                                        float bias, const PostOp& post, float* oplane, int64_t ty,
-                                                       int64_t tx0) {
+                                                       int64_t tx0, const float* res) {
   __m256 t[4][2];
   for (int k = 0; k < 4; ++k) {
     __m256 m[4];
@@ -365,7 +377,9 @@ __attribute__((target("avx2,fma"))) void output_group2(const Tiling& T, const fl
       _mm256_store_ps(tmp + 8, hi);
       for (int half = 0; half < 2; ++half) {
         const int64_t oy = ty * 2 + 2 * half + i;
-        if (oy < T.OH) std::memcpy(oplane + oy * T.OW, tmp + 8 * half, sizeof(float) * static_cast<size_t>(valid));
+        if (oy >= T.OH) continue;
+        std::memcpy(oplane + oy * T.OW, tmp + 8 * half, sizeof(float) * static_cast<size_t>(valid));
+        if (res != nullptr) residual_inplace_avx2(oplane + oy * T.OW, res + oy * T.OW, valid, T.after);
       }
     }
     return;
@@ -386,6 +400,7 @@ __attribute__((target("avx2,fma"))) void output_group2(const Tiling& T, const fl
       _mm256_store_ps(tmp + 8, hi);
       std::memcpy(dst, tmp, sizeof(float) * static_cast<size_t>(valid));
     }
+    if (res != nullptr) residual_inplace_avx2(dst, res + oy * T.OW + ox, valid, T.after);
   }
 }
 
@@ -480,10 +495,11 @@ struct Block {
       for (int64_t gi = 0; gi < ng; ++gi) {
         const float* src = M + o * T->npos * N + gi * kLanes;
         float* oplane = out + (where[gi].n * T->cout + o) * OHW;
+        const float* res = T->residual != nullptr ? T->residual + (where[gi].n * T->cout + o) * OHW : nullptr;
         if (T->t == 4) {
-          output_group(*T, src, N, b, post, oplane, where[gi].ty, where[gi].tx0);
+          output_group(*T, src, N, b, post, oplane, where[gi].ty, where[gi].tx0, res);
         } else {
-          output_group2(*T, src, N, b, post, oplane, where[gi].ty, where[gi].tx0);
+          output_group2(*T, src, N, b, post, oplane, where[gi].ty, where[gi].tx0, res);
         }
       }
     }
@@ -660,10 +676,16 @@ void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, int tile, 
   }
 }
 
+void residual_inplace(float* y, const float* r, int64_t n, const PostOp& after) {
+  residual_inplace_avx2(y, r, n, after);
+}
+
 void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float* packed, const float* bias,
-                   float* out, ThreadPool* pool, const PostOp& post) {
+                   float* out, ThreadPool* pool, const PostOp& post, const float* residual, const PostOp& after) {
   Tiling T{};
   T.t = tile;
+  T.residual = residual;
+  T.after = after;
   T.npos = positions(tile);
   T.IH = g.in_size[0];
   T.IW = g.in_size[1];

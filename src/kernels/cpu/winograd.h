@@ -56,7 +56,15 @@ int64_t winograd_pos_stride(int64_t cout, int64_t cin);
 /// KiB); larger filters: blocks of up to 128 tiles, each split between the threads (input
 /// channels, GEMMs per position and output-channel chunk, output channels), one scratch of at most
 /// ~24 MiB on the calling thread. Scratch is kept between calls.
+/// `residual` (optional, float32 [N, C_out, OH, OW], not overlapping `out`): a fused residual
+/// add and activation, out = after(post(...) + residual) (the convolution followed by aten.add and
+/// `after`, bit-identical: residual_inplace on each output row as it is written).
 void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float* packed, const float* bias,
-                   float* out, ThreadPool* pool, const PostOp& post);
+                   float* out, ThreadPool* pool, const PostOp& post, const float* residual = nullptr,
+                   const PostOp& after = {});
+
+/// y[i] = after(y[i] + r[i]) for i < n: a residual aten.add (the add kernel's float addition) and
+/// an activation (apply8's float operations) fused into a convolution's output.
+void residual_inplace(float* y, const float* r, int64_t n, const PostOp& after);
 
 }  // namespace kiln::cpu
