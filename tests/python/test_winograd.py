@@ -31,6 +31,7 @@ CASES = [
     ((1, 9, 34, 35), 18, (2, 1), False, None),  # padding 2 rows / 1 column
     ((1, 300, 12, 40), 20, 1, True, None),      # C_in > 256: two K blocks in the GEMMs
     ((1, 24, 70, 140), 40, 1, True, "relu"),    # 35 tiles per row, several tile blocks per thread
+    ((1, 128, 28, 28), 128, 1, True, None),     # resnet's 28x28 stage: blocks of 2 groups (one 16-column panel)
     # F(2x2, 3x3) with <= 4 tiles per row packs two tile rows per 8-lane group ("pair" groups):
     ((1, 40, 7, 7), 36, 1, True, "relu"),       # 4x4 tiles (resnet's 7x7 stage), last column partial
     ((2, 17, 9, 6), 10, 1, False, None),        # 5 tile rows (odd: the last group's row B is empty), batch 2
