@@ -96,9 +96,10 @@ def test_default_rule_takes_winograd_for_decoder_sized_convs(cout, monkeypatch):
 def test_default_rule_keeps_small_convs_on_gemm(monkeypatch):
     """14x14 outputs (16 tiles, half of each 8-tile group empty), convs of 4 input channels and
     convs whose transformed filters exceed 4 MiB with fewer than 16 output tiles of 2x2 (256 -> 256
-    on 6x6: 9) stay on the im2col GEMM (bit-identical to KILN_CPU_WINOGRAD=0)."""
+    on 6x6: 9; 2048 -> 1040 on 8x8: 16, but F(2x2, 3x3) filters over 32 MiB) stay on the im2col GEMM
+    (bit-identical to KILN_CPU_WINOGRAD=0)."""
     monkeypatch.delenv("KILN_CPU_WINOGRAD", raising=False)
-    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64), ((1, 256, 6, 6), 256)):
+    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64), ((1, 256, 6, 6), 256), ((1, 2048, 8, 8), 1040)):
         torch.manual_seed(6)
         model = _model(shape[1], cout, 1, True, None)
         x = torch.randn(*shape)
@@ -120,7 +121,7 @@ LARGE_CASES = [
     ((2, 300, 13, 15), 400, None, "2"),    # F(2x2, 3x3): partial 2x2 tiles, 2 images, 2 chunks
     ((1, 512, 7, 7), 512, None, "2"),      # resnet's 7x7 stage: 16 tiles of 2x2, two tile rows per group
     ((1, 256, 14, 14), 256, "relu", "2"),  # resnet's 14x14 stage: 49 tiles of 2x2
-    ((1, 256, 8, 8), 320, None, "2"),      # the SD UNet's 8x8 level (smaller): 16 tiles, pairs, 1 chunk
+    ((1, 256, 8, 8), 320, None, "2"),      # an 8x8 plane: 16 tiles, pairs, 1 chunk
 ]
 
 

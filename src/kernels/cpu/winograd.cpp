@@ -616,9 +616,13 @@ int winograd_tile(const ConvGeometry& g) {
   // F(2x2, 3x3) from 16 tiles of 2x2 (7x7, 8x8). Measured (1 thread, 2-4 convs in a row,
   // F(2x2, 3x3) / im2col time, noisy box): 512->512 7x7 0.52, 256->256 7x7 0.55, 256->256 14x14
   // 0.55, 512->512 14x14 0.5, 1280->1280 8x8 0.55 (before pairing, with half of the lanes empty, 8x8
-  // was 1.04 and stayed on im2col). The transformed filters take 16/9 the weights' memory.
+  // was 1.04 and stayed on im2col). The transformed filters take 16/9 the weights' memory: below
+  // 64 tiles only where they are at most 32 MiB (resnet's 512 -> 512: 16 MiB), so that the SD
+  // UNet's 8x8 level (1280 channels: 100 MiB per conv) keeps the smaller packed weights (its
+  // prepared state would grow by ~0.5 GB for ~0.55x the time of those convs).
+  const bool f2_small = 16.0 * g.in_channels * g.out_channels * 4.0 <= 32.0 * 1024 * 1024;
   if (tiles(4) >= 64) return 4;
-  if (tiles(2) >= 16) return 2;
+  if (tiles(2) >= 64 || (f2_small && tiles(2) >= 16)) return 2;
   return 0;
 }
 
