@@ -754,6 +754,7 @@ std::string report_json(const CompiledProgram& c, const onnx::ImportedModel& m, 
     o << (k ? "," : "") << "\n    {\"name\": " << json_str(r.name) << ", \"num_nodes\": " << r.num_nodes
       << ", \"num_folded\": " << r.num_folded << ", \"num_bn_folded\": " << r.num_bn_folded
       << ", \"num_hardswish\": " << r.num_hardswish << ", \"num_affine_folded\": " << r.num_affine_folded
+      << ", \"num_quick_gelu\": " << r.num_quick_gelu
       << ", \"num_dead\": " << r.num_dead << ", \"arena_bytes\": " << r.arena_bytes
       << ", \"activation_bytes\": " << r.activation_bytes << ", \"constant_bytes\": " << r.constant_bytes
       << ",\n     \"delegation\": {\"backends\": [";

@@ -157,7 +157,8 @@ struct MethodReport {
   size_t num_folded = 0;           ///< nodes removed by constant folding
   size_t num_bn_folded = 0;        ///< batch norms folded into their convolution / linear
   size_t num_hardswish = 0;        ///< elementwise hardswish patterns rewritten to aten.hardswish
-  size_t num_affine_folded = 0;    ///< scalar mul/add after a convolution folded into it
+  size_t num_affine_folded = 0;    ///< scalar mul/add groups folded into a convolution / linear
+  size_t num_quick_gelu = 0;       ///< x * sigmoid(c * x) patterns rewritten to silu (rewrite_quick_gelu)
   size_t num_dead = 0;             ///< nodes removed by dead-code elimination
   size_t num_quantized = 0;        ///< linear / matmul / convolution nodes given quantized weights
   uint64_t arena_bytes = 0;        ///< planned arena size
@@ -210,15 +211,30 @@ Result<size_t> fold_constants(Graph& graph);
 /// Returns the number of batch norms folded.
 Result<size_t> fold_batch_norm(Graph& graph);
 
-/// Folds a multiplication and/or addition by float32 one-element constants that follows an
-/// aten.convolution (not transposed; constant float32 weight, constant or absent bias; each
-/// intermediate read only by the next node and not a method output; the result keeps the
-/// convolution's type) into the convolution: (conv(x, w) + b) * s + t = conv(x, w * s) + (b * s + t),
-/// computed in double. This is the "learnable affine block" of PP-LCNetV3 (PP-OCRv4) after
-/// batch-norm folding. Scales outside [1e-8, 1e8] in magnitude are not folded (the convolution's
-/// partial sums could overflow or its weights underflow where eager's would not). Returns the
-/// number of convolutions changed.
+/// Folds multiplications and additions by float32 one-element constants into an adjacent
+/// aten.convolution (not transposed) or aten.linear with a constant float32 weight and a constant
+/// or absent bias, computed in double:
+///   after it:  (conv(x, w) + b) * s + t = conv(x, w * s) + (b * s + t)   (a mul and/or an add,
+///              each intermediate read only by the next node and not a method output; the result
+///              keeps the convolution's type). This is the "learnable affine block" of PP-LCNetV3
+///              (PP-OCRv4) after batch-norm folding;
+///   before it: conv(x * k, w) + b = conv(x, w * k) + b   (the mul's result read only by the
+///              convolution / linear, as its input; zero padding stays zero), e.g. the 1 / 1.702
+///              that rewrite_quick_gelu leaves in front of a CLIP MLP's second linear.
+/// Scales outside [1e-8, 1e8] in magnitude are not folded (the partial sums could overflow or the
+/// weights underflow where eager's would not). Returns the number of mul/add groups folded.
 Result<size_t> fold_scalar_affine(Graph& graph);
+
+/// Rewrites quick-GELU, m = x * sigmoid(c * x) (CLIP's activation, c = 1.702; either operand
+/// order of both muls), as m = silu(c * x) * (1 / c), which is the same function (silu(y) =
+/// y * sigmoid(y), PyTorch Activation.cpp): the sigmoid node becomes aten.silu and the outer mul
+/// multiplies by the float32 constant 1 / c. Conditions: c a finite float32 one-element constant
+/// with 1e-8 <= |c| <= 1e8, x float32 of m's type, sigmoid(c * x) and c * x read only by the next
+/// step (not method outputs). Afterwards x is read only by c * x, so fold_scalar_affine can fold
+/// c into a linear / convolution producing x and 1 / c into one consuming m, and the runtime can
+/// fuse the silu into the producer's stores: one GEMM with an activation instead of three
+/// elementwise passes. Returns the number of rewrites.
+Result<size_t> rewrite_quick_gelu(Graph& graph);
 
 /// Recognizes hardswish written out elementwise, as ONNX exporters (Paddle2ONNX's PP-OCR models)
 /// and some PyTorch code write it: d = mul(x, clamp(add(x, 3), 0, 6)) / 6, with the mul operands in

@@ -5,13 +5,20 @@
 // decreasing size order, each at the lowest-waste gap among already-placed values whose
 // lifetimes overlap it.
 //
-// In-place activations: when node i is a convolution whose output v (not a method output) is read
-// only by node i + 1, an activation that may run in place (runs_in_place: the ones the runtime
+// In-place activations: when node i is a convolution or a linear whose output v (not a method
+// output) is read only by node i + 1, an activation that may run in place (runs_in_place: the ones the runtime
 // may fuse into the convolution, see fusable_next in src/runtime/program.cpp and cpu::post_op_of),
 // of the same type, the activation's output w takes exactly v's bytes: one slot living from node
 // i to w's last use. Fused, the convolution writes the activated values there directly; unfused,
 // the activation runs in place. Either way w never shares bytes with the convolution's inputs,
 // and the pair needs one buffer instead of two. (Residual adds after a convolution: see below.)
+//
+// Zero-copy views: the output of a view (is_byte_view: aten.view, squeeze, unsqueeze; same
+// elements in the same order) takes exactly its input's bytes when the input is a planned value
+// that is not a method input and the output is not a method output. The bytes then live from the
+// input's first use to the last use of every value sharing them, so nothing else is placed there
+// meanwhile; the view's kernel copies nothing, and the instruction stays in the program, so the
+// runtime still counts it as a reader of its input (no fusion writes around it).
 #include <algorithm>
 #include <string_view>
 
@@ -83,8 +90,8 @@ MemoryPlan plan_memory(const Graph& graph) {
   for (int64_t i = 0; i + 1 < end; ++i) {
     const auto& a = nodes[static_cast<size_t>(i)];
     const auto& b = nodes[static_cast<size_t>(i + 1)];
-    if ((a.op != "aten.convolution" && !residual_add[static_cast<size_t>(i)]) || !runs_in_place(b.op) ||
-        a.outputs.size() != 1 || b.outputs.size() != 1 ||
+    if ((a.op != "aten.convolution" && a.op != "aten.linear" && !residual_add[static_cast<size_t>(i)]) ||
+        !runs_in_place(b.op) || a.outputs.size() != 1 || b.outputs.size() != 1 ||
         b.inputs.empty() || b.inputs[0] != a.outputs[0]) {
       continue;
     }
@@ -95,6 +102,25 @@ MemoryPlan plan_memory(const Graph& graph) {
     }
     alias[w] = a.outputs[0];
     last[v] = std::max(last[v], last[w]);  // v's slot lives as long as w
+  }
+  // Zero-copy views (see the top of this file): alias[out] = the value owning the bytes. In node
+  // order, so a chain of views resolves to its first input; the owner's slot is extended to each
+  // view's last use (which already includes the residual-add extension above).
+  std::vector<bool> is_input(values.size(), false);
+  for (ValueId id : graph.inputs()) is_input[static_cast<size_t>(id)] = true;
+  for (const auto& n : nodes) {
+    if (!is_byte_view(n.op) || n.delegate || n.inputs.size() != 1 || n.outputs.size() != 1 || n.inputs[0] == kNoValue) {
+      continue;
+    }
+    const auto in = static_cast<size_t>(n.inputs[0]), out = static_cast<size_t>(n.outputs[0]);
+    if (values[in].constant || values[out].constant || is_input[in] || is_output[out] || first[in] == -2 ||
+        first[out] == -2 || alias[out] != kNoValue || values[in].type.dtype != values[out].type.dtype ||
+        values[in].type.nbytes() != values[out].type.nbytes()) {
+      continue;
+    }
+    const ValueId owner = alias[in] != kNoValue ? alias[in] : n.inputs[0];
+    alias[out] = owner;
+    last[static_cast<size_t>(owner)] = std::max(last[static_cast<size_t>(owner)], last[out]);
   }
 
   MemoryPlan plan;

@@ -127,6 +127,11 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         if (!folded.ok()) return Error(folded.error().code(), "method '" + name + "': " + folded.error().message());
         rep.num_folded = folded.value();
       }
+      if (options.fold_constants) {  // before the affine folding, which folds the scales it leaves
+        auto qg = rewrite_quick_gelu(g);
+        if (!qg.ok()) return Error(qg.error().code(), "method '" + name + "': quick-GELU rewrite: " + qg.error().message());
+        rep.num_quick_gelu = qg.value();
+      }
       if (options.fold_batch_norm) {
         auto bn = fold_batch_norm(g);
         if (!bn.ok()) return Error(bn.error().code(), "method '" + name + "': batch-norm folding: " + bn.error().message());
@@ -309,7 +314,7 @@ std::string CompiledProgram::report() const {
   os << "program: " << bytes.size() << " bytes, " << constant_bytes << " constant bytes (deduplicated)\n";
   for (const MethodReport& m : methods) {
     os << "  method '" << m.name << "': " << m.num_nodes << " kernel calls (" << m.num_folded << " folded, "
-       << m.num_bn_folded << " batch norms folded, " << m.num_affine_folded << " scalar affines folded, " << m.num_hardswish << " hardswish recognized, " << m.num_dead << " dead removed), arena " << m.arena_bytes << " bytes (activations " << m.activation_bytes
+       << m.num_bn_folded << " batch norms folded, " << m.num_affine_folded << " scalar affines folded, " << m.num_hardswish << " hardswish recognized, " << m.num_quick_gelu << " quick-GELU rewritten, " << m.num_dead << " dead removed), arena " << m.arena_bytes << " bytes (activations " << m.activation_bytes
        << " bytes without reuse), constants " << m.constant_bytes << " bytes\n";
     const DelegationReport& d = m.delegation;
     if (d.backends.empty()) continue;

@@ -209,4 +209,6 @@ bool runs_in_place(std::string_view op) {
          op == "aten.clamp" || op == "aten.sigmoid" || op == "aten.silu";
 }
 
+bool is_byte_view(std::string_view op) { return op == "aten.view" || op == "aten.squeeze" || op == "aten.unsqueeze"; }
+
 }  // namespace kiln

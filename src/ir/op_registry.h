@@ -71,6 +71,13 @@ struct OpDef {
 /// and no other overlap of an instruction's output with its inputs.
 bool runs_in_place(std::string_view op);
 
+/// True for the ops whose output is their input's bytes unchanged under new sizes: aten.view,
+/// aten.squeeze, aten.unsqueeze (Kiln tensors are contiguous, so these reinterpret the same
+/// elements in the same order). The memory planner may give the output exactly its input's bytes
+/// (a zero-copy view); their kernels then copy nothing. The loader accepts that exact aliasing for
+/// them (same byte range, same dtype and byte size).
+bool is_byte_view(std::string_view op);
+
 /// Registry of all ops. Built once on first use (explicit registration functions, no static
 /// initializers), read-only afterwards, safe to use from many threads.
 class OpRegistry {

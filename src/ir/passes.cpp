@@ -251,22 +251,69 @@ Result<size_t> fold_scalar_affine(Graph& graph) {
     if (!(graph.value(n.outputs[0]).type == graph.value(v).type)) return -1;  // the scalar must not broadcast up
     return ri;
   };
+  // Scales folded into a weight: well inside float32's range (see below).
+  auto foldable_scale = [](double s) { return std::fabs(s) <= 1e8 && std::fabs(s) >= 1e-8; };
+  // The weight of a convolution (not transposed) or linear `n` with a constant float32 weight and
+  // a constant or absent bias, else nullptr; `channels` = its output features (weight dim 0).
+  auto weighted = [&](const Node& n, int64_t* channels) -> const float* {
+    const bool conv = n.op == "aten.convolution" && !n.attrs.get_bool("transposed");
+    if ((!conv && n.op != "aten.linear") || n.delegate || n.outputs.size() != 1 || n.inputs.size() != 3) return nullptr;
+    const float* w = const_f32(graph, n.inputs[1]);
+    if (w == nullptr || (n.inputs[2] != kNoValue && const_f32(graph, n.inputs[2]) == nullptr)) return nullptr;
+    const TensorType& yt = graph.value(n.outputs[0]).type;
+    const TensorType& wt = graph.value(n.inputs[1]).type;
+    if (yt.dtype != DType::Float32 || yt.dim() < (conv ? 2 : 1) || wt.dim() < 2) return nullptr;
+    if (wt.sizes[0] != (conv ? yt.sizes[1] : yt.sizes.back())) return nullptr;
+    *channels = wt.sizes[0];
+    return w;
+  };
+  // A new constant: the weight of `n` times `scale`, computed in double.
+  auto scaled_weight = [&](const Node& n, double scale) -> Result<ValueId> {
+    const TensorType wt = graph.value(n.inputs[1]).type;
+    const float* w = const_f32(graph, n.inputs[1]);
+    std::vector<uint8_t> wbytes(wt.nbytes());
+    auto* nw = reinterpret_cast<float*>(wbytes.data());
+    for (size_t idx = 0; idx < static_cast<size_t>(wt.numel()); ++idx) {
+      nw[idx] = static_cast<float>(static_cast<double>(w[idx]) * scale);
+    }
+    const std::string base = n.debug_name.empty() ? n.op : n.debug_name;
+    return graph.add_constant(base + ".weight(affine folded)", wt, std::move(wbytes));
+  };
   std::vector<bool> drop(nodes.size(), false);
   size_t folded = 0;
+  // Input side: mul(s, k) read only by a convolution / linear (as its input) is folded into its
+  // weight: conv(s * k, w) = conv(s, w * k) (zero padding stays zero), likewise linear.
+  for (size_t mi = 0; mi < nodes.size(); ++mi) {
+    const Node& m = nodes[mi];
+    if (m.op != "aten.mul" || m.delegate || m.inputs.size() != 2 || m.outputs.size() != 1) continue;
+    const ValueId out = m.outputs[0];
+    if (readers[static_cast<size_t>(out)] != 1 || reader_node[static_cast<size_t>(out)] < 0) continue;
+    const auto li = static_cast<size_t>(reader_node[static_cast<size_t>(out)]);
+    int64_t channels = 0;
+    if (weighted(nodes[li], &channels) == nullptr || nodes[li].inputs[0] != out) continue;
+    for (int side = 0; side < 2; ++side) {
+      const ValueId s = m.inputs[static_cast<size_t>(side)];
+      const double k = const_scalar(graph, m.inputs[static_cast<size_t>(1 - side)]);
+      if (s == kNoValue || std::isnan(k) || !foldable_scale(k) || !(graph.value(s).type == graph.value(out).type)) {
+        continue;
+      }
+      auto new_w = scaled_weight(nodes[li], k);
+      if (!new_w.ok()) return new_w.error();
+      Node& l = graph.mutable_nodes()[li];
+      l.inputs[0] = s;
+      l.inputs[1] = new_w.value();
+      drop[mi] = true;
+      ++folded;
+      break;
+    }
+  }
+  // Output side: conv / linear -> [mul(s)] -> [add(t)].
   for (size_t ci = 0; ci < nodes.size(); ++ci) {
     const Node& conv = nodes[ci];
-    if (conv.op != "aten.convolution" || conv.delegate || conv.outputs.size() != 1 || conv.inputs.size() != 3 ||
-        conv.attrs.get_bool("transposed")) {
-      continue;
-    }
-    const float* w = const_f32(graph, conv.inputs[1]);
+    int64_t channels = 0;
+    if (drop[ci] || weighted(conv, &channels) == nullptr) continue;
     const ValueId bias_id = conv.inputs[2];
     const float* b = const_f32(graph, bias_id);
-    if (w == nullptr || (bias_id != kNoValue && b == nullptr)) continue;
-    const TensorType& yt = graph.value(conv.outputs[0]).type;
-    const TensorType wt = graph.value(conv.inputs[1]).type;
-    if (yt.dtype != DType::Float32 || yt.dim() < 2 || wt.dim() < 2 || wt.sizes[0] != yt.sizes[1]) continue;
-    const int64_t channels = wt.sizes[0];
     // conv -> [mul(s)] -> [add(t)]: y * s + t, at least one step
     double scale = 1.0, shift = 0.0, v = 0.0;
     ValueId out = conv.outputs[0];
@@ -287,18 +334,14 @@ Result<size_t> fold_scalar_affine(Graph& graph) {
     // Folding moves the scale into every product of the convolution's sums: with an extreme
     // scale, partial sums that eager computes before scaling could overflow (or weights flush to
     // zero) after it. Only scales well inside float32's range are folded.
-    if (std::fabs(scale) > 1e8 || std::fabs(scale) < 1e-8 || std::fabs(shift) > 1e30) continue;
-    std::vector<uint8_t> wbytes(wt.nbytes()), bbytes(static_cast<size_t>(channels) * sizeof(float));
-    auto* nw = reinterpret_cast<float*>(wbytes.data());
+    if (!foldable_scale(scale) || std::fabs(shift) > 1e30) continue;
+    std::vector<uint8_t> bbytes(static_cast<size_t>(channels) * sizeof(float));
     auto* nb = reinterpret_cast<float*>(bbytes.data());
-    for (size_t idx = 0; idx < static_cast<size_t>(wt.numel()); ++idx) {
-      nw[idx] = static_cast<float>(static_cast<double>(w[idx]) * scale);
-    }
     for (int64_t o = 0; o < channels; ++o) {
       nb[o] = static_cast<float>((b ? static_cast<double>(b[o]) : 0.0) * scale + shift);
     }
     const std::string base = conv.debug_name.empty() ? conv.op : conv.debug_name;
-    auto new_w = graph.add_constant(base + ".weight(affine folded)", wt, std::move(wbytes));
+    auto new_w = scale == 1.0 ? Result<ValueId>(conv.inputs[1]) : scaled_weight(conv, scale);
     if (!new_w.ok()) return new_w.error();
     auto new_b = graph.add_constant(base + ".bias(affine folded)", TensorType{DType::Float32, {channels}}, std::move(bbytes));
     if (!new_b.ok()) return new_b.error();
@@ -392,6 +435,53 @@ Result<size_t> fuse_hardswish(Graph& graph) {
     ns = std::move(kept);
   }
   return fused;
+}
+
+Result<size_t> rewrite_quick_gelu(Graph& graph) {
+  const auto& nodes = graph.nodes();
+  const Uses uses(graph);
+  // The node producing `v` when it is `op` with one output and `v` is read by exactly one node.
+  auto single_use_producer = [&](ValueId v, const char* op) -> int {
+    if (v == kNoValue || uses.readers[static_cast<size_t>(v)] != 1) return -1;
+    const int pi = uses.producer[static_cast<size_t>(v)];
+    if (pi < 0) return -1;
+    const Node& n = nodes[static_cast<size_t>(pi)];
+    return n.op == op && n.outputs.size() == 1 && !n.delegate ? pi : -1;
+  };
+  size_t rewritten = 0;
+  for (size_t mi = 0; mi < nodes.size(); ++mi) {
+    const Node& m = nodes[mi];
+    if (m.op != "aten.mul" || m.delegate || m.inputs.size() != 2 || m.outputs.size() != 1) continue;
+    const TensorType& mt = graph.value(m.outputs[0]).type;
+    if (mt.dtype != DType::Float32) continue;
+    for (int side = 0; side < 2; ++side) {
+      const ValueId x = m.inputs[static_cast<size_t>(1 - side)];
+      const int si = single_use_producer(m.inputs[static_cast<size_t>(side)], "aten.sigmoid");
+      if (x == kNoValue || si < 0 || !(graph.value(x).type == mt)) continue;
+      const Node& s = nodes[static_cast<size_t>(si)];
+      if (s.inputs.size() != 1 || !(graph.value(s.outputs[0]).type == mt)) continue;
+      const int ai = single_use_producer(s.inputs[0], "aten.mul");
+      if (ai < 0) continue;
+      const Node& a = nodes[static_cast<size_t>(ai)];
+      if (a.inputs.size() != 2 || !(graph.value(a.outputs[0]).type == mt)) continue;
+      const ValueId cv = a.inputs[0] == x ? a.inputs[1] : (a.inputs[1] == x ? a.inputs[0] : kNoValue);
+      const double c = cv == kNoValue ? std::nan("") : const_scalar(graph, cv);
+      if (!std::isfinite(c) || std::fabs(c) < 1e-8 || std::fabs(c) > 1e8) continue;
+      const float inv = static_cast<float>(1.0 / c);
+      std::vector<uint8_t> bytes(sizeof(float));
+      std::memcpy(bytes.data(), &inv, sizeof(float));
+      auto k = graph.add_constant((m.debug_name.empty() ? std::string("quick_gelu") : m.debug_name) + ".inverse_scale",
+                                  graph.value(cv).type, std::move(bytes));
+      if (!k.ok()) return k.error();
+      auto& ns = graph.mutable_nodes();
+      ns[static_cast<size_t>(si)].op = "aten.silu";
+      ns[static_cast<size_t>(si)].attrs = Attributes();
+      ns[mi].inputs = {ns[static_cast<size_t>(si)].outputs[0], k.value()};
+      ++rewritten;
+      break;
+    }
+  }
+  return rewritten;
 }
 
 }  // namespace kiln

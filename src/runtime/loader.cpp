@@ -200,11 +200,19 @@ Error check_no_aliasing(const MethodPlan& plan, const PlannedInstruction& pi, co
                         plan.arena_offsets[static_cast<size_t>(pi.args[0])] >= 0 &&
                         range(pi.args[0]) == range(pi.outputs[0]) &&
                         plan.value_types[static_cast<size_t>(pi.args[0])] == plan.value_types[static_cast<size_t>(pi.outputs[0])];
+  // And a zero-copy view (is_byte_view): its output occupies exactly the bytes of its input, a
+  // value of the same dtype and byte size; its kernel then copies nothing.
+  const bool same_bytes_view = pi.outputs.size() == 1 && pi.args.size() == 1 && pi.args[0] >= 0 &&
+                               pi.args[0] != pi.outputs[0] && is_byte_view(pi.op) &&
+                               plan.arena_offsets[static_cast<size_t>(pi.args[0])] >= 0 &&
+                               range(pi.args[0]) == range(pi.outputs[0]) &&
+                               plan.value_types[static_cast<size_t>(pi.args[0])].dtype ==
+                                   plan.value_types[static_cast<size_t>(pi.outputs[0])].dtype;
   for (size_t o = 0; o < pi.outputs.size(); ++o) {
     const auto ro = range(pi.outputs[o]);
     for (size_t k = 0; k < pi.args.size(); ++k) {
       const int32_t a = pi.args[k];
-      if (k == 0 && in_place) continue;
+      if (k == 0 && (in_place || same_bytes_view)) continue;
       if (a >= 0 && (a == pi.outputs[o] || overlap(ro, range(a)))) {
         return bad(iw + ": output value " + std::to_string(pi.outputs[o]) + " overlaps input value " + std::to_string(a) +
                    " in the arena");

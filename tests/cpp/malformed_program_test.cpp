@@ -387,6 +387,58 @@ TEST_F(EditedProgram, InstructionOutputsOverlappingInputsAreRejected) {
                "overlaps");
 }
 
+TEST(MalformedProgram, ViewsShareBytesOnlyExactly) {
+  // x -> a = x + x -> v = view(a) -> relu(v) * a: the planner gives v exactly a's bytes (a
+  // zero-copy view, accepted and computing the right values); a file placing v on part of a's
+  // bytes, or the add's output on exactly x's bytes (not a view), is rejected.
+  Graph g;
+  ValueId x = g.add_input("x", {DType::Float32, {4, 16}});
+  auto a = g.add_node("aten.add", {x, x}, {});
+  ASSERT_TRUE(a.ok());
+  auto v = g.add_node("aten.view", {a.value()[0]}, {{"size", std::vector<int64_t>{64}}});
+  ASSERT_TRUE(v.ok());
+  auto r = g.add_node("aten.relu", {v.value()[0]}, {});
+  ASSERT_TRUE(r.ok());
+  auto a64 = g.add_node("aten.view", {a.value()[0]}, {{"size", std::vector<int64_t>{64}}});
+  ASSERT_TRUE(a64.ok());
+  auto y = g.add_node("aten.mul", {r.value()[0], a64.value()[0]}, {});
+  ASSERT_TRUE(y.ok());
+  ASSERT_TRUE(g.set_outputs({y.value()[0]}).ok());
+  ProgramBuilder pb;
+  ASSERT_TRUE(pb.add_method("forward", std::move(g)).ok());
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, pb.compile());
+  // Value indices in the file: x 0, then each instruction's new arguments and results in order
+  // (add: a 1; view: v 2; relu: 3; view: 4; mul: 5).
+  const fb::Method* m0 = mutable_program(compiled.bytes)->methods()->Get(0);
+  ASSERT_EQ(m0->values()->size(), 6u);
+  const int64_t a_off = m0->values()->Get(1)->arena_offset();
+  EXPECT_EQ(m0->values()->Get(2)->arena_offset(), a_off) << "the view does not share a's bytes";
+  EXPECT_EQ(m0->values()->Get(4)->arena_offset(), a_off) << "the view does not share a's bytes";
+  {
+    KILN_ASSERT_OK_AND_ASSIGN(program, Program::load_from_buffer(compiled.bytes));
+    KILN_ASSERT_OK_AND_ASSIGN(method, program->load_method("forward"));
+    std::vector<float> xv = pattern(64, 5);
+    KILN_ASSERT_OK_AND_ASSIGN(outs, method.execute({Tensor{DType::Float32, {4, 16}, xv.data()}}));
+    for (size_t i = 0; i < 64; ++i) {
+      const float s = xv[i] + xv[i];
+      EXPECT_EQ(outs[0].data_as<float>()[i], (s > 0.0f ? s : 0.0f) * s) << i;
+    }
+  }
+  auto expect_rejected = [&](const char* what, int value, int64_t offset) {
+    SCOPED_TRACE(what);
+    std::vector<uint8_t> b = compiled.bytes;
+    fb::Method* m = mutable_program(b)->mutable_methods()->GetMutableObject(0);
+    ASSERT_TRUE(m->mutable_values()->GetMutableObject(static_cast<flatbuffers::uoffset_t>(value))->mutate_arena_offset(offset));
+    auto p = Program::load_from_buffer(b);
+    ASSERT_FALSE(p.ok()) << "loaded";
+    EXPECT_EQ(p.error().code(), ErrorCode::InvalidProgram);
+    EXPECT_NE(p.error().message().find("overlaps"), std::string::npos) << p.error().message();
+  };
+  const int64_t arena = static_cast<int64_t>(m0->arena_size());
+  expect_rejected("view output on part of its input", 2, a_off + 64 + 256 <= arena ? a_off + 64 : a_off - 64);
+  expect_rejected("add output on exactly its input's bytes", 1, m0->values()->Get(0)->arena_offset());
+}
+
 TEST(MalformedProgram, HugeSizesBesideAZeroSizeAreRejected) {
   // relu on float32[0, 4], then both tensors edited to [0, 2^62]: zero elements, but a kernel
   // multiplying the other sizes would overflow, so the loader bounds the non-zero sizes too.

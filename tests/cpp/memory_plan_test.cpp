@@ -1,6 +1,7 @@
-// Memory planning (src/compiler/memory_planner.cpp): on random DAGs of aten.add / aten.relu no two
-// values that are live at the same time share arena bytes, lifetimes are those of the graph, and
-// the compiled program computes what a plain-arithmetic interpreter computes; a chain reuses memory.
+// Memory planning (src/compiler/memory_planner.cpp): on random DAGs of aten.add / aten.relu /
+// aten.view / aten.unsqueeze no two values that are live at the same time share arena bytes (except
+// a zero-copy view and the value it views), lifetimes are those of the graph, and the compiled
+// program computes what a plain-arithmetic interpreter computes; a chain reuses memory.
 #include <algorithm>
 #include <map>
 #include <random>
@@ -104,7 +105,18 @@ void build_random_dag(uint32_t seed, int num_nodes, RandomDag& dag) {
       }
       return pool[rng() % pool.size()];
     };
-    if (rng() % 5 < 2) {
+    const uint32_t kind = rng() % 6;
+    if (kind == 5) {  // a view: same elements, same order (unsqueeze(0) when the rank allows)
+      const ValueId a = pick();
+      RefValue v = dag.ref[a];
+      const bool unsqueeze = v.sizes.size() < 3 && rng() % 2;
+      auto out = unsqueeze ? g.add_node("aten.unsqueeze", {a}, {{"dim", int64_t{0}}}, "view" + std::to_string(n))
+                           : g.add_node("aten.view", {a}, {{"size", v.sizes}}, "view" + std::to_string(n));
+      ASSERT_TRUE(out.ok()) << out.error().to_string();
+      if (unsqueeze) v.sizes.insert(v.sizes.begin(), 1);
+      dag.ref[out.value()[0]] = v;
+      pool.push_back(out.value()[0]);
+    } else if (kind < 2) {
       const ValueId a = pick();
       auto out = g.add_node("aten.relu", {a}, {}, "relu" + std::to_string(n));
       ASSERT_TRUE(out.ok()) << out.error().to_string();
@@ -145,14 +157,38 @@ std::map<ValueId, std::pair<int64_t, int64_t>> expected_lifetimes(const Graph& g
   return life;
 }
 
+// Zero-copy views, stated here independently of the planner: the output of an aten.view /
+// aten.unsqueeze shares the bytes of the value its input shares them with (chains resolve to the
+// first), unless that input is a method input or the output a method output. Returns value ->
+// owner of its bytes (absent: its own).
+std::map<ValueId, ValueId> view_owners(const Graph& g) {
+  std::map<ValueId, ValueId> owner;
+  std::vector<bool> is_input(g.values().size(), false), is_output(g.values().size(), false);
+  for (ValueId id : g.inputs()) is_input[static_cast<size_t>(id)] = true;
+  for (ValueId id : g.outputs()) is_output[static_cast<size_t>(id)] = true;
+  for (const Node& n : g.nodes()) {
+    if (n.op != "aten.view" && n.op != "aten.unsqueeze") continue;
+    const ValueId in = n.inputs[0], out = n.outputs[0];
+    if (g.value(in).constant || is_input[static_cast<size_t>(in)] || is_output[static_cast<size_t>(out)]) continue;
+    owner[out] = owner.count(in) ? owner.at(in) : in;
+  }
+  return owner;
+}
+
 // Checks a plan against the graph: every non-constant value planned once with its true
-// lifetime and size, aligned, inside the arena, and no byte shared by two values whose
-// lifetimes intersect.
+// lifetime and size (a value whose bytes views share: until the last use of any of them),
+// aligned, inside the arena, and no byte shared by two values whose lifetimes intersect, except
+// a view and the value whose bytes it shares (same offset).
 void check_plan(const Graph& g, const MemoryPlan& plan) {
-  const auto life = expected_lifetimes(g);
+  auto life = expected_lifetimes(g);
+  const auto owner = view_owners(g);
+  for (const auto& [v, o] : owner) life[o].second = std::max(life[o].second, life.at(v).second);
   ASSERT_EQ(plan.values.size(), life.size());
   uint64_t total = 0;
   std::map<ValueId, int> seen;
+  std::map<ValueId, uint64_t> offset;
+  for (const PlannedValue& pv : plan.values) offset[pv.value] = pv.offset;
+  auto owner_of = [&](ValueId v) { return owner.count(v) ? owner.at(v) : v; };
   for (const PlannedValue& pv : plan.values) {
     ASSERT_TRUE(life.count(pv.value)) << "planned value " << pv.value << " is a constant or unused";
     EXPECT_EQ(seen[pv.value]++, 0) << "value " << pv.value << " planned twice";
@@ -161,7 +197,8 @@ void check_plan(const Graph& g, const MemoryPlan& plan) {
     EXPECT_EQ(pv.last_use, life.at(pv.value).second) << "value " << pv.value;
     EXPECT_EQ(pv.offset % 64, 0u) << "value " << pv.value;
     EXPECT_LE(pv.offset + pv.nbytes, plan.arena_bytes) << "value " << pv.value;
-    total += (pv.nbytes + 63) / 64 * 64;
+    EXPECT_EQ(pv.offset, offset[owner_of(pv.value)]) << "view " << pv.value << " does not share " << owner_of(pv.value);
+    if (!owner.count(pv.value)) total += (pv.nbytes + 63) / 64 * 64;
   }
   EXPECT_EQ(plan.total_bytes, total);
   EXPECT_LE(plan.arena_bytes, plan.total_bytes);
@@ -170,7 +207,7 @@ void check_plan(const Graph& g, const MemoryPlan& plan) {
       const PlannedValue& a = plan.values[i];
       const PlannedValue& b = plan.values[j];
       const bool live_together = a.first_use <= b.last_use && b.first_use <= a.last_use;
-      if (!live_together || a.nbytes == 0 || b.nbytes == 0) continue;
+      if (!live_together || a.nbytes == 0 || b.nbytes == 0 || owner_of(a.value) == owner_of(b.value)) continue;
       const bool disjoint = a.offset + a.nbytes <= b.offset || b.offset + b.nbytes <= a.offset;
       EXPECT_TRUE(disjoint) << "values " << a.value << " [" << a.offset << ", +" << a.nbytes << ") live ["
                             << a.first_use << ", " << a.last_use << "] and " << b.value << " [" << b.offset << ", +"

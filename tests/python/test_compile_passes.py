@@ -121,3 +121,88 @@ def test_extreme_scale_is_not_folded(scale):
     np.testing.assert_array_equal(np.isinf(got), np.isinf(want))
     finite = np.isfinite(want)
     assert_close(got[finite], want[finite], rel=1e-5, what=f"scale {scale}")
+
+
+class ClipMlp(torch.nn.Module):
+    """A CLIP MLP: fc1, quick-GELU spelled `variant`, fc2 (OpenAI CLIP model.py: x * sigmoid(1.702 x))."""
+
+    def __init__(self, variant: str):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(24, 40)
+        self.fc2 = torch.nn.Linear(40, 24)
+        self.variant = variant
+
+    def forward(self, h):
+        x = self.fc1(h)
+        if self.variant == "clip":
+            g = x * torch.sigmoid(1.702 * x)
+        elif self.variant == "swapped":
+            g = torch.sigmoid(x * 1.702) * x
+        elif self.variant == "negative":  # any nonzero c: silu(c x) / c = x sigmoid(c x)
+            g = x * torch.sigmoid(-0.75 * x)
+        elif self.variant == "gate_read_twice":  # the sigmoid also feeds the output: not rewritten
+            s = torch.sigmoid(1.702 * x)
+            return self.fc2(x * s), s
+        elif self.variant == "input":  # x is the method input and a pad reads the product: rewritten, nothing folded
+            g = h * torch.sigmoid(1.702 * h)
+            return self.fc2(torch.nn.functional.pad(g, (0, 16)))
+        else:  # "other_x": sigmoid(c * x) times another tensor: not quick-GELU
+            g = (x + 1) * torch.sigmoid(1.702 * x)
+        return self.fc2(g)
+
+
+@pytest.mark.parametrize("variant,rewritten,folded", [
+    ("clip", 1, 2), ("swapped", 1, 2), ("negative", 1, 2), ("gate_read_twice", 0, 0), ("input", 1, 0),
+    ("other_x", 0, 0)])
+def test_quick_gelu_rewritten_and_folded_into_the_linears(variant, rewritten, folded):
+    """x * sigmoid(c x) becomes silu(c x) * (1 / c); c folds into fc1 (whose stores then apply the
+    silu) and 1 / c into fc2. Results equal eager's with the portable and the cpu kernels."""
+    torch.manual_seed(5)
+    m = ClipMlp(variant).eval()
+    h = torch.randn(2, 7, 24) * 2
+    with torch.no_grad():
+        want = m(h)
+    want = [t.numpy() for t in (want if isinstance(want, tuple) else (want,))]
+    res = kiln.export(m, (h,), verbose=False)
+    rep = res.report["methods"][0]
+    assert rep["num_quick_gelu"] == rewritten
+    assert rep["num_affine_folded"] == folded
+    for portable in (False, True):
+        got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(h.numpy())
+        for g, w in zip(got, want):
+            assert_close(g, w, rel=1e-5, what=f"{variant} portable={portable}")
+    if folded == 2:  # fc1 + silu + fc2: three kernel calls, the silu fused into fc1
+        assert rep["num_nodes"] == 3
+        assert kiln.load_bytes(res.data).method().num_fused_instructions == (1 if has_avx2_fma() else 0)
+
+
+class Views(torch.nn.Module):
+    """Views (view / flatten / unsqueeze / squeeze) between computing ops, one read after its
+    source was read elsewhere, one of the method input and one returned."""
+
+    def forward(self, x):
+        y = torch.relu(x * 2)                  # [2, 6, 4]
+        v = y.view(2, 24)                      # zero-copy: y's bytes
+        w = v.unsqueeze(1)                     # a view of a view: still y's bytes
+        s = torch.sigmoid(y)                   # y read again after the views were made
+        z = (w.squeeze(1) * 3).sum(dim=1)      # the views read after y's other reader
+        q = x.view(12, 4) + 1                  # a view of the method input: copied
+        return z, s, q, s.view(48)             # a returned view: copied
+
+
+def test_views_share_their_input_bytes():
+    """Planned views take their input's bytes (no copy, no arena space of their own); views of a
+    method input and returned views keep their own. Results equal eager's."""
+    x = torch.randn(2, 6, 4)
+    with torch.no_grad():
+        want = [t.numpy() for t in Views()(x)]
+    res = kiln.export(Views(), (x,), verbose=False)
+    rep = res.report["methods"][0]
+    # Planned values without reuse: x (48 floats), x * 2, y, s, the squeeze's product, z (2),
+    # x.view (48), q (48), s.view (48); the three zero-copy views (v, w, w.squeeze) take none.
+    floats = [48, 48, 48, 48, 48, 2, 48, 48, 48]
+    assert rep["activation_bytes"] == sum((f * 4 + 63) // 64 * 64 for f in floats), rep
+    for portable in (False, True):
+        got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())
+        for g, w in zip(got, want):
+            assert_close(g, w, rel=1e-6, what=f"portable={portable}")

@@ -7,6 +7,7 @@
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel_util.h"
+#include "kernels/cpu/post_op.h"
 #include "kernels/kernel.h"
 #include "kernels/portable/util.h"
 
@@ -109,30 +110,39 @@ Error addmm(const KernelArgs& a) {
 
 /// What linear_prepare built: the constant weight [out_f, in_f] packed as the GEMM's op(B)
 /// [in_f, out_f] (cpu::pack_b_for_gemm with trans_b), so that calls skip the per-call
-/// transposing pack of all weights (for 77 rows, as in a text encoder, that pack costs ~10%).
+/// transposing pack of all weights (for 77 rows, as in a text encoder, that pack costs ~10%);
+/// and the following activation computed in the GEMM's stores (fused_next).
 struct LinearState : KernelState {
-  std::vector<float> packed_b;  ///< cpu::prepacked_b_floats(out_f, in_f) floats
+  std::vector<float> packed_b;  ///< cpu::prepacked_b_floats(out_f, in_f) floats; empty: not packed
+  cpu::PostOp post;             ///< the fused activation (kind None: none)
 };
 
-/// Prepare (once per Method instance): packs a constant float32 weight when the product is a
-/// real GEMM (more than one row and more than one output feature; otherwise sgemm takes its
-/// matrix-vector path, which reads the weight directly).
+/// Prepare (once per Method instance): fuses a following activation that cpu::post_op_of knows
+/// (KernelPrepareArgs::next: e.g. the silu of a CLIP MLP after rewrite_quick_gelu, mobilenet_v3's
+/// classifier hardswish), and packs a constant float32 weight when the product is a real GEMM
+/// (more than one row and more than one output feature; otherwise sgemm takes its matrix-vector
+/// path, which reads the weight directly).
 Result<std::unique_ptr<KernelState>> linear_prepare(const KernelPrepareArgs& p) {
   const Tensor* w = p.constants.size() > 1 ? p.constants[1] : nullptr;
   const TensorType* out = p.sig.outputs[0];
-  if (w == nullptr || w->dtype != DType::Float32 || w->sizes.size() != 2 || out == nullptr) {
-    return std::unique_ptr<KernelState>();
-  }
-  const int64_t out_f = w->sizes[0], in_f = w->sizes[1];
-  int64_t numel = 1;
-  for (int64_t s : out->sizes) numel *= s;
-  const int64_t rows = out_f == 0 ? 0 : numel / out_f;
-  if (rows <= 1 || out_f <= 1 || in_f <= 0) return std::unique_ptr<KernelState>();
+  if (out == nullptr || out->dtype != DType::Float32) return std::unique_ptr<KernelState>();
   auto st = std::make_unique<LinearState>();
-  st->packed_b.resize(static_cast<size_t>(cpu::prepacked_b_floats(out_f, in_f)));
-  cpu::pack_b_for_gemm(true, in_f, out_f, w->data_as<float>(), in_f, st->packed_b.data());
-  st->bytes = st->packed_b.size() * sizeof(float);
-  st->released_inputs = {1};  // read again only through the file if ever (never for rows, out_f > 1)
+  if (p.next != nullptr && p.next->other == nullptr && cpu::post_op_of(p.next->op, p.next->attrs, &st->post)) {
+    st->fused_next = true;
+  }
+  if (w != nullptr && w->dtype == DType::Float32 && w->sizes.size() == 2) {
+    const int64_t out_f = w->sizes[0], in_f = w->sizes[1];
+    int64_t numel = 1;
+    for (int64_t s : out->sizes) numel *= s;
+    const int64_t rows = out_f == 0 ? 0 : numel / out_f;
+    if (rows > 1 && out_f > 1 && in_f > 0) {
+      st->packed_b.resize(static_cast<size_t>(cpu::prepacked_b_floats(out_f, in_f)));
+      cpu::pack_b_for_gemm(true, in_f, out_f, w->data_as<float>(), in_f, st->packed_b.data());
+      st->bytes = st->packed_b.size() * sizeof(float);
+      st->released_inputs = {1};  // read again only through the file if ever (never for rows, out_f > 1)
+    }
+  }
+  if (!st->fused_next && st->packed_b.empty()) return std::unique_ptr<KernelState>();
   return std::unique_ptr<KernelState>(std::move(st));
 }
 
@@ -157,8 +167,10 @@ Error linear(const KernelArgs& a) {
     }
   }
   const auto* st = static_cast<const LinearState*>(a.state);
+  if (st != nullptr) ep.post = st->post;
+  const float* packed = st != nullptr && !st->packed_b.empty() ? st->packed_b.data() : nullptr;
   cpu::sgemm(false, true, rows, out_f, in_f, 1.0f, x.data_as<float>(), in_f, w.data_as<float>(), in_f, beta,
-             out.data_as<float>(), out_f, ep, a.pool, nullptr, st != nullptr ? st->packed_b.data() : nullptr);
+             out.data_as<float>(), out_f, ep, a.pool, nullptr, packed);
   return {};
 }
 

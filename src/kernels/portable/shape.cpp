@@ -43,13 +43,14 @@ Error run_view_result(const char* op, const Tensor& in, Result<sr::StridedView> 
   return copy_view(op, in, v.value(), out);
 }
 
-// view / squeeze / unsqueeze: same elements in the same order, new sizes.
+// view / squeeze / unsqueeze: same elements in the same order, new sizes. Nothing to copy when
+// the planner gave the output its input's bytes (a zero-copy view: is_byte_view).
 Error copy_same_order(const char* op, const Tensor& in, Result<std::vector<int64_t>> sizes, Tensor& out) {
   if (!sizes.ok()) return Error(sizes.error().code(), std::string(op) + ": " + sizes.error().message());
   if (out.sizes != sizes.value() || out.dtype != in.dtype || out.nbytes() != in.nbytes()) {
     return mismatch(op, out, sizes.value());
   }
-  if (out.nbytes() > 0) std::memcpy(out.data, in.data, out.nbytes());
+  if (out.nbytes() > 0 && out.data != in.data) std::memcpy(out.data, in.data, out.nbytes());
   return {};
 }
 
