@@ -72,7 +72,7 @@ struct Tiling {
   int64_t npos;   // positions(t)
   int64_t IH, IW, OH, OW, PH, PW, cin, cout;
   int64_t tiles_y, tiles_x, gx;  // gx: groups of 8 tiles per tile row (pair: 1)
-  bool pair;  // F(2x2, 3x3) with at most 4 tiles per row: a group is 4 tiles of two tile rows
+  bool pair;  // at most 4 tiles per row: a group is 4 tiles of two tile rows
   const float* residual;  // fused residual add ([N, C_out, OH, OW]) or null, then `after`
   PostOp after;
   int64_t groups_per_image, groups_total;
@@ -154,7 +154,7 @@ struct alignas(32) GroupCols {
 __attribute__((target("avx2,fma"))) GroupCols group_cols(const Tiling& T, int64_t tx0) {
   GroupCols gc;
   gc.c0 = tx0 * T.t - T.PW;
-  gc.direct = gc.c0 >= 0 && gc.c0 + (T.t == 4 ? kRowRead : T.pair ? 10 : 18) <= T.IW;
+  gc.direct = gc.c0 >= 0 && gc.c0 + (T.t == 4 ? (T.pair ? 20 : kRowRead) : T.pair ? 10 : 18) <= T.IW;
   if (!gc.direct) {
     static constexpr int kOff[8] = {0, 8, 16, 24, 4, 12, 20, 28};
     static constexpr int kOff2[4] = {0, 8, 2, 10};  // input_group2's loads
@@ -171,6 +171,32 @@ __attribute__((target("avx2,fma"))) GroupCols group_cols(const Tiling& T, int64_
   return gc;
 }
 
+/// Loads input row `row` of `plane` for an F(4x4, 3x3) pair group (at most 4 tiles per row:
+/// columns c0 .. c0 + 17): a0, a1 at c0 + 0, 8 and b0, b1 at c0 + 4, 12 (zero for a row outside the
+/// input). With row B's loads as the third and fourth, row_columns gives the lane order
+/// A0 A2 B0 B2 A1 A3 B1 B3.
+__attribute__((target("avx2,fma"))) inline void pair_row4(const Tiling& T, const float* plane, int64_t row,
+                                                           const GroupCols& gc, __m256& a0, __m256& a1, __m256& b0,
+                                                           __m256& b1) {
+  if (row < 0 || row >= T.IH) {
+    a0 = a1 = b0 = b1 = _mm256_setzero_ps();
+  } else if (gc.direct) {
+    const float* p = plane + row * T.IW + gc.c0;
+    a0 = _mm256_loadu_ps(p);
+    a1 = _mm256_loadu_ps(p + 8);
+    b0 = _mm256_loadu_ps(p + 4);
+    b1 = _mm256_loadu_ps(p + 12);
+  } else {
+    // (the address arithmetic may point before the row; masked-out lanes are never read)
+    const float* p = reinterpret_cast<const float*>(reinterpret_cast<intptr_t>(plane + row * T.IW) +
+                                                    static_cast<intptr_t>(gc.c0) * 4);
+    a0 = _mm256_maskload_ps(p, gc.mask[0]);
+    a1 = _mm256_maskload_ps(p + 8, gc.mask[1]);
+    b0 = _mm256_maskload_ps(p + 4, gc.mask[4]);
+    b1 = _mm256_maskload_ps(p + 12, gc.mask[5]);
+  }
+}
+
 /// Input transform of one group (tile row ty, tiles tx0 .. tx0 + 7, columns `gc`) of input
 /// channel plane `plane` [IH, IW]: V[pos] lanes written at dst + pos * v_stride (8 floats each).
 __attribute__((target("avx2,fma"))) void input_group(const Tiling& T, const float* plane, int64_t ty,
@@ -179,6 +205,15 @@ __attribute__((target("avx2,fma"))) void input_group(const Tiling& T, const floa
   __m256 h[6][6];
   for (int r = 0; r < 6; ++r) {
     const int64_t ih = r0 + r;
+    if (T.pair) {  // row A = input row ih (tile row ty), row B = ih + 4 (tile row ty + 1)
+      __m256 a0, a1, a2, a3, b0, b1, b2, b3;
+      pair_row4(T, plane, ih, gc, a0, a1, b0, b1);
+      pair_row4(T, plane, ih + 4, gc, a2, a3, b2, b3);
+      __m256 d[6];
+      row_columns(a0, a1, a2, a3, b0, b1, b2, b3, d);  // lanes A0 A2 B0 B2 | A1 A3 B1 B3
+      bt6(d, h[r]);
+      continue;
+    }
     if (ih < 0 || ih >= T.IH) {
       for (int l = 0; l < 6; ++l) h[r][l] = _mm256_setzero_ps();
       continue;
@@ -229,6 +264,25 @@ __attribute__((target("avx2,fma"))) void output_group(const Tiling& T, const flo
       if (post.kind != PostOp::Kind::None) v = apply8(post, v);
       y[i][j] = v;
     }
+  }
+  if (T.pair) {  // z0, z1 = row A's columns 0..15, z2, z3 = row B's
+    const int64_t valid = std::min<int64_t>(16, T.OW);
+    for (int i = 0; i < 4; ++i) {
+      __m256 z0 = y[i][0], z1 = y[i][1], z2 = y[i][2], z3 = y[i][3];
+      transpose4_inlane(z0, z1, z2, z3);
+      alignas(32) float tmp[32];
+      _mm256_store_ps(tmp, z0);
+      _mm256_store_ps(tmp + 8, z1);
+      _mm256_store_ps(tmp + 16, z2);
+      _mm256_store_ps(tmp + 24, z3);
+      for (int half = 0; half < 2; ++half) {
+        const int64_t oy = ty * 4 + 4 * half + i;
+        if (oy >= T.OH) continue;
+        std::memcpy(oplane + oy * T.OW, tmp + 16 * half, sizeof(float) * static_cast<size_t>(valid));
+        if (res != nullptr) residual_inplace_avx2(oplane + oy * T.OW, res + oy * T.OW, valid, T.after);
+      }
+    }
+    return;
   }
   const int64_t ox = tx0 * 4;
   const int64_t valid = std::min<int64_t>(kLanes * 4, T.OW - ox);
@@ -594,10 +648,10 @@ int winograd_tile(const ConvGeometry& g) {
   // 16->3 128x128 0.45, 8->64 128x128 0.88, 8->8 128x128 0.58, 4->64 64x64 1.11 (left to im2col).
   if (g.in_channels < 8) return 0;
   // Tiles of t x t in the batch, when at least half of the 8-tile groups' lanes are used (else 0;
-  // F(2x2, 3x3) with at most 4 tiles per row: groups of two tile rows, Tiling::pair).
+  // at most 4 tiles per row: groups of two tile rows, Tiling::pair).
   const auto tiles = [&](int t) -> int64_t {
     const int64_t ty = (g.out_size[0] + t - 1) / t, tx = (g.out_size[1] + t - 1) / t;
-    const int64_t lanes = t == 2 && tx <= kLanes / 2 ? (ty + 1) / 2 * kLanes : ty * ((tx + kLanes - 1) / kLanes * kLanes);
+    const int64_t lanes = tx <= kLanes / 2 ? (ty + 1) / 2 * kLanes : ty * ((tx + kLanes - 1) / kLanes * kLanes);
     return 2 * ty * tx >= lanes ? g.batch * ty * tx : 0;
   };
   if (small_filters(g.in_channels, g.out_channels)) {
@@ -620,9 +674,14 @@ int winograd_tile(const ConvGeometry& g) {
   // 64 tiles only where they are at most 32 MiB (resnet's 512 -> 512: 16 MiB), so that the SD
   // UNet's 8x8 level (1280 channels: 100 MiB per conv) keeps the smaller packed weights (its
   // prepared state would grow by ~0.5 GB for ~0.55x the time of those convs).
-  const bool f2_small = 16.0 * g.in_channels * g.out_channels * 4.0 <= 32.0 * 1024 * 1024;
-  if (tiles(4) >= 64) return 4;
-  if (tiles(2) >= 64 || (f2_small && tiles(2) >= 16)) return 2;
+  // The same for F(4x4, 3x3) where its groups are pairs (at most 4 tiles of 4x4 per row; 14x14:
+  // 16 tiles in 2 groups), measured against F(2x2, 3x3): 256->256 14x14 0.72 (1 thread), 0.6-0.8
+  // (2 threads), 512->512 14x14 0.75.
+  constexpr double kCap = 32.0 * 1024 * 1024;
+  const double cc = static_cast<double>(g.in_channels) * static_cast<double>(g.out_channels) * 4.0;
+  const bool pair4 = (g.out_size[1] + 3) / 4 <= kLanes / 2;
+  if (tiles(4) >= 64 || (pair4 && 36.0 * cc <= kCap && tiles(4) >= 16)) return 4;
+  if (tiles(2) >= 64 || (16.0 * cc <= kCap && tiles(2) >= 16)) return 2;
   return 0;
 }
 
@@ -701,7 +760,7 @@ void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float*
   T.cout = g.out_channels;
   T.tiles_y = (T.OH + tile - 1) / tile;
   T.tiles_x = (T.OW + tile - 1) / tile;
-  T.pair = tile == 2 && T.tiles_x <= kLanes / 2;
+  T.pair = T.tiles_x <= kLanes / 2;
   T.gx = (T.tiles_x + kLanes - 1) / kLanes;
   T.groups_per_image = T.pair ? (T.tiles_y + 1) / 2 : T.tiles_y * T.gx;
   T.groups_total = g.batch * T.groups_per_image;
