@@ -105,6 +105,7 @@ struct InstructionProfile {
   size_t index = 0;                 ///< instruction index in the method
   std::string op;                   ///< ATen op, or "delegate:<backend>"
   std::string fused;                ///< op of the following instruction fused into this one, or empty
+                                    ///< ("aten.add +aten.relu": the two following instructions)
   std::string kernel;               ///< "cpu" (optimized kernel), "portable" or "delegate"
   std::vector<TensorType> inputs;   ///< tensor arguments in schema order (None arguments left out)
   std::vector<TensorType> outputs;

@@ -64,7 +64,10 @@ MemoryPlan plan_memory(const Graph& graph) {
   // stay live through node i + 1, so that the add's output never shares their bytes and the
   // runtime may fuse the add into the convolution (fusable_next in src/runtime/program.cpp),
   // which writes the sum while it still reads its inputs. (Before the in-place aliasing below,
-  // which extends a slot to the last use of the activation output it holds.)
+  // which extends a slot to the last use of the activation output it holds.) An in-place
+  // activation right after such an add (resnet's relu) then takes the add's bytes (below), so the
+  // runtime may fuse it too (FusionCandidate::then): it shares no bytes with the inputs either.
+  std::vector<bool> residual_add(static_cast<size_t>(end), false);
   for (int64_t i = 0; i + 1 < end; ++i) {
     const auto& a = nodes[static_cast<size_t>(i)];
     const auto& b = nodes[static_cast<size_t>(i + 1)];
@@ -80,14 +83,15 @@ MemoryPlan plan_memory(const Graph& graph) {
         last[static_cast<size_t>(in)] = std::max(last[static_cast<size_t>(in)], i + 1);
       }
     }
+    residual_add[static_cast<size_t>(i + 1)] = true;
   }
   // In-place activations (see the top of this file): alias[w] = v.
   std::vector<ValueId> alias(values.size(), kNoValue);
   for (int64_t i = 0; i + 1 < end; ++i) {
     const auto& a = nodes[static_cast<size_t>(i)];
     const auto& b = nodes[static_cast<size_t>(i + 1)];
-    if ((a.op != "aten.convolution" && a.op != "aten.linear") || !runs_in_place(b.op) || a.outputs.size() != 1 ||
-        b.outputs.size() != 1 ||
+    if ((a.op != "aten.convolution" && a.op != "aten.linear" && !residual_add[static_cast<size_t>(i)]) ||
+        !runs_in_place(b.op) || a.outputs.size() != 1 || b.outputs.size() != 1 ||
         b.inputs.empty() || b.inputs[0] != a.outputs[0]) {
       continue;
     }

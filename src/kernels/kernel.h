@@ -24,6 +24,9 @@ struct KernelState {
   /// True when the kernel also computes the follow-on instruction offered to prepare
   /// (KernelPrepareArgs::next): it writes that instruction's output, which the runtime then skips.
   bool fused_next = false;
+  /// True (with fused_next) when the kernel also computes FusionCandidate::then: it writes the
+  /// output of the instruction after `next`, which the runtime then skips too.
+  bool fused_then = false;
   /// Indices of constant inputs the kernel never reads again after prepare, because the state
   /// holds what it needs (e.g. convolution weights packed for the GEMM). The runtime may drop
   /// their pages from memory (FileBytes::release_pages: re-read from the file if read again).
@@ -69,6 +72,11 @@ struct FusionCandidate {
   std::string_view op;
   const Attributes& attrs;
   const TensorType* other = nullptr;  ///< aten.add's other input (same type as the output), else null
+  /// When this is an aten.add (other set): the instruction after it, if it is a single-input op
+  /// on the add's output that nothing else reads (e.g. resnet's relu after the residual add),
+  /// whose output's bytes overlap none of the fusing call's inputs (nor `other`); else null.
+  /// Fused (KernelState::fused_then), the call writes `then` applied to the sum, bit-identical.
+  const FusionCandidate* then = nullptr;
 };
 
 /// Inputs of a kernel's prepare: the call's signature, its constant inputs (by schema position;

@@ -122,6 +122,7 @@ std::vector<InstructionProfile> Method::profile() const {
     p.index = k;
     p.op = ins[k].op;
     if (k + 1 < ins.size() && im.skip[k + 1]) p.fused = ins[k + 1].op;
+    if (k + 2 < ins.size() && im.skip[k + 1] && im.skip[k + 2]) p.fused += " +" + ins[k + 2].op;  // FusionCandidate::then
     p.kernel = ins[k].backend != nullptr || !ins[k].backend_name.empty() ? "delegate"
                : im.kernels[k] == ins[k].portable_kernel          ? "portable"
                                                                     : "cpu";
@@ -269,11 +270,26 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
       }
       for (int32_t v : ins.outputs) out_types.push_back(&plan->value_types[static_cast<size_t>(v)]);
       const KernelSignature sig{in_types, out_types, ins.attrs};
-      std::optional<FusionCandidate> next;
-      int32_t other = -1;
+      std::optional<FusionCandidate> next, then;
+      int32_t other = -1, other2 = -1;
       if (fusable_next(*plan, k, readers, &other)) {
+        // After a fusable aten.add: the single-input op on its output (FusionCandidate::then),
+        // whose output overlaps none of k's arena inputs and not the add's other input.
+        if (other >= 0 && fusable_next(*plan, k + 1, readers, &other2) && other2 < 0) {
+          const auto w2 = arena_range(*plan, plan->instructions[k + 2].outputs[0]);
+          bool apart = true;
+          std::vector<int32_t> read(ins.args);
+          read.push_back(other);
+          for (int32_t x : read) {
+            if (x < 0) continue;
+            const auto [lo, hi] = arena_range(*plan, x);
+            apart = apart && !(lo < hi && w2.first < hi && lo < w2.second);
+          }
+          if (apart) then.emplace(FusionCandidate{plan->instructions[k + 2].op, plan->instructions[k + 2].attrs});
+        }
         next.emplace(FusionCandidate{plan->instructions[k + 1].op, plan->instructions[k + 1].attrs,
-                                     other >= 0 ? &plan->value_types[static_cast<size_t>(other)] : nullptr});
+                                     other >= 0 ? &plan->value_types[static_cast<size_t>(other)] : nullptr,
+                                     then ? &*then : nullptr});
       }
       auto state = prepare(KernelPrepareArgs{sig, constants, next ? &*next : nullptr});
       if (!state.ok()) {
@@ -289,10 +305,15 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
         }
       }
       if (im.states[k]->fused_next && next) {
-        im.outs[k][0] = &im.values[static_cast<size_t>(plan->instructions[k + 1].outputs[0])];
+        const bool both = im.states[k]->fused_then && then;  // FusionCandidate::then fused too
+        im.outs[k][0] = &im.values[static_cast<size_t>(plan->instructions[k + (both ? 2 : 1)].outputs[0])];
         if (other >= 0) im.args[k].push_back(&im.values[static_cast<size_t>(other)]);  // FusionCandidate::other
         im.skip[k + 1] = 1;
         ++im.num_fused;
+        if (both) {
+          im.skip[k + 2] = 1;
+          ++im.num_fused;
+        }
       }
     }
   }
@@ -372,7 +393,7 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
     if (slot.data != sources[i] && inputs[i].nbytes() > 0) std::memcpy(slot.data, sources[i], inputs[i].nbytes());
   }
   for (size_t k = 0; k < im.plan->instructions.size(); ++k) {
-    if (im.skip[k]) continue;  // fused into instruction k - 1
+    if (im.skip[k]) continue;  // fused into instruction k - 1 (or k - 2: FusionCandidate::then)
     const auto& ins = im.plan->instructions[k];
     std::chrono::steady_clock::time_point t0;
     if (im.profiling) t0 = std::chrono::steady_clock::now();

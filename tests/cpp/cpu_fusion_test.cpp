@@ -230,6 +230,105 @@ TEST(CpuFusion, ResidualAddFusedIntoPointwiseIsBitIdenticalToUnfused) {
   }
 }
 
+/// x -> convolution (any kernel / stride) -> aten.add with r -> aten.relu (resnet's block end);
+/// outputs {relu} (add and relu fusable), {relu, add} (the add only) or {relu, convolution} (none).
+Result<std::vector<uint8_t>> compile_residual_relu(const Conv& c, bool conv_first, int expose) {
+  Graph g;
+  const int64_t oh = (c.h + 2 * c.padding - c.k) / c.stride + 1, ow = (c.w + 2 * c.padding - c.k) / c.stride + 1;
+  const ValueId x = g.add_input("x", {DType::Float32, {c.n, c.cin, c.h, c.w}});
+  const ValueId r = g.add_input("r", {DType::Float32, {c.n, c.cout, oh, ow}});
+  std::vector<float> wv = pattern(static_cast<size_t>(c.cout * c.cin * c.k * c.k), 7);
+  for (float& v : wv) v *= 0.25f;
+  auto w = g.add_constant("w", {DType::Float32, {c.cout, c.cin, c.k, c.k}}, float_bytes(wv));
+  if (!w.ok()) return w.error();
+  ValueId b = kNoValue;
+  if (c.bias) {
+    auto bb = g.add_constant("b", {DType::Float32, {c.cout}}, float_bytes(pattern(static_cast<size_t>(c.cout), 8)));
+    if (!bb.ok()) return bb.error();
+    b = bb.value();
+  }
+  Attributes attrs{{"stride", V{c.stride, c.stride}}, {"padding", V{c.padding, c.padding}}, {"dilation", V{1, 1}},
+                   {"transposed", false}, {"output_padding", V{0, 0}}, {"groups", int64_t{1}}};
+  auto y = g.add_node("aten.convolution", {x, w.value(), b}, attrs, "conv");
+  if (!y.ok()) return y.error();
+  const ValueId yv = y.value()[0];
+  auto z = g.add_node("aten.add", {conv_first ? yv : r, conv_first ? r : yv}, {{"alpha", 1.0}}, "add");
+  if (!z.ok()) return z.error();
+  auto u = g.add_node("aten.relu", {z.value()[0]}, {}, "relu");
+  if (!u.ok()) return u.error();
+  std::vector<ValueId> outs{u.value()[0]};
+  if (expose == 1) outs.push_back(z.value()[0]);
+  if (expose == 2) outs.push_back(yv);
+  KILN_RETURN_IF_ERROR(g.set_outputs(outs));
+  ProgramBuilder pb;
+  KILN_RETURN_IF_ERROR(pb.add_method("forward", std::move(g)));
+  auto compiled = pb.compile();
+  if (!compiled.ok()) return compiled.error();
+  return std::move(compiled.value().bytes);
+}
+
+TEST(CpuFusion, ResidualAddAndReluFusedIntoWinogradAndGemmAreBitIdenticalToUnfused) {
+  if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
+  ThreadPool pool2(2), one(1);
+  // Paths: Winograd F(4x4, 3x3) (16 -> 16 at 24x24: 36 tiles; 176 -> 176 at 14x14: 16 tiles, two
+  // tile rows per group), Winograd F(2x2, 3x3) with two tile rows per group (192 -> 192 at 7x7:
+  // filters over 4 MiB, 16 tiles), im2col GEMM (1x1 stride 2:
+  // resnet's downsample; 3x3 stride 2, batch 2, no bias), the plain 1x1 GEMM (260 input channels:
+  // more than the direct pointwise path takes).
+  const Conv convs[] = {Conv{1, 16, 24, 24, 16, 3, 1, 1, 1, true}, Conv{1, 192, 7, 7, 192, 3, 1, 1, 1, true},
+                        Conv{1, 176, 14, 14, 176, 3, 1, 1, 1, true},  // F(4x4, 3x3), two tile rows per group
+                        Conv{1, 24, 14, 13, 40, 1, 2, 0, 1, true}, Conv{2, 8, 9, 11, 12, 3, 2, 1, 1, false},
+                        Conv{1, 260, 5, 6, 20, 1, 1, 0, 1, true}};
+  for (const Conv& c : convs) {
+    for (bool conv_first : {true, false}) {
+      const int64_t oh = (c.h + 2 * c.padding - c.k) / c.stride + 1, ow = (c.w + 2 * c.padding - c.k) / c.stride + 1;
+      const TensorType xt{DType::Float32, {c.n, c.cin, c.h, c.w}}, rt{DType::Float32, {c.n, c.cout, oh, ow}};
+      std::vector<float> x = pattern(static_cast<size_t>(xt.numel()), 3), r = pattern(static_cast<size_t>(rt.numel()), 5);
+      r[3] = std::nanf("");
+      std::vector<std::vector<uint8_t>> files;
+      for (int expose : {0, 1, 2}) {
+        KILN_ASSERT_OK_AND_ASSIGN(f, compile_residual_relu(c, conv_first, expose));
+        files.push_back(std::move(f));
+      }
+      for (ThreadPool* p : {&one, &pool2}) {
+        std::vector<std::vector<float>> outs;
+        for (int run = 0; run < 4; ++run) {  // expose 0, 1, 2 on the cpu kernels, then 0 portable
+          auto program = Program::load_from_buffer(files[static_cast<size_t>(run % 3)]);
+          ASSERT_TRUE(program.ok()) << program.error().message();
+          MethodOptions mo;
+          mo.portable_kernels_only = run == 3;
+          mo.pool = p;
+          auto method = program.value()->load_method("forward", mo);
+          ASSERT_TRUE(method.ok()) << method.error().message();
+          const size_t want = run == 0 ? 2u : run == 1 ? 1u : 0u;
+          EXPECT_EQ(method->num_fused_instructions(), want) << "cin " << c.cin << ", k " << c.k << ", run " << run;
+          Tensor tx{DType::Float32, xt.sizes, x.data()}, tr{DType::Float32, rt.sizes, r.data()};
+          auto res = method->execute({tx, tr});
+          ASSERT_TRUE(res.ok()) << res.error().message();
+          const Tensor& o = (*res)[0];
+          outs.emplace_back(o.data_as<float>(), o.data_as<float>() + o.numel());
+        }
+        for (int run = 1; run < 3; ++run) {
+          ASSERT_EQ(outs[0].size(), outs[static_cast<size_t>(run)].size());
+          EXPECT_EQ(std::memcmp(outs[0].data(), outs[static_cast<size_t>(run)].data(), outs[0].size() * sizeof(float)), 0)
+              << "fused residual add + relu differs from unfused (cin " << c.cin << ", k " << c.k << ", run " << run << ")";
+        }
+        EXPECT_TRUE(std::isnan(outs[0][3]));
+        double maxref = 0, maxerr = 0;
+        size_t negatives = 0;
+        for (size_t i = 0; i < outs[3].size(); ++i) {
+          if (std::isnan(outs[3][i])) continue;
+          negatives += outs[0][i] < 0.0f;
+          maxref = std::max(maxref, std::fabs(static_cast<double>(outs[3][i])));
+          maxerr = std::max(maxerr, std::fabs(static_cast<double>(outs[0][i]) - outs[3][i]));
+        }
+        EXPECT_EQ(negatives, 0u);
+        EXPECT_LE(maxerr, 1e-4 * std::max(maxref, 1e-30)) << "cin " << c.cin << ", k " << c.k;
+      }
+    }
+  }
+}
+
 TEST(CpuFusion, ConstantWeightsArePackedOnceForGemmPaths) {
   if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
   const Act relu{"aten.relu", {}};

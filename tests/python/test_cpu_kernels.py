@@ -239,6 +239,11 @@ def test_packed_weights_do_not_stay_resident_twice(tmp_path):
     ((3, 9, 13), (2, 3), (3, 1), (1, 1), (2, 1), True),          # 3-D input, dilation
     ((1, 4, 6, 17), (1, 5), (1, 3), (0, 2), (1, 2), False),
     ((1, 2, 1, 1), (1, 1), (1, 1), (0, 0), (1, 1), False),
+    # 3 wide, stride 2 (the vectorized horizontal pass): ceil_mode with the last window past the
+    # row, no padding, odd widths; 2-row windows, 20 outputs per row (8-wide steps + a tail)
+    ((1, 5, 17, 23), (3, 3), (2, 2), (0, 0), (1, 1), True),
+    ((2, 3, 9, 40), (2, 3), (1, 2), (1, 1), (1, 1), False),
+    ((1, 2, 5, 35), (3, 3), (2, 2), (1, 1), (2, 1), True),       # dilated rows only
 ])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_max_pool2d_matches_eager(case, threads, tmp_path):

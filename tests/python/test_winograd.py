@@ -31,6 +31,12 @@ CASES = [
     ((1, 9, 34, 35), 18, (2, 1), False, None),  # padding 2 rows / 1 column
     ((1, 300, 12, 40), 20, 1, True, None),      # C_in > 256: two K blocks in the GEMMs
     ((1, 24, 70, 140), 40, 1, True, "relu"),    # 35 tiles per row, several tile blocks per thread
+    ((1, 128, 28, 28), 128, 1, True, None),     # resnet's 28x28 stage: blocks of 2 groups (one 16-column panel)
+    # F(2x2, 3x3) with <= 4 tiles per row packs two tile rows per 8-lane group ("pair" groups):
+    ((1, 40, 7, 7), 36, 1, True, "relu"),       # 4x4 tiles (resnet's 7x7 stage), last column partial
+    ((2, 17, 9, 6), 10, 1, False, None),        # 5 tile rows (odd: the last group's row B is empty), batch 2
+    ((1, 12, 10, 8), 20, 0, True, "silu"),      # no padding: 4x3 tiles, every row read directly
+    ((1, 8, 6, 6), 9, (2, 1), True, None),      # padding 2 rows / 1 column: 4x3 tiles, masked loads
 ]
 
 
@@ -89,10 +95,11 @@ def test_default_rule_takes_winograd_for_decoder_sized_convs(cout, monkeypatch):
 
 def test_default_rule_keeps_small_convs_on_gemm(monkeypatch):
     """14x14 outputs (16 tiles, half of each 8-tile group empty), convs of 4 input channels and
-    convs whose transformed filters exceed 4 MiB with fewer than 64 output tiles of 2x2 (256 -> 256
-    on 8x8: 16) stay on the im2col GEMM (bit-identical to KILN_CPU_WINOGRAD=0)."""
+    convs whose transformed filters exceed 4 MiB with fewer than 16 output tiles of 2x2 (256 -> 256
+    on 6x6: 9; 2048 -> 1040 on 8x8: 16, but F(2x2, 3x3) filters over 32 MiB) stay on the im2col GEMM
+    (bit-identical to KILN_CPU_WINOGRAD=0)."""
     monkeypatch.delenv("KILN_CPU_WINOGRAD", raising=False)
-    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64), ((1, 256, 8, 8), 256)):
+    for shape, cout in (((1, 64, 14, 14), 64), ((1, 4, 64, 64), 64), ((1, 256, 6, 6), 256), ((1, 2048, 8, 8), 1040)):
         torch.manual_seed(6)
         model = _model(shape[1], cout, 1, True, None)
         x = torch.randn(*shape)
@@ -105,17 +112,23 @@ def test_default_rule_keeps_small_convs_on_gemm(monkeypatch):
 
 # Large filters (36 C_in C_out floats > 4 MiB: winograd.cpp's conv_large, blocks of tiles shared by
 # all threads, filters packed in output-channel chunks of <= 384 rows): F(4x4, 3x3) with >= 64 tiles
-# of 4x4 in the batch, else F(2x2, 3x3) with >= 64 tiles of 2x2 (variant: KILN_CPU_WINOGRAD value
+# of 4x4 in the batch (>= 16 for filters of <= 32 MiB transformed), else F(2x2, 3x3) with >= 64 tiles of
+# 2x2 (>= 16 for filters of <= 32 MiB transformed) (variant: KILN_CPU_WINOGRAD value
 # that gives the same result).
 LARGE_CASES = [
     ((1, 1280, 32, 32), 96, "relu", "1"),  # 1280 input channels: 5 K blocks; 64 tiles, one block
     ((2, 300, 36, 44), 400, None, "1"),    # 2 output-channel chunks, 3 blocks of tile groups, partial groups
-    ((1, 1280, 16, 16), 64, "silu", "2"),  # the SD UNet's 16x16 level: 16 tiles of 4x4, 64 of 2x2
-    ((2, 300, 13, 15), 400, None, "2"),    # F(2x2, 3x3): partial 2x2 tiles, 2 images, 2 chunks
+    ((1, 1280, 16, 16), 208, "silu", "2"),  # the SD UNet's 16x16 level: 64 tiles of 2x2 (F(4x4, 3x3) filters over 32 MiB)
+    ((2, 300, 13, 15), 800, None, "2"),    # F(2x2, 3x3): partial 2x2 tiles, 2 images, 3 chunks (F(4x4): > 32 MiB)
+    ((1, 512, 7, 7), 512, None, "2"),      # resnet's 7x7 stage: 16 tiles of 2x2, two tile rows per group
+    ((1, 256, 14, 14), 256, "relu", "1"),  # resnet's 14x14 stage: 16 tiles of 4x4, two tile rows per group
+    ((1, 640, 14, 14), 96, None, "1"),     # F(4x4, 3x3) pairs with 3 K blocks
+    ((1, 256, 8, 8), 320, None, "2"),      # an 8x8 plane: 16 tiles, pairs, 1 chunk
 ]
 
 
-@pytest.mark.parametrize("case", LARGE_CASES, ids=["cin1280", "cout400", "f2x2_cin1280", "f2x2_cout400"])
+@pytest.mark.parametrize("case", LARGE_CASES, ids=["cin1280", "cout400", "f2x2_cin1280", "f2x2_cout400", "f2x2_7x7",
+                                                  "f4x4_14x14", "f4x4_14x14_cin640", "f2x2_8x8"])
 @pytest.mark.parametrize("threads", [1, 2])
 def test_default_rule_takes_winograd_for_large_filters(case, threads, monkeypatch):
     """The SD UNet's sizes: filters over 4 MiB take the Winograd variant the rule names without

@@ -108,7 +108,22 @@ struct ConvState : KernelState {
   std::vector<float> pw_w, pw_b;  ///< direct pointwise path (pack_pointwise); empty: not used
   std::vector<float> gv_w, gv_b;  ///< one-pixel pointwise path (pack_pointwise_gemv); empty: not used
   bool residual = false;          ///< a following aten.add (alpha 1) fused: + KernelArgs::inputs[3]
+  /// Winograd and GEMM paths: a following residual aten.add (alpha 1) fused, + KernelArgs::inputs[3]
+  /// after the convolution (no activation before it), then `after` (FusionCandidate::then, e.g.
+  /// resnet's relu; None when not fused).
+  bool residual_gw = false;
+  cpu::PostOp after;
 };
+
+/// out[i] = after(out[i] + res[i]) over [N, C, plane] (the GEMM paths' fused residual add and
+/// activation, run after the product while the output is still in the caches), split over the
+/// planes on `pool`.
+void residual_planes(float* out, const float* res, int64_t planes, int64_t plane, ThreadPool* pool,
+                     const cpu::PostOp& after) {
+  cpu::parallel_range(pool, planes, std::max<int64_t>(1, 8192 / std::max<int64_t>(plane, 1)), [&](int64_t b, int64_t e) {
+    cpu::residual_inplace(out + b * plane, res + b * plane, (e - b) * plane, after);
+  });
+}
 
 /// 1x1 kernel, stride 1, no padding (dilation is then irrelevant): the plain GEMM path.
 bool is_plain_1x1(const ConvGeometry& g) {
@@ -1114,6 +1129,21 @@ Error convolution(const KernelArgs& a) {
       res = a.inputs[3]->data_as<float>();
     }
     pointwise_direct(g, px, po, a.pool, *st, res);
+  } else if (st != nullptr && st->residual_gw) {  // Winograd / GEMM paths with a fused residual add
+    if (a.inputs.size() < 4 || a.inputs[3] == nullptr || a.inputs[3]->type() != a.outputs[0]->type()) {
+      return Error(ErrorCode::Internal, "aten.convolution: fused aten.add without its other input");
+    }
+    const float* res = a.inputs[3]->data_as<float>();
+    if (!st->winograd.empty()) {
+      cpu::conv_winograd(g, st->winograd_tile, px, st->winograd.data(), pb, po, a.pool, post, res, st->after);
+      return {};
+    }
+    if (is_plain_1x1(g)) {
+      conv_1x1(g, px, pw, pb, po, a.pool, st);
+    } else {
+      conv_im2col(g, px, pw, pb, po, a.pool, st);
+    }
+    residual_planes(po, res, g.batch * g.out_channels, g.out_size[0] * g.out_size[1], a.pool, st->after);
   } else if (is_plain_1x1(g)) {
     conv_1x1(g, px, pw, pb, po, a.pool, st);
   } else if (st != nullptr && !st->winograd.empty()) {
@@ -1180,6 +1210,17 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
       sig.outputs[0]->dtype == DType::Float32) {
     st->residual = true;
     st->fused_next = true;
+  }
+  // The same on the Winograd and GEMM paths (prepared state: transformed or packed weights), and
+  // an activation after the add (FusionCandidate::then, post_op_of) applied to the sum.
+  if (!st->fused_next && p.next != nullptr && p.next->other != nullptr && p.next->op == "aten.add" &&
+      p.next->attrs.get_float("alpha", 1.0) == 1.0 && (!st->winograd.empty() || !st->packed.empty()) &&
+      *p.next->other == *sig.outputs[0] && sig.outputs[0]->dtype == DType::Float32) {
+    st->residual_gw = true;
+    st->fused_next = true;
+    if (p.next->then != nullptr && cpu::post_op_of(p.next->then->op, p.next->then->attrs, &st->after)) {
+      st->fused_then = true;
+    }
   }
   if (!st->fused_next && st->packed.empty() && st->winograd.empty() && st->pw_w.empty()) return std::unique_ptr<KernelState>();
   return std::unique_ptr<KernelState>(std::move(st));

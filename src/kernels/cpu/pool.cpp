@@ -72,19 +72,48 @@ __attribute__((target("avx2,fma"))) inline __m256 nan_max8(__m256 a, __m256 b) {
 
 inline float nan_max(float a, float b) { return std::isnan(a) || std::isnan(b) ? a + b : (b > a ? b : a); }
 
-/// row[i] = nan_max(row[i], src[i]) for i < n.
-__attribute__((target("avx2,fma"))) void row_max_avx2(float* row, const float* src, int64_t n) {
+/// row[i] = max over r < nr of rows[r][i] (NaN-propagating, in row order), i < n; nr >= 1.
+__attribute__((target("avx2,fma"))) void vertical_max(const float* const* rows, int64_t nr, int64_t n, float* row) {
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(row + i, nan_max8(_mm256_loadu_ps(row + i), _mm256_loadu_ps(src + i)));
-  for (; i < n; ++i) row[i] = nan_max(row[i], src[i]);
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_loadu_ps(rows[0] + i);
+    for (int64_t r = 1; r < nr; ++r) v = nan_max8(v, _mm256_loadu_ps(rows[r] + i));
+    _mm256_storeu_ps(row + i, v);
+  }
+  for (; i < n; ++i) {
+    float v = rows[0][i];
+    for (int64_t r = 1; r < nr; ++r) v = nan_max(v, rows[r][i]);
+    row[i] = v;
+  }
+}
+
+/// Horizontal pass of the 3-wide, stride-2 window (resnet's 3x3 / 2 max pooling): orow[ow] =
+/// max(rowp[2 ow], rowp[2 ow + 1], rowp[2 ow + 2]) for ow < n, where rowp is the row with its left
+/// padding in front and -inf after it (readable up to 2 n + 18). 8 outputs per step: the even and
+/// odd columns of two 8-float loads (shuffles within 128-bit halves, one cross-half permute at the end).
+__attribute__((target("avx2,fma"))) void hmax3_s2(const float* rowp, float* orow, int64_t n) {
+  int64_t ow = 0;
+  for (; ow + 8 <= n; ow += 8) {
+    const float* s = rowp + 2 * ow;
+    const __m256 a = _mm256_loadu_ps(s), b = _mm256_loadu_ps(s + 8);
+    const __m256 c = _mm256_loadu_ps(s + 2), d = _mm256_loadu_ps(s + 10);
+    // lanes (per half) hold columns 2t, 2t + 1, 2t + 2 of the same outputs t (order 0 1 4 5 2 3 6 7)
+    __m256 m = nan_max8(_mm256_shuffle_ps(a, b, 0x88), _mm256_shuffle_ps(a, b, 0xDD));
+    m = nan_max8(m, _mm256_shuffle_ps(c, d, 0x88));
+    _mm256_storeu_ps(orow + ow, _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(m), 0xD8)));
+  }
+  for (; ow < n; ++ow) orow[ow] = nan_max(nan_max(rowp[2 * ow], rowp[2 * ow + 1]), rowp[2 * ow + 2]);
 }
 
 /// aten.max_pool2d, values only, as the portable kernel (src/kernels/portable/pool.cpp, ATen's
 /// MaxPoolKernel.cpp): out[p, oh, ow] = max over the window's positions inside the input, NaN if
 /// any of them is NaN, -inf for a window with none. The max is separable (and NaN-propagating max
 /// is associative), so each output row first takes the max over the window's rows for every input
-/// column (8 columns per AVX2 step), then the max over the window's columns of that row. Planes
-/// are split across the pool. Results equal the portable kernel's exactly.
+/// column (8 columns per AVX2 step, all of the window's rows in one pass), into a row buffer with
+/// pad_w columns of -inf in front and -inf after the row (a window's positions outside the input
+/// then count as -inf, which changes no max), then the max over the window's columns of that row
+/// (3 wide with stride 2: hmax3_s2). Planes are split across the pool. Results equal the portable
+/// kernel's up to the sign of a zero that ties with another zero.
 Error max_pool2d(const KernelArgs& a) {
   const Tensor& x = *a.inputs[0];
   Tensor& out = *a.outputs[0];
@@ -95,39 +124,39 @@ Error max_pool2d(const KernelArgs& a) {
   float* po = out.data_as<float>();
   const float ninf = -std::numeric_limits<float>::infinity();
   const int64_t work = g.in_h * g.in_w * g.kernel_h + g.out_h * g.out_w * g.kernel_w;  // per plane
+  const bool k3s2 = g.kernel_w == 3 && g.stride_w == 2 && g.dilation_w == 1;
+  // row buffer: pad_w, the row, then -inf up to every window's last column (+ 16 for hmax3_s2's reads)
+  const int64_t last = (g.out_w - 1) * g.stride_w + (g.kernel_w - 1) * g.dilation_w;  // padded column
+  const int64_t row_len = std::max(g.pad_w + g.in_w, last + 1) + 24;
   cpu::parallel_range(a.pool, g.planes, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(work, 1)),
                       [&](int64_t b, int64_t e) {
-    std::vector<float> row(static_cast<size_t>(g.in_w));
+    std::vector<float> buf(static_cast<size_t>(row_len), ninf);
+    float* row = buf.data() + g.pad_w;  // row[iw], iw in [-pad_w, row_len - pad_w)
+    std::vector<const float*> rows(static_cast<size_t>(g.kernel_h));
     for (int64_t p = b; p < e; ++p) {
       const float* plane = px + p * g.in_h * g.in_w;
       float* oplane = po + p * g.out_h * g.out_w;
       for (int64_t oh = 0; oh < g.out_h; ++oh) {
-        // row[iw] = max over the window's rows inside the input (-inf when there are none)
-        bool any_row = false;
+        // row[iw] = max over the window's rows inside the input
+        int64_t nr = 0;
         for (int64_t kh = 0; kh < g.kernel_h; ++kh) {
           const int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dilation_h;
-          if (ih < 0 || ih >= g.in_h) continue;
-          const float* src = plane + ih * g.in_w;
-          if (!any_row) {
-            std::copy(src, src + g.in_w, row.begin());
-            any_row = true;
-            continue;
-          }
-          row_max_avx2(row.data(), src, g.in_w);
+          if (ih >= 0 && ih < g.in_h) rows[static_cast<size_t>(nr++)] = plane + ih * g.in_w;
         }
         float* orow = oplane + oh * g.out_w;
-        if (!any_row) {
+        if (nr == 0) {
           std::fill(orow, orow + g.out_w, ninf);
           continue;
         }
+        vertical_max(rows.data(), nr, g.in_w, row);
+        if (k3s2) {
+          hmax3_s2(buf.data(), orow, g.out_w);
+          continue;
+        }
         for (int64_t ow = 0; ow < g.out_w; ++ow) {
-          const int64_t iw0 = ow * g.stride_w - g.pad_w;
+          const float* w0 = buf.data() + ow * g.stride_w;  // padded column of the window's first position
           float best = ninf;
-          for (int64_t kw = 0; kw < g.kernel_w; ++kw) {
-            const int64_t iw = iw0 + kw * g.dilation_w;
-            if (iw < 0 || iw >= g.in_w) continue;
-            best = nan_max(best, row[static_cast<size_t>(iw)]);
-          }
+          for (int64_t kw = 0; kw < g.kernel_w; ++kw) best = nan_max(best, w0[kw * g.dilation_w]);
           orow[ow] = best;
         }
       }

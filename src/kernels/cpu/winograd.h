@@ -25,8 +25,11 @@ namespace kiln::cpu {
 ///  - transformed filters (36 C_in C_out floats) <= 4 MiB: 4 with at least 32 tiles of 4x4 per image;
 ///  - larger filters (each transformed filter float is read from memory once per block of up to
 ///    128 tiles, so it must serve many tiles): 4 with at least 64 tiles of 4x4 in the batch (e.g.
-///    the SD UNet's 64x64 and 32x32 convs), else 2 with at least 64 tiles of 2x2 (its 16x16 convs;
-///    its 8x8 ones stay on im2col).
+///    the SD UNet's 64x64 and 32x32 convs) or at least 16 where they take at most 32 MiB and a
+///    row has at most 4 tiles of 4x4 (resnet's 256-channel 14x14 convs), else 2 with at least 64 tiles of 2x2 (the SD UNet's
+///    16x16 convs), or with at least 16 where the F(2x2, 3x3) filters take at most 32 MiB
+///    (resnet's 512-channel 7x7 convs; the SD UNet's 8x8 ones stay on im2col).
+/// With at most 4 tiles per row, a group of 8 tiles spans two tile rows.
 /// Thresholds and ratios: winograd.cpp. The transformed filters take 4x (F(4x4, 3x3)) or 16/9x
 /// (F(2x2, 3x3)) the memory of the weights; conv.cpp keeps them instead of the packed weights.
 /// Environment KILN_CPU_WINOGRAD (read at each call; conv.cpp calls this when a method is loaded):
@@ -56,7 +59,15 @@ int64_t winograd_pos_stride(int64_t cout, int64_t cin);
 /// KiB); larger filters: blocks of up to 128 tiles, each split between the threads (input
 /// channels, GEMMs per position and output-channel chunk, output channels), one scratch of at most
 /// ~24 MiB on the calling thread. Scratch is kept between calls.
+/// `residual` (optional, float32 [N, C_out, OH, OW], not overlapping `out`): a fused residual
+/// add and activation, out = after(post(...) + residual) (the convolution followed by aten.add and
+/// `after`, bit-identical: residual_inplace on each output row as it is written).
 void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float* packed, const float* bias,
-                   float* out, ThreadPool* pool, const PostOp& post);
+                   float* out, ThreadPool* pool, const PostOp& post, const float* residual = nullptr,
+                   const PostOp& after = {});
+
+/// y[i] = after(y[i] + r[i]) for i < n: a residual aten.add (the add kernel's float addition) and
+/// an activation (apply8's float operations) fused into a convolution's output.
+void residual_inplace(float* y, const float* r, int64_t n, const PostOp& after);
 
 }  // namespace kiln::cpu
