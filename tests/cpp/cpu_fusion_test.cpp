@@ -273,12 +273,12 @@ TEST(CpuFusion, ResidualAddAndReluFusedIntoWinogradAndGemmAreBitIdenticalToUnfus
   // Paths: Winograd F(4x4, 3x3) (16 -> 16 at 24x24: 36 tiles; 176 -> 176 at 14x14: 16 tiles, two
   // tile rows per group), Winograd F(2x2, 3x3) with two tile rows per group (192 -> 192 at 7x7:
   // filters over 4 MiB, 16 tiles), im2col GEMM (1x1 stride 2:
-  // resnet's downsample; 3x3 stride 2, batch 2, no bias), the plain 1x1 GEMM (260 input channels:
-  // more than the direct pointwise path takes).
+  // resnet's downsample; 3x3 stride 2, batch 2, no bias), the plain 1x1 GEMM (260 input channels on a
+  // 9x9 plane: more than the direct pointwise path takes there, C_in <= 256 or planes <= 64 pixels).
   const Conv convs[] = {Conv{1, 16, 24, 24, 16, 3, 1, 1, 1, true}, Conv{1, 192, 7, 7, 192, 3, 1, 1, 1, true},
                         Conv{1, 176, 14, 14, 176, 3, 1, 1, 1, true},  // F(4x4, 3x3), two tile rows per group
                         Conv{1, 24, 14, 13, 40, 1, 2, 0, 1, true}, Conv{2, 8, 9, 11, 12, 3, 2, 1, 1, false},
-                        Conv{1, 260, 5, 6, 20, 1, 1, 0, 1, true}};
+                        Conv{1, 260, 9, 9, 20, 1, 1, 0, 1, true}};
   for (const Conv& c : convs) {
     for (bool conv_first : {true, false}) {
       const int64_t oh = (c.h + 2 * c.padding - c.k) / c.stride + 1, ow = (c.w + 2 * c.padding - c.k) / c.stride + 1;
