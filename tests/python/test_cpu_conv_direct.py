@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kiln
-from oprunner import assert_close, has_avx2_fma
+from oprunner import assert_close, check_cpu_kernels_match_eager, has_avx2_fma
 
 torch.set_num_threads(1)
 
@@ -36,15 +36,7 @@ def test_direct_conv_matches_eager(case):
         layers.append(ACT[act]())
     model = torch.nn.Sequential(*layers).eval()
     x = torch.randn(2, cin, h, w)
-    data = kiln.export(model, (x,), verbose=False).data
-    with torch.no_grad():
-        expected = model(x).numpy()
-    for threads in (1, 2):
-        out = kiln.load_bytes(data, num_threads=threads).run(x.numpy())[0]
-        assert_close(out, expected, rel=1e-5, what=f"{case} at {threads} threads")
-    ref = kiln.load_bytes(data, num_threads=1, portable_kernels_only=True).run(x.numpy())[0]
-    # float32 FMA sums differ in the last bits from the portable kernel's double sums
-    assert not np.array_equal(out, ref), "the cpu kernel was not selected (bit-identical to the portable kernel)"
+    check_cpu_kernels_match_eager(model, x, what=str(case))
 
 
 @pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")

@@ -3,12 +3,11 @@ threads: the row kernel for 3x3 and 5x5 taps (dw_plane_rows: output rows wider t
 channel multiplier > 1; blocks of 64 columns, then a remainder of 1..8 vectors, the last one
 masked) with each fused activation kind, strides 1, 2 and 3, dilation, padding wider than half the
 kernel, and the 8-channel blocked kernel (depthwise_c8: rows of at most 32 columns) next to it."""
-import numpy as np
 import pytest
 import torch
 
 import kiln
-from oprunner import assert_close, has_avx2_fma
+from oprunner import assert_close, check_cpu_kernels_match_eager, has_avx2_fma
 
 torch.set_num_threads(1)
 
@@ -41,15 +40,7 @@ def test_depthwise_matches_eager(case):
         layers.append(ACT[act]())
     model = torch.nn.Sequential(*layers).eval()
     x = torch.randn(2, c, h, w)
-    data = kiln.export(model, (x,), verbose=False).data
-    with torch.no_grad():
-        expected = model(x).numpy()
-    for threads in (1, 2):
-        out = kiln.load_bytes(data, num_threads=threads).run(x.numpy())[0]
-        assert_close(out, expected, rel=1e-5, what=f"{case} at {threads} threads")
-    ref = kiln.load_bytes(data, num_threads=1, portable_kernels_only=True).run(x.numpy())[0]
-    # float32 FMA sums differ in the last bits from the portable kernel's double sums
-    assert not np.array_equal(out, ref), "the cpu kernel was not selected (bit-identical to the portable kernel)"
+    check_cpu_kernels_match_eager(model, x, what=str(case))
 
 
 @pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
