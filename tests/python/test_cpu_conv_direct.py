@@ -2,7 +2,6 @@
 C_in <= 4, kernel <= 7x7, C_in * kH * kW <= 64, stride 1 or 2, e.g. an RGB 3x3 stem) against eager, at 1 and 2
 threads, with the fused activations and the edge cases of its row building (padding wider than
 half the kernel, odd widths, output rows narrower than one register tile)."""
-import numpy as np
 import pytest
 import torch
 
