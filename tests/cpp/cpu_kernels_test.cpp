@@ -8,6 +8,7 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <string>
 
 #include "ir/op_registry.h"
@@ -418,6 +419,58 @@ TEST(CpuGemm, Prepacked) {
   cpu::force_portable_sgemm_for_testing(true);
   check_sgemm_prepacked();
   cpu::force_portable_sgemm_for_testing(false);
+}
+
+/// cpu::sgemm with op(B) prepacked by pack_b_for_gemm (a linear layer's weights: W [N, K], trans_b;
+/// the microkernel then prefetches the next panel while computing, including across K blocks whose
+/// last one is short): against the double reference, and bit-identical to the same product packing
+/// B per call (same K blocks and microkernel, so the same sums), at 1 and 2 threads; C outside the
+/// M x N window untouched.
+TEST(CpuGemm, PrepackedWeightsMatchPerCallPacking) {
+  std::mt19937 rng(13);
+  ThreadPool pool(2);
+  struct G {
+    int64_t M, N, K;
+  };
+  for (G s : {G{77, 40, 257}, G{7, 17, 300}, G{150, 100, 513}, G{77, 33, 769}, G{13, 48, 256}, G{6, 16, 8}}) {
+    const int64_t ldc = s.N + 2;
+    auto A = random_floats(s.M * s.K, rng);
+    auto W = random_floats(s.N * s.K, rng);
+    auto bias = random_floats(s.N, rng);
+    std::vector<float> packed(static_cast<size_t>(cpu::prepacked_b_floats(s.N, s.K)));
+    cpu::pack_b_for_gemm(true, s.K, s.N, W.data(), s.K, packed.data());
+    cpu::GemmEpilogue ep;
+    ep.bias_kind = cpu::GemmBias::PerCol;
+    ep.bias = bias.data();
+    std::vector<float> expected(static_cast<size_t>(s.M * ldc), 0.0f);
+    reference_gemm(false, true, s.M, s.N, s.K, 1.0f, A.data(), s.K, W.data(), s.K, 0.0f, expected, ldc, ep);
+    std::vector<float> per_call(static_cast<size_t>(s.M * ldc), std::nanf(""));
+    cpu::sgemm(false, true, s.M, s.N, s.K, 1.0f, A.data(), s.K, W.data(), s.K, 0.0f, per_call.data(), ldc, ep);
+    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+      std::vector<float> c(static_cast<size_t>(s.M * ldc), std::nanf(""));
+      cpu::sgemm(false, true, s.M, s.N, s.K, 1.0f, A.data(), s.K, W.data(), s.K, 0.0f, c.data(), ldc, ep, p, nullptr,
+                 packed.data());
+      std::ostringstream name;
+      name << "M" << s.M << " N" << s.N << " K" << s.K << (p ? " pool" : "");
+      const std::string what = name.str();
+      std::vector<float> got, want;
+      int64_t differ = 0;
+      for (int64_t i = 0; i < s.M; ++i) {
+        for (int64_t j = 0; j < ldc; ++j) {
+          const size_t k = static_cast<size_t>(i * ldc + j);
+          if (j < s.N) {
+            got.push_back(c[k]);
+            want.push_back(expected[k]);
+            differ += c[k] != per_call[k];
+          } else {
+            EXPECT_TRUE(std::isnan(c[k])) << "padding of C written at " << i << "," << j << " " << what;
+          }
+        }
+      }
+      expect_close(got, want, tol_for(s.K), "prepacked sgemm " + what);
+      EXPECT_EQ(differ, 0) << "prepacked and per-call packed B differ in " << differ << " values, " << what;
+    }
+  }
 }
 
 }  // namespace

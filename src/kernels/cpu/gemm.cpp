@@ -64,23 +64,24 @@ struct TileStore {
   bool last;   // last K block: + bias, clamp
   int64_t row0, col0;
   const GemmEpilogue* ep;
-  const float* prefetch = nullptr;  ///< the slice of the next B panel to prefetch during this tile, or null
+  const float* prefetch = nullptr;  ///< the slice of the next B panel to prefetch during this tile
+  int64_t prefetch_lines = 0;       ///< its 64-byte lines (at most kc / 8: one per 8 k-steps); 0: none
 };
 
-/// Floats of the next B panel that one tile prefetches (2 KiB: one cache line every 8 k-steps of
-/// a 256-step K block). Tiles 0, 1, ... of a panel take consecutive slices, so the 13 tiles of a
-/// 77-row product cover the whole next panel (16 KiB at kc = 256) while computing on this one.
-constexpr int64_t kPrefetchSliceFloats = 512;
-
-/// The slice of `next_panel` (kc * NR floats, or null) that tile `tile` of the current panel
-/// prefetches: null when there is no next panel or the earlier tiles already cover it.
-/// Only for B prepacked at load time (a linear layer's weights: hundreds of MiB for a text
-/// encoder, read from DRAM once per call), where without it the first tile of every panel waits
-/// for the panel: 77-row linear layers went from 84 to 92 GFLOP/s on one core here. B packed
-/// per call (im2col, Winograd) is in cache already and gets none.
-inline const float* prefetch_slice(const float* next_panel, int64_t kc, int64_t tile) {
-  const int64_t off = tile * kPrefetchSliceFloats;
-  return next_panel != nullptr && off < kc * NR ? next_panel + off : nullptr;
+/// Sets the slice of the next B panel that tile `tile` of the current panel prefetches, one
+/// 64-byte line per 8 k-steps of its kc: tiles 0, 1, ... take consecutive slices of kc / 8 lines,
+/// so at kc = 256 the first 8 tiles cover a whole 256-row panel (16 KiB; a 77-row product has 13).
+/// A panel of next_kc rows is next_kc lines (a row is NR floats = 64 bytes). No prefetch when
+/// `next_panel` is null or the earlier tiles cover it; never an address past the panel.
+/// For B prepacked before the product (a linear layer's weights, packed at load time: hundreds of
+/// MiB for a text encoder, read from DRAM on every call; or the B that all parts of a product
+/// split along M share). Without it the first tile of every panel waits for the panel: 77-row
+/// linear layers went from 84 to 92 GFLOP/s on one core here. B packed per block (im2col,
+/// Winograd) is in cache already and gets none.
+inline void set_prefetch(TileStore& s, const float* next_panel, int64_t next_kc, int64_t kc, int64_t tile) {
+  const int64_t per_tile = kc / 8, first = tile * per_tile;
+  s.prefetch_lines = next_panel != nullptr ? std::clamp<int64_t>(next_kc - first, 0, per_tile) : 0;
+  s.prefetch = s.prefetch_lines > 0 ? next_panel + first * NR : nullptr;
 }
 
 /// Scalar store of an mr x nr tile `t` (row stride NR) into C with the epilogue.
@@ -207,7 +208,7 @@ __attribute__((target("avx2,fma"))) void kernel_avx2_n8(int64_t kc, const float*
 }
 
 /// AVX2+FMA microkernel: a 6 x 16 tile in 12 ymm accumulators; per k: 2 loads of B,
-/// 6 broadcasts of A, 12 FMAs; every 8 k: a prefetch of s.prefetch (kPrefetchSliceFloats floats).
+/// 6 broadcasts of A, 12 FMAs; every 8 k, s.prefetch_lines times: a prefetch of the next line of s.prefetch.
 __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* ap, const float* bp, float* c,
                                                      int64_t ldc, int mr, int nr, const TileStore& s) {
   if (nr <= 8) {
@@ -249,14 +250,12 @@ __attribute__((target("avx2,fma"))) void kernel_avx2(int64_t kc, const float* ap
   } while (0)
 
   int64_t p = 0;
-  if (s.prefetch != nullptr) {
-    // One 64-byte line into L2 per 8 k-steps (T1 was ~3% faster than T0 here: this panel and
-    // A stay in L1).
-    const char* pf = reinterpret_cast<const char*>(s.prefetch);
-    for (; p + 8 <= kc; p += 8) {
-      _mm_prefetch(pf + p * 8, _MM_HINT_T1);
-      for (int u = 0; u < 8; ++u) KILN_GEMM_K_STEP;
-    }
+  // One 64-byte line into L2 per 8 k-steps (T1 was ~3% faster than T0 here: this panel and A stay
+  // in L1). set_prefetch gives at most kc / 8 lines.
+  const char* pf = reinterpret_cast<const char*>(s.prefetch);
+  for (int64_t line = 0; line < s.prefetch_lines; ++line, p += 8) {
+    _mm_prefetch(pf + line * 64, _MM_HINT_T1);
+    for (int u = 0; u < 8; ++u) KILN_GEMM_K_STEP;
   }
   for (; p < kc; ++p) KILN_GEMM_K_STEP;
 #undef KILN_GEMM_K_STEP
@@ -474,11 +473,11 @@ void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, in
       }
       TileStore s{g.beta, pc == 0, pc + kc >= g.K, 0, 0, g.ep};
       // The panel after this block's last one, for prefetching prepacked B: the next K block's
-      // panel at jc.
+      // panel at jc (of next_kc rows).
       const float* after_block = nullptr;
+      const int64_t next_kc = std::min(KC, g.K - pc - KC);
       if (g.packed_b != nullptr && pc + KC < g.K) {
-        after_block = g.packed_b + (pc / KC + 1) * ((g.N + NR - 1) / NR) * panel_stride(KC) +
-                      jc / NR * panel_stride(std::min(KC, g.K - pc - KC));
+        after_block = g.packed_b + (pc / KC + 1) * ((g.N + NR - 1) / NR) * panel_stride(KC) + jc / NR * panel_stride(next_kc);
       }
       for (int64_t ic = m0; ic < m1; ic += MC) {
         const int64_t mc = std::min(MC, m1 - ic);
@@ -493,12 +492,13 @@ void gemm_rect(const GemmArgs& g, MicroKernel kernel, int64_t m0, int64_t m1, in
         for (int64_t jr = 0; jr < nc; jr += NR) {
           const int nr = static_cast<int>(std::min<int64_t>(NR, nc - jr));
           const float* bp = b_block + jr / NR * panel_stride(kc);
-          const float* next = g.packed_b == nullptr ? nullptr : jr + NR < nc ? bp + panel_stride(kc) : after_block;
+          const bool in_block = jr + NR < nc;
+          const float* next = g.packed_b == nullptr ? nullptr : in_block ? bp + panel_stride(kc) : after_block;
           for (int64_t ir = 0; ir < mc; ir += MR) {
             const int mr = static_cast<int>(std::min<int64_t>(MR, mc - ir));
             s.row0 = ic + ir;
             s.col0 = jc + jr;
-            s.prefetch = prefetch_slice(next, kc, ir / MR);
+            set_prefetch(s, next, in_block ? kc : next_kc, kc, ir / MR);
             kernel(kc, a_block + ir * kc, bp, g.C + (ic + ir) * g.ldc + jc + jr, g.ldc, mr, nr, s);
           }
         }
