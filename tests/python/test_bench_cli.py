@@ -239,6 +239,26 @@ def test_inspect_kernel_counts(cli, program):
     assert re.search(r"^\s+delegates\s+none$", text, re.M), text
 
 
+def test_bench_peak_rss_covers_the_weights(cli, tmp_path):
+    """peak_rss_mib is in MiB and counts the weights: a linear layer with a 64 MiB weight
+    (f32 [4096, 4096], read in full by every run) peaks above 64 MiB and well under 4 x that (a
+    figure in KiB would be ~65000; one that missed the weights would be ~10)."""
+    n = 4096
+    w = np.random.default_rng(8).standard_normal((n, n), dtype=np.float32)
+    g = kiln.Graph()
+    x = g.add_input("x", "float32", [1, n])
+    wc = g.add_constant("w", "float32", [n, n], w.view(np.uint8).reshape(-1))
+    (y,) = g.add_node("aten.linear", [x, wc, -1])
+    g.set_outputs([y])
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    data, _ = pb.compile()
+    (tmp_path / "big.kiln").write_bytes(data)
+    r = bench_json(cli, tmp_path / "big.kiln", "--runs", 2, "--warmup", 1, "--threads", 1)
+    weights_mib = w.nbytes / 2**20
+    assert weights_mib <= r["peak_rss_mib"] <= 4 * weights_mib, r["peak_rss_mib"]
+
+
 @pytest.mark.skipif(not HAS_XNNPACK, reason="the xnnpack backend is not built")
 def test_inspect_and_bench_xnnpack_program(cli, tmp_path):
     path = compile_to(tmp_path / "conv_xnn.kiln", backends=("xnnpack",))
