@@ -122,34 +122,27 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
       Graph g = original;
       MethodReport rep;
       rep.name = name;
-      if (options.fold_constants) {
-        auto folded = fold_constants(g);
-        if (!folded.ok()) return Error(folded.error().code(), "method '" + name + "': " + folded.error().message());
-        rep.num_folded = folded.value();
-      }
+      // Runs one graph pass (its result: how many rewrites it made) into *count; its error names
+      // the method and the pass.
+      auto run_pass = [&name](const char* what, Result<size_t> r, size_t* count) -> Error {
+        if (!r.ok()) return Error(r.error().code(), "method '" + name + "': " + what + r.error().message());
+        *count = r.value();
+        return Error::success();
+      };
+      if (options.fold_constants) KILN_RETURN_IF_ERROR(run_pass("", fold_constants(g), &rep.num_folded));
       // The pattern rewrites come after constant folding (their constants 3, 6 and c must be
       // folded first) and before the affine folding, which folds the scales quick-GELU leaves
       // (and would otherwise take hardswish's 1/6 into a following convolution).
       if (options.fold_constants) {
-        auto hs = fuse_hardswish(g);
-        if (!hs.ok()) return Error(hs.error().code(), "method '" + name + "': hardswish recognition: " + hs.error().message());
-        rep.num_hardswish = hs.value();
-        auto qg = rewrite_quick_gelu(g);
-        if (!qg.ok()) return Error(qg.error().code(), "method '" + name + "': quick-GELU rewrite: " + qg.error().message());
-        rep.num_quick_gelu = qg.value();
+        KILN_RETURN_IF_ERROR(run_pass("hardswish recognition: ", fuse_hardswish(g), &rep.num_hardswish));
+        KILN_RETURN_IF_ERROR(run_pass("quick-GELU rewrite: ", rewrite_quick_gelu(g), &rep.num_quick_gelu));
       }
       if (options.fold_batch_norm) {
-        auto bn = fold_batch_norm(g);
-        if (!bn.ok()) return Error(bn.error().code(), "method '" + name + "': batch-norm folding: " + bn.error().message());
-        rep.num_bn_folded = bn.value();
-        auto af = fold_scalar_affine(g);
-        if (!af.ok()) return Error(af.error().code(), "method '" + name + "': affine folding: " + af.error().message());
-        rep.num_affine_folded = af.value();
+        KILN_RETURN_IF_ERROR(run_pass("batch-norm folding: ", fold_batch_norm(g), &rep.num_bn_folded));
+        KILN_RETURN_IF_ERROR(run_pass("affine folding: ", fold_scalar_affine(g), &rep.num_affine_folded));
       }
       if (options.quantize.bits != 0) {
-        auto q = quantize_weights(g, options.quantize);
-        if (!q.ok()) return Error(q.error().code(), "method '" + name + "': " + q.error().message());
-        rep.num_quantized = q.value();
+        KILN_RETURN_IF_ERROR(run_pass("", quantize_weights(g, options.quantize), &rep.num_quantized));
       }
       if (options.eliminate_dead_code) rep.num_dead = eliminate_dead_code(g);
       rep.num_nodes = g.nodes().size();
