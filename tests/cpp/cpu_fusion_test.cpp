@@ -157,26 +157,40 @@ TEST(CpuFusion, FusedIsBitIdenticalToUnfusedAndMatchesPortable) {
   }
 }
 
-/// x -> 1x1 convolution -> aten.add with the second input r (conv first or second); outputs
-/// {add} (fusable) or {add, convolution}.
-Result<std::vector<uint8_t>> compile_residual(const Conv& c, bool conv_first, bool expose_conv) {
+/// x -> convolution (any kernel / stride) -> aten.add with r (conv first or second), then with
+/// `relu` an aten.relu (resnet's block end). Outputs: the last node's, plus with expose 1 the add
+/// (with relu: only the add is fusable) or with expose 2 the convolution (nothing fusable).
+Result<std::vector<uint8_t>> compile_residual(const Conv& c, bool conv_first, bool relu, int expose) {
   Graph g;
+  const int64_t oh = (c.h + 2 * c.padding - c.k) / c.stride + 1, ow = (c.w + 2 * c.padding - c.k) / c.stride + 1;
   const ValueId x = g.add_input("x", {DType::Float32, {c.n, c.cin, c.h, c.w}});
-  const ValueId r = g.add_input("r", {DType::Float32, {c.n, c.cout, c.h, c.w}});
-  std::vector<float> wv = pattern(static_cast<size_t>(c.cout * c.cin), 7);
-  auto w = g.add_constant("w", {DType::Float32, {c.cout, c.cin, 1, 1}}, float_bytes(wv));
+  const ValueId r = g.add_input("r", {DType::Float32, {c.n, c.cout, oh, ow}});
+  std::vector<float> wv = pattern(static_cast<size_t>(c.cout * c.cin * c.k * c.k), 7);
+  for (float& v : wv) v *= 0.25f;
+  auto w = g.add_constant("w", {DType::Float32, {c.cout, c.cin, c.k, c.k}}, float_bytes(wv));
   if (!w.ok()) return w.error();
-  auto b = g.add_constant("b", {DType::Float32, {c.cout}}, float_bytes(pattern(static_cast<size_t>(c.cout), 8)));
-  if (!b.ok()) return b.error();
-  Attributes attrs{{"stride", V{1, 1}}, {"padding", V{0, 0}}, {"dilation", V{1, 1}},
+  ValueId b = kNoValue;
+  if (c.bias) {
+    auto bb = g.add_constant("b", {DType::Float32, {c.cout}}, float_bytes(pattern(static_cast<size_t>(c.cout), 8)));
+    if (!bb.ok()) return bb.error();
+    b = bb.value();
+  }
+  Attributes attrs{{"stride", V{c.stride, c.stride}}, {"padding", V{c.padding, c.padding}}, {"dilation", V{1, 1}},
                    {"transposed", false}, {"output_padding", V{0, 0}}, {"groups", int64_t{1}}};
-  auto y = g.add_node("aten.convolution", {x, w.value(), b.value()}, attrs, "conv");
+  auto y = g.add_node("aten.convolution", {x, w.value(), b}, attrs, "conv");
   if (!y.ok()) return y.error();
   const ValueId yv = y.value()[0];
   auto z = g.add_node("aten.add", {conv_first ? yv : r, conv_first ? r : yv}, {{"alpha", 1.0}}, "add");
   if (!z.ok()) return z.error();
-  std::vector<ValueId> outs{z.value()[0]};
-  if (expose_conv) outs.push_back(yv);
+  ValueId last = z.value()[0];
+  if (relu) {
+    auto u = g.add_node("aten.relu", {last}, {}, "relu");
+    if (!u.ok()) return u.error();
+    last = u.value()[0];
+  }
+  std::vector<ValueId> outs{last};
+  if (expose == 1) outs.push_back(z.value()[0]);
+  if (expose == 2) outs.push_back(yv);
   KILN_RETURN_IF_ERROR(g.set_outputs(outs));
   ProgramBuilder pb;
   KILN_RETURN_IF_ERROR(pb.add_method("forward", std::move(g)));
@@ -194,8 +208,8 @@ TEST(CpuFusion, ResidualAddFusedIntoPointwiseIsBitIdenticalToUnfused) {
       const TensorType xt{DType::Float32, {c.n, c.cin, c.h, c.w}}, rt{DType::Float32, {c.n, c.cout, c.h, c.w}};
       std::vector<float> x = pattern(static_cast<size_t>(xt.numel()), 3), r = pattern(static_cast<size_t>(rt.numel()), 5);
       r[3] = std::nanf("");
-      KILN_ASSERT_OK_AND_ASSIGN(fusable, compile_residual(c, conv_first, false));
-      KILN_ASSERT_OK_AND_ASSIGN(unfusable, compile_residual(c, conv_first, true));
+      KILN_ASSERT_OK_AND_ASSIGN(fusable, compile_residual(c, conv_first, /*relu=*/false, 0));
+      KILN_ASSERT_OK_AND_ASSIGN(unfusable, compile_residual(c, conv_first, /*relu=*/false, 2));
       for (ThreadPool* p : {&one, &pool2}) {
         std::vector<std::vector<float>> outs;
         for (const auto* bytes : {&fusable, &unfusable, &fusable}) {
@@ -230,43 +244,6 @@ TEST(CpuFusion, ResidualAddFusedIntoPointwiseIsBitIdenticalToUnfused) {
   }
 }
 
-/// x -> convolution (any kernel / stride) -> aten.add with r -> aten.relu (resnet's block end);
-/// outputs {relu} (add and relu fusable), {relu, add} (the add only) or {relu, convolution} (none).
-Result<std::vector<uint8_t>> compile_residual_relu(const Conv& c, bool conv_first, int expose) {
-  Graph g;
-  const int64_t oh = (c.h + 2 * c.padding - c.k) / c.stride + 1, ow = (c.w + 2 * c.padding - c.k) / c.stride + 1;
-  const ValueId x = g.add_input("x", {DType::Float32, {c.n, c.cin, c.h, c.w}});
-  const ValueId r = g.add_input("r", {DType::Float32, {c.n, c.cout, oh, ow}});
-  std::vector<float> wv = pattern(static_cast<size_t>(c.cout * c.cin * c.k * c.k), 7);
-  for (float& v : wv) v *= 0.25f;
-  auto w = g.add_constant("w", {DType::Float32, {c.cout, c.cin, c.k, c.k}}, float_bytes(wv));
-  if (!w.ok()) return w.error();
-  ValueId b = kNoValue;
-  if (c.bias) {
-    auto bb = g.add_constant("b", {DType::Float32, {c.cout}}, float_bytes(pattern(static_cast<size_t>(c.cout), 8)));
-    if (!bb.ok()) return bb.error();
-    b = bb.value();
-  }
-  Attributes attrs{{"stride", V{c.stride, c.stride}}, {"padding", V{c.padding, c.padding}}, {"dilation", V{1, 1}},
-                   {"transposed", false}, {"output_padding", V{0, 0}}, {"groups", int64_t{1}}};
-  auto y = g.add_node("aten.convolution", {x, w.value(), b}, attrs, "conv");
-  if (!y.ok()) return y.error();
-  const ValueId yv = y.value()[0];
-  auto z = g.add_node("aten.add", {conv_first ? yv : r, conv_first ? r : yv}, {{"alpha", 1.0}}, "add");
-  if (!z.ok()) return z.error();
-  auto u = g.add_node("aten.relu", {z.value()[0]}, {}, "relu");
-  if (!u.ok()) return u.error();
-  std::vector<ValueId> outs{u.value()[0]};
-  if (expose == 1) outs.push_back(z.value()[0]);
-  if (expose == 2) outs.push_back(yv);
-  KILN_RETURN_IF_ERROR(g.set_outputs(outs));
-  ProgramBuilder pb;
-  KILN_RETURN_IF_ERROR(pb.add_method("forward", std::move(g)));
-  auto compiled = pb.compile();
-  if (!compiled.ok()) return compiled.error();
-  return std::move(compiled.value().bytes);
-}
-
 TEST(CpuFusion, ResidualAddAndReluFusedIntoWinogradAndGemmAreBitIdenticalToUnfused) {
   if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
   ThreadPool pool2(2), one(1);
@@ -287,7 +264,7 @@ TEST(CpuFusion, ResidualAddAndReluFusedIntoWinogradAndGemmAreBitIdenticalToUnfus
       r[3] = std::nanf("");
       std::vector<std::vector<uint8_t>> files;
       for (int expose : {0, 1, 2}) {
-        KILN_ASSERT_OK_AND_ASSIGN(f, compile_residual_relu(c, conv_first, expose));
+        KILN_ASSERT_OK_AND_ASSIGN(f, compile_residual(c, conv_first, /*relu=*/true, expose));
         files.push_back(std::move(f));
       }
       for (ThreadPool* p : {&one, &pool2}) {

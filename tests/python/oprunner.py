@@ -75,19 +75,20 @@ def has_avx2_fma() -> bool:
     return " avx2" in flags and " fma" in flags
 
 
-def check_cpu_kernels_match_eager(model, x, what: str = "", rel: float = 1e-5, selected: bool = True):
+def check_cpu_kernels_match_eager(model, x, what: str = "", rel: float = 1e-5, selected: bool = True,
+                                  threads=(1, 2)):
     """Exports `model` (a torch module in eval mode) on input `x` (a torch tensor), runs it with
-    the cpu kernels at 1 and 2 threads and compares each output with eager's (assert_close).
+    the cpu kernels on pools of each of `threads` and compares the first output with eager's (assert_close).
     With `selected`, also checks that the cpu kernel ran: its float32 FMA sums differ in the last
     bits from the portable kernels' double sums, so a bit-identical output means it was not used.
-    Returns the 2-thread output."""
+    Returns the output of the last pool."""
     import torch
     data = kiln.export(model, (x,), verbose=False).data
     with torch.no_grad():
         expected = model(x).numpy()
-    for threads in (1, 2):
-        out = kiln.load_bytes(data, num_threads=threads).run(x.numpy())[0]
-        assert_close(out, expected, rel=rel, what=f"{what} at {threads} threads")
+    for n in threads:
+        out = kiln.load_bytes(data, num_threads=n).run(x.numpy())[0]
+        assert_close(out, expected, rel=rel, what=f"{what} at {n} threads")
     if selected:
         ref = kiln.load_bytes(data, num_threads=1, portable_kernels_only=True).run(x.numpy())[0]
         assert not np.array_equal(out, ref), f"{what}: the cpu kernel was not selected (bit-identical to portable)"

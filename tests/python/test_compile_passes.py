@@ -13,6 +13,21 @@ import kiln
 from oprunner import assert_close, has_avx2_fma
 
 
+def export_matching_eager(m, x, what, rel=1e-5, kernel_sets=(False, True)):
+    """Exports m on input x and checks every output against eager's m(x) (assert_close, `rel`)
+    with the cpu kernels and the portable ones (portable_kernels_only in `kernel_sets`).
+    Returns the ExportResult and its method's compiler report."""
+    with torch.no_grad():
+        want = m(x)
+    want = [t.numpy() for t in (want if isinstance(want, tuple) else (want,))]
+    res = kiln.export(m, (x,), verbose=False)
+    for portable in kernel_sets:
+        got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())
+        for g, w in zip(got, want):
+            assert_close(g, w, rel=rel, what=f"{what} portable={portable}")
+    return res, res.report["methods"][0]
+
+
 class Spelled(torch.nn.Module):
     """conv, then hardswish spelled `variant`; `extra` also returns the clamp (an intermediate
     read twice: must not be rewritten)."""
@@ -49,15 +64,8 @@ def test_hardswish_spelled_out(variant, extra, recognized):
     torch.manual_seed(0)
     m = Spelled(variant, extra).eval()
     x = torch.randn(1, 3, 12, 10) * 3
-    with torch.no_grad():
-        want = m(x)
-    want = [t.numpy() for t in (want if extra else (want,))]
-    res = kiln.export(m, (x,), verbose=False)
-    assert res.report["methods"][0]["num_hardswish"] == recognized
-    for portable in (False, True):
-        got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())
-        for g, w in zip(got, want):
-            assert_close(g, w, rel=1e-5, what=f"{variant} extra={extra} portable={portable}")
+    res, rep = export_matching_eager(m, x, f"{variant} extra={extra}")
+    assert rep["num_hardswish"] == recognized
     if recognized and not extra:  # the recognized activation is fused into the convolution
         assert kiln.load_bytes(res.data).method().num_fused_instructions >= 1 or not has_avx2_fma()
 
@@ -92,13 +100,8 @@ def test_scalar_affine_folded_into_conv(variant, bias, folded):
     torch.manual_seed(3)
     m = Affine(variant, bias).eval()
     x = torch.randn(2, 3, 9, 7)
-    with torch.no_grad():
-        want = m(x).numpy()
-    res = kiln.export(m, (x,), verbose=False)
-    assert res.report["methods"][0]["num_affine_folded"] == folded
-    for portable in (False, True):
-        got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())[0]
-        assert_close(got, want, rel=1e-5, what=f"{variant} bias={bias} portable={portable}")
+    _, rep = export_matching_eager(m, x, f"{variant} bias={bias}")
+    assert rep["num_affine_folded"] == folded
 
 
 @pytest.mark.parametrize("scale", [1e38, 1e-42])
@@ -160,17 +163,9 @@ def test_quick_gelu_rewritten_and_folded_into_the_linears(variant, rewritten, fo
     torch.manual_seed(5)
     m = ClipMlp(variant).eval()
     h = torch.randn(2, 7, 24) * 2
-    with torch.no_grad():
-        want = m(h)
-    want = [t.numpy() for t in (want if isinstance(want, tuple) else (want,))]
-    res = kiln.export(m, (h,), verbose=False)
-    rep = res.report["methods"][0]
+    res, rep = export_matching_eager(m, h, variant)
     assert rep["num_quick_gelu"] == rewritten
     assert rep["num_affine_folded"] == folded
-    for portable in (False, True):
-        got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(h.numpy())
-        for g, w in zip(got, want):
-            assert_close(g, w, rel=1e-5, what=f"{variant} portable={portable}")
     if folded == 2:  # fc1 + silu + fc2: three kernel calls, the silu fused into fc1
         assert rep["num_nodes"] == 3
         assert kiln.load_bytes(res.data).method().num_fused_instructions == (1 if has_avx2_fma() else 0)
@@ -194,18 +189,11 @@ def test_views_share_their_input_bytes():
     """Planned views take their input's bytes (no copy, no arena space of their own); views of a
     method input and returned views keep their own. Results equal eager's."""
     x = torch.randn(2, 6, 4)
-    with torch.no_grad():
-        want = [t.numpy() for t in Views()(x)]
-    res = kiln.export(Views(), (x,), verbose=False)
-    rep = res.report["methods"][0]
+    _, rep = export_matching_eager(Views(), x, "views", rel=1e-6)
     # Planned values without reuse: x (48 floats), x * 2, y, s, the squeeze's product, z (2),
     # x.view (48), q (48), s.view (48); the three zero-copy views (v, w, w.squeeze) take none.
     floats = [48, 48, 48, 48, 48, 2, 48, 48, 48]
     assert rep["activation_bytes"] == sum((f * 4 + 63) // 64 * 64 for f in floats), rep
-    for portable in (False, True):
-        got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())
-        for g, w in zip(got, want):
-            assert_close(g, w, rel=1e-6, what=f"portable={portable}")
 
 
 @pytest.mark.parametrize("bias_shape,folded", [((45,), 1), ((1,), 0), ((5, 1), 0), ((5, 45), 0), (None, 1)])
@@ -225,13 +213,8 @@ def test_scalar_affine_after_a_linear_only_with_a_per_feature_bias(bias_shape, f
 
     m = M().eval()
     x = torch.randn(5, 37)
-    with torch.no_grad():
-        want = m(x).numpy()
-    res = kiln.export(m, (x,), verbose=False)
-    assert res.report["methods"][0]["num_affine_folded"] == folded
-    for portable in (False, True):
-        got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(x.numpy())[0]
-        assert_close(got, want, rel=1e-5, what=f"bias {bias_shape} portable={portable}")
+    _, rep = export_matching_eager(m, x, f"bias {bias_shape}")
+    assert rep["num_affine_folded"] == folded
 
 
 def test_hardswish_times_a_sixth_before_a_conv_is_still_recognized():
@@ -246,14 +229,9 @@ def test_hardswish_times_a_sixth_before_a_conv_is_still_recognized():
             return c2(y * torch.clamp(y + 3, 0, 6) * torch.tensor(1.0 / 6.0))
 
     x = torch.randn(1, 3, 10, 9) * 3
-    with torch.no_grad():
-        want = M()(x).numpy()
-    res = kiln.export(M(), (x,), verbose=False)
-    rep = res.report["methods"][0]
+    _, rep = export_matching_eager(M(), x, "hardswish before conv", kernel_sets=(False,))
     assert rep["num_hardswish"] == 1 and rep["num_affine_folded"] == 0
     assert rep["num_nodes"] == 3
-    got = kiln.load_bytes(res.data).run(x.numpy())[0]
-    assert_close(got, want, rel=1e-5, what="hardswish before conv")
 
 
 def test_quick_gelu_with_an_out_of_range_scale_is_left_alone():
@@ -268,8 +246,5 @@ def test_quick_gelu_with_an_out_of_range_scale_is_left_alone():
             return x * torch.sigmoid(5e3 * x)
 
     h = torch.randn(3, 6)
-    with torch.no_grad():
-        want = M()(h).numpy()
-    res = kiln.export(M(), (h,), verbose=False)
-    assert res.report["methods"][0]["num_quick_gelu"] == 0
-    assert_close(kiln.load_bytes(res.data).run(h.numpy())[0], want, rel=1e-5, what="c = 5e3")
+    _, rep = export_matching_eager(M(), h, "c = 5e3", kernel_sets=(False,))
+    assert rep["num_quick_gelu"] == 0

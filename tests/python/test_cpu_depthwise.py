@@ -51,12 +51,7 @@ def test_depthwise_rows_many_planes_two_threads():
     torch.manual_seed(3)
     model = torch.nn.Sequential(torch.nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), torch.nn.ReLU()).eval()
     x = torch.randn(1, 16, 112, 112)
-    data = kiln.export(model, (x,), verbose=False).data
-    with torch.no_grad():
-        expected = model(x).numpy()
-    for threads in (1, 2):
-        assert_close(kiln.load_bytes(data, num_threads=threads).run(x.numpy())[0], expected, rel=1e-5,
-                     what=f"{threads} threads")
+    check_cpu_kernels_match_eager(model, x, what="16 x 112 x 112", selected=False)
 
 
 @pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
