@@ -123,9 +123,11 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
       MethodReport rep;
       rep.name = name;
       // Runs one graph pass (its result: how many rewrites it made) into *count; its error names
-      // the method and the pass.
-      auto run_pass = [&name](const char* what, Result<size_t> r, size_t* count) -> Error {
-        if (!r.ok()) return Error(r.error().code(), "method '" + name + "': " + what + r.error().message());
+      // the method and the pass. (`method`, not the structured binding `name`: clang 14 cannot
+      // capture those in a lambda.)
+      const std::string& method = name;
+      auto run_pass = [&method](const char* what, Result<size_t> r, size_t* count) -> Error {
+        if (!r.ok()) return Error(r.error().code(), "method '" + method + "': " + what + r.error().message());
         *count = r.value();
         return Error::success();
       };
