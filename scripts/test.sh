@@ -39,6 +39,13 @@ skipped() {
 trap 'rc=$?; if [ $rc -ne 0 ]; then printf "\n*** scripts/test.sh: FAILED in section \"%s\" (exit %d)\n" "$current" $rc >&2; fi' EXIT
 
 section setup "scripts/setup.sh (system packages, Python virtualenv)"
+# The CPU and its SIMD features, so that a failure can be placed (kernels and eager references
+# take different paths on AVX2, AVX-512 and Arm machines).
+cpu_model=$(grep -m1 -E '^(model name|Model name|Hardware|CPU part)' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//' || true)
+cpu_simd=$(grep -m1 -E '^(flags|Features)' /proc/cpuinfo | cut -d: -f2- | tr ' ' '\n' |
+  grep -E '^(sse4_2|avx|avx2|fma|f16c|avx512[a-z0-9_]*|avx_vnni|amx[a-z0-9_]*|asimd[a-z]*|sve[0-9a-z]*|fphp|i8mm|bf16)$' |
+  tr '\n' ' ' || true)
+echo "cpu: ${cpu_model:-unknown} ($(nproc) cores); SIMD: ${cpu_simd:-none found}"
 venv=$(bash scripts/setup.sh | tail -n 1)
 [ -x "$venv/bin/python" ] || { echo "scripts/setup.sh did not print a virtualenv path (got '$venv')" >&2; exit 1; }
 export KILN_VENV=$venv   # sub-scripts that call setup.sh get the same virtualenv

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 import kiln
 from oprunner import assert_close, kiln_dtype
+from reference import unary_float64
 
 A = torch.ops.aten
 CONFIGS = [(True, 1), (False, 1), (False, 2)]  # (portable_kernels_only, num_threads)
@@ -251,11 +252,26 @@ def test_unary(op, attrs, fn, shape):
 
 
 def test_unary_special_values():
+    # Against the op's definition in float64 (tests/python/reference.py), not eager's float32 result,
+    # which changes with the CPU at these inputs (eager's gelu(+inf) is NaN on AVX-512 machines).
     x = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-30, 3.0, -3.0, 88.0, -88.0, 20.0, -20.0], np.float32)
     for op, attrs, fn in UNARY:
         if op == "aten.sqrt":
             continue
-        check_all(op, [x], attrs, fn(T(x)).numpy(), rel=1e-6, what=f"{op} specials")
+        check_all(op, [x], attrs, unary_float64(op, x, attrs), rel=1e-6, what=f"{op} specials")
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_of_inf_is_inf(approximate):
+    """gelu(+inf) = +inf (the limit of x * Phi(x)) and gelu(-inf) is NaN (the definition's -inf * 0,
+    as eager computes it), on every kernel set and CPU: a NaN at +inf fails here."""
+    x = np.array([np.inf, -np.inf, 1e30], np.float32)
+    data, feeds = compile_op("aten.gelu", [x], {"approximate": approximate})
+    for portable, threads in CONFIGS:
+        (out,) = kiln.load_bytes(data, num_threads=threads, portable_kernels_only=portable).run(*feeds)
+        assert out[0] == np.inf, f"gelu(+inf) = {out[0]} (portable={portable})"
+        assert np.isnan(out[1]), f"gelu(-inf) = {out[1]} (portable={portable})"
+        assert out[2] == np.float32(1e30), f"gelu(1e30) = {out[2]} (portable={portable})"
 
 
 BINARY_SHAPES = [((2, 24, 28, 28), (2, 24, 28, 28)), ((1, 96, 14, 14), (1, 96, 1, 1)), ((3, 16, 9, 9), (16, 1, 1)),
