@@ -740,20 +740,16 @@ def _is_scalar_bound(v) -> bool:
 
 def _clamp_any(b: _Builder, x, lo, hi):
     """clamp(x, lo, hi) = min(max(x, lo), hi) (ATen). Number bounds -> aten.clamp attributes; tensor
-    bounds -> where(x < lo, lo, x) then where(. > hi, hi, .), with NaN bounds propagated like
-    ATen's max/min (where(lo != lo, lo, .))."""
+    bounds -> aten.minimum(aten.maximum(x, lo), hi), which propagate NaN from x or a bound as ATen's
+    clamp does."""
     if _is_scalar_bound(lo) and _is_scalar_bound(hi):
         num = lambda v: None if v is None else (v.item() if isinstance(v, torch.Tensor) else v)
         return b.emit("aten.clamp", [b.tensor(x)], {"min": num(lo), "max": num(hi)})
     sd = b.scalar_dtype([x, lo, hi])
     r = b.tensor(x)
-    for bound, cmp in ((lo, "aten.lt"), (hi, "aten.gt")):
-        if bound is None:
-            continue
-        t = b.tensor(bound, sd)
-        r = b.emit("aten.where", [b.emit(cmp, [r, t]), t, r])
-        if t.dtype.is_floating_point:
-            r = b.emit("aten.where", [b.emit("aten.ne", [t, t]), t, r])
+    for bound, op in ((lo, "aten.maximum"), (hi, "aten.minimum")):
+        if bound is not None:
+            r = b.emit(op, [r, b.tensor(bound, sd)])
     return r
 
 
