@@ -218,14 +218,13 @@ Error sign(const KernelArgs& a) {
   });
 }
 
-/// isinf/isnan: any input dtype read as double (exact for every Kiln dtype's finite values;
-/// integers are never inf or NaN); bool output.
-Error isinf(const KernelArgs& a) {
-  map_elements<bool, double>(a, [](double x) { return std::isinf(x); });
-  return {};
-}
-Error isnan(const KernelArgs& a) {
-  map_elements<bool, double>(a, [](double x) { return std::isnan(x); });
+/// isinf/isnan: float32 read directly, any other input dtype read as double (exact for every
+/// Kiln dtype's values; integers are never inf or NaN); bool output.
+template <bool kInf>
+Error inf_nan(const KernelArgs& a) {
+  auto test = [](auto x) { return kInf ? std::isinf(x) : std::isnan(x); };
+  if (a.inputs[0]->dtype == DType::Float32) map_elements<bool, float>(a, test);
+  else map_elements<bool, double>(a, test);
   return {};
 }
 
@@ -300,8 +299,8 @@ void register_portable_math(KernelRegistry& r) {
   r.add("aten.trunc", rounding<Trunc>);
   r.add("aten.round", rounding<Round>);
   r.add("aten.sign", sign);
-  r.add("aten.isinf", isinf);
-  r.add("aten.isnan", isnan);
+  r.add("aten.isinf", inf_nan<true>);
+  r.add("aten.isnan", inf_nan<false>);
 
   r.add("aten.atan2", float_binary<Atan2>);
   r.add("aten.remainder", numeric_binary<Remainder>);
