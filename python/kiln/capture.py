@@ -740,20 +740,16 @@ def _is_scalar_bound(v) -> bool:
 
 def _clamp_any(b: _Builder, x, lo, hi):
     """clamp(x, lo, hi) = min(max(x, lo), hi) (ATen). Number bounds -> aten.clamp attributes; tensor
-    bounds -> where(x < lo, lo, x) then where(. > hi, hi, .), with NaN bounds propagated like
-    ATen's max/min (where(lo != lo, lo, .))."""
+    bounds -> aten.minimum(aten.maximum(x, lo), hi), which propagate NaN from x or a bound as ATen's
+    clamp does."""
     if _is_scalar_bound(lo) and _is_scalar_bound(hi):
         num = lambda v: None if v is None else (v.item() if isinstance(v, torch.Tensor) else v)
         return b.emit("aten.clamp", [b.tensor(x)], {"min": num(lo), "max": num(hi)})
     sd = b.scalar_dtype([x, lo, hi])
     r = b.tensor(x)
-    for bound, cmp in ((lo, "aten.lt"), (hi, "aten.gt")):
-        if bound is None:
-            continue
-        t = b.tensor(bound, sd)
-        r = b.emit("aten.where", [b.emit(cmp, [r, t]), t, r])
-        if t.dtype.is_floating_point:
-            r = b.emit("aten.where", [b.emit("aten.ne", [t, t]), t, r])
+    for bound, op in ((lo, "aten.maximum"), (hi, "aten.minimum")):
+        if bound is not None:
+            r = b.emit(op, [r, b.tensor(bound, sd)])
     return r
 
 
@@ -893,16 +889,6 @@ def _softmax_int(kiln_op):
     return h
 
 
-def _bitwise_bool(kiln_op):
-    # ~, &, |, ^ on bool tensors are logical_not/and/or and ne (bool xor); other dtypes: not in the set
-    def h(b: _Builder, args, kwargs):
-        xs = [a for a in args if isinstance(a, (_V, torch.Tensor)) or _is_number(a)]
-        if any(not isinstance(a, bool) if _is_number(a) else a.dtype != torch.bool for a in xs):
-            raise b.unsupported("bitwise ops are in Kiln's op set only for bool tensors (as logical ops)")
-        return b.emit(kiln_op, [b.tensor(a, torch.bool) for a in xs])
-    return h
-
-
 def _batch_norm_training(b: _Builder, args, kwargs):
     raise b.error("batch norm in training mode (batch statistics) is not supported",
                   "Export the module in eval mode; F.batch_norm needs training=False and running statistics")
@@ -952,18 +938,6 @@ def _max_min_dim(largest: bool):
 def _max_min_all(kiln_op):
     def h(b: _Builder, args, kwargs):
         return b.emit(kiln_op, [b.tensor(args[0])], {"dim": [], "keepdim": False})
-    return h
-
-
-def _maximum_minimum(cmp: str):
-    # maximum(a, b) = where(a != a, a, where(a > b, a, b)): NaN in either propagates (ATen semantics)
-    def h(b: _Builder, args, kwargs):
-        sd = b.scalar_dtype(args[:2])
-        x, y = b.tensor(args[0], sd), b.tensor(args[1], sd)
-        r = b.emit("aten.where", [b.emit(cmp, [x, y]), x, y])
-        if x.dtype.is_floating_point:
-            r = b.emit("aten.where", [b.emit("aten.ne", [x, x]), x, r])
-        return r
     return h
 
 
@@ -1078,12 +1052,9 @@ _HANDLERS: dict[str, Callable] = {
     "aten.sum": _sum_mean, "aten.cumsum": _cumsum, "aten.mean": _sum_mean, "aten.roll": _roll,
     "aten.max.dim": _max_min_dim(True), "aten.min.dim": _max_min_dim(False),
     "aten.max.default": _max_min_all("aten.amax"), "aten.min.default": _max_min_all("aten.amin"),
-    "aten.maximum": _maximum_minimum("aten.gt"), "aten.minimum": _maximum_minimum("aten.lt"),
     "aten.var.correction": _var_correction, "aten.var_mean.correction": _var_mean_correction,
     "aten.index_select": _index_select, "aten.index.Tensor": _index_tensor, "aten.flip": _flip,
     "aten.repeat": _repeat,
-    "aten.bitwise_not": _bitwise_bool("aten.logical_not"), "aten.bitwise_and": _bitwise_bool("aten.logical_and"),
-    "aten.bitwise_or": _bitwise_bool("aten.logical_or"), "aten.bitwise_xor": _bitwise_bool("aten.ne"),
     "aten._native_batch_norm_legit_functional": _batch_norm_training, "aten._native_batch_norm_legit": _batch_norm_training,
     "aten._native_batch_norm_legit_no_training.default": _first_checked("aten.native_batch_norm",
                                                                         {"training": False}),

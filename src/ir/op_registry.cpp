@@ -126,6 +126,7 @@ const OpRegistry& OpRegistry::get() {
   static const OpRegistry registry = [] {
     OpRegistry r;
     register_elementwise_ops(r);
+    register_math_ops(r);
     register_conv_ops(r);
     register_linear_ops(r);
     register_norm_ops(r);

@@ -94,6 +94,7 @@ class OpRegistry {
 
 // Registration functions, one per op family (src/ir/ops/*.cpp). Each adds its OpDefs.
 void register_elementwise_ops(OpRegistry& r);
+void register_math_ops(OpRegistry& r);  // src/ir/ops/math.cpp: elementwise math, rounding, bitwise
 void register_conv_ops(OpRegistry& r);
 void register_linear_ops(OpRegistry& r);
 void register_norm_ops(OpRegistry& r);

@@ -133,6 +133,7 @@ class KernelRegistry {
 
 // Registration functions, one per kernel family (src/kernels/portable/*.cpp).
 void register_portable_elementwise(KernelRegistry& r);
+void register_portable_math(KernelRegistry& r);  // portable/math.cpp: elementwise math, rounding, bitwise
 void register_portable_conv(KernelRegistry& r);
 void register_portable_linear(KernelRegistry& r);
 void register_portable_norm(KernelRegistry& r);

@@ -9,6 +9,7 @@ const KernelRegistry& KernelRegistry::get() {
   static const KernelRegistry registry = [] {
     KernelRegistry r;
     register_portable_elementwise(r);
+    register_portable_math(r);
     register_portable_conv(r);
     register_portable_linear(r);
     register_portable_norm(r);

@@ -77,6 +77,24 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     # 1-D linear interpolation is captured as upsample_bilinear2d on a height-1 image
     "aten.upsample_bilinear2d": [("nn.functional.interpolate", "bilinear"), ("nn.functional.interpolate", "linear"),
                                  ("nn.functional.upsample_bilinear", "")],
+    # math family (src/ir/ops/math.cpp)
+    "aten.acos": [("acos", "")], "aten.acosh": [("acosh", "")], "aten.asin": [("asin", "")],
+    "aten.asinh": [("asinh", "")], "aten.atan": [("atan", "")], "aten.atanh": [("atanh", "")],
+    "aten.cosh": [("cosh", "")], "aten.sinh": [("sinh", "")], "aten.tan": [("tan", "")],
+    "aten.expm1": [("expm1", "")], "aten.log1p": [("log1p", "")], "aten.log2": [("log2", "")],
+    "aten.log10": [("log10", "")], "aten.ceil": [("ceil", "")], "aten.floor": [("floor", "")],
+    "aten.round": [("round", None)], "aten.trunc": [("trunc", "")], "aten.sign": [("sign", ""), ("sgn", "")],
+    "aten.isinf": [("isinf", "")], "aten.isnan": [("isnan", "")], "aten.atan2": [("atan2", "")],
+    "aten.remainder": [("remainder", "")], "aten.fmod": [("fmod", "")], "aten.maximum": [("maximum", "")],
+    "aten.minimum": [("minimum", "")], "aten.logical_xor": [("logical_xor", "")],
+    "aten.bitwise_and": [("bitwise_and", "")], "aten.bitwise_or": [("bitwise_or", "")],
+    "aten.bitwise_xor": [("bitwise_xor", "")], "aten.bitwise_not": [("bitwise_not", "")],
+    "aten.elu": [("nn.functional.elu", ""), ("nn.functional.celu", ""), ("nn.functional.selu", "")],
+}
+# OpInfos whose ops PyTorch defines for no floating dtype: their samples are drawn in this dtype
+# instead of float32.
+SAMPLE_DTYPE: dict[str, torch.dtype] = {
+    "bitwise_and": torch.int64, "bitwise_or": torch.int64, "bitwise_xor": torch.int64, "bitwise_not": torch.int64,
 }
 # Kiln ops that no OpInfo exercises, with the reason (listed in docs/op-coverage.md).
 NO_OPINFO: dict[str, str] = {
@@ -262,7 +280,7 @@ def collect_cases(kiln_ops) -> dict[str, list[Case]]:
             infos = [i for i in by_name.get(name, []) if variant is None or i.variant_test_name == variant]
             assert infos, f"OpInfo {name!r} (variant {variant!r}) not found in op_db"
             for info in infos:
-                samples = list(info.sample_inputs("cpu", torch.float32, requires_grad=False))
+                samples = list(info.sample_inputs("cpu", SAMPLE_DTYPE.get(name, torch.float32), requires_grad=False))
                 if len(samples) > MAX_SAMPLES:  # a fixed pseudo-random subset (even steps can alias)
                     keep = sorted(random.Random(0).sample(range(len(samples)), MAX_SAMPLES))
                     samples = [samples[k] for k in keep]

@@ -389,7 +389,7 @@ def test_type_promotion(op, attrs, ref, da, db):
         "aten.mul": promoted in (torch.float32, torch.int64, torch.int32),
         "aten.div": promoted not in (torch.float16, torch.bfloat16) if not attrs else
         promoted in (torch.float32, torch.int64, torch.int32),
-        "aten.pow": promoted == torch.float32,
+        "aten.pow": promoted in (torch.float32, torch.int64, torch.int32, torch.int8, torch.uint8),
         "aten.lt": promoted not in (torch.float16, torch.bfloat16),
         "aten.eq": promoted not in (torch.float16, torch.bfloat16),
         "aten.logical_or": True,
@@ -564,7 +564,7 @@ def test_where_broadcast_mismatch_rejected(shapes):
     ("aten.sub", [("bool", (2,)), ("int32", (2,))], {}, "InvalidArgument"),
     ("aten.div", [("float32", (2,)), ("float32", (2,))], {"rounding_mode": "round"}, "InvalidArgument"),
     ("aten.div", [("bfloat16", (2,)), ("bfloat16", (2,))], {}, "NotSupported"),
-    ("aten.pow", [("int64", (2,)), ("int64", (2,))], {}, "NotSupported"),
+    ("aten.pow", [("bool", (2,)), ("bool", (2,))], {}, "NotSupported"),
     ("aten.eq", [("float16", (2,)), ("float16", (2,))], {}, "NotSupported"),
     ("aten.silu", [("int64", (2,))], {}, "NotSupported"),
     ("aten.hardswish", [("float16", (2,))], {}, "NotSupported"),

@@ -908,7 +908,7 @@ Error check_upsample(const NodeView& n) {
 // ---------------------------------------------------------------- the table
 
 const std::map<std::string, OpLowering, std::less<>>& table() {
-  static const auto* t = new std::map<std::string, OpLowering, std::less<>>{
+  static const auto* t = add_math_lowerings(new std::map<std::string, OpLowering, std::less<>>{
       {"aten.add", {float32_inputs, build_add_sub}},
       {"aten.sub", {float32_inputs, build_add_sub}},
       {"aten.mul", {float32_inputs, build_binary<mx::multiply>}},
@@ -981,7 +981,7 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.adaptive_avg_pool2d", {check_adaptive, adaptive_avg, nullptr, true}},
       {"aten.upsample_nearest2d", {check_upsample, upsample_nearest}},
       {"aten.upsample_bilinear2d", {check_upsample, upsample_bilinear}},
-  };
+  });
   return *t;
 }
 

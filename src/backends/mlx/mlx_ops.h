@@ -11,6 +11,7 @@
 
 #include <mlx/mlx.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -76,6 +77,9 @@ struct OpLowering {
   /// form), so a constant used only there is released after init (one copy of conv weights).
   uint32_t prepared_replaces = 0;
 };
+
+/// Adds the math family's lowerings (src/backends/mlx/mlx_math.cpp) to the op table; returns `table`.
+std::map<std::string, OpLowering, std::less<>>* add_math_lowerings(std::map<std::string, OpLowering, std::less<>>* table);
 
 /// The lowering of `op` ("aten.convolution", ...), or null when the mlx delegate has none.
 const OpLowering* find_lowering(std::string_view op);

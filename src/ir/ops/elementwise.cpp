@@ -6,7 +6,8 @@
 // - binary ops broadcast NumPy-style and compute in result_type(self, other) (PyTorch's type
 //   promotion, where 0-d tensors weigh less: ir/op_registry.h);
 // - arithmetic (add, sub, mul, div with rounding, neg, abs, relu) on float32, float64, int64, int32;
-// - floating math (exp, log, ..., sigmoid, tanh, pow, true division) outputs float32 and takes
+// - pow on floats and integers (integer powers wrap around, as PyTorch's);
+// - floating math (exp, log, ..., sigmoid, tanh, true division) outputs float32 and takes
 //   float32 or integer/bool inputs (PyTorch promotes integers to the default float dtype), or
 //   float64 -> float64;
 // - activations with float attributes (silu, gelu, hardswish, hardtanh, clamp, ...) float32, float64;
@@ -87,12 +88,15 @@ Types infer_div(InputTypes in, const Attributes& attrs) {
   return one(dt, std::move(sizes.value()));
 }
 
-/// pow (Tensor_Tensor): float32 or float64 result only (integer powers are not implemented).
-Types infer_float_binary(InputTypes in, const Attributes&) {
+/// pow: result_type(self, exponent) in {float32, float64, int64, int32, int8, uint8}; bool is
+/// refused as in PyTorch ("pow" not implemented for 'Bool').
+Types infer_pow(InputTypes in, const Attributes&) {
   auto sizes = broadcast2(in);
   if (!sizes.ok()) return sizes.error();
   const DType dt = result_type(*in[0], *in[1]);
-  if (dt != DType::Float32 && dt != DType::Float64) return not_supported(dt, "float32 or float64 result only");
+  if (!is_arith(dt) && dt != DType::Int8 && dt != DType::UInt8) {
+    return not_supported(dt, "float32, float64, int64, int32, int8, uint8");
+  }
   return one(dt, std::move(sizes.value()));
 }
 
@@ -189,7 +193,8 @@ void register_elementwise_ops(OpRegistry& r) {
   r.add({"aten.mul", binary, {}, 1, infer_arith_binary, "self * other, with broadcasting (torch.mul)"});
   r.add({"aten.div", binary, {{"rounding_mode", AttrKind::String, {}, false, true}}, 1, infer_div,
          "self / other; rounding_mode None (true division, float result), 'trunc' or 'floor' (torch.div)"});
-  r.add({"aten.pow", {{"self"}, {"exponent"}}, {}, 1, infer_float_binary, "self ** exponent, float32 or float64 (torch.pow)"});
+  r.add({"aten.pow", {{"self"}, {"exponent"}}, {}, 1, infer_pow,
+         "self ** exponent; integers: exact with wrap-around, negative exponents give 0 (1 and -1 excepted) (torch.pow)"});
 
   r.add({"aten.neg", unary, {}, 1, infer_arith_unary, "-self (torch.neg)"});
   r.add({"aten.abs", unary, {}, 1, infer_arith_unary, "|self| (torch.abs)"});
