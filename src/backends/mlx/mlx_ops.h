@@ -11,6 +11,7 @@
 
 #include <mlx/mlx.h>
 
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -77,6 +78,9 @@ struct OpLowering {
   uint32_t prepared_replaces = 0;
 };
 
+/// Adds the lowerings of src/backends/mlx/mlx_ops_reduce.cpp (any, prod, var, flip, repeat,
+/// diagonal, as_strided, arange, full, fill, copy, ...) to the op table.
+void add_reduce_family_lowerings(std::map<std::string, OpLowering, std::less<>>& table);
 /// The lowering of `op` ("aten.convolution", ...), or null when the mlx delegate has none.
 const OpLowering* find_lowering(std::string_view op);
 /// Every op name the table covers, sorted (for docs and reports).
