@@ -227,6 +227,12 @@ def test_arange_full_scalar_tensor_run_without_tensor_inputs():
         assert_close(y, torch.arange(start, end, step, dtype=dt).numpy(), what=f"arange {start} {end} {step} {dt}")
     (y,) = run_op("aten.arange", [], {"end": 4})
     assert_close(y, np.arange(4, dtype=np.float32))  # dtype None: float32
+    # with constant folding on (the default) too: the node stays a kernel call (nothing to fold from)
+    outs, _, _, _ = compile_graph(lambda g, ids: [g.add_node("aten.arange", [], {"end": 3, "dtype": "int64"})[0],
+                                                  g.add_node("aten.add", [ids[0], g.add_node(
+                                                      "aten.full", [], {"size": [2], "fill_value": 1.5})[0]], {})[0]],
+                                  [np.array([1.0, 2.0], np.float32)], [])
+    assert outs[0].tolist() == [0, 1, 2] and outs[1].tolist() == [2.5, 3.5]
     expect_error("aten.arange", [], {"start": 0, "end": 5, "step": -1}, "InvalidArgument", ["step sign"])
     expect_error("aten.arange", [], {"start": 0, "end": 5, "step": 0}, "InvalidArgument", ["step"])
     for size, value, dt in [([2, 3], 2.5, torch.float32), ([4], -3, torch.int64), ([2, 2], 0.0, torch.bool),
@@ -372,3 +378,69 @@ def test_xnnpack_declines_with_reasons():
                     ("aten.var", "no xnnpack lowering")):
         rs = declined_reasons(dl, op, "xnnpack")
         assert rs and all(why in r for r in rs), (op, rs)
+
+
+MLX_CASES = [
+    ("aten.any", [rnd((3, 4), seed=20, ties=True)], {"dim": [1], "keepdim": True}, lambda x: A.any.dims(x, [1], True)),
+    ("aten.any", [rnd((3, 4), np.int32, seed=21, ties=True)], {}, lambda x: A.any.default(x)),
+    ("aten.any", [np.array([[0.0, NAN], [0.0, -0.0]], np.float32)], {"dim": [1]}, None),  # NaN counts
+    ("aten.any", [rnd((2, 3), seed=22, ties=True)], {"dim": []}, lambda x: A.any.dims(x, [])),
+    ("aten.prod", [rnd((3, 5), seed=23) * 0.5], {"dim": 1}, lambda x: A.prod.dim_int(x, 1)),
+    ("aten.prod", [rnd((2, 3), seed=24)], {}, lambda x: A.prod.default(x)),
+    ("aten.var", [rnd((4, 6), seed=25) + 100], {"dim": [1], "correction": 1}, lambda x: A.var.correction(x, [1], correction=1)),
+    ("aten.var", [rnd((4, 6), seed=26)], {"dim": None, "correction": 0, "keepdim": True},
+     lambda x: A.var.correction(x, None, correction=0, keepdim=True)),
+    ("aten.flip", [rnd((2, 3, 4), seed=27)], {"dims": [0, -1]}, lambda x: A.flip(x, [0, -1])),
+    ("aten.repeat", [rnd((2, 3), np.int64, seed=28)], {"repeats": [2, 1, 3]}, lambda x: A.repeat(x, [2, 1, 3])),
+    ("aten.diagonal", [rnd((3, 4, 5), seed=29)], {"offset": -1, "dim1": 2, "dim2": 0},
+     lambda x: A.diagonal(x, -1, 2, 0).contiguous()),
+    ("aten.as_strided", [rnd((4, 5), seed=30)], {"size": [3, 2], "stride": [4, 3], "storage_offset": 2},
+     lambda x: A.as_strided(x, [3, 2], [4, 3], 2).contiguous()),
+    ("aten.copy", [rnd((2, 3), np.int32, seed=31), rnd((3,), np.int64, seed=32)], {}, lambda x, s: A.copy(x, s)),
+    ("aten.fill", [rnd((2, 3), seed=33), np.array(True)], {}, lambda x, v: A.fill.Tensor(x, v)),
+    ("aten.full_like", [rnd((2, 3), seed=34)], {"fill_value": -2.5}, lambda x: torch.full_like(x, -2.5)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(MLX_CASES)))
+def test_mlx_lowerings_match_eager(case, monkeypatch):
+    if "mlx" not in kiln._kiln.backend_names():
+        pytest.skip("the mlx backend is not built")
+    monkeypatch.setenv("KILN_MLX_DEVICE", "cpu")
+    op, inputs, attrs, ref = MLX_CASES[case]
+    inputs = [np.asarray(x).astype(x.dtype) for x in inputs]
+    outs, dl, _, _ = compile_graph(lambda g, ids: g.add_node(op, ids, attrs), inputs, ["mlx"], fold_constants=False)
+    check_all_delegated(dl, "mlx", 1)
+    expected = ref(*[T(x) for x in inputs]).numpy() if ref else np.array([True, False])
+    assert_close(outs[0], expected, rel=1e-4, what=f"mlx {op} {attrs}")
+
+
+def test_mlx_creation_ops_and_declines(monkeypatch):
+    if "mlx" not in kiln._kiln.backend_names():
+        pytest.skip("the mlx backend is not built")
+    monkeypatch.setenv("KILN_MLX_DEVICE", "cpu")
+    x = rnd((3, 4), seed=35)
+
+    def build(g, ids):
+        ar = g.add_node("aten.arange", [], {"start": -1, "end": 2, "step": 0.25, "dtype": "float32"})[0]
+        ai = g.add_node("aten.arange", [], {"start": 0, "end": 12, "step": 3, "dtype": "int64"})[0]
+        fu = g.add_node("aten.full", [], {"size": [4], "fill_value": 3, "dtype": "int32"})[0]
+        ex = g.add_node("aten.add", [g.add_node("aten.view", [ar], {"size": [3, 4]})[0], ids[0]], {})[0]
+        mx_ = list(g.add_node("aten.max", [ids[0]], {"dim": 1}))
+        srt = list(g.add_node("aten.sort", [ids[0]], {}))
+        am = g.add_node("aten.argmin", [ids[0]], {"dim": 0})[0]
+        return [ex, ai, fu] + mx_ + srt + [am]
+
+    outs, dl, _, _ = compile_graph(build, [x], ["mlx"], fold_constants=False)
+    t = T(x)
+    assert_close(outs[0], (torch.arange(-1, 2, 0.25).view(3, 4) + t).numpy())
+    assert_close(outs[1], torch.arange(0, 12, 3).numpy())
+    assert_close(outs[2], torch.full((4,), 3, dtype=torch.int32).numpy())
+    assert_close(outs[3], torch.max(t, 1)[0].numpy())
+    assert_close(outs[4], torch.max(t, 1)[1].numpy())
+    assert_close(outs[6], torch.sort(t)[1].numpy())
+    assert_close(outs[7], torch.argmin(t, 0).numpy())
+    assert all("has 2 outputs" in r for r in declined_reasons(dl, "aten.max", "mlx"))
+    assert all("has 2 outputs" in r for r in declined_reasons(dl, "aten.sort", "mlx"))
+    assert declined_reasons(dl, "aten.argmin", "mlx") and "tie and NaN" in declined_reasons(dl, "aten.argmin", "mlx")[0]
+    assert not declined_reasons(dl, "aten.arange", "mlx") and not declined_reasons(dl, "aten.full", "mlx")
