@@ -818,8 +818,18 @@ def _to_copy(b: _Builder, args, kwargs):
 
 
 def _copy(b: _Builder, args, kwargs):
-    # copy(self, src, non_blocking): src's values, broadcast to self's shape, in self's dtype
-    return b.emit("aten.copy", [b.tensor(args[0]), b.tensor(args[1])])
+    # copy(self, src, non_blocking): src's values, broadcast to self's shape, in self's dtype. A
+    # constant self (a buffer written by copy_) contributes only its type: expand + _to_copy then,
+    # so that its bytes are not stored in the program.
+    if isinstance(args[0], (_V, _FirstOnly)):
+        return b.emit("aten.copy", [b.tensor(args[0]), b.tensor(args[1])])
+    out = _meta_val(b.node)
+    src = b.tensor(args[1])
+    if src.shape != tuple(out.shape):
+        src = b.emit("aten.expand", [src], {"size": [int(s) for s in out.shape]})
+    if src.dtype != out.dtype:
+        src = b.emit("aten._to_copy", [src], {"dtype": kiln_dtype(out.dtype)})
+    return src
 
 
 def _dropout(b: _Builder, args, kwargs):
