@@ -64,6 +64,8 @@ Error copy(const KernelArgs& a) {
   if (out.dtype != a.inputs[0]->dtype || out.sizes != a.inputs[0]->sizes) {
     return Error(ErrorCode::Internal, "aten.copy: output type differs from self's");
   }
+  auto b = broadcast_shapes(out.sizes, src.sizes);  // inference checked it; the kernel reads src by it
+  if (!b.ok() || *b != out.sizes) return Error(ErrorCode::Internal, "aten.copy: src does not broadcast to self");
   auto bytes = convert_to(src, out.dtype);
   if (!bytes.ok()) return bytes.error();
   broadcast_bytes(*bytes, src.sizes, out);
