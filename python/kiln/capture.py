@@ -179,9 +179,12 @@ _DROPPED = {"aten.alias.default", "aten.detach.default", "aten.clone.default", "
             "aten.lift_fresh.default"}
 _ASSERTS = ("aten._assert", "aten.sym_constrain_range", "aten._functional_assert", "aten._print")
 _CHECKS = {"aten._linalg_check_errors"}  # error checks without a value (dropped)
-_SHAPE_ONLY = {"aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.empty_like", "aten.fill",
-               "aten.new_zeros", "aten.new_ones", "aten.new_full", "aten.new_empty", "aten.new_empty_strided",
-               "aten.scalar_tensor"}
+_SHAPE_ONLY = {"aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.new_zeros", "aten.new_ones",
+               "aten.new_full", "aten.scalar_tensor"}
+# Uninitialized tensors: PyTorch leaves their values unspecified; Kiln makes them zeros (a
+# deterministic program file), as constants of the traced shape and dtype (docs/op-set.md).
+_EMPTY = {"aten.empty", "aten.empty_strided", "aten.empty_like", "aten.new_empty", "aten.new_empty_strided",
+          "aten.empty_permuted"}
 _RANDOM = {"aten.rand", "aten.randn", "aten.randint", "aten.rand_like", "aten.randn_like", "aten.randint_like",
            "aten.normal", "aten.bernoulli", "aten.uniform", "aten.randperm", "aten.multinomial", "aten.exponential",
            "aten.poisson"}
@@ -373,6 +376,11 @@ class _Builder:
 
     def emit(self, op: str, inputs: Sequence, attrs: Mapping | None = None) -> _V:
         """Adds one Kiln node (inputs: values or None); returns its single output value."""
+        return self.emit_all(op, inputs, attrs)[0]
+
+    def emit_all(self, op: str, inputs: Sequence, attrs: Mapping | None = None) -> list:
+        """Adds one Kiln node (inputs: values or None); returns all its output values (two for
+        aten.max / aten.min / aten.sort / aten.topk: values and int64 indices)."""
         if op not in self._kiln_ops:
             raise self.unsupported(f"needs Kiln op {op}, which this build of Kiln does not have")
         ids = [-1 if x is None else self.tensor(x).id for x in inputs]
@@ -390,9 +398,11 @@ class _Builder:
                     f"module, or open an issue (op set: {OP_SET_DOC})") if code == "NotSupported" else \
                 "Check the op's arguments against " + OP_SET_DOC
             raise self.error(f"Kiln refused {op}: {reason}", todo, code=code, reason=reason) from None
-        vt = self.g.value_type(outs[0])
-        v = _V(outs[0], _KILN_TO_TORCH[vt["dtype"]], tuple(vt["sizes"]))
-        return v
+        vs = []
+        for o in outs:
+            vt = self.g.value_type(o)
+            vs.append(_V(o, _KILN_TO_TORCH[vt["dtype"]], tuple(vt["sizes"])))
+        return vs
 
     def check_meta(self, v: _V):
         """The Kiln value must have the dtype and shape PyTorch traced (guards against silent mismatches)."""
@@ -425,9 +435,10 @@ class _Builder:
                 out[a.name] = None
         return out
 
-    def generic(self, kiln_op: str, args, kwargs, *, extra: Mapping | None = None):
+    def generic(self, kiln_op: str, args, kwargs, *, extra: Mapping | None = None, multi: bool = False):
         """Maps an ATen call onto `kiln_op` by argument names: Kiln's tensor inputs positionally,
-        Kiln's attributes by name; any other ATen argument must be ignorable or at its default."""
+        Kiln's attributes by name; any other ATen argument must be ignorable or at its default.
+        multi: the Kiln op has several outputs; returns their list (each checked against the trace)."""
         target = self.node.target
         bound = self.bind(target, args, kwargs)
         ks = self.schema(kiln_op)
@@ -459,8 +470,23 @@ class _Builder:
             inputs = [None if x is None else self.tensor(x, sd) for x in vals]
         if cast_to is not None and inputs and inputs[0] is not None and inputs[0].dtype != cast_to:
             inputs[0] = self.emit("aten._to_copy", [inputs[0]], {"dtype": kiln_dtype(cast_to, "the dtype= argument")})
+        if multi:
+            vs = self.emit_all(kiln_op, inputs, attrs)
+            self.check_meta_all(vs)
+            return vs
         v = self.emit(kiln_op, inputs, attrs)
         return v
+
+    def check_meta_all(self, vs: list):
+        """check_meta for a multi-output Kiln op: output i against the traced output i."""
+        val = _meta_val(self.node)
+        if not isinstance(val, (list, tuple)) or len(val) != len(vs):
+            raise self.error(f"Kiln's op has {len(vs)} outputs but PyTorch traced {type(val).__name__}",
+                             "This is a bug in Kiln's capture: please open an issue")
+        for t, v in zip(val, vs):
+            if isinstance(t, torch.Tensor) and (tuple(t.shape) != v.shape or t.dtype != v.dtype):
+                raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {t.dtype} "
+                                 f"{list(t.shape)}", "This is a bug in Kiln's capture: please open an issue")
 
     # --- the walk -------------------------------------------------------------------------------
     def run(self) -> tuple:
@@ -615,6 +641,9 @@ class _Builder:
             raise self.error("random number generation inside the model is not supported",
                              "Kiln programs are deterministic: pass random tensors as inputs")
         handler = _HANDLERS.get(name) or _HANDLERS.get(packet)
+        if packet in _EMPTY:
+            val = _meta_val(n)
+            return torch.zeros(tuple(val.shape), dtype=val.dtype)
         has_value = _tree_any(lambda a: isinstance(a, (_V, _FirstOnly)), (args, kwargs))
         if not has_value and packet not in _NO_EAGER_FOLD:
             return self.eager(target, args, kwargs)
@@ -785,7 +814,11 @@ def _to_copy(b: _Builder, args, kwargs):
 
 
 def _copy(b: _Builder, args, kwargs):
-    # copy(self, src): src's values, broadcast to self's shape, in self's dtype
+    # copy(self, src, non_blocking): src's values, broadcast to self's shape, in self's dtype. A
+    # constant self (a buffer written by copy_) contributes only its type: expand + _to_copy then,
+    # so that its bytes are not stored in the program.
+    if isinstance(args[0], (_V, _FirstOnly)):
+        return b.emit("aten.copy", [b.tensor(args[0]), b.tensor(args[1])])
     out = _meta_val(b.node)
     src = b.tensor(args[1])
     if src.shape != tuple(out.shape):
@@ -918,20 +951,10 @@ def _roll(b: _Builder, args, kwargs):
     return r
 
 
-def _max_min_dim(largest: bool):
-    # max.dim/min.dim(self, dim, keepdim) -> (amax/amin, argmax); argmin(x) = argmax(-x) (first
-    # occurrence either way; floats only, as -x overflows for the smallest integer)
+def _max_min_dim(kiln_op):
+    # max.dim/min.dim(self, dim, keepdim) -> Kiln's two-output aten.max / aten.min (values, indices)
     def h(b: _Builder, args, kwargs):
-        bound = b.bind(b.node.target, args, kwargs)
-        x, dim, keep = b.tensor(bound["self"]), bound["dim"], bound["keepdim"]
-        vals = b.emit("aten.amax" if largest else "aten.amin", [x], {"dim": [dim], "keepdim": keep})
-        if largest:
-            idx = b.emit("aten.argmax", [x], {"dim": dim, "keepdim": keep})
-        elif x.dtype.is_floating_point:
-            idx = b.emit("aten.argmax", [b.emit("aten.neg", [x])], {"dim": dim, "keepdim": keep})
-        else:
-            idx = _Failed(b.unsupported("the indices of min(dim) of an integer tensor are not supported"))
-        return [vals, idx]
+        return b.generic(kiln_op, args, kwargs, multi=True)
     return h
 
 
@@ -941,29 +964,42 @@ def _max_min_all(kiln_op):
     return h
 
 
-def _var(b: _Builder, x: _V, dims, correction, keepdim: bool) -> _V:
-    """var = sum((x - mean(x))^2) / max(N - correction, 0) over dims (None = all), as ATen."""
-    rank = len(x.shape)
-    dims = list(range(rank)) if dims is None or len(dims) == 0 else [d % rank for d in dims]
-    n = math.prod(x.shape[d] for d in dims) if rank else 1
-    c = 1.0 if correction is None else float(correction)
-    m = b.emit("aten.mean", [x], {"dim": dims, "keepdim": True})
-    d = b.emit("aten.sub", [x, m])
-    ss = b.emit("aten.sum", [b.emit("aten.mul", [d, d])], {"dim": dims, "keepdim": keepdim})
-    return b.emit("aten.div", [ss, b.tensor(max(n - c, 0.0), x.dtype)])
-
-
-def _var_correction(b: _Builder, args, kwargs):
+def _var_dim(b: _Builder, args, kwargs):
+    # var.dim(self, dim, unbiased=True, keepdim) = var.correction with correction 1 (unbiased) or 0
     bound = b.bind(b.node.target, args, kwargs)
-    return _var(b, b.tensor(bound["self"]), bound["dim"], bound["correction"], bool(bound["keepdim"]))
+    return b.emit("aten.var", [b.tensor(bound["self"])],
+                  {"dim": bound["dim"], "correction": 1.0 if bound["unbiased"] else 0.0,
+                   "keepdim": bool(bound["keepdim"])})
 
 
 def _var_mean_correction(b: _Builder, args, kwargs):
+    # var_mean.correction(self, dim, correction, keepdim) -> (aten.var, aten.mean)
     bound = b.bind(b.node.target, args, kwargs)
     x, dims, keep = b.tensor(bound["self"]), bound["dim"], bool(bound["keepdim"])
-    var = _var(b, x, dims, bound["correction"], keep)
     mean_dims = None if dims is None or len(dims) == 0 else list(dims)
+    corr = bound["correction"]
+    var = b.emit("aten.var", [x], {"dim": mean_dims, "correction": None if corr is None else float(corr),
+                                   "keepdim": keep})
     return [var, b.emit("aten.mean", [x], {"dim": mean_dims, "keepdim": keep})]
+
+
+def _sort(b: _Builder, args, kwargs):
+    # sort.default(self, dim, descending) / sort.stable(self, *, stable, dim, descending): Kiln's
+    # sort is always stable (one of the orders stable=False allows)
+    bound = b.bind(b.node.target, args, kwargs)
+    vs = b.emit_all("aten.sort", [b.tensor(bound["self"])],
+                    {"dim": bound["dim"], "descending": bool(bound["descending"]),
+                     "stable": bool(bound.get("stable") or False)})
+    b.check_meta_all(vs)
+    return vs
+
+
+def _fill(b: _Builder, args, kwargs):
+    # fill.Scalar / fill.Tensor(self, value): a constant value only needs self's shape (evaluated
+    # now); a computed 0-d value becomes Kiln's aten.fill.
+    if isinstance(args[1], (_V, _FirstOnly)):
+        return b.emit("aten.fill", [b.tensor(args[0]), b.tensor(args[1])])
+    return b.eager(b.node.target, b.placeholders(args), b.placeholders(kwargs))
 
 
 def _gather_rows(b: _Builder, x: _V, k: int, idx) -> _V:
@@ -1013,25 +1049,6 @@ def _index_tensor(b: _Builder, args, kwargs):
     return _gather_rows(b, x, given[0], idx)
 
 
-def _flip(b: _Builder, args, kwargs):
-    bound = b.bind(b.node.target, args, kwargs)
-    r = b.tensor(bound["self"])
-    for d in bound["dims"]:
-        d %= len(r.shape)
-        r = _gather_rows(b, r, d, torch.arange(r.shape[d] - 1, -1, -1))
-    return r
-
-
-def _repeat(b: _Builder, args, kwargs):
-    # repeat(x, reps): view x as [1, s0, 1, s1, ...], expand to [r0, s0, r1, s1, ...], view [r0*s0, ...]
-    x, reps = b.tensor(args[0]), list(args[1])
-    shape = [1] * (len(reps) - len(x.shape)) + list(x.shape)
-    inter = [v for s in shape for v in (1, s)]
-    big = [v for r, s in zip(reps, shape) for v in (r, s)]
-    y = b.emit("aten.expand", [b.emit("aten.view", [x], {"size": inter})], {"size": big})
-    return b.emit("aten.view", [y], {"size": [r * s for r, s in zip(reps, shape)]})
-
-
 def _sum_mean(b: _Builder, args, kwargs):
     # sum/mean over dim=[] reduce every dim in ATen (like None); Kiln spells that None.
     bound = b.bind(b.node.target, args, kwargs)
@@ -1050,11 +1067,16 @@ def _cumsum(b: _Builder, args, kwargs):
 
 _HANDLERS: dict[str, Callable] = {
     "aten.sum": _sum_mean, "aten.cumsum": _cumsum, "aten.mean": _sum_mean, "aten.roll": _roll,
-    "aten.max.dim": _max_min_dim(True), "aten.min.dim": _max_min_dim(False),
+    "aten.max.dim": _max_min_dim("aten.max"), "aten.min.dim": _max_min_dim("aten.min"),
     "aten.max.default": _max_min_all("aten.amax"), "aten.min.default": _max_min_all("aten.amin"),
-    "aten.var.correction": _var_correction, "aten.var_mean.correction": _var_mean_correction,
-    "aten.index_select": _index_select, "aten.index.Tensor": _index_tensor, "aten.flip": _flip,
-    "aten.repeat": _repeat,
+    # torch.max(a, b) / torch.min(a, b): the elementwise forms are aten.maximum / aten.minimum
+    "aten.max.other": lambda b, a, k: b.generic("aten.maximum", a, k),
+    "aten.min.other": lambda b, a, k: b.generic("aten.minimum", a, k),
+    "aten.var.dim": _var_dim, "aten.var_mean.correction": _var_mean_correction,
+    "aten.sort": _sort, "aten.topk": lambda b, a, k: b.generic("aten.topk", a, k, multi=True),
+    "aten.fill": _fill, "aten.diagonal_copy": lambda b, a, k: b.generic("aten.diagonal", a, k),
+    "aten.as_strided_copy": lambda b, a, k: b.generic("aten.as_strided", a, k),
+    "aten.index_select": _index_select, "aten.index.Tensor": _index_tensor,
     "aten._native_batch_norm_legit_functional": _batch_norm_training, "aten._native_batch_norm_legit": _batch_norm_training,
     "aten._native_batch_norm_legit_no_training.default": _first_checked("aten.native_batch_norm",
                                                                         {"training": False}),

@@ -103,6 +103,9 @@ void register_upsample_ops(OpRegistry& r);
 void register_reduction_ops(OpRegistry& r);
 void register_shape_ops(OpRegistry& r);
 void register_quant_ops(OpRegistry& r);  // src/ir/ops/quant.cpp: weight-only quantized linear/conv
+void register_sort_ops(OpRegistry& r);      // src/ir/ops/sort.cpp: sort, topk
+void register_creation_ops(OpRegistry& r);  // src/ir/ops/creation.cpp: arange, full, fill, copy, ...
+void register_layout_ops(OpRegistry& r);    // src/ir/ops/layout.cpp: flip, repeat, diagonal, as_strided
 
 // Helpers for inference functions.
 /// NumPy/PyTorch broadcasting of two shapes; InvalidArgument when incompatible.

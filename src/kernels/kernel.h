@@ -142,6 +142,9 @@ void register_portable_upsample(KernelRegistry& r);
 void register_portable_reduction(KernelRegistry& r);
 void register_portable_shape(KernelRegistry& r);
 void register_portable_quant(KernelRegistry& r);  // portable/quant.cpp: weight-only quantized ops
+void register_portable_sort(KernelRegistry& r);      // portable/sort.cpp: sort, topk
+void register_portable_creation(KernelRegistry& r);  // portable/creation.cpp: arange, full, fill, copy, ...
+void register_portable_layout(KernelRegistry& r);    // portable/layout.cpp: flip, repeat, diagonal, as_strided
 
 // Optimized cpu kernels (src/kernels/cpu/*.cpp); registered after the portable ones.
 void register_cpu_kernels(KernelRegistry& r);

@@ -18,6 +18,9 @@ const KernelRegistry& KernelRegistry::get() {
     register_portable_reduction(r);
     register_portable_shape(r);
     register_portable_quant(r);
+    register_portable_sort(r);
+    register_portable_creation(r);
+    register_portable_layout(r);
     register_cpu_kernels(r);
     register_cpu_quantized(r);
     return r;

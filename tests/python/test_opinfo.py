@@ -56,7 +56,9 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     "aten.gt": [("gt", "")], "aten.ge": [("ge", "")], "aten.logical_not": [("logical_not", "")],
     "aten.logical_and": [("logical_and", "")], "aten.logical_or": [("logical_or", "")],
     "aten._to_copy": [("to", ""), ("float", "")], "aten.clone": [("clone", "")],
-    "aten.mean": [("mean", "")], "aten.sum": [("sum", "")], "aten.amax": [("amax", "")], "aten.amin": [("amin", "")],
+    "aten.mean": [("mean", "")], "aten.sum": [("sum", "")],
+    # max()/min() without dim are captured as amax/amin over every dim
+    "aten.amax": [("amax", ""), ("max", "reduction_no_dim")], "aten.amin": [("amin", ""), ("min", "reduction_no_dim")],
     "aten.argmax": [("argmax", "")], "aten.cumsum": [("cumsum", "")], "aten._softmax": [("softmax", None)],
     "aten._log_softmax": [("log_softmax", None)], "aten.view": [("view", ""), ("reshape", ""), ("flatten", "")],
     "aten.permute": [("permute", "")], "aten.transpose": [("transpose", ""), ("t", "")],
@@ -75,6 +77,13 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     "aten.scaled_dot_product_attention": [("nn.functional.scaled_dot_product_attention", "")],
     "aten.upsample_nearest2d": [("nn.functional.interpolate", "nearest"), ("nn.functional.upsample_nearest", "")],
     # 1-D linear interpolation is captured as upsample_bilinear2d on a height-1 image
+    "aten.any": [("any", "")], "aten.argmin": [("argmin", "")], "aten.max": [("max", "reduction_with_dim")],
+    "aten.min": [("min", "reduction_with_dim")], "aten.prod": [("prod", "")],
+    "aten.var": [("var", ""), ("var", "unbiased"), ("var_mean", ""), ("var_mean", "unbiased")],
+    "aten.sort": [("sort", ""), ("msort", ""), ("argsort", "")], "aten.topk": [("topk", "")],
+    "aten.flip": [("flip", ""), ("fliplr", ""), ("flipud", "")], "aten.repeat": [("repeat", ""), ("tile", "")],
+    "aten.diagonal": [("diagonal", ""), ("diagonal_copy", "")],
+    "aten.as_strided": [("as_strided", ""), ("as_strided", "partial_views"), ("as_strided_copy", "")],
     "aten.upsample_bilinear2d": [("nn.functional.interpolate", "bilinear"), ("nn.functional.interpolate", "linear"),
                                  ("nn.functional.upsample_bilinear", "")],
     # math family (src/ir/ops/math.cpp)
@@ -101,6 +110,16 @@ NO_OPINFO: dict[str, str] = {
     "kiln.weight_quantized_linear": "Kiln's weight-only quantized op (no ATen OpInfo); tests/python/test_quant.py "
                                     "checks it against NumPy/PyTorch dequantization references",
     "kiln.weight_quantized_convolution": "as kiln.weight_quantized_linear (tests/python/test_quant.py)",
+    "aten.arange": "no tensor inputs: the capture evaluates arange at export time (its OpInfo samples never reach "
+                   "the Kiln op); tests/python/test_ops_sort.py runs the op itself against torch.arange",
+    "aten.full": "as aten.arange (no tensor inputs; tests/python/test_ops_sort.py checks it against torch.full)",
+    "aten.scalar_tensor": "as aten.arange (no tensor inputs; tests/python/test_ops_sort.py)",
+    "aten.full_like": "reads only its input's shape, so the capture evaluates it at export time (its OpInfo samples "
+                      "never reach the Kiln op); tests/python/test_ops_sort.py checks it against torch.full_like",
+    "aten.fill": "as aten.full_like for a constant value (fill.Scalar); a computed value (fill.Tensor) is checked in "
+                 "tests/python/test_ops_sort.py against torch's fill",
+    "aten.copy": "no OpInfo calls aten.copy; tests/python/test_ops_sort.py checks it (broadcast, dtype conversion) "
+                 "against torch.ops.aten.copy",
     "aten.max_pool2d_with_indices": "the two-output form the ONNX importer uses for MaxPool's Indices; the capture "
                                     "maps torch's max_pool2d_with_indices onto aten.max_pool2d (values only), so no "
                                     "OpInfo sample reaches it; tests/python/test_onnx_gaps.py checks it against "

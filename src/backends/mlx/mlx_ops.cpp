@@ -908,7 +908,8 @@ Error check_upsample(const NodeView& n) {
 // ---------------------------------------------------------------- the table
 
 const std::map<std::string, OpLowering, std::less<>>& table() {
-  static const auto* t = add_math_lowerings(new std::map<std::string, OpLowering, std::less<>>{
+  static const auto* t = [] {
+    auto* m = add_math_lowerings(new std::map<std::string, OpLowering, std::less<>>{
       {"aten.add", {float32_inputs, build_add_sub}},
       {"aten.sub", {float32_inputs, build_add_sub}},
       {"aten.mul", {float32_inputs, build_binary<mx::multiply>}},
@@ -982,6 +983,9 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.upsample_nearest2d", {check_upsample, upsample_nearest}},
       {"aten.upsample_bilinear2d", {check_upsample, upsample_bilinear}},
   });
+    add_reduce_family_lowerings(*m);  // src/backends/mlx/mlx_ops_reduce.cpp
+    return m;
+  }();
   return *t;
 }
 

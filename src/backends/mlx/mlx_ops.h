@@ -81,6 +81,9 @@ struct OpLowering {
 /// Adds the math family's lowerings (src/backends/mlx/mlx_math.cpp) to the op table; returns `table`.
 std::map<std::string, OpLowering, std::less<>>* add_math_lowerings(std::map<std::string, OpLowering, std::less<>>* table);
 
+/// Adds the lowerings of src/backends/mlx/mlx_ops_reduce.cpp (any, prod, var, flip, repeat,
+/// diagonal, as_strided, arange, full, fill, copy, ...) to the op table.
+void add_reduce_family_lowerings(std::map<std::string, OpLowering, std::less<>>& table);
 /// The lowering of `op` ("aten.convolution", ...), or null when the mlx delegate has none.
 const OpLowering* find_lowering(std::string_view op);
 /// Every op name the table covers, sorted (for docs and reports).

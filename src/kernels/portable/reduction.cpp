@@ -1,9 +1,11 @@
-// Portable reduction kernels: sum, mean, amax, amin, argmax, _softmax, _log_softmax, cumsum.
+// Portable reduction kernels: sum, mean, amax, amin, argmax, argmin, any, max/min (dim), prod, var,
+// _softmax, _log_softmax, cumsum.
 // Float sums and softmax accumulate in double (more accurate than PyTorch's float cascade sum,
 // within 1e-5 relative of it; float64 ones are plain double sums, within 1e-12 relative of
 // torch's cascade sum for the sizes tested); integer sums wrap in int64 as torch's do. amax/amin propagate NaN
 // and argmax returns the first maximum (NaN counting as the maximum), as torch does.
 // Which dims are reduced comes from shape_rules.h, the same rule the ops' inference uses.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -236,6 +238,222 @@ Error argmax(const KernelArgs& a) {
   }
 }
 
+/// Calls f(TypeTag<T>{}) for the storage type T of `d` among float32, float64, int64, int32, int8,
+/// uint8 and bool (stored as 0/1 bytes: uint8_t); returns NotSupported naming `op` otherwise.
+template <typename F>
+Error visit_real(DType d, const char* op, F&& f) {
+  switch (d) {
+    case DType::Float32: f(TypeTag<float>{}); return {};
+    case DType::Float64: f(TypeTag<double>{}); return {};
+    case DType::Int64: f(TypeTag<int64_t>{}); return {};
+    case DType::Int32: f(TypeTag<int32_t>{}); return {};
+    case DType::Int8: f(TypeTag<int8_t>{}); return {};
+    case DType::UInt8:
+    case DType::Bool: f(TypeTag<uint8_t>{}); return {};
+    default: return Error(ErrorCode::NotSupported, std::string(op) + ": dtype " + dtype_name(d));
+  }
+}
+
+// Index (row-major in the reduced space) of the first minimum; a NaN is the minimum (torch.argmin).
+template <typename T>
+void argmin_of(const Tensor& x, const ReducePlan& p, int64_t* out) {
+  const T* px = x.data_as<const T>();
+  reduce_each(p, out, [&](int64_t base) {
+    int64_t i = 0, best_i = 0;
+    T best{};
+    for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) {
+      const T v = px[base + off];
+      if (i == 0 || (!is_nan(best) && (is_nan(v) || v < best))) {
+        best = v;
+        best_i = i;
+      }
+      ++i;
+    });
+    return best_i;
+  });
+}
+
+Error argmin(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  auto plan = plan_for("aten.argmin", x, out, a.attrs, /*int_dim=*/true);
+  if (!plan.ok()) return plan.error();
+  for (int64_t s : plan->red_sizes) {
+    if (s == 0) return Error(ErrorCode::Internal, "aten.argmin: reduction over an empty dim");
+  }
+  if (out.dtype != DType::Int64 || x.dtype == DType::Bool) {
+    return Error(ErrorCode::NotSupported, "aten.argmin: bool input or non-int64 output");
+  }
+  return visit_real(x.dtype, "aten.argmin", [&](auto tag) {
+    argmin_of<typename decltype(tag)::type>(x, *plan, out.data_as<int64_t>());
+  });
+}
+
+/// aten.any: out = some element of the reduced set != 0 (NaN counts, -0.0 does not); dim None
+/// reduces every dim, [] none (the inference's rule); every dtype (float16/bfloat16 by their bits).
+Error any(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  std::vector<bool> mask(static_cast<size_t>(x.dim()), true);
+  if (!a.attrs.is_none("dim")) {
+    const auto dims = a.attrs.get_ints("dim");
+    if (dims.empty()) {
+      mask.assign(mask.size(), false);
+    } else {
+      auto m = sr::reduction_mask(dims, x.dim(), "dim");
+      if (!m.ok()) return Error(m.error().code(), "aten.any: " + m.error().message());
+      mask = *m;
+    }
+  }
+  const DType want = x.dtype == DType::UInt8 ? DType::UInt8 : DType::Bool;  // torch keeps uint8
+  if (out.dtype != want || out.sizes != sr::reduced_sizes(x.sizes, mask, a.attrs.get_bool("keepdim"))) {
+    return Error(ErrorCode::Internal, "aten.any: output type differs from the inferred one");
+  }
+  const ReducePlan p = make_plan(x.sizes, mask);
+  auto run = [&](auto nonzero) {
+    reduce_each(p, out.data_as<uint8_t>(), [&](int64_t base) {
+      bool r = false;
+      for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) { r = r || nonzero(base + off); });
+      return static_cast<uint8_t>(r);
+    });
+  };
+  if (x.dtype == DType::Float16 || x.dtype == DType::BFloat16) {
+    const uint16_t* px = x.data_as<const uint16_t>();
+    run([&](int64_t i) { return (px[i] & 0x7fffu) != 0; });
+    return {};
+  }
+  return visit_real(x.dtype, "aten.any", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = x.data_as<const T>();
+    run([&](int64_t i) { return px[i] != T(0) || is_nan(px[i]); });
+  });
+}
+
+/// aten.max / aten.min (the dim forms): values and the int64 index of the first extremum along
+/// dim; the first NaN wins and stays (torch's rule: NaN propagates with its index).
+Error max_min_dim(const KernelArgs& a, bool is_max) {
+  const char* op = is_max ? "aten.max" : "aten.min";
+  const Tensor& x = *a.inputs[0];
+  Tensor& vals = *a.outputs[0];
+  Tensor& idx = *a.outputs[1];
+  auto plan = plan_for(op, x, vals, a.attrs, /*int_dim=*/true);
+  if (!plan.ok()) return plan.error();
+  for (int64_t s : plan->red_sizes) {
+    if (s == 0) return Error(ErrorCode::Internal, std::string(op) + ": reduction over an empty dim");
+  }
+  if (vals.dtype != x.dtype || idx.dtype != DType::Int64 || idx.sizes != vals.sizes) {
+    return Error(ErrorCode::Internal, std::string(op) + ": output types differ from the inferred ones");
+  }
+  return visit_real(x.dtype, op, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = x.data_as<const T>();
+    T* pv = vals.data_as<T>();
+    int64_t* pi = idx.data_as<int64_t>();
+    int64_t o = 0;
+    for_each_offset(plan->kept_sizes, plan->kept_strides, [&](int64_t base) {
+      int64_t i = 0, best_i = 0;
+      T best{};
+      for_each_offset(plan->red_sizes, plan->red_strides, [&](int64_t off) {
+        const T v = px[base + off];
+        if (i == 0 || (!is_nan(best) && (is_nan(v) || (is_max ? v > best : v < best)))) {
+          best = v;
+          best_i = i;
+        }
+        ++i;
+      });
+      pv[o] = best;
+      pi[o] = best_i;
+      ++o;
+    });
+  });
+}
+
+Error max_dim(const KernelArgs& a) { return max_min_dim(a, true); }
+Error min_dim(const KernelArgs& a) { return max_min_dim(a, false); }
+
+/// aten.prod: the product over the reduced dims (1 for an empty set) in the output's accumulation
+/// type: double for float32/float64 outputs (then rounded), wrapping 64-bit for integer outputs (an
+/// int32 output keeps the low 32 bits, which is what a wrapping int32 product gives).
+Error prod(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  auto plan = plan_for("aten.prod", x, out, a.attrs, /*int_dim=*/true);
+  if (!plan.ok()) return plan.error();
+  const ReducePlan& p = *plan;
+  const bool int_out = out.dtype == DType::Int64 || out.dtype == DType::Int32;
+  if (!int_out && out.dtype != DType::Float32 && out.dtype != DType::Float64) {
+    return Error(ErrorCode::NotSupported, std::string("aten.prod: output dtype ") + dtype_name(out.dtype));
+  }
+  if (int_out && (x.dtype == DType::Float32 || x.dtype == DType::Float64)) {
+    return Error(ErrorCode::NotSupported, "aten.prod: an integer dtype for a floating input");
+  }
+  return visit_real(x.dtype, "aten.prod", [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = x.data_as<const T>();
+    auto run = [&](auto out_tag, auto acc_init) {
+      using O = typename decltype(out_tag)::type;
+      using Acc = decltype(acc_init);
+      reduce_each(p, out.data_as<O>(), [&](int64_t base) {
+        Acc acc = acc_init;
+        for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) {
+          if constexpr (std::is_floating_point_v<Acc>) {
+            acc *= static_cast<double>(static_cast<O>(px[base + off]));  // torch converts self to dtype first
+          } else {
+            acc *= static_cast<uint64_t>(static_cast<int64_t>(px[base + off]));  // wraps, no UB
+          }
+        });
+        return static_cast<O>(acc);
+      });
+    };
+    switch (out.dtype) {
+      case DType::Float32: run(TypeTag<float>{}, 1.0); break;
+      case DType::Float64: run(TypeTag<double>{}, 1.0); break;
+      case DType::Int64:
+        if constexpr (std::is_integral_v<T>) run(TypeTag<int64_t>{}, uint64_t{1});
+        break;
+      case DType::Int32:
+        if constexpr (std::is_integral_v<T>) run(TypeTag<int32_t>{}, uint64_t{1});
+        break;
+      default: break;
+    }
+  });
+}
+
+/// aten.var: sum((x - mean)^2) / max(N - correction, 0) over the reduced dims, two passes in
+/// double (the mean first, then the squared deviations: no cancellation for large means);
+/// correction None = 1. N = 0 gives NaN, N <= correction gives inf or NaN, as torch.
+Error var(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  auto plan = plan_for("aten.var", x, out, a.attrs);
+  if (!plan.ok()) return plan.error();
+  const ReducePlan& p = *plan;
+  const double correction = a.attrs.is_none("correction") ? 1.0 : a.attrs.get_float("correction");
+  int64_t count = 1;
+  for (int64_t s : p.red_sizes) count *= s;
+  const double denom = std::max(0.0, static_cast<double>(count) - correction);
+  auto run = [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* px = x.data_as<const T>();
+    reduce_each(p, out.data_as<T>(), [&](int64_t base) {
+      double sum = 0.0;
+      for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) { sum += static_cast<double>(px[base + off]); });
+      const double mean = sum / static_cast<double>(count);
+      double ss = 0.0;
+      for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) {
+        const double d = static_cast<double>(px[base + off]) - mean;
+        ss += d * d;
+      });
+      return static_cast<T>(ss / denom);
+    });
+  };
+  if (out.dtype != x.dtype) return Error(ErrorCode::Internal, "aten.var: output dtype differs from the input's");
+  if (x.dtype == DType::Float32) run(TypeTag<float>{});
+  else if (x.dtype == DType::Float64) run(TypeTag<double>{});
+  else return Error(ErrorCode::NotSupported, std::string("aten.var: dtype ") + dtype_name(x.dtype));
+  return {};
+}
+
 // softmax / log_softmax along one dim, numerically stable (x - max), sums in double
 // (PyTorch aten/src/ATen/native/cpu/SoftMaxKernel.cpp computes the same quantities). T is the
 // storage type: float (float32) or double (float64).
@@ -366,6 +584,12 @@ void register_portable_reduction(KernelRegistry& r) {
   r.add("aten._softmax", softmax);
   r.add("aten._log_softmax", log_softmax);
   r.add("aten.cumsum", cumsum);
+  r.add("aten.argmin", argmin);
+  r.add("aten.any", any);
+  r.add("aten.max", max_dim);
+  r.add("aten.min", min_dim);
+  r.add("aten.prod", prod);
+  r.add("aten.var", var);
 }
 
 }  // namespace kiln
