@@ -1108,6 +1108,7 @@ _HANDLERS: dict[str, Callable] = {
     "aten.index_put.default": _index_put, "aten.index_put_.default": _index_put,
     "aten.scatter.value": _scatter_value, "aten.scatter.value_reduce": _scatter_value,
     "aten._embedding_bag.default": _first_checked("aten._embedding_bag"),
+    "aten._embedding_bag_forward_only.default": _first_checked("aten._embedding_bag"),
     "aten.slice_scatter.default": _scatter_like("aten.slice_scatter", "src"),
     "aten.select_scatter.default": _scatter_like("aten.select_scatter", "src"),
     "aten.repeat": _repeat,

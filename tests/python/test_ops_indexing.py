@@ -276,6 +276,8 @@ def test_masked_scatter(dtype):
     src = data((5, 3), dtype)
     src = torch.cat([src.reshape(-1)] * 2).reshape(6, 5)  # more elements than needed
     same(run("aten.masked_scatter", [x, mask, src], {})[0], torch.masked_scatter(x, mask, src), dtype)
+    row, mask2 = data((4,), dtype), torch.from_numpy(RNG.integers(0, 2, (3, 4)).astype(bool))  # self broadcasts too
+    same(run("aten.masked_scatter", [row, mask2, src], {})[0], torch.masked_scatter(row, mask2, src), f"{dtype} bcast")
     with pytest.raises(kiln.KilnError, match="aten.masked_scatter: the mask selects 12 elements but source has only 2"):
         run("aten.masked_scatter", [x, torch.ones(3, 4, dtype=torch.bool), data((2,), dtype)], {})
 
