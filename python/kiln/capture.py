@@ -1002,6 +1002,8 @@ def _index_dims(b: _Builder, x: _V, indices, *, masks_ok: bool):
     index tensors (mask.nonzero(), a static shape); run-time masks raise unless `masks_ok`."""
     tensors, dims, d = [], [], 0
     for t in indices:
+        if isinstance(t, _FirstOnly):
+            t = t.value
         if t is None:
             d += 1
             continue

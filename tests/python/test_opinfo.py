@@ -77,7 +77,7 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     # 1-D linear interpolation is captured as upsample_bilinear2d on a height-1 image
     "aten.upsample_bilinear2d": [("nn.functional.interpolate", "bilinear"), ("nn.functional.interpolate", "linear"),
                                  ("nn.functional.upsample_bilinear", "")],
-    "aten.index": [("__getitem__", ""), ("index_put", "")], "aten.index_put": [("index_put", "")],
+    "aten.index": [("__getitem__", ""), ("index_put", "")], "aten.index_put": [("index_put", ""), ("index_fill", "")],
     "aten.gather": [("gather", ""), ("take_along_dim", "")], "aten.index_select": [("index_select", "")],
     "aten.scatter": [("scatter", "")], "aten.scatter_add": [("scatter_add", "")],
     "aten.scatter_reduce": [("scatter_reduce", None)], "aten.select_scatter": [("select_scatter", "")],

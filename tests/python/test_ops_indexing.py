@@ -346,7 +346,8 @@ class _Misc(torch.nn.Module):
         c = torch.index_select(x, 0, idx[:, 0])
         d = x.masked_scatter(x < 0, x * 10)
         e = torch.slice_scatter(x, x[:, ::2] + 1, 1, 0, None, 2)
-        return a, b, c, d, e, self.bag(ind, off)
+        f = x.index_fill(1, idx[0], -3.0)  # decomposed into index_put by torch.export
+        return a, b, c, d, e, f, self.bag(ind, off)
 
 
 def test_export_gather_scatter_embedding_bag():
