@@ -1212,7 +1212,9 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
     args = _as_tuple(example_inputs)
     t0 = time.perf_counter()
     log = progress or (lambda s: None)
-    was_training = module.training
+    # module.train(flag) would set every submodule to `flag`: restore each one's own mode instead
+    # (an eval-mode model inside a wrapper left in training mode stays in eval mode).
+    modes = [(m, m.training) for m in module.modules()]
     module.eval()
     try:
         target, strip = (module, "") if method == "forward" else (_MethodWrapper(module, method), "kiln_inner")
@@ -1227,7 +1229,8 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
                               "(https://pytorch.org/docs/stable/export.html)") from e
         res = capture_exported(ep, strip=strip, progress=log, collect_errors=collect_errors)
     finally:
-        module.train(was_training)
+        for m, training in modes:
+            m.training = training
     res.seconds = time.perf_counter() - t0
     return res
 

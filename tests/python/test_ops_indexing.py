@@ -383,3 +383,42 @@ def test_export_bool_mask_getitem_is_refused_with_reason():
     x = torch.randn(4)
     with pytest.raises(Exception, match="data-dependent|boolean"):
         kiln.export(M(), (x, x > 0), verbose=False)
+
+
+def test_export_restores_each_submodules_mode():
+    # kiln.export runs in eval mode and must give back every submodule's own train/eval flag (a
+    # recursive module.train(True) on the wrapper re-enabled the dropout of an eval-mode model).
+    inner = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.5)).eval()
+    class Wrap(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = inner
+        def forward(self, x):
+            return self.inner(x)
+    w = Wrap()
+    assert w.training and not inner[1].training
+    kiln.export(w, (torch.randn(2, 3),), verbose=False)
+    assert w.training and not inner.training and not inner[1].training
+
+
+def test_tiny_gpt2_attention_mask_indexing_exports_and_matches_eager():
+    # Hugging Face's mask construction (masking_utils) indexes with several broadcast index tensors
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16,
+                                  bos_token_id=0, eos_token_id=0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+
+    class Logits(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.m = model
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, use_cache=False).logits
+
+    w = Logits().eval()
+    ids = torch.randint(0, 64, (2, 7))
+    out = kiln.load_bytes(kiln.export(w, (ids,), verbose=False).data).run(ids.numpy())[0]
+    with torch.no_grad():
+        assert_close(out, w(ids).numpy(), what="gpt2 logits")
