@@ -47,6 +47,12 @@ struct IndexTensor {
 
 IndexTensor index_of(const Tensor& t) { return {t.data, t.dtype, t.sizes}; }
 
+/// Internal unless `t` is int64/int32 (inference guarantees it; checked before any index is read).
+Error check_index_dtype(const char* op, const Tensor& t) {
+  if (t.dtype == DType::Int64 || t.dtype == DType::Int32) return {};
+  return Error(ErrorCode::Internal, std::string(op) + ": an index tensor is " + dtype_name(t.dtype));
+}
+
 /// `v` wrapped into [0, size) (negative counts from the end), or InvalidArgument.
 Result<int64_t> wrap_index(const char* op, int64_t v, int64_t dim, int64_t size) {
   if (v < -size || v >= size) return out_of_range(op, v, dim, size);
@@ -288,6 +294,7 @@ Error index_put(const KernelArgs& a) {
   for (size_t k = 0; k < dims.size(); ++k) {
     const Tensor& t = *a.inputs[k + 2];
     if (t.dtype != DType::Bool) {
+      KILN_RETURN_IF_ERROR(check_index_dtype(op, t));
       idx.push_back(index_of(t));
       idims.push_back(dims[k]);
       shapes.push_back(t.sizes);
@@ -356,6 +363,7 @@ Error gather(const KernelArgs& a) {
   const Tensor& self = *a.inputs[0];
   const Tensor& index = *a.inputs[1];
   Tensor& out = *a.outputs[0];
+  KILN_RETURN_IF_ERROR(check_index_dtype(op, index));
   auto d = ir::gather_scatter_check(self.sizes, a.attrs.get_int("dim"), index.sizes, nullptr);
   if (!d.ok()) return Error(d.error().code(), std::string(op) + ": " + d.error().message());
   if (out.sizes != index.sizes || out.dtype != self.dtype) return mismatch(op, out, index.sizes);
@@ -387,6 +395,7 @@ Error index_select(const KernelArgs& a) {
   const Tensor& self = *a.inputs[0];
   const Tensor& index = *a.inputs[1];
   Tensor& out = *a.outputs[0];
+  KILN_RETURN_IF_ERROR(check_index_dtype(op, index));
   const auto ss = at_least_1d(self.sizes);
   auto d = wrap_dim(a.attrs.get_int("dim"), self.dim());
   if (!d.ok()) return Error(ErrorCode::Internal, std::string(op) + ": bad dim");
@@ -459,6 +468,7 @@ Error scatter_common(const char* op, const KernelArgs& a, Reduce r, bool include
   const Tensor& index = *a.inputs[1];
   const Tensor& src = *a.inputs[2];
   Tensor& out = *a.outputs[0];
+  KILN_RETURN_IF_ERROR(check_index_dtype(op, index));
   auto d = ir::gather_scatter_check(self.sizes, a.attrs.get_int("dim"), index.sizes, &src.sizes);
   if (!d.ok()) return Error(d.error().code(), std::string(op) + ": " + d.error().message());
   if (out.sizes != self.sizes || out.dtype != self.dtype || src.dtype != self.dtype) return mismatch(op, out, self.sizes);
@@ -608,7 +618,12 @@ Error embedding_bag(const KernelArgs& a) {
   if (w.dim() != 2 || out.sizes != std::vector<int64_t>{nb, w.sizes[1]} || out.dtype != w.dtype) {
     return mismatch(op, out, {nb, w.dim() == 2 ? w.sizes[1] : 0});
   }
+  KILN_RETURN_IF_ERROR(check_index_dtype(op, indices));
+  KILN_RETURN_IF_ERROR(check_index_dtype(op, offsets));
   const int64_t V = w.sizes[0], D = w.sizes[1], N = indices.numel();
+  if (psw != nullptr && (psw->numel() != N || psw->dtype != w.dtype)) {
+    return Error(ErrorCode::Internal, std::string(op) + ": per_sample_weights do not match indices");
+  }
   const int64_t mode = a.attrs.get_int("mode");
   const int64_t pad = a.attrs.get_int("padding_idx");
   const IndexTensor idx = index_of(indices);
