@@ -809,20 +809,12 @@ def _dropout(b: _Builder, args, kwargs):
     return x
 
 
-def _norm_index(i, size, default):
-    if i is None:
-        return default
-    if i < 0:
-        i += size
-    return min(max(i, 0), size)
-
-
 def _slice_piece(b: _Builder, x: _V, dim: int, start: int, end: int):
     return b.emit("aten.slice", [x], {"dim": dim, "start": start, "end": end, "step": 1})
 
 
 def _scatter_like(kiln_op: str, src_name: str):
-    # select_scatter / slice_scatter / masked_scatter: src is copied into self, so PyTorch converts
+    # select_scatter / slice_scatter: src is copied into self, so PyTorch converts
     # it to self's dtype (Tensor.copy_); the Kiln ops take src in self's dtype.
     def h(b: _Builder, args, kwargs):
         bound = b.bind(b.node.target, args, kwargs)
