@@ -347,7 +347,9 @@ class _Misc(torch.nn.Module):
         d = x.masked_scatter(x < 0, x * 10)
         e = torch.slice_scatter(x, x[:, ::2] + 1, 1, 0, None, 2)
         f = x.index_fill(1, idx[0], -3.0)  # decomposed into index_put by torch.export
-        return a, b, c, d, e, f, self.bag(ind, off)
+        g = x.scatter(1, idx, 2.5)         # scatter.value
+        h = x.scatter(1, idx[:, :1], 4.0, reduce="multiply")
+        return a, b, c, d, e, f, g, h, self.bag(ind, off)
 
 
 def test_export_gather_scatter_embedding_bag():
