@@ -31,6 +31,8 @@ def one_node(op, feeds, attrs, backend="mlx"):
     [I(1, -3), None, I(4, 0)],                                    # x[i, :, j]: separated -> bcast first
     [None, I(3, 0).reshape(2, 1), I(1, 2, 3).reshape(1, 3)],      # adjacent, broadcast
     [None, None, I(-1)],                                          # x[..., j]
+    [np.array(2), None, np.array(-1)],                            # 0-d indices, separated
+    [None, np.array(1)],                                          # one 0-d index
 ])
 def test_index_on_mlx(indices):
     x = RNG.standard_normal((3, 4, 5)).astype(np.float32)
