@@ -88,11 +88,36 @@ def test_slice_select_scatter_on_mlx():
 
 
 @mlx
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_on_mlx(accumulate):
+    x = RNG.standard_normal((3, 4, 5)).astype(np.float32)
+    cases = [([I(2, 0, 2) if accumulate else I(2, 0, 1)], RNG.standard_normal((3, 4, 5)).astype(np.float32)),
+             ([None, I(1, 3), I(0, 4)], RNG.standard_normal((3, 2)).astype(np.float32)),    # adjacent, bcast in place
+             ([I(1, -1), None, I(4, 0)], RNG.standard_normal((2, 4)).astype(np.float32)),   # separated
+             ([None, I(3).reshape(1, 1)], np.array(7.0, np.float32))]                       # broadcast 0-d values
+    for indices, v in cases:
+        tensors = [t for t in indices if t is not None]
+        dims = [d for d, t in enumerate(indices) if t is not None]
+        out, dl, prog = one_node("aten.index_put", [x, v] + tensors, {"dims": dims, "accumulate": accumulate})
+        check_all_delegated(dl, "mlx", 1)
+        exp = torch.ops.aten.index_put.default(T(x), [None if t is None else T(t) for t in indices], T(v), accumulate)
+        assert_close(out, exp.numpy(), 1e-6, f"index_put dims {dims}")
+    _, _, prog = one_node("aten.index_put", [x, cases[0][1], I(0, 2, 1)], {"dims": [0], "accumulate": accumulate})
+    with pytest.raises(kiln.KilnError, match="aten.index_put: an index is out of range for dim 0 of size 3"):
+        prog.run(x, cases[0][1], I(0, 3, 1))
+
+
+@mlx
 def test_unlowered_indexing_ops_are_declined_with_reason():
     x = np.zeros((3, 2), np.float32)
-    out, dl, _ = one_node("aten.index_put", [x, np.ones((2,), np.float32), I(0, 2)], {"dims": [0], "accumulate": True})
-    assert any("no mlx lowering" in r for r in declined_reasons(dl, "aten.index_put", "mlx")), dl
+    mask = np.array([True, False, True])
+    out, dl, _ = one_node("aten.index_put", [x, np.ones((2,), np.float32), mask], {"dims": [0], "accumulate": True})
+    assert any("bool mask" in r for r in declined_reasons(dl, "aten.index_put", "mlx")), dl
     assert_close(out, np.array([[1, 1], [0, 0], [1, 1]], np.float32), 0, "index_put on the cpu")
+    idx = np.zeros((1, 2), np.int64)
+    out, dl, _ = one_node("aten.scatter_reduce", [x, idx, np.ones((1, 2), np.float32)],
+                          {"dim": 0, "reduce": "amax", "include_self": True})
+    assert any("no mlx lowering" in r for r in declined_reasons(dl, "aten.scatter_reduce", "mlx")), dl
 
 
 @pytest.mark.skipif("xnnpack" not in kiln._kiln.backend_names(), reason="the xnnpack backend is not built")

@@ -1,6 +1,6 @@
 // mlx lowerings of aten.index, gather, index_select, scatter / scatter_add, slice_scatter and
 // select_scatter (semantics: src/ir/ops/indexing.cpp; PyTorch's TensorAdvancedIndexing.cpp).
-// index_put, scatter_reduce, masked_scatter and _embedding_bag have no lowering (the partitioner
+// index_put is lowered for integer indices; scatter_reduce, masked_scatter and _embedding_bag have no lowering (the partitioner
 // reports "op ... has no mlx lowering" and they run on Kiln's kernels).
 #include "backends/mlx/mlx_indexing.h"
 
@@ -78,6 +78,49 @@ mx::array index(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vec
     g = mx::transpose(g, order, c.dev);
   }
   return g;
+}
+
+Error check_index_put(const NodeView& n) {
+  for (size_t k = 2; k < n.in.size(); ++k) {
+    if (n.in[k]->dtype == DType::Bool) return no("index_put with a bool mask is not lowered (data-dependent count)");
+  }
+  return {};
+}
+
+// index_put: values broadcast to the shape self[indices] has, rearranged to bcast + self's sizes
+// (1 on the indexed dims), the layout mx::scatter takes; accumulate uses scatter_add (duplicates sum).
+mx::array index_put(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const auto& sizes = n.in[0]->sizes;
+  const auto dims = n.attrs.get_ints("dims");
+  std::vector<mx::array> idx;
+  std::vector<int> axes;
+  std::vector<std::vector<int64_t>> shapes;
+  std::vector<int64_t> slice = sizes;
+  for (size_t k = 0; k < dims.size(); ++k) {
+    const auto d = static_cast<size_t>(dims[k]);
+    mx::array i = checked_index(c, *in[k + 2], sizes[d], "aten.index_put", dims[k]);
+    shapes.push_back(n.in[k + 2]->sizes);
+    idx.push_back(i);
+    axes.push_back(static_cast<int>(d));
+    slice[d] = 1;
+  }
+  auto plan = index_rules::advanced_index(sizes, dims, shapes);  // inference checked it
+  for (auto& i : idx) i = mx::broadcast_to(i, shape_of(plan->bcast), c.dev);
+  mx::array v = mx::broadcast_to(*in[1], shape_of(plan->out_sizes), c.dev);
+  const auto nb = static_cast<int>(plan->bcast.size());
+  const auto p = static_cast<int>(plan->bcast_pos);
+  if (p > 0 && nb > 0) {  // out layout pre + bcast + post -> bcast + pre + post
+    std::vector<int> order;
+    for (int i = 0; i < nb; ++i) order.push_back(p + i);
+    for (int i = 0; i < p; ++i) order.push_back(i);
+    for (int i = p + nb; i < static_cast<int>(plan->out_sizes.size()); ++i) order.push_back(i);
+    v = mx::transpose(v, order, c.dev);
+  }
+  std::vector<int64_t> up = plan->bcast;
+  up.insert(up.end(), slice.begin(), slice.end());
+  v = mx::reshape(v, shape_of(up), c.dev);
+  return n.attrs.get_bool("accumulate") ? mx::scatter_add(*in[0], idx, v, axes, c.dev)
+                                        : mx::scatter(*in[0], idx, v, axes, c.dev);
 }
 
 Error check_gather(const NodeView& n) {

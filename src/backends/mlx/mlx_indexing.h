@@ -10,6 +10,8 @@ namespace kiln::mlxb::indexing {
 
 Error check_index(const NodeView& n);
 mx::array index(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&);
+Error check_index_put(const NodeView& n);
+mx::array index_put(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&);
 Error check_gather(const NodeView& n);
 mx::array gather(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&);
 Error check_index_select(const NodeView& n);

@@ -965,6 +965,7 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.cat", {any_dtype, cat}},
       {"aten.embedding", {any_dtype, embedding}},
       {"aten.index", {indexing::check_index, indexing::index}},
+      {"aten.index_put", {indexing::check_index_put, indexing::index_put}},
       {"aten.gather", {indexing::check_gather, indexing::gather}},
       {"aten.index_select", {indexing::check_index_select, indexing::index_select}},
       {"aten.scatter", {indexing::check_scatter, indexing::scatter}},
