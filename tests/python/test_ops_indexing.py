@@ -424,3 +424,21 @@ def test_tiny_gpt2_attention_mask_indexing_exports_and_matches_eager():
     out = kiln.load_bytes(kiln.export(w, (ids,), verbose=False).data).run(ids.numpy())[0]
     with torch.no_grad():
         assert_close(out, w(ids).numpy(), what="gpt2 logits")
+
+
+def test_export_constant_bool_mask_assignment():
+    # y[:, mask] = v with a constant mask: the capture turns the mask into integer index tensors
+    # (x[mask] itself has a data-dependent size in torch.export's graph and stays refused)
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mask", torch.tensor([[True, False, True], [False, False, True]]))
+
+        def forward(self, x):
+            y = x.clone()
+            y[:, self.mask] = -1.0
+            return (y,)
+    x = torch.randn(4, 2, 3)
+    outs = kiln.load_bytes(kiln.export(M(), (x,), verbose=False).data).run(x.numpy())
+    for k, (o, e) in enumerate(zip(outs, M()(x))):
+        assert_close(o, e.numpy(), what=f"output {k}")
