@@ -145,6 +145,7 @@ void register_portable_quant(KernelRegistry& r);  // portable/quant.cpp: weight-
 void register_portable_sort(KernelRegistry& r);      // portable/sort.cpp: sort, topk
 void register_portable_creation(KernelRegistry& r);  // portable/creation.cpp: arange, full, fill, copy, ...
 void register_portable_layout(KernelRegistry& r);    // portable/layout.cpp: flip, repeat, diagonal, as_strided
+void register_portable_indexing(KernelRegistry& r);  // portable/indexing.cpp: index, gather, scatter*, embedding_bag
 
 // Optimized cpu kernels (src/kernels/cpu/*.cpp); registered after the portable ones.
 void register_cpu_kernels(KernelRegistry& r);

@@ -21,6 +21,7 @@ const KernelRegistry& KernelRegistry::get() {
     register_portable_sort(r);
     register_portable_creation(r);
     register_portable_layout(r);
+    register_portable_indexing(r);
     register_cpu_kernels(r);
     register_cpu_quantized(r);
     return r;

@@ -99,6 +99,12 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     "aten.bitwise_and": [("bitwise_and", "")], "aten.bitwise_or": [("bitwise_or", "")],
     "aten.bitwise_xor": [("bitwise_xor", "")], "aten.bitwise_not": [("bitwise_not", "")],
     "aten.elu": [("nn.functional.elu", ""), ("nn.functional.celu", ""), ("nn.functional.selu", "")],
+    "aten.index": [("__getitem__", ""), ("index_put", "")], "aten.index_put": [("index_put", ""), ("index_fill", "")],
+    "aten.gather": [("gather", ""), ("take_along_dim", "")], "aten.index_select": [("index_select", "")],
+    "aten.scatter": [("scatter", "")], "aten.scatter_add": [("scatter_add", "")],
+    "aten.scatter_reduce": [("scatter_reduce", None)], "aten.select_scatter": [("select_scatter", "")],
+    "aten.slice_scatter": [("slice_scatter", "")], "aten.masked_scatter": [("masked_scatter", "")],
+    "aten._embedding_bag": [("nn.functional.embedding_bag", "")],
 }
 # OpInfos whose ops PyTorch defines for no floating dtype: their samples are drawn in this dtype
 # instead of float32.
