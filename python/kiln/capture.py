@@ -113,6 +113,10 @@ def _keep_whole_ops() -> list:
         "linear.default", "adaptive_avg_pool2d.default", "max_pool2d.default",
         # exact as slices + cat (the default decomposition uses index_select, outside Kiln's set)
         "roll.default",
+        # core ATen ops of Kiln's set that the default table rewrites into arange/index/index_put
+        "reflection_pad1d.default", "reflection_pad2d.default", "reflection_pad3d.default",
+        "replication_pad1d.default", "replication_pad2d.default", "replication_pad3d.default",
+        "col2im.default",
     ]
     ops = []
     for n in names:
@@ -160,6 +164,24 @@ class _FirstOnly:
 
     def __init__(self, value, op: str):
         self.value, self.op = value, op
+
+
+class _LegitOutputs:
+    """Outputs of an inference _native_batch_norm_legit(_functional): item 0 is the normalized
+    input; the functional form's items 3 and 4 (the "updated" running stats) are the running stats
+    unchanged, since training=False does not update them; items 1, 2 (saved batch statistics)
+    do not exist in Kiln."""
+
+    def __init__(self, value, stats, op: str):
+        self.value, self.stats, self.op = value, stats, op
+
+    def item(self, b, idx):
+        if idx == 0:
+            return self.value
+        if idx in (3, 4) and len(self.stats) == 2:
+            return self.stats[idx - 3]
+        raise b.error(f"output {idx} of {self.op} is used; Kiln's op has only output 0",
+                      f"Use only the first output of {self.op} in inference models")
 
 
 class _Failed:
@@ -286,6 +308,7 @@ class _Builder:
         self.notes: list[str] = []
         self.num_const = 0
         self._names: dict[int, str] = {}  # id(constant tensor) -> its state_dict / constants name
+        self._buffer_values: dict[str, object] = {}  # buffer name -> its value (for unchanged write-backs)
 
     # --- errors ---------------------------------------------------------------------------------
     def error(self, what: str, todo: str | None = None, *, code: str | None = None, reason: str | None = None):
@@ -371,8 +394,9 @@ class _Builder:
             return torch.float32
         return ref
 
-    def emit(self, op: str, inputs: Sequence, attrs: Mapping | None = None) -> _V:
-        """Adds one Kiln node (inputs: values or None); returns its single output value."""
+    def emit(self, op: str, inputs: Sequence, attrs: Mapping | None = None, *, all_outputs: bool = False):
+        """Adds one Kiln node (inputs: values or None); returns its first output value (all_outputs:
+        a tuple of every output value)."""
         if op not in self._kiln_ops:
             raise self.unsupported(f"needs Kiln op {op}, which this build of Kiln does not have")
         ids = [-1 if x is None else self.tensor(x).id for x in inputs]
@@ -390,9 +414,11 @@ class _Builder:
                     f"module, or open an issue (op set: {OP_SET_DOC})") if code == "NotSupported" else \
                 "Check the op's arguments against " + OP_SET_DOC
             raise self.error(f"Kiln refused {op}: {reason}", todo, code=code, reason=reason) from None
-        vt = self.g.value_type(outs[0])
-        v = _V(outs[0], _KILN_TO_TORCH[vt["dtype"]], tuple(vt["sizes"]))
-        return v
+        vals = []
+        for o in (outs if all_outputs else outs[:1]):
+            vt = self.g.value_type(o)
+            vals.append(_V(o, _KILN_TO_TORCH[vt["dtype"]], tuple(vt["sizes"])))
+        return tuple(vals) if all_outputs else vals[0]
 
     def check_meta(self, v: _V):
         """The Kiln value must have the dtype and shape PyTorch traced (guards against silent mismatches)."""
@@ -510,6 +536,7 @@ class _Builder:
                 t = sd[spec.target] if spec.target in sd else consts[spec.target]
                 self.env[n] = t.detach()
                 self._names[id(self.env[n])] = spec.target
+                self._buffer_values[spec.target] = self.env[n]
             elif kind == InputKind.TOKEN:
                 self.env[n] = None  # effect tokens order side effects (checks); Kiln has none
             elif kind == InputKind.CONSTANT_TENSOR:
@@ -540,6 +567,8 @@ class _Builder:
                             raise
                         self.output_errors[user_index] = e
                 elif spec.kind == OutputKind.BUFFER_MUTATION:
+                    if self.env.get(a) is self._buffer_values.get(spec.target, ()):
+                        continue  # written back unchanged (inference batch norm's running stats)
                     raise self.error(f"the model updates buffer '{spec.target}' in forward",
                                      "Kiln programs are stateless: remove the buffer update for inference")
                 elif spec.kind == OutputKind.TOKEN:
@@ -582,6 +611,8 @@ class _Builder:
             return failed[0]
         if target is operator.getitem:
             src, idx = args
+            if isinstance(src, _LegitOutputs):
+                return src.item(self, idx)
             if isinstance(src, _FirstOnly):
                 if idx != 0:
                     raise self.error(f"output {idx} of {src.op} is used; Kiln's op has only output 0",
@@ -903,6 +934,28 @@ def _bitwise_bool(kiln_op):
     return h
 
 
+def _batch_norm_legit(b: _Builder, args, kwargs):
+    # _native_batch_norm_legit(input, weight?, bias?, running_mean, running_var, training, momentum, eps):
+    # with training=False it normalizes with the running statistics, as native_batch_norm does;
+    # training=True (batch statistics, running-stat updates) is refused.
+    bound = b.bind(b.node.target, args, kwargs)
+    if bound.get("training"):
+        return _batch_norm_training(b, args, kwargs)
+    v = b.generic("aten.native_batch_norm", args, kwargs)
+    b.check_meta_first(v)
+    functional = _packet_name(b.node.target).endswith("_functional")
+    stats = (bound["running_mean"], bound["running_var"]) if functional else ()
+    return _LegitOutputs(v, stats, _op_name(b.node.target))
+
+
+def _max_pool3d_with_indices(b: _Builder, args, kwargs):
+    # two outputs (values, int64 indices), both Kiln values: getitem picks either
+    bound = b.bind(b.node.target, args, kwargs)
+    x = b.tensor(bound["self"])
+    attrs = {k: _attr(bound[k]) for k in ("kernel_size", "stride", "padding", "dilation", "ceil_mode") if k in bound}
+    return b.emit("aten.max_pool3d_with_indices", [x], attrs, all_outputs=True)
+
+
 def _batch_norm_training(b: _Builder, args, kwargs):
     raise b.error("batch norm in training mode (batch statistics) is not supported",
                   "Export the module in eval mode; F.batch_norm needs training=False and running statistics")
@@ -1084,7 +1137,9 @@ _HANDLERS: dict[str, Callable] = {
     "aten.repeat": _repeat,
     "aten.bitwise_not": _bitwise_bool("aten.logical_not"), "aten.bitwise_and": _bitwise_bool("aten.logical_and"),
     "aten.bitwise_or": _bitwise_bool("aten.logical_or"), "aten.bitwise_xor": _bitwise_bool("aten.ne"),
-    "aten._native_batch_norm_legit_functional": _batch_norm_training, "aten._native_batch_norm_legit": _batch_norm_training,
+    "aten._native_batch_norm_legit_functional": _batch_norm_legit, "aten._native_batch_norm_legit.no_stats": _batch_norm_training,
+    "aten._native_batch_norm_legit.default": _batch_norm_legit,
+    "aten.max_pool3d_with_indices.default": _max_pool3d_with_indices,
     "aten._native_batch_norm_legit_no_training.default": _first_checked("aten.native_batch_norm",
                                                                         {"training": False}),
     "aten.native_batch_norm.default": _first_checked("aten.native_batch_norm"),

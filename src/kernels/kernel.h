@@ -140,6 +140,7 @@ void register_portable_pool(KernelRegistry& r);
 void register_portable_upsample(KernelRegistry& r);
 void register_portable_reduction(KernelRegistry& r);
 void register_portable_shape(KernelRegistry& r);
+void register_portable_spatial_extra(KernelRegistry& r);  // portable/spatial_extra.cpp: pads, 3-D pools, grid_sampler, col2im, cdist
 void register_portable_quant(KernelRegistry& r);  // portable/quant.cpp: weight-only quantized ops
 
 // Optimized cpu kernels (src/kernels/cpu/*.cpp); registered after the portable ones.
