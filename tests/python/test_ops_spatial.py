@@ -393,3 +393,27 @@ def test_capture_batch_norm_overloads():
     assert_close(got, want, what="batch norm")
     with pytest.raises(kiln.ExportError, match="training mode"):
         kiln.export(_Fn(lambda t: F.batch_norm(t, None, None, training=True)), (x,), verbose=False)
+
+
+@pytest.mark.skipif("xnnpack" not in kiln._kiln.backend_names(), reason="the xnnpack backend is not built")
+def test_xnnpack_declines_spatial_ops_with_a_reason():
+    from delegate_util import compile_graph, declined_reasons
+    x, g = _rand((1, 2, 4, 5), "xx"), _rand((1, 3, 2, 2), "xg")
+    x5 = _rand((1, 2, 3, 4, 5), "x5")
+
+    def build(gr, ids):
+        a, b, c = ids
+        outs = [gr.add_node("aten.reflection_pad2d", [a], {"padding": [1, 1, 1, 1]})[0],
+                gr.add_node("aten.replication_pad2d", [a], {"padding": [1, 1, 1, 1]})[0],
+                gr.add_node("aten.grid_sampler_2d", [a, b], {"interpolation_mode": 0, "padding_mode": 0,
+                                                            "align_corners": False})[0],
+                gr.add_node("aten.avg_pool3d", [c], {"kernel_size": [2]})[0],
+                gr.add_node("aten._cdist_forward", [a, a], {"p": 2.0})[0]]
+        return outs
+
+    outs, dl, _, _ = compile_graph(build, [x, g, x5], ["xnnpack"])
+    for op in ("aten.reflection_pad2d", "aten.replication_pad2d", "aten.grid_sampler_2d", "aten.avg_pool3d",
+               "aten._cdist_forward"):
+        rs = declined_reasons(dl, op, "xnnpack")
+        assert rs and all(r for r in rs), (op, dl)
+    np.testing.assert_array_equal(outs[0], A.reflection_pad2d(torch.from_numpy(x), [1, 1, 1, 1]).numpy())

@@ -18,6 +18,7 @@
 #include "ir/ops/conv.h"
 #include "ir/ops/pool.h"
 #include "ir/ops/quant.h"
+#include "ir/ops/spatial_extra.h"
 
 namespace kiln::mlxb {
 namespace {
@@ -905,6 +906,69 @@ Error check_upsample(const NodeView& n) {
   return n.op == "aten.upsample_bilinear2d" ? float32_inputs(n) : ok();
 }
 
+// ---------------------------------------------------------------- spatial (ir/ops/spatial_extra.h)
+
+// reflection_padNd / replication_padNd: a take along each padded axis with the source index table
+// of Kiln's portable kernel (reflect: |v|, then 2(size-1) - v; replicate: clamp), so any dtype,
+// negative pads (crops) included, moves exactly the same elements.
+Error check_pad(const NodeView& n) {
+  const bool reflect = n.op.rfind("aten.reflection", 0) == 0;
+  const int dims = n.op[n.op.size() - 2] - '0';  // "aten.reflection_pad2d" -> 2
+  auto g = pad_geometry(in_type(n, 0), n.attrs, dims, reflect);
+  if (!g.ok()) return no(g.error().message());
+  return ok();
+}
+mx::array pad_take(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const bool reflect = n.op.rfind("aten.reflection", 0) == 0;
+  const int dims = n.op[n.op.size() - 2] - '0';
+  const PadGeometry g = pad_geometry(in_type(n, 0), n.attrs, dims, reflect).value();
+  mx::array x = *in[0];
+  const int r = static_cast<int>(x.ndim());
+  for (int i = 0; i < dims; ++i) {
+    std::vector<int32_t> idx(static_cast<size_t>(g.out[i]));
+    for (int64_t o = 0; o < g.out[i]; ++o) {
+      int64_t v = o - g.before[i];
+      if (reflect) {
+        if (v < 0) v = -v;
+        if (v >= g.in[i]) v = 2 * (g.in[i] - 1) - v;
+      } else {
+        v = std::min(std::max<int64_t>(v, 0), g.in[i] - 1);
+      }
+      idx[static_cast<size_t>(o)] = static_cast<int32_t>(v);
+    }
+    x = mx::take(x, index_array(idx), r - dims + i, c.dev);
+  }
+  return x;
+}
+
+// p-norm over the last axis of the differences d (Distance.cpp): p = 0 counts non-zeros, inf is
+// the largest |d|, 1 the sum of |d|, 2 sqrt(sum d^2), else (sum |d|^p)^(1/p).
+mx::array pnorm_last(const mx::array& d, double p, mx::Device dev) {
+  const int ax = static_cast<int>(d.ndim()) - 1;
+  const mx::Dtype dt = d.dtype();
+  if (p == 0.0) return mx::astype(mx::sum(mx::not_equal(d, scalar(0.0, dt), dev), ax, false, dev), dt, dev);
+  const mx::array a = mx::abs(d, dev);
+  if (std::isinf(p)) return mx::max(a, ax, false, dev);
+  if (p == 1.0) return mx::sum(a, ax, false, dev);
+  if (p == 2.0) return mx::sqrt(mx::sum(mx::square(d, dev), ax, false, dev), dev);
+  return mx::power(mx::sum(mx::power(a, scalar(p, dt), dev), ax, false, dev), scalar(1.0 / p, dt), dev);
+}
+// _cdist_forward: x1[..., P, 1, M] - x2[..., 1, R, M] broadcast, then the p-norm over M.
+mx::array cdist(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const mx::array a = mx::expand_dims(*in[0], -2, c.dev), b = mx::expand_dims(*in[1], -3, c.dev);
+  return pnorm_last(mx::subtract(a, b, c.dev), n.attrs.get_float("p"), c.dev);
+}
+// _pdist_forward: rows i and j of every pair i < j (row-major) gathered, then the p-norm.
+mx::array pdist(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const int64_t rows = in_type(n, 0).sizes[0];
+  std::vector<int32_t> ii, jj;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = i + 1; j < rows; ++j) ii.push_back(static_cast<int32_t>(i)), jj.push_back(static_cast<int32_t>(j));
+  }
+  const mx::array d = mx::subtract(mx::take(*in[0], index_array(ii), 0, c.dev), mx::take(*in[0], index_array(jj), 0, c.dev), c.dev);
+  return pnorm_last(d, n.attrs.get_float("p"), c.dev);
+}
+
 // ---------------------------------------------------------------- the table
 
 const std::map<std::string, OpLowering, std::less<>>& table() {
@@ -964,6 +1028,11 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.cat", {any_dtype, cat}},
       {"aten.embedding", {any_dtype, embedding}},
       {"aten.constant_pad_nd", {any_dtype, constant_pad}},
+      {"aten.reflection_pad1d", {check_pad, pad_take}}, {"aten.reflection_pad2d", {check_pad, pad_take}},
+      {"aten.reflection_pad3d", {check_pad, pad_take}}, {"aten.replication_pad1d", {check_pad, pad_take}},
+      {"aten.replication_pad2d", {check_pad, pad_take}}, {"aten.replication_pad3d", {check_pad, pad_take}},
+      {"aten._cdist_forward", {float32_inputs, cdist, nullptr, true}},
+      {"aten._pdist_forward", {float32_inputs, pdist, nullptr, true}},
       {"aten.convolution", {check_conv, conv, prepare_conv, false, 0b10}},
       {"aten.linear", {float32_inputs, linear}},
       {"kiln.weight_quantized_linear", {check_quantized, quantized_linear, prepare_quantized_linear, false, 0b1110}},
