@@ -116,7 +116,7 @@ def _keep_whole_ops() -> list:
         # core ATen ops of Kiln's set that the default table rewrites into arange/index/index_put
         "reflection_pad1d.default", "reflection_pad2d.default", "reflection_pad3d.default",
         "replication_pad1d.default", "replication_pad2d.default", "replication_pad3d.default",
-        "col2im.default",
+        "col2im.default", "im2col.default",
     ]
     ops = []
     for n in names:

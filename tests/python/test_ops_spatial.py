@@ -276,6 +276,25 @@ def test_col2im_rejects_bad_arguments():
         run_op("aten.col2im", [x], {**good, "stride": [0, 1]})
 
 
+IM2COL_CASES = [((2, 3, 5, 6), [2, 2], [1, 1], [0, 0], [1, 1]), ((3, 7, 5), [3, 1], [1, 2], [1, 0], [2, 1]),
+                ((1, 2, 6, 6), [2, 3], [2, 1], [1, 1], [1, 2]), ((0, 2, 4, 4), [2, 2], [1, 1], [0, 0], [1, 1]),
+                ((1, 1, 2, 2), [3, 3], [1, 1], [0, 0], [1, 1])]
+
+
+@pytest.mark.parametrize("case", IM2COL_CASES, ids=str)
+def test_im2col_matches_torch(case):
+    shape, k, d, p, s = case
+    x = _rand(shape, ("i2c", case))
+    attrs = dict(kernel_size=k, dilation=d, padding=p, stride=s)
+    _check("aten.im2col", [x], attrs, lambda t: A.im2col(t, k, d, p, s), f"im2col {case}")
+    xi = (np.arange(np.prod(shape)) % 7).astype(np.int64).reshape(shape)  # data movement: any dtype
+    try:
+        ref = A.im2col(torch.from_numpy(xi.astype(np.float32)), k, d, p, s).numpy().astype(np.int64)
+    except RuntimeError:
+        return
+    np.testing.assert_array_equal(run_op("aten.im2col", [xi], attrs)[0], ref)
+
+
 # ---------------------------------------------------------------- distances
 
 @pytest.mark.parametrize("p", [2.0, 0.0, 1.0, math.inf, 3.0, 0.5])
@@ -360,7 +379,8 @@ def test_capture_grid_sample_fold_cdist():
         return (F.grid_sample(x, g, mode="bilinear", padding_mode="zeros", align_corners=False),
                 F.grid_sample(x, g, mode="nearest", padding_mode="border", align_corners=True),
                 F.grid_sample(x, g, mode="bicubic", padding_mode="reflection", align_corners=False),
-                F.fold(cols, (4, 5), (2, 2)), torch.cdist(a, b), torch.cdist(a, b, p=1.0), F.pdist(a[0], p=3.0))
+                F.fold(cols, (4, 5), (2, 2)), F.unfold(x, (2, 3), dilation=(1, 2), padding=1, stride=(2, 1)),
+                torch.cdist(a, b), torch.cdist(a, b, p=1.0), F.pdist(a[0], p=3.0))
 
     _export_matches(fn, x, g, cols, a, b, what="grid/fold/cdist")
 

@@ -182,6 +182,34 @@ Result<Types> infer_col2im(InputTypes in, const Attributes& attrs) {
   return Types{{DType::Float32, std::move(out)}};
 }
 
+// self (N, C, H, W) or (C, H, W), any dtype, non-zero but for the batch -> (N, C * kh * kw, L),
+// L = blocks_h * blocks_w (Im2Col.cpp im2col_shape_check). Data movement: padding reads 0.
+Result<Types> infer_im2col(InputTypes in, const Attributes& attrs) {
+  const TensorType& x = *in[0];
+  auto k = int_list(attrs, "kernel_size", 2, 1);
+  if (!k.ok()) return k.error();
+  auto d = int_list(attrs, "dilation", 2, 1);
+  if (!d.ok()) return d.error();
+  auto p = int_list(attrs, "padding", 2, 0);
+  if (!p.ok()) return p.error();
+  auto s = int_list(attrs, "stride", 2, 1);
+  if (!s.ok()) return s.error();
+  KILN_RETURN_IF_ERROR(check_spatial_input(x, 2, "(C, H, W)"));
+  const int64_t r = x.dim();
+  auto bh = col2im_blocks("height", x.sizes[r - 2], (*k)[0], (*d)[0], (*p)[0], (*s)[0]);
+  if (!bh.ok()) return bh.error();
+  auto bw = col2im_blocks("width", x.sizes[r - 1], (*k)[1], (*d)[1], (*p)[1], (*s)[1]);
+  if (!bw.ok()) return bw.error();
+  const __int128 rows = static_cast<__int128>(x.sizes[r - 3]) * (*k)[0] * (*k)[1];
+  const __int128 cols = static_cast<__int128>(*bh) * *bw;
+  const __int128 batch = r == 4 ? x.sizes[0] : 1;
+  if (rows * cols * (batch == 0 ? 1 : batch) > kMaxSpatialSize) return invalid("im2col output is too large");
+  std::vector<int64_t> out;
+  if (r == 4) out.push_back(x.sizes[0]);
+  out.insert(out.end(), {static_cast<int64_t>(rows), static_cast<int64_t>(cols)});
+  return Types{{x.dtype, std::move(out)}};
+}
+
 // ---- distances
 
 Error check_p(const Attributes& attrs) {
@@ -401,6 +429,15 @@ void register_spatial_extra_ops(OpRegistry& r) {
           {"stride", AttrKind::Ints, none, true}},
          1, infer_col2im,
          "sums sliding-block columns (N, C*kh*kw, L) back into images (N, C, H, W) (torch.ops.aten.col2im, F.fold)"});
+  r.add({"aten.im2col",
+         {{"self"}},
+         {{"kernel_size", AttrKind::Ints, none, true},
+          {"dilation", AttrKind::Ints, none, true},
+          {"padding", AttrKind::Ints, none, true},
+          {"stride", AttrKind::Ints, none, true}},
+         1, infer_im2col,
+         "extracts sliding blocks of (N, C, H, W) into columns (N, C*kh*kw, L), zeros where padded, any dtype "
+         "(torch.ops.aten.im2col, F.unfold)"});
   r.add({"aten._cdist_forward",
          {{"x1"}, {"x2"}},
          {{"p", AttrKind::Float, none, true}, {"compute_mode", AttrKind::Int, none, false, true}},

@@ -449,6 +449,58 @@ Error col2im(const KernelArgs& a) {
   return {};
 }
 
+template <typename T>
+void im2col_copy(const T* src, T* dst, int64_t batch, int64_t C, int64_t H, int64_t W, const std::vector<int64_t>& k,
+                 const std::vector<int64_t>& d, const std::vector<int64_t>& p, const std::vector<int64_t>& s,
+                 int64_t bh, int64_t bw) {
+  const int64_t L = bh * bw;
+  for (int64_t n = 0; n < batch; ++n) {
+    for (int64_t c = 0; c < C; ++c) {
+      const T* plane = src + (n * C + c) * H * W;
+      for (int64_t i = 0; i < k[0]; ++i) {
+        for (int64_t j = 0; j < k[1]; ++j) {
+          T* row = dst + (n * C * k[0] * k[1] + (c * k[0] + i) * k[1] + j) * L;
+          for (int64_t by = 0; by < bh; ++by) {
+            const int64_t h = by * s[0] - p[0] + i * d[0];
+            for (int64_t bx = 0; bx < bw; ++bx) {
+              const int64_t w = bx * s[1] - p[1] + j * d[1];
+              row[by * bw + bx] = (h >= 0 && h < H && w >= 0 && w < W) ? plane[h * W + w] : T{};
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+/// aten.im2col (F.unfold): out[n, (c*kh + i)*kw + j, by*blocks_w + bx] = in[n, c, h, w] with
+/// h = by*sh - ph + i*dh, w = bx*sw - pw + j*dw, or 0 where (h, w) is padding (PyTorch im2col.h);
+/// any dtype (zero bytes for padding: 0, 0.0, false).
+Error im2col(const KernelArgs& a) {
+  const char* op = "aten.im2col";
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  const auto k = a.attrs.get_ints("kernel_size"), d = a.attrs.get_ints("dilation"), p = a.attrs.get_ints("padding"),
+             s = a.attrs.get_ints("stride");
+  const int64_t r = x.dim();
+  const int64_t batch = r == 4 ? x.sizes[0] : 1, C = x.sizes[r - 3], H = x.sizes[r - 2], W = x.sizes[r - 1];
+  auto bh = col2im_blocks("height", H, k[0], d[0], p[0], s[0]);
+  if (!bh.ok()) return with_op(bh.error(), op);
+  auto bw = col2im_blocks("width", W, k[1], d[1], p[1], s[1]);
+  if (!bw.ok()) return with_op(bw.error(), op);
+  if (out.dtype != x.dtype || out.numel() != batch * C * k[0] * k[1] * *bh * *bw) {
+    return Error(ErrorCode::Internal, std::string(op) + ": output type differs from the inferred one");
+  }
+  switch (dtype_size(x.dtype)) {
+    case 1: im2col_copy(x.data_as<const uint8_t>(), out.data_as<uint8_t>(), batch, C, H, W, k, d, p, s, *bh, *bw); break;
+    case 2: im2col_copy(x.data_as<const uint16_t>(), out.data_as<uint16_t>(), batch, C, H, W, k, d, p, s, *bh, *bw); break;
+    case 4: im2col_copy(x.data_as<const uint32_t>(), out.data_as<uint32_t>(), batch, C, H, W, k, d, p, s, *bh, *bw); break;
+    case 8: im2col_copy(x.data_as<const uint64_t>(), out.data_as<uint64_t>(), batch, C, H, W, k, d, p, s, *bh, *bw); break;
+    default: return Error(ErrorCode::NotSupported, std::string(op) + ": element size");
+  }
+  return {};
+}
+
 // ---- distances
 
 /// The p-norm of the difference of two rows of length m (PyTorch Distance.cpp): p = 0 counts the
@@ -536,6 +588,7 @@ void register_portable_spatial_extra(KernelRegistry& r) {
   r.add("aten._adaptive_avg_pool3d", adaptive_avg_pool3d);
   r.add("aten.grid_sampler_2d", grid_sampler_2d);
   r.add("aten.col2im", col2im);
+  r.add("aten.im2col", im2col);
   r.add("aten._cdist_forward", cdist_forward);
   r.add("aten._pdist_forward", pdist_forward);
 }
