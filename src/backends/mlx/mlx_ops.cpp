@@ -941,6 +941,73 @@ mx::array pad_take(BuildCtx& c, const NodeView& n, const Inputs& in, const std::
   return x;
 }
 
+// grid_sampler_2d, bilinear only (nearest's ties-to-even and bicubic are declined): the portable
+// kernel's float formulas (GridSampler.h unnormalize / clip / reflect; NaN clips to 0), four taps
+// gathered from the flattened planes, taps outside the image read 0 and keep their weight.
+Error check_grid_sampler(const NodeView& n) {
+  KILN_RETURN_IF_ERROR(float32_inputs(n));
+  if (n.attrs.get_int("interpolation_mode") != 0) {
+    return no("grid_sampler_2d interpolation_mode " + std::to_string(n.attrs.get_int("interpolation_mode")) +
+              " is not lowered (bilinear only)");
+  }
+  if (n.attrs.get_int("padding_mode") < 0 || n.attrs.get_int("padding_mode") > 2) return no("padding_mode out of range");
+  return ok();
+}
+mx::array grid_coordinate(const mx::array& g, int64_t size, bool align, int64_t padding, mx::Device dev) {
+  const mx::Dtype dt = g.dtype();
+  auto f = [&](double v) { return scalar(v, dt); };
+  mx::array v = align ? mx::multiply(mx::add(g, f(1.0), dev), f(static_cast<float>(size - 1) / 2.0f), dev)
+                      : mx::subtract(mx::multiply(mx::add(g, f(1.0), dev), f(static_cast<float>(size) / 2.0f), dev),
+                                     f(0.5), dev);
+  auto clip = [&](const mx::array& a) {
+    mx::array c = mx::minimum(f(static_cast<double>(size - 1)), mx::maximum(a, f(0.0), dev), dev);
+    return mx::where(mx::isnan(a, dev), f(0.0), c, dev);
+  };
+  if (padding == 1) return clip(v);
+  if (padding == 2) {
+    const float lo = align ? 0.0f : -0.5f;
+    const float span = align ? static_cast<float>(size - 1) : static_cast<float>(size);
+    if (span <= 0.0f) return mx::zeros_like(v, dev);
+    const mx::array e = mx::remainder(mx::abs(mx::subtract(v, f(lo), dev), dev), f(2.0f * span), dev);
+    return clip(mx::add(mx::minimum(e, mx::subtract(f(2.0f * span), e, dev), dev), f(lo), dev));
+  }
+  return v;
+}
+mx::array grid_sampler(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const auto& xt = in_type(n, 0);
+  const int32_t N = static_cast<int32_t>(xt.sizes[0]), C = static_cast<int32_t>(xt.sizes[1]);
+  const int64_t H = xt.sizes[2], W = xt.sizes[3];
+  const int32_t OH = static_cast<int32_t>(n.out.sizes[2]), OW = static_cast<int32_t>(n.out.sizes[3]);
+  const bool align = n.attrs.get_bool("align_corners");
+  const int64_t padding = n.attrs.get_int("padding_mode");
+  const mx::array grid = mx::reshape(*in[1], {N, 1, OH * OW, 2}, c.dev);
+  const mx::array gx = mx::take(grid, mx::array(0), 3, c.dev), gy = mx::take(grid, mx::array(1), 3, c.dev);
+  const mx::array fx = grid_coordinate(gx, W, align, padding, c.dev), fy = grid_coordinate(gy, H, align, padding, c.dev);
+  const mx::Dtype dt = fx.dtype();
+  const mx::array one = scalar(1.0, dt);
+  const mx::array x0 = mx::floor(fx, c.dev), y0 = mx::floor(fy, c.dev);
+  const mx::array tx = mx::subtract(fx, x0, c.dev), ty = mx::subtract(fy, y0, c.dev);
+  const mx::array ux = mx::subtract(one, tx, c.dev), uy = mx::subtract(one, ty, c.dev);
+  const mx::array x1 = mx::add(x0, one, c.dev), y1 = mx::add(y0, one, c.dev);
+  const mx::array planes = mx::reshape(*in[0], {N, C, static_cast<int32_t>(H * W)}, c.dev);
+  const mx::array xs[4] = {x0, x1, x0, x1}, ys[4] = {y0, y0, y1, y1};
+  const mx::array ws[4] = {mx::multiply(uy, ux, c.dev), mx::multiply(uy, tx, c.dev), mx::multiply(ty, ux, c.dev),
+                           mx::multiply(ty, tx, c.dev)};
+  std::optional<mx::array> acc;
+  for (int k = 0; k < 4; ++k) {
+    const mx::array valid = mx::logical_and(
+        mx::logical_and(mx::greater(xs[k], scalar(-1.0, dt), c.dev), mx::less(xs[k], scalar(static_cast<double>(W), dt), c.dev), c.dev),
+        mx::logical_and(mx::greater(ys[k], scalar(-1.0, dt), c.dev), mx::less(ys[k], scalar(static_cast<double>(H), dt), c.dev), c.dev),
+        c.dev);
+    const mx::array flat = mx::add(mx::multiply(ys[k], scalar(static_cast<double>(W), dt), c.dev), xs[k], c.dev);
+    const mx::array idx = mx::astype(mx::where(valid, flat, scalar(0.0, dt), c.dev), mx::int32, c.dev);
+    const mx::array v = mx::take_along_axis(planes, mx::broadcast_to(idx, {N, C, OH * OW}, c.dev), 2, c.dev);
+    const mx::array term = mx::multiply(mx::where(valid, v, scalar(0.0, v.dtype()), c.dev), ws[k], c.dev);
+    acc = acc ? mx::add(*acc, term, c.dev) : term;
+  }
+  return mx::reshape(*acc, {N, C, OH, OW}, c.dev);
+}
+
 // p-norm over the last axis of the differences d (Distance.cpp): p = 0 counts non-zeros, inf is
 // the largest |d|, 1 the sum of |d|, 2 sqrt(sum d^2), else (sum |d|^p)^(1/p).
 mx::array pnorm_last(const mx::array& d, double p, mx::Device dev) {
@@ -1032,6 +1099,7 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.reflection_pad3d", {check_pad, pad_take}}, {"aten.replication_pad1d", {check_pad, pad_take}},
       {"aten.replication_pad2d", {check_pad, pad_take}}, {"aten.replication_pad3d", {check_pad, pad_take}},
       {"aten._cdist_forward", {float32_inputs, cdist, nullptr, true}},
+      {"aten.grid_sampler_2d", {check_grid_sampler, grid_sampler, nullptr, true}},
       {"aten._pdist_forward", {float32_inputs, pdist, nullptr, true}},
       {"aten.convolution", {check_conv, conv, prepare_conv, false, 0b10}},
       {"aten.linear", {float32_inputs, linear}},
