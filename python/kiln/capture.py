@@ -948,12 +948,18 @@ def _batch_norm_legit(b: _Builder, args, kwargs):
     return _LegitOutputs(v, stats, _op_name(b.node.target))
 
 
-def _max_pool3d_with_indices(b: _Builder, args, kwargs):
+def _values_and_indices(kiln_op, names):
     # two outputs (values, int64 indices), both Kiln values: getitem picks either
-    bound = b.bind(b.node.target, args, kwargs)
-    x = b.tensor(bound["self"])
-    attrs = {k: _attr(bound[k]) for k in ("kernel_size", "stride", "padding", "dilation", "ceil_mode") if k in bound}
-    return b.emit("aten.max_pool3d_with_indices", [x], attrs, all_outputs=True)
+    def h(b: _Builder, args, kwargs):
+        bound = b.bind(b.node.target, args, kwargs)
+        x = b.tensor(bound["self"])
+        attrs = {k: _attr(bound[k]) for k in names if k in bound}
+        return b.emit(kiln_op, [x], attrs, all_outputs=True)
+    return h
+
+
+_max_pool3d_with_indices = _values_and_indices("aten.max_pool3d_with_indices",
+                                               ("kernel_size", "stride", "padding", "dilation", "ceil_mode"))
 
 
 def _batch_norm_training(b: _Builder, args, kwargs):
@@ -1140,6 +1146,8 @@ _HANDLERS: dict[str, Callable] = {
     "aten._native_batch_norm_legit_functional": _batch_norm_legit, "aten._native_batch_norm_legit.no_stats": _batch_norm_training,
     "aten._native_batch_norm_legit.default": _batch_norm_legit,
     "aten.max_pool3d_with_indices.default": _max_pool3d_with_indices,
+    "aten.adaptive_max_pool2d.default": _values_and_indices("aten.adaptive_max_pool2d", ("output_size",)),
+    "aten.adaptive_max_pool3d.default": _values_and_indices("aten.adaptive_max_pool3d", ("output_size",)),
     "aten._native_batch_norm_legit_no_training.default": _first_checked("aten.native_batch_norm",
                                                                         {"training": False}),
     "aten.native_batch_norm.default": _first_checked("aten.native_batch_norm"),

@@ -88,6 +88,8 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     "aten.avg_pool3d": [("nn.functional.avg_pool3d", "")],
     "aten.max_pool3d_with_indices": [("nn.functional.max_pool3d", "")],
     "aten._adaptive_avg_pool3d": [("nn.functional.adaptive_avg_pool3d", "")],
+    "aten.adaptive_max_pool2d": [("nn.functional.adaptive_max_pool2d", ""), ("nn.functional.adaptive_max_pool1d", "")],
+    "aten.adaptive_max_pool3d": [("nn.functional.adaptive_max_pool3d", "")],
     "aten.grid_sampler_2d": [("nn.functional.grid_sample", ""), ("grid_sampler_2d", "")],
     "aten.im2col": [("nn.functional.unfold", "")],
     "aten._cdist_forward": [("cdist", "")], "aten._pdist_forward": [("nn.functional.pdist", "")],

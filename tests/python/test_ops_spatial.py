@@ -154,6 +154,30 @@ def test_adaptive_avg_pool3d_matches_torch(shape, out):
            f"adaptive_avg_pool3d {shape} {out}")
 
 
+@pytest.mark.parametrize("shape,out", [((2, 3, 5, 7), [2, 3]), ((3, 4, 5), [4, 5]), ((1, 2, 3, 3), [1, 1]),
+                                       ((1, 1, 2, 5), [7, 3]), ((0, 2, 3, 3), [2, 2]), ((2, 2, 5, 6, 7), [2, 3, 4]),
+                                       ((3, 4, 5, 6), [4, 1, 6]), ((1, 1, 2, 3, 5), [7, 1, 3])], ids=str)
+def test_adaptive_max_pool_matches_torch(shape, out):
+    x = _rand(shape, ("amp", shape))
+    x.flat[::5] = x.flat[1] if x.size > 1 else 0  # ties: the first maximum's index wins
+    op = f"adaptive_max_pool{len(out)}d"
+    _check(f"aten.{op}", [x], {"output_size": out}, lambda t: getattr(A, op)(t, out), f"{op} {shape} {out}")
+
+
+def test_adaptive_max_pool_nan_and_bad_arguments():
+    # the definition: a NaN in the window wins (the last NaN's index); an all -inf window keeps index 0
+    x = np.full((1, 1, 2, 4), -np.inf, np.float32)
+    x[0, 0, 0, 1] = np.nan
+    x[0, 0, 1, 0] = np.nan
+    vals, idx = run_op("aten.adaptive_max_pool2d", [x], {"output_size": [1, 2]})
+    assert np.isnan(vals[0, 0, 0, 0]) and idx[0, 0, 0, 0] == 4
+    assert vals[0, 0, 0, 1] == -np.inf and idx[0, 0, 0, 1] == 2
+    with pytest.raises(kiln.KilnError, match="output_size must have 3 values"):
+        run_op("aten.adaptive_max_pool3d", [_rand((1, 2, 3, 3, 3), "ampb")], {"output_size": [1, 1]})
+    with pytest.raises(kiln.KilnError, match="non-zero"):
+        run_op("aten.adaptive_max_pool2d", [np.zeros((1, 2, 0, 3), np.float32)], {"output_size": [1, 1]})
+
+
 # ---------------------------------------------------------------- grid_sampler_2d
 
 GRID_SHAPES = [((2, 3, 5, 7), (2, 4, 6)), ((1, 2, 1, 1), (1, 3, 2)), ((1, 1, 4, 3), (1, 1, 5))]
@@ -364,7 +388,8 @@ def test_capture_pads_and_pools():
         v, i = F.max_pool3d(c, 2, stride=1, padding=1, dilation=1, return_indices=True)
         outs += [v, i, F.max_pool3d(c, (2, 3, 2), ceil_mode=True), F.avg_pool3d(c, 3, stride=2, padding=1, ceil_mode=True,
                                                                             count_include_pad=False),
-                 F.adaptive_avg_pool3d(c, (3, 2, 4)), F.avg_pool1d(a, 3, 2), F.max_pool1d(a, 2)]
+                 F.adaptive_avg_pool3d(c, (3, 2, 4)), *F.adaptive_max_pool2d(b, (2, 4), return_indices=True),
+                 F.adaptive_max_pool3d(c, (3, 2, 4)), F.avg_pool1d(a, 3, 2), F.max_pool1d(a, 2)]
         return tuple(outs)
 
     _export_matches(fn, x1, x2, x3, what="pads/pools")

@@ -104,6 +104,20 @@ Result<Types> infer_adaptive_avg_pool3d(InputTypes in, const Attributes& attrs) 
   return Types{{DType::Float32, std::move(out)}};
 }
 
+// aten.adaptive_max_pool2d / 3d: self (C, spatial...) / (N, C, spatial...) float32 with non-zero
+// non-batch dims; output_size: n values >= 0. Two outputs: values and int64 indices flattened within
+// each plane / volume (AdaptiveMaxPooling2d.cpp / 3d.cpp).
+Result<Types> infer_adaptive_max_pool(const TensorType& self, const Attributes& attrs, int n) {
+  KILN_RETURN_IF_ERROR(require_f32(self, "self"));
+  KILN_RETURN_IF_ERROR(check_spatial_input(self, n, n == 2 ? "(C, H, W)" : "(C, D, H, W)"));
+  auto os = int_list(attrs, "output_size", static_cast<size_t>(n), 0);
+  if (!os.ok()) return os.error();
+  std::vector<int64_t> out = self.sizes;
+  const int64_t r = self.dim();
+  for (int i = 0; i < n; ++i) out[r - n + i] = (*os)[i];
+  return Types{{DType::Float32, out}, {DType::Int64, out}};
+}
+
 // ---- grid_sampler_2d
 
 // input (N, C, H, W) float32 with H, W non-zero; grid (N, Ho, Wo, 2) float32, same N;
@@ -412,6 +426,15 @@ void register_spatial_extra_ops(OpRegistry& r) {
          1, infer_adaptive_avg_pool3d,
          "adaptive 3-D average pooling: window [floor(i*in/out), ceil((i+1)*in/out)) per dim "
          "(torch.ops.aten._adaptive_avg_pool3d)"});
+  for (int n : {2, 3}) {
+    r.add({n == 2 ? "aten.adaptive_max_pool2d" : "aten.adaptive_max_pool3d",
+           {{"self"}},
+           {{"output_size", AttrKind::Ints, none, true}},
+           2,
+           [n](InputTypes in, const Attributes& attrs) { return infer_adaptive_max_pool(*in[0], attrs, n); },
+           "adaptive max pooling over windows [floor(i*in/out), ceil((i+1)*in/out)) per dim, NaN propagating, plus "
+           "int64 indices flattened within each plane/volume (torch.ops.aten.adaptive_max_pool2d/3d)"});
+  }
   r.add({"aten.grid_sampler_2d",
          {{"input"}, {"grid"}},
          {{"interpolation_mode", AttrKind::Int, none, true},

@@ -256,6 +256,63 @@ Error adaptive_avg_pool3d(const KernelArgs& a) {
   return {};
 }
 
+/// aten.adaptive_max_pool2d / 3d (ATen AdaptiveMaxPoolKernel.cpp): output index o of a dim takes
+/// the input range [floor(o*in/out), ceil((o+1)*in/out)); the max over that window, NaN if any
+/// element is NaN (a NaN always replaces the best, so the last NaN's index), else the first maximum
+/// (strict >); an all -inf window keeps its first element's index. Spatial dims are handled as 3
+/// (a 2-D op has depth 1).
+template <int N>
+Error adaptive_max_pool(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  Tensor& idx = *a.outputs[1];
+  if (idx.dtype != DType::Int64 || idx.sizes != out.sizes) {
+    return Error(ErrorCode::Internal, "aten.adaptive_max_pool: indices output must be int64 of the output's sizes");
+  }
+  const int64_t r = x.dim();
+  int64_t in[3] = {1, 1, 1}, os[3] = {1, 1, 1};
+  for (int i = 0; i < N; ++i) in[3 - N + i] = x.sizes[r - N + i], os[3 - N + i] = out.sizes[r - N + i];
+  int64_t planes = 1;
+  for (int64_t i = 0; i < r - N; ++i) planes *= x.sizes[i];
+  auto start = [](int64_t o, int64_t n, int64_t m) { return static_cast<int64_t>(static_cast<__int128>(o) * n / m); };
+  auto end = [](int64_t o, int64_t n, int64_t m) {
+    return static_cast<int64_t>(((static_cast<__int128>(o) + 1) * n + m - 1) / m);
+  };
+  const float* px = x.data_as<const float>();
+  float* po = out.data_as<float>();
+  int64_t* pi = idx.data_as<int64_t>();
+  const int64_t in_vol = in[0] * in[1] * in[2], out_vol = os[0] * os[1] * os[2];
+  for (int64_t p = 0; p < planes; ++p) {
+    const float* vol = px + p * in_vol;
+    for (int64_t od = 0; od < os[0]; ++od) {
+      const int64_t d0 = start(od, in[0], os[0]), d1 = end(od, in[0], os[0]);
+      for (int64_t oh = 0; oh < os[1]; ++oh) {
+        const int64_t h0 = start(oh, in[1], os[1]), h1 = end(oh, in[1], os[1]);
+        for (int64_t ow = 0; ow < os[2]; ++ow) {
+          const int64_t w0 = start(ow, in[2], os[2]), w1 = end(ow, in[2], os[2]);
+          float best = -std::numeric_limits<float>::infinity();
+          int64_t best_i = (d0 * in[1] + h0) * in[2] + w0;
+          for (int64_t d = d0; d < d1; ++d) {
+            for (int64_t h = h0; h < h1; ++h) {
+              for (int64_t w = w0; w < w1; ++w) {
+                const int64_t i = (d * in[1] + h) * in[2] + w;
+                if (vol[i] > best || std::isnan(vol[i])) {
+                  best = vol[i];
+                  best_i = i;
+                }
+              }
+            }
+          }
+          const int64_t o = p * out_vol + (od * os[1] + oh) * os[2] + ow;
+          po[o] = best;
+          pi[o] = best_i;
+        }
+      }
+    }
+  }
+  return {};
+}
+
 // ---- grid_sampler_2d
 
 /// One axis of grid_sampler_2d (ATen GridSampler.h: grid_sampler_unnormalize, clip_coordinates,
@@ -586,6 +643,8 @@ void register_portable_spatial_extra(KernelRegistry& r) {
   r.add("aten.max_pool3d_with_indices", max_pool3d_with_indices);
   r.add("aten.avg_pool3d", avg_pool3d);
   r.add("aten._adaptive_avg_pool3d", adaptive_avg_pool3d);
+  r.add("aten.adaptive_max_pool2d", adaptive_max_pool<2>);
+  r.add("aten.adaptive_max_pool3d", adaptive_max_pool<3>);
   r.add("aten.grid_sampler_2d", grid_sampler_2d);
   r.add("aten.col2im", col2im);
   r.add("aten.im2col", im2col);
