@@ -462,3 +462,19 @@ def test_xnnpack_declines_spatial_ops_with_a_reason():
         rs = declined_reasons(dl, op, "xnnpack")
         assert rs and all(r for r in rs), (op, dl)
     np.testing.assert_array_equal(outs[0], A.reflection_pad2d(torch.from_numpy(x), [1, 1, 1, 1]).numpy())
+
+
+def test_inference_rejects_outputs_too_large_to_plan():
+    # sizes only (nothing is allocated): outputs combining several inputs' sizes must not overflow
+    g = kiln.Graph()
+    a = g.add_input("a", "float32", [1 << 30, 1])
+    b = g.add_input("b", "float32", [1 << 30, 1])
+    with pytest.raises(kiln.KilnError, match="too large"):
+        g.add_node("aten._cdist_forward", [a, b], {"p": 2.0})
+    with pytest.raises(kiln.KilnError, match="too large"):
+        g.add_node("aten._pdist_forward", [a], {"p": 2.0})
+    x = g.add_input("x", "float32", [1, 1, 1, 1, 1])
+    with pytest.raises(kiln.KilnError, match="too large"):
+        g.add_node("aten.adaptive_max_pool3d", [x], {"output_size": [1 << 30, 1 << 30, 1 << 30]})
+    with pytest.raises(kiln.KilnError, match="too large"):
+        g.add_node("aten._adaptive_avg_pool3d", [x], {"output_size": [1 << 30, 1 << 30, 1 << 30]})

@@ -58,6 +58,18 @@ Result<std::vector<int64_t>> int_list(const Attributes& attrs, const char* name,
   return v;
 }
 
+/// InvalidArgument unless the product of `sizes` is at most kMaxSpatialSize elements (sizes made
+/// from several inputs or attributes, e.g. P * R distances, must not overflow planning).
+Error check_total(const std::vector<int64_t>& sizes, const char* what) {
+  __int128 total = 1;
+  for (int64_t v : sizes) {
+    total *= v;
+    if (total > kMaxSpatialSize) return invalid(std::string(what) + " " + sizes_to_string(sizes) + " is too large");
+    if (total == 0) break;
+  }
+  return {};
+}
+
 // ---- padding
 
 Result<Types> infer_pad(const TensorType& self, const Attributes& attrs, int n, bool reflect) {
@@ -101,6 +113,7 @@ Result<Types> infer_adaptive_avg_pool3d(InputTypes in, const Attributes& attrs) 
   std::vector<int64_t> out = self.sizes;
   const int64_t r = self.dim();
   for (int i = 0; i < 3; ++i) out[r - 3 + i] = (*os)[i];
+  KILN_RETURN_IF_ERROR(check_total(out, "output size"));
   return Types{{DType::Float32, std::move(out)}};
 }
 
@@ -115,6 +128,7 @@ Result<Types> infer_adaptive_max_pool(const TensorType& self, const Attributes& 
   std::vector<int64_t> out = self.sizes;
   const int64_t r = self.dim();
   for (int i = 0; i < n; ++i) out[r - n + i] = (*os)[i];
+  KILN_RETURN_IF_ERROR(check_total(out, "output size"));
   return Types{{DType::Float32, out}, {DType::Int64, out}};
 }
 
@@ -147,7 +161,9 @@ Result<Types> infer_grid_sampler_2d(InputTypes in, const Attributes& attrs) {
   if (pad < 0 || pad > 2) {
     return invalid("padding_mode must be 0 (zeros), 1 (border) or 2 (reflection), got " + std::to_string(pad));
   }
-  return Types{{DType::Float32, {x.sizes[0], x.sizes[1], grid.sizes[1], grid.sizes[2]}}};
+  const std::vector<int64_t> out = {x.sizes[0], x.sizes[1], grid.sizes[1], grid.sizes[2]};
+  KILN_RETURN_IF_ERROR(check_total(out, "output size"));
+  return Types{{DType::Float32, out}};
 }
 
 // ---- col2im
@@ -256,6 +272,7 @@ Result<Types> infer_cdist(InputTypes in, const Attributes& attrs) {
   std::vector<int64_t> out = *batch;
   out.push_back(a.sizes[a.dim() - 2]);
   out.push_back(b.sizes[b.dim() - 2]);
+  KILN_RETURN_IF_ERROR(check_total(out, "output size"));
   return Types{{DType::Float32, std::move(out)}};
 }
 
@@ -265,8 +282,10 @@ Result<Types> infer_pdist(InputTypes in, const Attributes& attrs) {
   KILN_RETURN_IF_ERROR(require_f32(x, "self"));
   if (x.dim() != 2) return invalid("self must be 2-D (N, M), got size " + sizes_to_string(x.sizes));
   KILN_RETURN_IF_ERROR(check_p(attrs));
-  const int64_t n = x.sizes[0];
-  return Types{{DType::Float32, {n <= 1 ? 0 : static_cast<int64_t>(static_cast<__int128>(n) * (n - 1) / 2)}}};
+  const __int128 n = x.sizes[0];
+  const __int128 pairs = n <= 1 ? 0 : n * (n - 1) / 2;
+  if (pairs > kMaxSpatialSize) return invalid("output size (" + std::to_string(x.sizes[0]) + " rows) is too large");
+  return Types{{DType::Float32, {static_cast<int64_t>(pairs)}}};
 }
 
 }  // namespace
