@@ -19,8 +19,10 @@ Mapping rules (docs/op-set.md):
 - ``alias``/``detach``/``clone``/``lift_fresh_copy``/eval-mode dropout are dropped,
   ``_assert_*`` checks are dropped;
 - multi-output ATen ops used for their first output only (``native_batch_norm``, ``native_layer_norm``,
-  ``native_group_norm``, ``max_pool2d_with_indices``) map onto single-output Kiln ops; using any
-  other output fails the export.
+  ``native_group_norm``, ``max_pool2d_with_indices``, inference ``_native_batch_norm_legit*``) map onto
+  single-output Kiln ops; using any other output fails the export (an inference batch norm's
+  running-stat write-back of unchanged statistics is accepted); ``max_pool3d_with_indices`` and
+  ``adaptive_max_pool2d/3d`` keep both outputs (values, indices).
 
 Every failure is an ``ExportError`` naming the ATen op, the module path of the node (from
 ``node.meta["nn_module_stack"]``) and what to do.

@@ -27,7 +27,8 @@ Error require_f32(const TensorType& t, const char* what) {
   return {};
 }
 
-/// Output sizes n + 1 or n + 2 dims: all dims but an optional leading batch dim must be non-zero.
+/// An input of rank n + 1 (no batch) or n + 2 (batch first) whose dims, but the batch dim, are all
+/// non-zero (PyTorch padding::check_valid_input and the pool shape checks).
 Error check_spatial_input(const TensorType& self, int n, const char* layout) {
   const int64_t r = self.dim();
   if (r != n + 1 && r != n + 2) {
