@@ -91,6 +91,7 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     "aten.adaptive_max_pool2d": [("nn.functional.adaptive_max_pool2d", ""), ("nn.functional.adaptive_max_pool1d", "")],
     "aten.adaptive_max_pool3d": [("nn.functional.adaptive_max_pool3d", "")],
     "aten.grid_sampler_2d": [("nn.functional.grid_sample", ""), ("grid_sampler_2d", "")],
+    "aten.grid_sampler_3d": [("nn.functional.grid_sample", ""), ("grid_sampler_3d", "")],
     "aten.im2col": [("nn.functional.unfold", "")],
     "aten._cdist_forward": [("cdist", "")], "aten._pdist_forward": [("nn.functional.pdist", "")],
 }

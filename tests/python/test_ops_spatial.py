@@ -196,6 +196,25 @@ def test_grid_sampler_2d_matches_torch(interp, padding, align):
                f"grid_sampler_2d {xs} {attrs}")
 
 
+@pytest.mark.parametrize("interp", [0, 1], ids=["trilinear", "nearest"])
+@pytest.mark.parametrize("padding", [0, 1, 2], ids=["zeros", "border", "reflection"])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sampler_3d_matches_torch(interp, padding, align):
+    for k, (xs, gs) in enumerate([((2, 3, 4, 5, 3), (2, 3, 2, 4)), ((1, 2, 1, 1, 2), (1, 2, 1, 3))]):
+        x = _rand(xs, ("g3x", k))
+        g = _rand(gs + (3,), ("g3g", k, interp, padding), scale=0.9)
+        g.flat[::5] *= 3.5
+        attrs = {"interpolation_mode": interp, "padding_mode": padding, "align_corners": align}
+        _check("aten.grid_sampler_3d", [x, g], attrs, lambda t, u: A.grid_sampler_3d(t, u, interp, padding, align),
+               f"grid_sampler_3d {xs} {attrs}")
+
+
+def test_grid_sampler_3d_declines_bicubic():
+    with pytest.raises(kiln.KilnError, match="bicubic"):
+        run_op("aten.grid_sampler_3d", [_rand((1, 1, 2, 2, 2), "b3"), _rand((1, 1, 1, 2, 3), "b3g")],
+               {"interpolation_mode": 2, "padding_mode": 0, "align_corners": False})
+
+
 def _unnormalize(c, size, align):
     return (c + 1) * (size - 1) / 2 if align else (c + 1) * size / 2 - 0.5
 

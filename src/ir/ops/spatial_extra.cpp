@@ -167,6 +167,42 @@ Result<Types> infer_grid_sampler_2d(InputTypes in, const Attributes& attrs) {
   return Types{{DType::Float32, out}};
 }
 
+// aten.grid_sampler_3d: input (N, C, D, H, W), grid (N, Do, Ho, Wo, 3) float32; interpolation 0
+// (trilinear) or 1 (nearest); padding as grid_sampler_2d.
+Result<Types> infer_grid_sampler_3d(InputTypes in, const Attributes& attrs) {
+  const TensorType& x = *in[0];
+  const TensorType& grid = *in[1];
+  KILN_RETURN_IF_ERROR(require_f32(x, "input"));
+  KILN_RETURN_IF_ERROR(require_f32(grid, "grid"));
+  if (x.dim() != 5) return invalid("input must be 5-D (N, C, D, H, W), got size " + sizes_to_string(x.sizes));
+  if (grid.dim() != 5 || grid.sizes[4] != 3) {
+    return invalid("grid must be 5-D (N, D_out, H_out, W_out, 3), got size " + sizes_to_string(grid.sizes));
+  }
+  if (grid.sizes[0] != x.sizes[0]) {
+    return invalid("grid and input must have the same batch size, got input " + sizes_to_string(x.sizes) +
+                   " and grid " + sizes_to_string(grid.sizes));
+  }
+  if (x.sizes[2] == 0 || x.sizes[3] == 0 || x.sizes[4] == 0) {
+    return invalid("input must have non-empty spatial dims, got size " + sizes_to_string(x.sizes));
+  }
+  const int64_t interp = attrs.get_int("interpolation_mode");
+  const int64_t pad = attrs.get_int("padding_mode");
+  // F.grid_sample refuses bicubic for 5-D input; the bare ATen op accepts it without a documented
+  // formula, so Kiln declines it.
+  if (interp == 2) {
+    return Error(ErrorCode::NotSupported, "interpolation_mode 2 (bicubic) is not supported for 5-D input");
+  }
+  if (interp < 0 || interp > 1) {
+    return invalid("interpolation_mode must be 0 (bilinear) or 1 (nearest), got " + std::to_string(interp));
+  }
+  if (pad < 0 || pad > 2) {
+    return invalid("padding_mode must be 0 (zeros), 1 (border) or 2 (reflection), got " + std::to_string(pad));
+  }
+  const std::vector<int64_t> out = {x.sizes[0], x.sizes[1], grid.sizes[1], grid.sizes[2], grid.sizes[3]};
+  KILN_RETURN_IF_ERROR(check_total(out, "output size"));
+  return Types{{DType::Float32, out}};
+}
+
 // ---- col2im
 
 // self (N, C * kh * kw, L) or (C * kh * kw, L) float32, non-zero but for the batch; L =
@@ -463,6 +499,14 @@ void register_spatial_extra_ops(OpRegistry& r) {
          1, infer_grid_sampler_2d,
          "samples (N,C,H,W) at grid (N,Ho,Wo,2) coordinates in [-1, 1]; bilinear/nearest/bicubic, zeros/border/"
          "reflection padding (torch.ops.aten.grid_sampler_2d; ATen GridSampler.h formulas)"});
+  r.add({"aten.grid_sampler_3d",
+         {{"input"}, {"grid"}},
+         {{"interpolation_mode", AttrKind::Int, none, true},
+          {"padding_mode", AttrKind::Int, none, true},
+          {"align_corners", AttrKind::Bool, none, true}},
+         1, infer_grid_sampler_3d,
+         "samples (N,C,D,H,W) at grid (N,Do,Ho,Wo,3) coordinates (x, y, z) in [-1, 1]; trilinear/nearest, zeros/"
+         "border/reflection padding (torch.ops.aten.grid_sampler_3d; ATen GridSampler.h formulas)"});
   r.add({"aten.col2im",
          {{"self"}},
          {{"output_size", AttrKind::Ints, none, true},

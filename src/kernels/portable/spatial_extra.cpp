@@ -450,6 +450,65 @@ Error grid_sampler_2d(const KernelArgs& a) {
   return {};
 }
 
+/// aten.grid_sampler_3d: as grid_sampler_2d with a third axis: grid[n, d, h, w] = (x, y, z);
+/// trilinear: the 8 neighbours of the padded point with products of the per-axis weights, taps
+/// outside read 0 and keep their weight (the same non-finite rule as grid_sampler_2d); nearest:
+/// nearbyint per axis.
+Error grid_sampler_3d(const KernelArgs& a) {
+  const char* op = "aten.grid_sampler_3d";
+  KILN_RETURN_IF_ERROR(check_f32(a, op));
+  const Tensor& x = *a.inputs[0];
+  const Tensor& grid = *a.inputs[1];
+  Tensor& out = *a.outputs[0];
+  const int64_t interp = a.attrs.get_int("interpolation_mode");
+  const int64_t padding = a.attrs.get_int("padding_mode");
+  const bool align = a.attrs.get_bool("align_corners");
+  if (interp < 0 || interp > 1 || padding < 0 || padding > 2) {
+    return Error(ErrorCode::InvalidArgument, std::string(op) + ": interpolation_mode / padding_mode out of range");
+  }
+  const int64_t N = x.sizes[0], C = x.sizes[1], D = x.sizes[2], H = x.sizes[3], W = x.sizes[4];
+  const int64_t OD = grid.sizes[1], OH = grid.sizes[2], OW = grid.sizes[3];
+  const int64_t ovol = OD * OH * OW, ivol = D * H * W;
+  const GridAxis ax{W, align, padding}, ay{H, align, padding}, az{D, align, padding};
+  const float* px = x.data_as<const float>();
+  const float* pg = grid.data_as<const float>();
+  float* po = out.data_as<float>();
+  for (int64_t n = 0; n < N; ++n) {
+    const float* img = px + n * C * ivol;
+    for (int64_t o = 0; o < ovol; ++o) {
+      const float* gp = pg + (n * ovol + o) * 3;
+      float* dst = po + n * C * ovol + o;  // channel stride ovol
+      const float fx = ax.pad(ax.unnormalize(gp[0])), fy = ay.pad(ay.unnormalize(gp[1])),
+                  fz = az.pad(az.unnormalize(gp[2]));
+      if (interp == 1) {
+        const int64_t ix = ax.index(std::nearbyint(fx)), iy = ay.index(std::nearbyint(fy)),
+                      iz = az.index(std::nearbyint(fz));
+        for (int64_t c = 0; c < C; ++c) {
+          dst[c * ovol] = (ix >= 0 && iy >= 0 && iz >= 0) ? img[c * ivol + (iz * H + iy) * W + ix] : 0.0f;
+        }
+        continue;
+      }
+      const float x0 = std::floor(fx), y0 = std::floor(fy), z0 = std::floor(fz);
+      const float tx = fx - x0, ty = fy - y0, tz = fz - z0;
+      const float wx[2] = {1.0f - tx, tx}, wy[2] = {1.0f - ty, ty}, wz[2] = {1.0f - tz, tz};
+      const int64_t xi[2] = {ax.index(x0), ax.index(x0 + 1.0f)}, yi[2] = {ay.index(y0), ay.index(y0 + 1.0f)},
+                    zi[2] = {az.index(z0), az.index(z0 + 1.0f)};
+      for (int64_t c = 0; c < C; ++c) {
+        const float* vol = img + c * ivol;
+        float acc = 0.0f;
+        for (int k = 0; k < 8; ++k) {
+          const int i = k & 1, j = (k >> 1) & 1, l = k >> 2;  // x, y, z tap
+          const bool inside = xi[i] >= 0 && yi[j] >= 0 && zi[l] >= 0;
+          const float v = inside ? vol[(zi[l] * H + yi[j]) * W + xi[i]] : 0.0f;
+          acc += v * (wz[l] * wy[j] * wx[i]);
+        }
+        dst[c * ovol] = acc;
+      }
+    }
+  }
+  return {};
+}
+
 // ---- col2im
 
 /// aten.col2im (F.fold): out[n, c, h, w] = sum over the blocks (bh, bw) and kernel taps (i, j) with
@@ -646,6 +705,7 @@ void register_portable_spatial_extra(KernelRegistry& r) {
   r.add("aten.adaptive_max_pool2d", adaptive_max_pool<2>);
   r.add("aten.adaptive_max_pool3d", adaptive_max_pool<3>);
   r.add("aten.grid_sampler_2d", grid_sampler_2d);
+  r.add("aten.grid_sampler_3d", grid_sampler_3d);
   r.add("aten.col2im", col2im);
   r.add("aten.im2col", im2col);
   r.add("aten._cdist_forward", cdist_forward);
