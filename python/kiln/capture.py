@@ -19,8 +19,10 @@ Mapping rules (docs/op-set.md):
 - ``alias``/``detach``/``clone``/``lift_fresh_copy``/eval-mode dropout are dropped,
   ``_assert_*`` checks are dropped;
 - multi-output ATen ops used for their first output only (``native_batch_norm``, ``native_layer_norm``,
-  ``native_group_norm``, ``max_pool2d_with_indices``) map onto single-output Kiln ops; using any
-  other output fails the export.
+  ``native_group_norm``, ``max_pool2d_with_indices``, inference ``_native_batch_norm_legit*``) map onto
+  single-output Kiln ops; using any other output fails the export (an inference batch norm's
+  running-stat write-back of unchanged statistics is accepted); ``max_pool3d_with_indices`` and
+  ``adaptive_max_pool2d/3d`` keep both outputs (values, indices).
 
 Every failure is an ``ExportError`` naming the ATen op, the module path of the node (from
 ``node.meta["nn_module_stack"]``) and what to do.
@@ -113,6 +115,10 @@ def _keep_whole_ops() -> list:
         "linear.default", "adaptive_avg_pool2d.default", "max_pool2d.default",
         # exact as slices + cat (the default decomposition uses index_select, outside Kiln's set)
         "roll.default",
+        # core ATen ops of Kiln's set that the default table rewrites into arange/index/index_put
+        "reflection_pad1d.default", "reflection_pad2d.default", "reflection_pad3d.default",
+        "replication_pad1d.default", "replication_pad2d.default", "replication_pad3d.default",
+        "col2im.default", "im2col.default",
     ]
     ops = []
     for n in names:
@@ -160,6 +166,24 @@ class _FirstOnly:
 
     def __init__(self, value, op: str):
         self.value, self.op = value, op
+
+
+class _LegitOutputs:
+    """Outputs of an inference _native_batch_norm_legit(_functional): item 0 is the normalized
+    input; the functional form's items 3 and 4 (the "updated" running stats) are the running stats
+    unchanged, since training=False does not update them; items 1, 2 (saved batch statistics)
+    do not exist in Kiln."""
+
+    def __init__(self, value, stats, op: str):
+        self.value, self.stats, self.op = value, stats, op
+
+    def item(self, b, idx):
+        if idx == 0:
+            return self.value
+        if idx in (3, 4) and len(self.stats) == 2:
+            return self.stats[idx - 3]
+        raise b.error(f"output {idx} of {self.op} is used; Kiln's op has only output 0",
+                      f"Use only the first output of {self.op} in inference models")
 
 
 class _Failed:
@@ -289,6 +313,7 @@ class _Builder:
         self.notes: list[str] = []
         self.num_const = 0
         self._names: dict[int, str] = {}  # id(constant tensor) -> its state_dict / constants name
+        self._buffer_values: dict[str, object] = {}  # buffer name -> its value (for unchanged write-backs)
 
     # --- errors ---------------------------------------------------------------------------------
     def error(self, what: str, todo: str | None = None, *, code: str | None = None, reason: str | None = None):
@@ -536,6 +561,7 @@ class _Builder:
                 t = sd[spec.target] if spec.target in sd else consts[spec.target]
                 self.env[n] = t.detach()
                 self._names[id(self.env[n])] = spec.target
+                self._buffer_values[spec.target] = self.env[n]
             elif kind == InputKind.TOKEN:
                 self.env[n] = None  # effect tokens order side effects (checks); Kiln has none
             elif kind == InputKind.CONSTANT_TENSOR:
@@ -566,6 +592,8 @@ class _Builder:
                             raise
                         self.output_errors[user_index] = e
                 elif spec.kind == OutputKind.BUFFER_MUTATION:
+                    if self.env.get(a) is self._buffer_values.get(spec.target, ()):
+                        continue  # written back unchanged (inference batch norm's running stats)
                     raise self.error(f"the model updates buffer '{spec.target}' in forward",
                                      "Kiln programs are stateless: remove the buffer update for inference")
                 elif spec.kind == OutputKind.TOKEN:
@@ -608,6 +636,8 @@ class _Builder:
             return failed[0]
         if target is operator.getitem:
             src, idx = args
+            if isinstance(src, _LegitOutputs):
+                return src.item(self, idx)
             if isinstance(src, _FirstOnly):
                 if idx != 0:
                     raise self.error(f"output {idx} of {src.op} is used; Kiln's op has only output 0",
@@ -892,6 +922,34 @@ def _softmax_int(kiln_op):
     return h
 
 
+def _batch_norm_legit(b: _Builder, args, kwargs):
+    # _native_batch_norm_legit(input, weight?, bias?, running_mean, running_var, training, momentum, eps):
+    # with training=False it normalizes with the running statistics, as native_batch_norm does;
+    # training=True (batch statistics, running-stat updates) is refused.
+    bound = b.bind(b.node.target, args, kwargs)
+    if bound.get("training"):
+        return _batch_norm_training(b, args, kwargs)
+    v = b.generic("aten.native_batch_norm", args, kwargs)
+    b.check_meta_first(v)
+    functional = _packet_name(b.node.target).endswith("_functional")
+    stats = (bound["running_mean"], bound["running_var"]) if functional else ()
+    return _LegitOutputs(v, stats, _op_name(b.node.target))
+
+
+def _values_and_indices(kiln_op, names):
+    # two outputs (values, int64 indices), both Kiln values: getitem picks either
+    def h(b: _Builder, args, kwargs):
+        bound = b.bind(b.node.target, args, kwargs)
+        x = b.tensor(bound["self"])
+        attrs = {k: _attr(bound[k]) for k in names if k in bound}
+        return tuple(b.emit_all(kiln_op, [x], attrs))
+    return h
+
+
+_max_pool3d_with_indices = _values_and_indices("aten.max_pool3d_with_indices",
+                                               ("kernel_size", "stride", "padding", "dilation", "ceil_mode"))
+
+
 def _batch_norm_training(b: _Builder, args, kwargs):
     raise b.error("batch norm in training mode (batch statistics) is not supported",
                   "Export the module in eval mode; F.batch_norm needs training=False and running statistics")
@@ -1075,7 +1133,11 @@ _HANDLERS: dict[str, Callable] = {
     "aten._embedding_bag_forward_only.default": _first_checked("aten._embedding_bag"),
     "aten.slice_scatter.default": _scatter_like("aten.slice_scatter", "src"),
     "aten.select_scatter.default": _scatter_like("aten.select_scatter", "src"),
-    "aten._native_batch_norm_legit_functional": _batch_norm_training, "aten._native_batch_norm_legit": _batch_norm_training,
+    "aten._native_batch_norm_legit_functional": _batch_norm_legit, "aten._native_batch_norm_legit.no_stats": _batch_norm_training,
+    "aten._native_batch_norm_legit.default": _batch_norm_legit,
+    "aten.max_pool3d_with_indices.default": _max_pool3d_with_indices,
+    "aten.adaptive_max_pool2d.default": _values_and_indices("aten.adaptive_max_pool2d", ("output_size",)),
+    "aten.adaptive_max_pool3d.default": _values_and_indices("aten.adaptive_max_pool3d", ("output_size",)),
     "aten._native_batch_norm_legit_no_training.default": _first_checked("aten.native_batch_norm",
                                                                         {"training": False}),
     "aten.native_batch_norm.default": _first_checked("aten.native_batch_norm"),

@@ -141,6 +141,7 @@ void register_portable_pool(KernelRegistry& r);
 void register_portable_upsample(KernelRegistry& r);
 void register_portable_reduction(KernelRegistry& r);
 void register_portable_shape(KernelRegistry& r);
+void register_portable_spatial_extra(KernelRegistry& r);  // portable/spatial_extra.cpp: pads, 3-D pools, grid_sampler, col2im, cdist
 void register_portable_quant(KernelRegistry& r);  // portable/quant.cpp: weight-only quantized ops
 void register_portable_sort(KernelRegistry& r);      // portable/sort.cpp: sort, topk
 void register_portable_creation(KernelRegistry& r);  // portable/creation.cpp: arange, full, fill, copy, ...

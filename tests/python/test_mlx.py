@@ -859,3 +859,61 @@ def test_sdpa_fully_masked_row_is_zero_like_eager(kind, rank):
     ref = F.scaled_dot_product_attention(T(q), T(k), T(v), attn_mask=T(m)).numpy()
     assert np.isfinite(out).all()
     assert_close(out, ref, REL, "sdpa fully masked row")
+
+
+# ---------------------------------------------------------------- spatial family (pads, distances)
+
+@pytest.mark.parametrize("op,x,pads", [
+    ("aten.reflection_pad1d", _rand(2, 3, 6, seed=1), [2, -1]),
+    ("aten.reflection_pad2d", _rand(1, 2, 4, 5, seed=2), [1, 3, -1, 2]),
+    ("aten.reflection_pad3d", _rand(1, 1, 3, 4, 5, seed=3), [1, 1, 2, 0, -1, 2]),
+    ("aten.replication_pad1d", _rand(3, 4, seed=4), [3, -2]),
+    ("aten.replication_pad2d", _rand(2, 2, 3, 3, seed=5), [4, 1, 0, -1]),
+    ("aten.replication_pad3d", _rand(2, 2, 2, 3, 2, seed=6), [1, 2, 2, 1, 1, 0]),
+])
+def test_pads_match_torch(op, x, pads):
+    out = run_one(op, [x], {"padding": pads})
+    ref = getattr(A, op.split(".")[1])(torch.from_numpy(x), pads).numpy()
+    np.testing.assert_array_equal(out, ref)  # data movement: exact
+
+
+def test_pad_int_dtype_and_declined_reason():
+    x = np.arange(24, dtype=np.int64).reshape(2, 3, 4)
+    out = run_one("aten.reflection_pad1d", [x], {"padding": [3, 1]})
+    np.testing.assert_array_equal(out, A.reflection_pad1d(torch.from_numpy(x), [3, 1]).numpy())
+
+    def build(g, ids):
+        return g.add_node("aten.grid_sampler_2d", ids, {"interpolation_mode": 2, "padding_mode": 0, "align_corners": False})
+    _, dl, _ = compile_run(build, [_rand(1, 1, 3, 3), _rand(1, 2, 2, 2)])
+    assert any("bilinear only" in r for r in reasons(dl, "aten.grid_sampler_2d"))
+
+
+@pytest.mark.parametrize("padding", [0, 1, 2])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sampler_bilinear_matches_torch(padding, align):
+    x, g = _rand(2, 3, 5, 4, seed=9), _rand(2, 3, 6, 2, seed=10)
+    g[0, 0, :3, 0] = [3.0, -2.5, 1.0]  # outside [-1, 1] and on the edge
+    attrs = {"interpolation_mode": 0, "padding_mode": padding, "align_corners": align}
+    out = run_one("aten.grid_sampler_2d", [x, g], attrs)
+    assert_close(out, A.grid_sampler_2d(torch.from_numpy(x), torch.from_numpy(g), 0, padding, align).numpy(), rel=REL)
+    # non-finite coordinates: the float64 rule of test_ops_spatial (NaN clips to 0; zeros padding -> NaN)
+    from test_ops_spatial import _bilinear_ref
+    g[1, 1, 0] = [np.nan, 0.2]
+    g[1, 1, 1] = [np.inf, -0.3]
+    out = run_one("aten.grid_sampler_2d", [x, g], attrs)
+    for w in (0, 1):
+        want = [_bilinear_ref(x[1, c].astype(np.float64), float(g[1, 1, w, 0]), float(g[1, 1, w, 1]), padding, align)
+                for c in range(3)]
+        assert_close(out[1, :, 1, w], np.array(want, np.float32), rel=REL, what=f"non-finite {w}")
+
+
+@pytest.mark.parametrize("p", [2.0, 1.0, 0.0, float("inf"), 3.0])
+def test_cdist_pdist_match_torch(p):
+    a, b = _rand(2, 5, 3, seed=7), _rand(1, 4, 3, seed=8)
+    if p == 0.0:
+        b[..., 0] = a[0, 0, 0]
+        a[..., 0] = a[0, 0, 0]
+    out = run_one("aten._cdist_forward", [a, b], {"p": p})
+    assert_close(out, A._cdist_forward(torch.from_numpy(a), torch.from_numpy(b), p, 2).numpy(), rel=REL)
+    out = run_one("aten._pdist_forward", [a[0]], {"p": p})
+    assert_close(out, A._pdist_forward(torch.from_numpy(a[0]), p).numpy(), rel=REL)

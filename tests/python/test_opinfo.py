@@ -68,10 +68,11 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     "aten.convolution": [("nn.functional.conv1d", ""), ("nn.functional.conv2d", ""),
                          ("nn.functional.conv_transpose1d", ""), ("nn.functional.conv_transpose2d", "")],
     "aten.addmm": [("addmm", "")], "aten.mm": [("mm", "")], "aten.bmm": [("bmm", "")],
-    "aten.linear": [("nn.functional.linear", "")], "aten.max_pool2d": [("nn.functional.max_pool2d", "")],
-    "aten.avg_pool2d": [("nn.functional.avg_pool2d", "")],
-    "aten.adaptive_avg_pool2d": [("nn.functional.adaptive_avg_pool2d", "")],
-    "aten.native_batch_norm": [("nn.functional.batch_norm", "")],
+    "aten.linear": [("nn.functional.linear", "")], "aten.max_pool2d": [("nn.functional.max_pool2d", ""),
+                                                                                ("nn.functional.max_pool1d", "")],
+    "aten.avg_pool2d": [("nn.functional.avg_pool2d", ""), ("nn.functional.avg_pool1d", "")],
+    "aten.adaptive_avg_pool2d": [("nn.functional.adaptive_avg_pool2d", ""), ("nn.functional.adaptive_avg_pool1d", "")],
+    "aten.native_batch_norm": [("nn.functional.batch_norm", ""), ("_native_batch_norm_legit", "")],
     "aten.native_layer_norm": [("nn.functional.layer_norm", "")],
     "aten.native_group_norm": [("nn.functional.group_norm", "")], "aten.rms_norm": [("nn.functional.rms_norm", "")],
     "aten.scaled_dot_product_attention": [("nn.functional.scaled_dot_product_attention", "")],
@@ -105,6 +106,22 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     "aten.scatter_reduce": [("scatter_reduce", None)], "aten.select_scatter": [("select_scatter", "")],
     "aten.slice_scatter": [("slice_scatter", "")], "aten.masked_scatter": [("masked_scatter", "")],
     "aten._embedding_bag": [("nn.functional.embedding_bag", "")],
+    # spatial family (src/ir/ops/spatial_extra.cpp); F.pad's circular mode decomposes into slices
+    "aten.reflection_pad1d": [("nn.functional.pad", "reflect")],
+    "aten.reflection_pad2d": [("nn.functional.pad", "reflect")],
+    "aten.reflection_pad3d": [("nn.functional.pad", "reflect")],
+    "aten.replication_pad1d": [("nn.functional.pad", "replicate"), ("nn.functional.pad", "replicate_negative")],
+    "aten.replication_pad2d": [("nn.functional.pad", "replicate"), ("nn.functional.pad", "replicate_negative")],
+    "aten.replication_pad3d": [("nn.functional.pad", "replicate"), ("nn.functional.pad", "replicate_negative")],
+    "aten.avg_pool3d": [("nn.functional.avg_pool3d", "")],
+    "aten.max_pool3d_with_indices": [("nn.functional.max_pool3d", "")],
+    "aten._adaptive_avg_pool3d": [("nn.functional.adaptive_avg_pool3d", "")],
+    "aten.adaptive_max_pool2d": [("nn.functional.adaptive_max_pool2d", ""), ("nn.functional.adaptive_max_pool1d", "")],
+    "aten.adaptive_max_pool3d": [("nn.functional.adaptive_max_pool3d", "")],
+    "aten.grid_sampler_2d": [("nn.functional.grid_sample", ""), ("grid_sampler_2d", "")],
+    "aten.grid_sampler_3d": [("nn.functional.grid_sample", ""), ("grid_sampler_3d", "")],
+    "aten.im2col": [("nn.functional.unfold", "")],
+    "aten._cdist_forward": [("cdist", "")], "aten._pdist_forward": [("nn.functional.pdist", "")],
 }
 # OpInfos whose ops PyTorch defines for no floating dtype: their samples are drawn in this dtype
 # instead of float32.
@@ -126,6 +143,8 @@ NO_OPINFO: dict[str, str] = {
                  "tests/python/test_ops_sort.py against torch's fill",
     "aten.copy": "no OpInfo calls aten.copy; tests/python/test_ops_sort.py checks it (broadcast, dtype conversion) "
                  "against torch.ops.aten.copy",
+    "aten.col2im": "op_db has no F.fold OpInfo; tests/python/test_ops_spatial.py checks aten.col2im and F.fold "
+                   "against eager",
     "aten.max_pool2d_with_indices": "the two-output form the ONNX importer uses for MaxPool's Indices; the capture "
                                     "maps torch's max_pool2d_with_indices onto aten.max_pool2d (values only), so no "
                                     "OpInfo sample reaches it; tests/python/test_onnx_gaps.py checks it against "

@@ -19,6 +19,7 @@
 #include "ir/ops/conv.h"
 #include "ir/ops/pool.h"
 #include "ir/ops/quant.h"
+#include "ir/ops/spatial_extra.h"
 
 namespace kiln::mlxb {
 namespace {
@@ -906,6 +907,136 @@ Error check_upsample(const NodeView& n) {
   return n.op == "aten.upsample_bilinear2d" ? float32_inputs(n) : ok();
 }
 
+// ---------------------------------------------------------------- spatial (ir/ops/spatial_extra.h)
+
+// reflection_padNd / replication_padNd: a take along each padded axis with the source index table
+// of Kiln's portable kernel (reflect: |v|, then 2(size-1) - v; replicate: clamp), so any dtype,
+// negative pads (crops) included, moves exactly the same elements.
+Error check_pad(const NodeView& n) {
+  const bool reflect = n.op.rfind("aten.reflection", 0) == 0;
+  const int dims = n.op[n.op.size() - 2] - '0';  // "aten.reflection_pad2d" -> 2
+  auto g = pad_geometry(in_type(n, 0), n.attrs, dims, reflect);
+  if (!g.ok()) return no(g.error().message());
+  return ok();
+}
+mx::array pad_take(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const bool reflect = n.op.rfind("aten.reflection", 0) == 0;
+  const int dims = n.op[n.op.size() - 2] - '0';
+  const PadGeometry g = pad_geometry(in_type(n, 0), n.attrs, dims, reflect).value();
+  mx::array x = *in[0];
+  const int r = static_cast<int>(x.ndim());
+  for (int i = 0; i < dims; ++i) {
+    std::vector<int32_t> idx(static_cast<size_t>(g.out[i]));
+    for (int64_t o = 0; o < g.out[i]; ++o) {
+      int64_t v = o - g.before[i];
+      if (reflect) {
+        if (v < 0) v = -v;
+        if (v >= g.in[i]) v = 2 * (g.in[i] - 1) - v;
+      } else {
+        v = std::min(std::max<int64_t>(v, 0), g.in[i] - 1);
+      }
+      idx[static_cast<size_t>(o)] = static_cast<int32_t>(v);
+    }
+    x = mx::take(x, index_array(idx), r - dims + i, c.dev);
+  }
+  return x;
+}
+
+// grid_sampler_2d, bilinear only (nearest's ties-to-even and bicubic are declined): the portable
+// kernel's float formulas (GridSampler.h unnormalize / clip / reflect; NaN clips to 0), four taps
+// gathered from the flattened planes, taps outside the image read 0 and keep their weight.
+Error check_grid_sampler(const NodeView& n) {
+  KILN_RETURN_IF_ERROR(float32_inputs(n));
+  if (n.attrs.get_int("interpolation_mode") != 0) {
+    return no("grid_sampler_2d interpolation_mode " + std::to_string(n.attrs.get_int("interpolation_mode")) +
+              " is not lowered (bilinear only)");
+  }
+  if (n.attrs.get_int("padding_mode") < 0 || n.attrs.get_int("padding_mode") > 2) return no("padding_mode out of range");
+  return ok();
+}
+mx::array grid_coordinate(const mx::array& g, int64_t size, bool align, int64_t padding, mx::Device dev) {
+  const mx::Dtype dt = g.dtype();
+  auto f = [&](double v) { return scalar(v, dt); };
+  mx::array v = align ? mx::multiply(mx::add(g, f(1.0), dev), f(static_cast<float>(size - 1) / 2.0f), dev)
+                      : mx::subtract(mx::multiply(mx::add(g, f(1.0), dev), f(static_cast<float>(size) / 2.0f), dev),
+                                     f(0.5), dev);
+  auto clip = [&](const mx::array& a) {
+    mx::array c = mx::minimum(f(static_cast<double>(size - 1)), mx::maximum(a, f(0.0), dev), dev);
+    return mx::where(mx::isnan(a, dev), f(0.0), c, dev);
+  };
+  if (padding == 1) return clip(v);
+  if (padding == 2) {
+    const float lo = align ? 0.0f : -0.5f;
+    const float span = align ? static_cast<float>(size - 1) : static_cast<float>(size);
+    if (span <= 0.0f) return mx::zeros_like(v, dev);
+    const mx::array e = mx::remainder(mx::abs(mx::subtract(v, f(lo), dev), dev), f(2.0f * span), dev);
+    return clip(mx::add(mx::minimum(e, mx::subtract(f(2.0f * span), e, dev), dev), f(lo), dev));
+  }
+  return v;
+}
+mx::array grid_sampler(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const auto& xt = in_type(n, 0);
+  const int32_t N = static_cast<int32_t>(xt.sizes[0]), C = static_cast<int32_t>(xt.sizes[1]);
+  const int64_t H = xt.sizes[2], W = xt.sizes[3];
+  const int32_t OH = static_cast<int32_t>(n.out.sizes[2]), OW = static_cast<int32_t>(n.out.sizes[3]);
+  const bool align = n.attrs.get_bool("align_corners");
+  const int64_t padding = n.attrs.get_int("padding_mode");
+  const mx::array grid = mx::reshape(*in[1], {N, 1, OH * OW, 2}, c.dev);
+  const mx::array gx = mx::take(grid, mx::array(0), 3, c.dev), gy = mx::take(grid, mx::array(1), 3, c.dev);
+  const mx::array fx = grid_coordinate(gx, W, align, padding, c.dev), fy = grid_coordinate(gy, H, align, padding, c.dev);
+  const mx::Dtype dt = fx.dtype();
+  const mx::array one = scalar(1.0, dt);
+  const mx::array x0 = mx::floor(fx, c.dev), y0 = mx::floor(fy, c.dev);
+  const mx::array tx = mx::subtract(fx, x0, c.dev), ty = mx::subtract(fy, y0, c.dev);
+  const mx::array ux = mx::subtract(one, tx, c.dev), uy = mx::subtract(one, ty, c.dev);
+  const mx::array x1 = mx::add(x0, one, c.dev), y1 = mx::add(y0, one, c.dev);
+  const mx::array planes = mx::reshape(*in[0], {N, C, static_cast<int32_t>(H * W)}, c.dev);
+  const mx::array xs[4] = {x0, x1, x0, x1}, ys[4] = {y0, y0, y1, y1};
+  const mx::array ws[4] = {mx::multiply(uy, ux, c.dev), mx::multiply(uy, tx, c.dev), mx::multiply(ty, ux, c.dev),
+                           mx::multiply(ty, tx, c.dev)};
+  std::optional<mx::array> acc;
+  for (int k = 0; k < 4; ++k) {
+    const mx::array valid = mx::logical_and(
+        mx::logical_and(mx::greater(xs[k], scalar(-1.0, dt), c.dev), mx::less(xs[k], scalar(static_cast<double>(W), dt), c.dev), c.dev),
+        mx::logical_and(mx::greater(ys[k], scalar(-1.0, dt), c.dev), mx::less(ys[k], scalar(static_cast<double>(H), dt), c.dev), c.dev),
+        c.dev);
+    const mx::array flat = mx::add(mx::multiply(ys[k], scalar(static_cast<double>(W), dt), c.dev), xs[k], c.dev);
+    const mx::array idx = mx::astype(mx::where(valid, flat, scalar(0.0, dt), c.dev), mx::int32, c.dev);
+    const mx::array v = mx::take_along_axis(planes, mx::broadcast_to(idx, {N, C, OH * OW}, c.dev), 2, c.dev);
+    const mx::array term = mx::multiply(mx::where(valid, v, scalar(0.0, v.dtype()), c.dev), ws[k], c.dev);
+    acc = acc ? mx::add(*acc, term, c.dev) : term;
+  }
+  return mx::reshape(*acc, {N, C, OH, OW}, c.dev);
+}
+
+// p-norm over the last axis of the differences d (Distance.cpp): p = 0 counts non-zeros, inf is
+// the largest |d|, 1 the sum of |d|, 2 sqrt(sum d^2), else (sum |d|^p)^(1/p).
+mx::array pnorm_last(const mx::array& d, double p, mx::Device dev) {
+  const int ax = static_cast<int>(d.ndim()) - 1;
+  const mx::Dtype dt = d.dtype();
+  if (p == 0.0) return mx::astype(mx::sum(mx::not_equal(d, scalar(0.0, dt), dev), ax, false, dev), dt, dev);
+  const mx::array a = mx::abs(d, dev);
+  if (std::isinf(p)) return mx::max(a, ax, false, dev);
+  if (p == 1.0) return mx::sum(a, ax, false, dev);
+  if (p == 2.0) return mx::sqrt(mx::sum(mx::square(d, dev), ax, false, dev), dev);
+  return mx::power(mx::sum(mx::power(a, scalar(p, dt), dev), ax, false, dev), scalar(1.0 / p, dt), dev);
+}
+// _cdist_forward: x1[..., P, 1, M] - x2[..., 1, R, M] broadcast, then the p-norm over M.
+mx::array cdist(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const mx::array a = mx::expand_dims(*in[0], -2, c.dev), b = mx::expand_dims(*in[1], -3, c.dev);
+  return pnorm_last(mx::subtract(a, b, c.dev), n.attrs.get_float("p"), c.dev);
+}
+// _pdist_forward: rows i and j of every pair i < j (row-major) gathered, then the p-norm.
+mx::array pdist(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const int64_t rows = in_type(n, 0).sizes[0];
+  std::vector<int32_t> ii, jj;
+  for (int64_t i = 0; i < rows; ++i) {
+    for (int64_t j = i + 1; j < rows; ++j) ii.push_back(static_cast<int32_t>(i)), jj.push_back(static_cast<int32_t>(j));
+  }
+  const mx::array d = mx::subtract(mx::take(*in[0], index_array(ii), 0, c.dev), mx::take(*in[0], index_array(jj), 0, c.dev), c.dev);
+  return pnorm_last(d, n.attrs.get_float("p"), c.dev);
+}
+
 // ---------------------------------------------------------------- the table
 
 const std::map<std::string, OpLowering, std::less<>>& table() {
@@ -974,6 +1105,12 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.slice_scatter", {indexing::check_slice_scatter, indexing::slice_scatter}},
       {"aten.select_scatter", {indexing::check_slice_scatter, indexing::select_scatter}},
       {"aten.constant_pad_nd", {any_dtype, constant_pad}},
+      {"aten.reflection_pad1d", {check_pad, pad_take}}, {"aten.reflection_pad2d", {check_pad, pad_take}},
+      {"aten.reflection_pad3d", {check_pad, pad_take}}, {"aten.replication_pad1d", {check_pad, pad_take}},
+      {"aten.replication_pad2d", {check_pad, pad_take}}, {"aten.replication_pad3d", {check_pad, pad_take}},
+      {"aten._cdist_forward", {float32_inputs, cdist, nullptr, true}},
+      {"aten.grid_sampler_2d", {check_grid_sampler, grid_sampler, nullptr, true}},
+      {"aten._pdist_forward", {float32_inputs, pdist, nullptr, true}},
       {"aten.convolution", {check_conv, conv, prepare_conv, false, 0b10}},
       {"aten.linear", {float32_inputs, linear}},
       {"kiln.weight_quantized_linear", {check_quantized, quantized_linear, prepare_quantized_linear, false, 0b1110}},

@@ -21,26 +21,6 @@ Error check_pool_input(const TensorType& self) {
   return {};
 }
 
-// PyTorch aten/src/ATen/native/Pool.h pooling_output_shape (with pad_l = pad_r = pad).
-Result<int64_t> pooling_output_shape(const char* dim, int64_t in, int64_t k, int64_t p, int64_t s, int64_t d,
-                                     bool ceil_mode) {
-  const int64_t effective = (k - 1) * d + 1;  // k, d <= 2^31: no overflow
-  if (p > k / 2 || p > effective / 2) {
-    return invalid(std::string("padding should be at most half of the (effective) kernel size, got padding ") + dim +
-                   "=" + std::to_string(p) + ", kernel_size=" + std::to_string(k) + ", dilation=" + std::to_string(d));
-  }
-  __int128 out = floor_div(static_cast<__int128>(in) + 2 * p - effective + (ceil_mode ? s - 1 : 0), s) + 1;
-  if (ceil_mode && (out - 1) * s >= static_cast<__int128>(in) + p) --out;  // last window starts inside
-  if (out < 1) {
-    return invalid(std::string("calculated output ") + dim + " " + std::to_string(static_cast<long long>(out)) +
-                   " is too small (input " + dim + " " + std::to_string(in) + ", kernel_size " + std::to_string(k) +
-                   ", stride " + std::to_string(s) + ", padding " + std::to_string(p) + ", dilation " +
-                   std::to_string(d) + ")");
-  }
-  if (out > kMaxSpatialSize) return invalid("calculated output size is too large");
-  return static_cast<int64_t>(out);
-}
-
 Result<std::vector<TensorType>> infer_max_pool2d(InputTypes in, const Attributes& attrs) {
   auto g = pool2d_geometry(*in[0], attrs, true);
   if (!g.ok()) return g.error();
@@ -88,6 +68,25 @@ Result<std::vector<TensorType>> infer_adaptive_avg_pool2d(InputTypes in, const A
 }
 
 }  // namespace
+
+Result<int64_t> pooling_output_shape(const char* dim, int64_t in, int64_t k, int64_t p, int64_t s, int64_t d,
+                                     bool ceil_mode) {
+  const int64_t effective = (k - 1) * d + 1;  // k, d <= 2^31: no overflow
+  if (p > k / 2 || p > effective / 2) {
+    return invalid(std::string("padding should be at most half of the (effective) kernel size, got padding ") + dim +
+                   "=" + std::to_string(p) + ", kernel_size=" + std::to_string(k) + ", dilation=" + std::to_string(d));
+  }
+  __int128 out = floor_div(static_cast<__int128>(in) + 2 * p - effective + (ceil_mode ? s - 1 : 0), s) + 1;
+  if (ceil_mode && (out - 1) * s >= static_cast<__int128>(in) + p) --out;  // last window starts inside
+  if (out < 1) {
+    return invalid(std::string("calculated output ") + dim + " " + std::to_string(static_cast<long long>(out)) +
+                   " is too small (input " + dim + " " + std::to_string(in) + ", kernel_size " + std::to_string(k) +
+                   ", stride " + std::to_string(s) + ", padding " + std::to_string(p) + ", dilation " +
+                   std::to_string(d) + ")");
+  }
+  if (out > kMaxSpatialSize) return invalid("calculated output size is too large");
+  return static_cast<int64_t>(out);
+}
 
 Result<Pool2dGeometry> pool2d_geometry(const TensorType& self, const Attributes& attrs, bool with_dilation) {
   KILN_RETURN_IF_ERROR(check_pool_input(self));

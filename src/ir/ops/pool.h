@@ -23,6 +23,12 @@ struct Pool2dGeometry {
   std::vector<int64_t> out_sizes;     ///< output tensor sizes (same rank as the input)
 };
 
+/// Output size of one pooled dim (PyTorch aten/src/ATen/native/Pool.h pooling_output_shape with
+/// pad_l = pad_r = p; the formula is given at pool2d_geometry). Also checks p <= k/2 and
+/// p <= ((k-1)*d+1)/2. `dim` names the dim in errors ("height"). InvalidArgument when out < 1.
+Result<int64_t> pooling_output_shape(const char* dim, int64_t in, int64_t k, int64_t p, int64_t s, int64_t d,
+                                     bool ceil_mode);
+
 /// Validates aten.max_pool2d(self, kernel_size, stride, padding, dilation, ceil_mode)
 /// (`with_dilation` true) or aten.avg_pool2d(self, kernel_size, stride, padding, ceil_mode, ...)
 /// (`with_dilation` false: dilation 1). `attrs` must be normalized.
