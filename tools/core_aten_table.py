@@ -54,13 +54,14 @@ CAPTURED = {
     "split_with_sizes": "slices (aten.slice per piece)",
     "_adaptive_avg_pool2d": "aten.adaptive_avg_pool2d",
     "_native_batch_norm_legit_no_training": "aten.native_batch_norm (training=False)",
+    "_native_batch_norm_legit": "aten.native_batch_norm with training=False (training=True: batch statistics, refused)",
 }
 NOTES = {
     "native_dropout": "in eval mode (train=False) capture drops it (identity); in training it draws random masks",
     "sym_size": "static shapes: capture folds them to integers; symbolic sizes wait for the dynamic-shape issue",
     "sym_numel": "as sym_size", "sym_stride": "as sym_size", "sym_storage_offset": "as sym_size",
     "nonzero": "output size depends on the data; waits for the dynamic-shape issue (refused with that reason)",
-    "_fft_r2c": "see 'Complex values' below", "_fft_c2r": "see 'Complex values' below",
+    "_fft_r2c": "see 'Complex values' in the next section", "_fft_c2r": "as _fft_r2c",
 }
 
 
