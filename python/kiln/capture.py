@@ -185,8 +185,12 @@ _SHAPE_ONLY = {"aten.zeros_like", "aten.ones_like", "aten.full_like", "aten.empt
 _RANDOM = {"aten.rand", "aten.randn", "aten.randint", "aten.rand_like", "aten.randn_like", "aten.randint_like",
            "aten.normal", "aten.bernoulli", "aten.uniform", "aten.randperm", "aten.multinomial", "aten.exponential",
            "aten.poisson"}
-# Ops with a cheaper mapping than eager evaluation when all inputs are constant.
+# Ops with a cheaper mapping than eager evaluation when all inputs are constant (an expand would
+# store its broadcast result), unless the result is small (at most _SMALL_FOLD elements): then it is
+# evaluated, so that an op outside Kiln's set that reads it (transformers' BertEmbeddings gathers
+# from an expanded buffer) folds at export time too.
 _NO_EAGER_FOLD = {"aten.expand"}
+_SMALL_FOLD = 1 << 16
 
 
 def _module_path(node, strip: str) -> str:
@@ -616,7 +620,7 @@ class _Builder:
                              "Kiln programs are deterministic: pass random tensors as inputs")
         handler = _HANDLERS.get(name) or _HANDLERS.get(packet)
         has_value = _tree_any(lambda a: isinstance(a, (_V, _FirstOnly)), (args, kwargs))
-        if not has_value and packet not in _NO_EAGER_FOLD:
+        if not has_value and (packet not in _NO_EAGER_FOLD or self.small_result(n)):
             return self.eager(target, args, kwargs)
         if packet in _SHAPE_ONLY:
             return self.eager(target, self.placeholders(args), self.placeholders(kwargs))
@@ -629,6 +633,11 @@ class _Builder:
         if isinstance(v, _V):
             self.check_meta(v)
         return v
+
+    @staticmethod
+    def small_result(n) -> bool:
+        val = _meta_val(n)
+        return isinstance(val, torch.Tensor) and val.numel() <= _SMALL_FOLD
 
     def placeholders(self, x):
         return _tree_map(lambda a: torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, _V) else a, x)
@@ -1027,9 +1036,79 @@ def _index_select(b: _Builder, args, kwargs):
     return _gather_rows(b, x, bound["dim"] % max(len(x.shape), 1), idx)
 
 
+def _index_grid(b: _Builder, x: _V, indices: list):
+    """x[indices] for constant integer index tensors that are each a step-1 range along at most one
+    axis of their broadcast shape (e.g. ``mask[arange(B)[:, None, None, None], arange(K)[None, None,
+    None, :]]``, the padding-mask lookup of transformers' masking_utils, and ``weight[arange(n)]``) as
+    slices, a permute, a view and an expand of x: no gather, so every backend keeps it. PyTorch's
+    advanced-indexing rule places the broadcast index dims where the index tensors are when they are
+    adjacent, first otherwise. Returns None (the caller falls back) when the indices are not such a
+    grid, are not all constant, or are out of range (the fallback reports that)."""
+    given = [i for i, t in enumerate(indices) if t is not None]
+    if not given or not all(isinstance(indices[i], torch.Tensor) and indices[i].dtype in (torch.int64, torch.int32)
+                            for i in given):
+        return None
+    rank = len(x.shape)
+    if len(indices) > rank:
+        return None
+    try:
+        S = list(torch.broadcast_shapes(*[indices[i].shape for i in given]))
+    except RuntimeError:
+        return None
+    axis_of, starts = {}, {}
+    for i in given:
+        n = x.shape[i]
+        t = indices[i].to(torch.int64).expand(S)
+        t = torch.where(t < 0, t + n, t)
+        if t.numel() == 0 or bool(((t < 0) | (t >= n)).any()):
+            return None
+        first = t.reshape(-1)[0]
+        varying = [a for a in range(len(S)) if S[a] > 1 and not bool((t == t.narrow(a, 0, 1)).all())]
+        if len(varying) > 1:
+            return None
+        if not varying:  # one value everywhere: a size-1 slice at it
+            if not bool((t == first).all()):
+                return None
+            axis_of[i], starts[i] = None, int(first)
+            continue
+        a = varying[0]
+        line = t.movedim(a, 0).reshape(S[a], -1)[:, 0]  # t along axis a (constant along the others)
+        if not torch.equal(line, torch.arange(int(line[0]), int(line[0]) + S[a])) or a in axis_of.values():
+            return None
+        axis_of[i], starts[i] = a, int(line[0])
+    r = x
+    for i in given:
+        size = 1 if axis_of[i] is None else S[axis_of[i]]
+        if starts[i] != 0 or size != x.shape[i]:
+            r = _slice_piece(b, r, i, starts[i], starts[i] + size)
+    adjacent = given == list(range(given[0], given[-1] + 1))
+    others = [d for d in range(rank) if d not in given]
+    pre = [d for d in others if d < given[0]] if adjacent else []
+    post = [d for d in others if d not in pre]
+    by_axis = sorted((i for i in given if axis_of[i] is not None), key=lambda i: axis_of[i])
+    unit = [i for i in given if axis_of[i] is None]
+    perm = pre + by_axis + unit + post
+    if perm != list(range(rank)):
+        r = b.emit("aten.permute", [r], {"dims": perm})
+    block = [1] * len(S)
+    for i in by_axis:
+        block[axis_of[i]] = S[axis_of[i]]
+    view = [x.shape[d] for d in pre] + block + [x.shape[d] for d in post]
+    if list(r.shape) != view:
+        r = b.emit("aten.view", [r], {"size": view})
+    full = [x.shape[d] for d in pre] + S + [x.shape[d] for d in post]
+    if view != full:
+        r = b.emit("aten.expand", [r], {"size": full})
+    return r
+
+
 def _index_tensor(b: _Builder, args, kwargs):
-    # x[..., idx, ...] with one integer index tensor (advanced indexing on one dim)
+    # x[..., idx, ...]: constant range grids (the transformers mask lookup) as views; otherwise
+    # one integer index tensor (advanced indexing on one dim) as a gather of rows
     x, indices = b.tensor(args[0]), list(args[1])
+    grid = _index_grid(b, x, indices)
+    if grid is not None:
+        return grid
     given = [i for i, t in enumerate(indices) if t is not None]
     if len(given) != 1:
         raise b.unsupported("advanced indexing with more than one index tensor is not supported")
