@@ -229,3 +229,52 @@ def eager(module, inputs) -> list:
     with torch.no_grad():
         out = module(*inputs)
     return list(out) if isinstance(out, (tuple, list)) else [out]
+
+
+# --------------------------------------------------------------------------------------------------
+# export once, compile per backend
+
+#: the four ways a program runs: (name, delegate backends, load options)
+BACKENDS = {
+    "portable": ((), dict(portable_kernels_only=True)),
+    "cpu": ((), {}),
+    "xnnpack": (("xnnpack",), {}),
+    "mlx": (("mlx",), dict(backend_settings={"mlx.device": "cpu"})),  # MLX's CPU device
+}
+REL = 1e-4  # max abs error <= REL * max|eager output| (issue 17)
+
+
+def capture(module, inputs):
+    """kiln.capture.capture of the module (once; every backend compiles from it)."""
+    from kiln import capture as C
+    return C.capture(module, inputs)
+
+
+def run_backend(cap, backend: str, inputs) -> tuple:
+    """Compiles the capture for `backend` (a key of BACKENDS), loads and runs it on `inputs`.
+    Returns (outputs as torch tensors, the compile report's delegation dict of the method)."""
+    import kiln
+    from kiln import capture as C
+    delegates, load_opts = BACKENDS[backend]
+    res = C.compile_captures({"forward": cap}, backends=delegates, verbose=False)
+    prog = kiln.load_bytes(res.data, **load_opts)
+    outs = [torch.from_numpy(o) for o in prog.run(*inputs)]
+    return outs, res.report["methods"][0].get("delegation") or {}
+
+
+def rel_errors(got, ref) -> list:
+    """Per output: max |got - ref| / max |ref| (shape and dtype must match)."""
+    errs = []
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape and g.dtype == r.dtype, (g.shape, g.dtype, r.shape, r.dtype)
+        errs.append(float((g - r).abs().max()) / max(float(r.abs().max()), 1e-30))
+    assert len(got) == len(ref), (len(got), len(ref))
+    return errs
+
+
+def delegation_summary(delegation: dict) -> tuple:
+    """(segments and nodes per backend as "xnnpack: 12 segments, 43 nodes", CPU ops as
+    [(op, count, [(backend, reason), ...])])."""
+    seg = [f"{b['backend']}: {b['segments']} segment(s), {b['nodes']} node(s)" for b in delegation.get("backends", [])]
+    cpu = [(c["op"], c["count"], [tuple(r) for r in c["reasons"]]) for c in delegation.get("cpu_ops", [])]
+    return seg, cpu
