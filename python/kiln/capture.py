@@ -830,39 +830,17 @@ def _slice_piece(b: _Builder, x: _V, dim: int, start: int, end: int):
     return b.emit("aten.slice", [x], {"dim": dim, "start": start, "end": end, "step": 1})
 
 
-def _slice_scatter(b: _Builder, args, kwargs):
-    # slice_scatter(self, src, dim, start, end, step=1) = cat(self[..:start], src, self[end:..])
-    bound = b.bind(b.node.target, args, kwargs)
-    x, src = b.tensor(bound["self"]), b.tensor(bound["src"])
-    dim = bound["dim"] % len(x.shape)
-    size = x.shape[dim]
-    start = _norm_index(bound["start"], size, 0)
-    end = max(_norm_index(bound["end"], size, size), start)
-    if bound["step"] != 1:
-        raise b.unsupported("slice assignment with a step other than 1 is not supported")
-    return _splice(b, x, src, dim, start, end)
-
-
-def _splice(b: _Builder, x: _V, src: _V, dim: int, start: int, end: int):
-    if src.dtype != x.dtype:
-        src = b.emit("aten._to_copy", [src], {"dtype": kiln_dtype(x.dtype)})
-    pieces = []
-    if start > 0:
-        pieces.append(_slice_piece(b, x, dim, 0, start))
-    pieces.append(src)
-    if end < x.shape[dim]:
-        pieces.append(_slice_piece(b, x, dim, end, x.shape[dim]))
-    return pieces[0] if len(pieces) == 1 else b.emit("aten.cat", pieces, {"dim": dim})
-
-
-def _select_scatter(b: _Builder, args, kwargs):
-    # select_scatter(self, src, dim, index): self with self.select(dim, index) replaced by src
-    bound = b.bind(b.node.target, args, kwargs)
-    x, src = b.tensor(bound["self"]), b.tensor(bound["src"])
-    dim = bound["dim"] % len(x.shape)
-    idx = bound["index"] + (x.shape[dim] if bound["index"] < 0 else 0)
-    src = b.emit("aten.unsqueeze", [src], {"dim": dim})
-    return _splice(b, x, src, dim, idx, idx + 1)
+def _scatter_like(kiln_op: str, src_name: str):
+    # select_scatter / slice_scatter / masked_scatter: src is copied into self, so PyTorch converts
+    # it to self's dtype (Tensor.copy_); the Kiln ops take src in self's dtype.
+    def h(b: _Builder, args, kwargs):
+        bound = b.bind(b.node.target, args, kwargs)
+        x, src = b.tensor(bound["self"]), b.tensor(bound[src_name])
+        if src.dtype != x.dtype:
+            src = b.emit("aten._to_copy", [src], {"dtype": kiln_dtype(x.dtype)})
+        bound[src_name] = src
+        return b.generic(kiln_op, [], bound)
+    return h
 
 
 def _split(b: _Builder, args, kwargs):
@@ -1027,13 +1005,36 @@ def _gather_rows(b: _Builder, x: _V, k: int, idx) -> _V:
     return b.emit("aten.permute", [e], {"dims": perm})
 
 
-def _index_select(b: _Builder, args, kwargs):
-    bound = b.bind(b.node.target, args, kwargs)
-    x = b.tensor(bound["self"])
-    idx = bound["index"]
-    if len(idx.shape) == 0:  # index_select keeps the dim (size 1) for a 0-d index
-        idx = idx.reshape(1) if isinstance(idx, torch.Tensor) else b.emit("aten.view", [idx], {"size": [1]})
-    return _gather_rows(b, x, bound["dim"] % max(len(x.shape), 1), idx)
+def _index_dims(b: _Builder, x: _V, indices, *, masks_ok: bool):
+    """The non-None entries of an ATen index list and the self dim each one starts at (a bool mask
+    covers mask.dim() dims, None and integer tensors one each). Constant bool masks become integer
+    index tensors (mask.nonzero(), a static shape); run-time masks raise unless `masks_ok`."""
+    tensors, dims, d = [], [], 0
+    for t in indices:
+        if t is None:
+            d += 1
+            continue
+        if t.dtype in (torch.bool, torch.uint8):
+            if isinstance(t, torch.Tensor):  # a constant mask: its true positions are known now
+                t = t.bool()
+                for k, coord in enumerate(t.nonzero().unbind(1)):
+                    tensors.append(coord.contiguous())
+                    dims.append(d + k)
+                d += t.dim()
+                continue
+            if not masks_ok:
+                raise b.unsupported("boolean-mask indexing (a data-dependent shape) is not supported")
+            tensors.append(b.tensor(t))
+            dims.append(d)
+            d += max(len(t.shape), 1)
+            continue
+        tensors.append(t)
+        dims.append(d)
+        d += 1
+    if len(x.shape) == 0 and tensors:
+        # x[idx] on a 0-d tensor: PyTorch treats it as 1-D of size 1 (and refuses other ranks)
+        raise b.unsupported("indexing a 0-d tensor with an index tensor is not supported")
+    return tensors, dims
 
 
 def _index_grid(b: _Builder, x: _V, indices: list):
@@ -1103,19 +1104,42 @@ def _index_grid(b: _Builder, x: _V, indices: list):
 
 
 def _index_tensor(b: _Builder, args, kwargs):
-    # x[..., idx, ...]: constant range grids (the transformers mask lookup) as views; otherwise
-    # one integer index tensor (advanced indexing on one dim) as a gather of rows
+    # x[i0, None, i2, ...]: constant range grids (the transformers mask lookup) as views; otherwise
+    # aten.index with the non-None index tensors and the dims they index
     x, indices = b.tensor(args[0]), list(args[1])
     grid = _index_grid(b, x, indices)
     if grid is not None:
         return grid
-    given = [i for i, t in enumerate(indices) if t is not None]
-    if len(given) != 1:
-        raise b.unsupported("advanced indexing with more than one index tensor is not supported")
-    idx = indices[given[0]]
-    if idx.dtype == torch.bool or not (idx.dtype in (torch.int64, torch.int32)):
-        raise b.unsupported("boolean-mask indexing (a data-dependent shape) is not supported")
-    return _gather_rows(b, x, given[0], idx)
+    tensors, dims = _index_dims(b, x, indices, masks_ok=False)
+    if not tensors:
+        return x
+    return b.emit("aten.index", [x] + tensors, {"dims": dims})
+
+
+def _index_put(b: _Builder, args, kwargs):
+    # index_put(self, indices, values, accumulate): x[indices] = values (bool masks kept whole)
+    bound = b.bind(b.node.target, args, kwargs)
+    x = b.tensor(bound["self"])
+    tensors, dims = _index_dims(b, x, list(bound["indices"]), masks_ok=True)
+    values = b.tensor(bound["values"], x.dtype)
+    if values.dtype != x.dtype:
+        values = b.emit("aten._to_copy", [values], {"dtype": kiln_dtype(x.dtype)})
+    if not tensors:  # x[...] = values: the broadcast values
+        return _copy(b, [x, values], {})
+    return b.emit("aten.index_put", [x, values] + tensors,
+                  {"dims": dims, "accumulate": bool(bound.get("accumulate") or False)})
+
+
+def _scatter_value(b: _Builder, args, kwargs):
+    # scatter.value(self, dim, index, value[, reduce]): src = value expanded to index's shape
+    bound = b.bind(b.node.target, args, kwargs)
+    x, index = b.tensor(bound["self"]), b.tensor(bound["index"])
+    src = b.const(torch.tensor(bound["value"], dtype=x.dtype))
+    src = b.emit("aten.expand", [src], {"size": list(index.shape)})
+    attrs = {"dim": bound["dim"]}
+    if bound.get("reduce") is not None:
+        attrs["reduce"] = bound["reduce"]
+    return b.emit("aten.scatter", [x, index, src], attrs)
 
 
 def _flip(b: _Builder, args, kwargs):
@@ -1159,7 +1183,12 @@ _HANDLERS: dict[str, Callable] = {
     "aten.max.default": _max_min_all("aten.amax"), "aten.min.default": _max_min_all("aten.amin"),
     "aten.maximum": _maximum_minimum("aten.gt"), "aten.minimum": _maximum_minimum("aten.lt"),
     "aten.var.correction": _var_correction, "aten.var_mean.correction": _var_mean_correction,
-    "aten.index_select": _index_select, "aten.index.Tensor": _index_tensor, "aten.flip": _flip,
+    "aten.index.Tensor": _index_tensor, "aten.flip": _flip,
+    "aten.index_put.default": _index_put, "aten.index_put_.default": _index_put,
+    "aten.scatter.value": _scatter_value, "aten.scatter.value_reduce": _scatter_value,
+    "aten._embedding_bag.default": _first_checked("aten._embedding_bag"),
+    "aten.slice_scatter.default": _scatter_like("aten.slice_scatter", "src"),
+    "aten.select_scatter.default": _scatter_like("aten.select_scatter", "src"),
     "aten.repeat": _repeat,
     "aten.bitwise_not": _bitwise_bool("aten.logical_not"), "aten.bitwise_and": _bitwise_bool("aten.logical_and"),
     "aten.bitwise_or": _bitwise_bool("aten.logical_or"), "aten.bitwise_xor": _bitwise_bool("aten.ne"),
@@ -1194,7 +1223,6 @@ _HANDLERS: dict[str, Callable] = {
     "aten.copy.default": _copy,
     "aten.dropout.default": _dropout, "aten.native_dropout.default": _dropout,
     "aten.feature_dropout.default": _dropout,
-    "aten.slice_scatter.default": _slice_scatter, "aten.select_scatter.default": _select_scatter,
     "aten.split.Tensor": _split, "aten.split_with_sizes.default": _split,
     "aten.split_copy.Tensor": _split, "aten.split_with_sizes_copy.default": _split,
     "aten.unbind.int": _unbind, "aten.unbind_copy.int": _unbind,

@@ -134,6 +134,7 @@ const OpRegistry& OpRegistry::get() {
     register_reduction_ops(r);
     register_shape_ops(r);
     register_quant_ops(r);
+    register_indexing_ops(r);
     std::sort(r.ops_.begin(), r.ops_.end(), [](const OpDef& a, const OpDef& b) { return a.name < b.name; });
     return r;
   }();

@@ -101,7 +101,8 @@ void register_pool_ops(OpRegistry& r);
 void register_upsample_ops(OpRegistry& r);
 void register_reduction_ops(OpRegistry& r);
 void register_shape_ops(OpRegistry& r);
-void register_quant_ops(OpRegistry& r);  // src/ir/ops/quant.cpp: weight-only quantized linear/conv
+void register_quant_ops(OpRegistry& r);
+void register_indexing_ops(OpRegistry& r);  // src/ir/ops/indexing.cpp: index, gather, scatter*, embedding_bag  // src/ir/ops/quant.cpp: weight-only quantized linear/conv
 
 // Helpers for inference functions.
 /// NumPy/PyTorch broadcasting of two shapes; InvalidArgument when incompatible.

@@ -140,7 +140,8 @@ void register_portable_pool(KernelRegistry& r);
 void register_portable_upsample(KernelRegistry& r);
 void register_portable_reduction(KernelRegistry& r);
 void register_portable_shape(KernelRegistry& r);
-void register_portable_quant(KernelRegistry& r);  // portable/quant.cpp: weight-only quantized ops
+void register_portable_quant(KernelRegistry& r);
+void register_portable_indexing(KernelRegistry& r);  // portable/indexing.cpp  // portable/quant.cpp: weight-only quantized ops
 
 // Optimized cpu kernels (src/kernels/cpu/*.cpp); registered after the portable ones.
 void register_cpu_kernels(KernelRegistry& r);

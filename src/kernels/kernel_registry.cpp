@@ -17,6 +17,7 @@ const KernelRegistry& KernelRegistry::get() {
     register_portable_reduction(r);
     register_portable_shape(r);
     register_portable_quant(r);
+    register_portable_indexing(r);
     register_cpu_kernels(r);
     register_cpu_quantized(r);
     return r;

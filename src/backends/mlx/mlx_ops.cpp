@@ -5,6 +5,7 @@
 // Every op is built with MLX functions given the handle's device explicitly (never the global
 // default device), so programs on different devices and threads do not interfere.
 #include "backends/mlx/mlx_ops.h"
+#include "backends/mlx/mlx_indexing.h"
 
 #include <algorithm>
 #include <cfloat>
@@ -963,6 +964,13 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.select", {any_dtype, select}},
       {"aten.cat", {any_dtype, cat}},
       {"aten.embedding", {any_dtype, embedding}},
+      {"aten.index", {indexing::check_index, indexing::index}},
+      {"aten.gather", {indexing::check_gather, indexing::gather}},
+      {"aten.index_select", {indexing::check_index_select, indexing::index_select}},
+      {"aten.scatter", {indexing::check_scatter, indexing::scatter}},
+      {"aten.scatter_add", {indexing::check_scatter, indexing::scatter}},
+      {"aten.slice_scatter", {indexing::check_slice_scatter, indexing::slice_scatter}},
+      {"aten.select_scatter", {indexing::check_slice_scatter, indexing::select_scatter}},
       {"aten.constant_pad_nd", {any_dtype, constant_pad}},
       {"aten.convolution", {check_conv, conv, prepare_conv, false, 0b10}},
       {"aten.linear", {float32_inputs, linear}},
