@@ -17,6 +17,7 @@ import os
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
 
+import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
@@ -29,12 +30,9 @@ from kiln.capture import ExportError  # noqa: E402
 torch.set_num_threads(1)
 FULL = os.environ.get("KILN_HF_FULL") == "1"
 
-#: what blocks a model today: model name -> (reason, exception it raises)
-BLOCKED = {
-    "clip": ("CLIPTextTransformer pools last_hidden_state[arange(batch), argmax(input_ids)]: aten.index.Tensor "
-             "with a run-time index tensor next to another index (the index family of issue 17 makes "
-             "aten.index native)", ExportError),
-}
+#: what blocks a model today: model name -> (reason, exception it raises); each such case is a
+#: strict xfail, so the test fails once the model works and the entry must go
+BLOCKED: dict = {}
 
 EAGER_CI = ("bert", "llama", "t5", "whisper")  # attn_implementation="eager" on portable kernels in CI
 
@@ -185,3 +183,28 @@ def test_gather_from_expanded_buffer_folds():
     x = torch.randn(3, 6, 4)
     got = kiln.load_bytes(kiln.export(m, (x,), verbose=False).data, portable_kernels_only=True).run(x)[0]
     assert torch.equal(torch.from_numpy(got), m(x).detach())
+
+
+ARGMAX_CASES = [
+    # (dtype, shape, attrs): CLIP's text pooling is int32 input_ids.argmax(-1)
+    (torch.int32, (2, 12), {"dim": -1}),
+    (torch.int64, (3, 4, 5), {"dim": 1, "keepdim": True}),
+    (torch.int8, (4, 6), {"dim": 0}),
+    (torch.uint8, (2, 3, 4), {"dim": None}),
+    (torch.int64, (2, 3, 4), {"dim": None, "keepdim": True}),
+]
+
+
+@pytest.mark.skipif("mlx" not in kiln._kiln.backend_names(), reason="the mlx backend is not built into this Kiln")
+@pytest.mark.parametrize("case", range(len(ARGMAX_CASES)))
+def test_mlx_integer_argmax_first_of_ties(case, monkeypatch):
+    """The mlx delegate lowers argmax of integer tensors (first maximal index, as PyTorch), with
+    many ties (values in 0..3); float argmax stays declined (tests/python/test_mlx.py)."""
+    from delegate_util import compile_graph, segment
+    monkeypatch.setenv("KILN_MLX_DEVICE", "cpu")
+    dtype, shape, attrs = ARGMAX_CASES[case]
+    x = torch.randint(0, 4, shape, generator=torch.Generator().manual_seed(case), dtype=torch.int64).to(dtype)
+    (out,), dl, _, _ = compile_graph(lambda g, ids: g.add_node("aten.argmax", ids, attrs), [x.numpy()], ("mlx",))
+    assert segment(dl, "mlx")["segments"] == 1 and dl["cpu_ops"] == [], dl
+    ref = torch.argmax(x.long(), **attrs)  # PyTorch: the first index of the maximum
+    assert out.dtype == np.int64 and out.shape == tuple(ref.shape) and np.array_equal(out, ref.numpy())
