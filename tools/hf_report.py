@@ -89,7 +89,24 @@ def render(rows, seconds: float) -> str:
         cap = f"fails: {info['error']}" if "error" in info else str(info["nodes"])
         out.append(f"| {H.CLASSES[name]} | {attn} | {cap} | " +
                    " | ".join(_cell(res.get(b)) for b in H.BACKENDS) + " |")
-    out += ["", "## Delegation", "",
+    out += ["", "## What Kiln's capture does for these models", "",
+            "The models are exported unchanged (tests/python/hf_models.py wraps each call only to pick its "
+            "inputs and outputs). The patterns transformers' code produces that need more than a one-to-one "
+            "ATen mapping are handled in python/kiln/capture.py:", "",
+            "- **The attention-mask lookup** of `masking_utils` (`padding_mask[batch_idx, kv_idx]` with "
+            "broadcast `arange` index tensors, in every decoder and in BERT/ViT/CLIP/Whisper) is an "
+            "`aten.index` whose index tensors are constants forming a range grid: `_index_grid` maps it onto "
+            "slices, a permute, a view and an expand of the mask (no gather), which every backend keeps; "
+            "other index tensors go to the native `aten.index`.",
+            "- **BertEmbeddings without token_type_ids** gathers the token types from an expanded buffer: a "
+            "constant `expand` with at most 65536 elements is evaluated at export time, so the gather of "
+            "constants folds (larger constant expands stay nodes, not stored broadcasts).",
+            "- `_assert_tensor_metadata`, `alias`, eval-mode `dropout`, `to.dtype_layout`/`to.device` "
+            "(to `_to_copy`), `new_ones`, `arange` and the other constant-only computations of the mask "
+            "construction are dropped or folded by the existing rules.",
+            "- CLIP's text pooling `input_ids.argmax(-1)` (an int32 argmax) is lowered by the mlx delegate "
+            "as the first index of the maximum (`min(where(x == max(x), iota, N))`), exact on every device.",
+            "", "## Delegation", "",
             "Per model and attn_implementation: the segments and nodes each delegate took, and the nodes left "
             "on Kiln's CPU kernels with the delegate's reason for declining them.", ""]
     for name, attn, info, res in rows:
