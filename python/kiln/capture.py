@@ -1011,6 +1011,8 @@ def _index_dims(b: _Builder, x: _V, indices, *, masks_ok: bool):
     index tensors (mask.nonzero(), a static shape); run-time masks raise unless `masks_ok`."""
     tensors, dims, d = [], [], 0
     for t in indices:
+        if isinstance(t, _FirstOnly):
+            t = t.value
         if t is None:
             d += 1
             continue
@@ -1187,6 +1189,7 @@ _HANDLERS: dict[str, Callable] = {
     "aten.index_put.default": _index_put, "aten.index_put_.default": _index_put,
     "aten.scatter.value": _scatter_value, "aten.scatter.value_reduce": _scatter_value,
     "aten._embedding_bag.default": _first_checked("aten._embedding_bag"),
+    "aten._embedding_bag_forward_only.default": _first_checked("aten._embedding_bag"),
     "aten.slice_scatter.default": _scatter_like("aten.slice_scatter", "src"),
     "aten.select_scatter.default": _scatter_like("aten.select_scatter", "src"),
     "aten.repeat": _repeat,

@@ -77,6 +77,12 @@ OPINFOS: dict[str, list[tuple[str, str | None]]] = {
     # 1-D linear interpolation is captured as upsample_bilinear2d on a height-1 image
     "aten.upsample_bilinear2d": [("nn.functional.interpolate", "bilinear"), ("nn.functional.interpolate", "linear"),
                                  ("nn.functional.upsample_bilinear", "")],
+    "aten.index": [("__getitem__", ""), ("index_put", "")], "aten.index_put": [("index_put", ""), ("index_fill", "")],
+    "aten.gather": [("gather", ""), ("take_along_dim", "")], "aten.index_select": [("index_select", "")],
+    "aten.scatter": [("scatter", "")], "aten.scatter_add": [("scatter_add", "")],
+    "aten.scatter_reduce": [("scatter_reduce", None)], "aten.select_scatter": [("select_scatter", "")],
+    "aten.slice_scatter": [("slice_scatter", "")], "aten.masked_scatter": [("masked_scatter", "")],
+    "aten._embedding_bag": [("nn.functional.embedding_bag", "")],
 }
 # Kiln ops that no OpInfo exercises, with the reason (listed in docs/op-coverage.md).
 NO_OPINFO: dict[str, str] = {

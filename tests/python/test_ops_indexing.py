@@ -276,6 +276,8 @@ def test_masked_scatter(dtype):
     src = data((5, 3), dtype)
     src = torch.cat([src.reshape(-1)] * 2).reshape(6, 5)  # more elements than needed
     same(run("aten.masked_scatter", [x, mask, src], {})[0], torch.masked_scatter(x, mask, src), dtype)
+    row, mask2 = data((4,), dtype), torch.from_numpy(RNG.integers(0, 2, (3, 4)).astype(bool))  # self broadcasts too
+    same(run("aten.masked_scatter", [row, mask2, src], {})[0], torch.masked_scatter(row, mask2, src), f"{dtype} bcast")
     with pytest.raises(kiln.KilnError, match="aten.masked_scatter: the mask selects 12 elements but source has only 2"):
         run("aten.masked_scatter", [x, torch.ones(3, 4, dtype=torch.bool), data((2,), dtype)], {})
 
@@ -344,7 +346,8 @@ class _Misc(torch.nn.Module):
         c = torch.index_select(x, 0, idx[:, 0])
         d = x.masked_scatter(x < 0, x * 10)
         e = torch.slice_scatter(x, x[:, ::2] + 1, 1, 0, None, 2)
-        return a, b, c, d, e, self.bag(ind, off)
+        f = x.index_fill(1, idx[0], -3.0)  # decomposed into index_put by torch.export
+        return a, b, c, d, e, f, self.bag(ind, off)
 
 
 def test_export_gather_scatter_embedding_bag():

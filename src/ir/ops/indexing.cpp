@@ -285,17 +285,14 @@ Types infer_slice_scatter(InputTypes in, const Attributes& a) {
   return one(in[0]->dtype, in[0]->sizes);
 }
 
-// masked_scatter(self, mask, source): mask (bool) broadcasts to self's shape; the output has self's
-// shape (PyTorch: the mask must be expandable to self).
+// masked_scatter(self, mask, source): self and mask (bool) broadcast together; the output has the
+// broadcast shape (PyTorch's out-of-place masked_scatter expands both, expand_outplace).
 Types infer_masked_scatter(InputTypes in, const Attributes&) {
   if (in[1]->dtype != DType::Bool) return invalid(std::string("mask: must be bool, got ") + dtype_name(in[1]->dtype));
   KILN_RETURN_IF_ERROR(same_dtype(*in[0], *in[2], "source"));
-  auto b = broadcast_shapes(in[1]->sizes, in[0]->sizes);
-  if (!b.ok() || b.value() != in[0]->sizes) {
-    return invalid("mask: shape " + sizes_to_string(in[1]->sizes) + " cannot be broadcast to self " +
-                   sizes_to_string(in[0]->sizes));
-  }
-  return one(in[0]->dtype, in[0]->sizes);
+  auto b = broadcast_shapes(in[0]->sizes, in[1]->sizes);
+  if (!b.ok()) return invalid("mask: " + b.error().message());
+  return one(in[0]->dtype, std::move(b.value()));
 }
 
 // _embedding_bag(weight [V, D], indices [N], offsets [B or B+1], per_sample_weights [N]?) -> [B, D].
@@ -365,7 +362,7 @@ void register_indexing_ops(OpRegistry& r) {
           {"step", AttrKind::Int, int64_t{1}}},
          1, infer_slice_scatter, "self with self[start:end:step] along dim replaced by src (torch.slice_scatter)"});
   r.add({"aten.masked_scatter", {{"self"}, {"mask"}, {"source"}}, {}, 1, infer_masked_scatter,
-         "self with the positions where mask (broadcast) is true taken from source's elements in order; too "
+         "self (broadcast with mask) with the positions where mask is true taken from source's elements in order; too "
          "small a source is InvalidArgument at run time (torch.masked_scatter)"});
   r.add({"aten._embedding_bag", {{"weight"}, {"indices"}, {"offsets"}, {"per_sample_weights", true}},
          {{"scale_grad_by_freq", AttrKind::Bool, false}, {"mode", AttrKind::Int, int64_t{0}},

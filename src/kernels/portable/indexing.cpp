@@ -551,35 +551,38 @@ Error slice_scatter(const KernelArgs& a) {
                     *a.outputs[0]);
 }
 
-// torch.masked_scatter: out = self; the k-th position (row-major) where mask is true gets source's
-// k-th element (source read as flat). InvalidArgument when source has fewer elements than that.
+// torch.masked_scatter: out = self broadcast with mask; the k-th position (row-major) where the
+// mask is true gets source's k-th element (source read as flat). InvalidArgument when source has
+// fewer elements than that.
 Error masked_scatter(const KernelArgs& a) {
   const char* op = "aten.masked_scatter";
   const Tensor& self = *a.inputs[0];
   const Tensor& mask = *a.inputs[1];
   const Tensor& source = *a.inputs[2];
   Tensor& out = *a.outputs[0];
-  if (out.sizes != self.sizes || out.dtype != self.dtype || source.dtype != self.dtype || mask.dtype != DType::Bool) {
-    return mismatch(op, out, self.sizes);
+  auto b = broadcast_shapes(self.sizes, mask.sizes);
+  if (!b.ok() || out.sizes != b.value() || out.dtype != self.dtype || source.dtype != self.dtype ||
+      mask.dtype != DType::Bool) {
+    return mismatch(op, out, b.ok() ? b.value() : self.sizes);
   }
-  auto b = broadcast_shapes(mask.sizes, self.sizes);
-  if (!b.ok() || b.value() != self.sizes) return mismatch(op, out, self.sizes);
-  const BroadcastIndex mb(mask.sizes, self.sizes);
+  const BroadcastIndex mb(mask.sizes, out.sizes);
+  const BroadcastIndex sb(self.sizes, out.sizes);
   const auto* m = mask.data_as<const bool>();
-  const int64_t n = self.numel();
+  const int64_t n = out.numel();
   int64_t need = 0;
   for (int64_t i = 0; i < n; ++i) need += m[mb(i)] ? 1 : 0;
   if (need > source.numel()) {
     return Error(ErrorCode::InvalidArgument, std::string(op) + ": the mask selects " + std::to_string(need) +
                                                  " elements but source has only " + std::to_string(source.numel()));
   }
-  copy_bytes(self, out);
   const size_t es = dtype_size(self.dtype);
   const auto* s = static_cast<const uint8_t*>(source.data);
+  const auto* x = static_cast<const uint8_t*>(self.data);
   auto* o = static_cast<uint8_t*>(out.data);
   int64_t k = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (m[mb(i)]) std::memcpy(o + static_cast<size_t>(i) * es, s + static_cast<size_t>(k++) * es, es);
+    const uint8_t* from = m[mb(i)] ? s + static_cast<size_t>(k++) * es : x + static_cast<size_t>(sb(i)) * es;
+    std::memcpy(o + static_cast<size_t>(i) * es, from, es);
   }
   return {};
 }
