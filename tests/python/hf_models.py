@@ -87,6 +87,24 @@ class _Seq2Seq(torch.nn.Module):
         return out[0]
 
 
+class Seq2SeqParts(torch.nn.Module):
+    """T5 / Whisper as two methods for kiln.export_program: ``encode(enc_input)`` -> the encoder's
+    last hidden state, ``decode(encoder_hidden_states, decoder_input_ids)`` -> logits (the model's
+    own forward with ``encoder_outputs`` given, no cache)."""
+
+    def __init__(self, model, enc_key):
+        super().__init__()
+        self.model, self.enc_key = model, enc_key
+
+    def encode(self, enc_input):
+        return self.model.get_encoder()(**{self.enc_key: enc_input}, return_dict=False)[0]
+
+    def decode(self, encoder_hidden_states, decoder_input_ids):
+        out = self.model(encoder_outputs=(encoder_hidden_states,), decoder_input_ids=decoder_input_ids,
+                         use_cache=False, return_dict=False)
+        return out[0]
+
+
 class _Clip(torch.nn.Module):
     """CLIPModel, text and vision towers: (logits_per_image, text_embeds, image_embeds)."""
 
@@ -134,6 +152,11 @@ def _decoder_lm(config_cls, model_cls, seed, **kw):
                          **kw, **_common(attn))
         return _CausalLM(_init(model_cls(cfg), seed)), (_ids(seed + 10, (2, SEQ)), _mask(2, SEQ))
     return build
+
+
+def qwen2(attn):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    return _decoder_lm(Qwen2Config, Qwen2ForCausalLM, 12)(attn)
 
 
 def llama(attn):
@@ -204,13 +227,13 @@ def clip(attn):
 
 
 MODELS = {
-    "bert": bert, "gpt2": gpt2, "llama": llama, "qwen3": qwen3, "gemma3": gemma3, "mistral": mistral,
+    "bert": bert, "gpt2": gpt2, "llama": llama, "qwen2": qwen2, "qwen3": qwen3, "gemma3": gemma3, "mistral": mistral,
     "phi": phi, "t5": t5, "whisper": whisper, "vit": vit, "clip": clip,
 }
 
 #: the transformers class each entry exercises (for reports)
 CLASSES = {
-    "bert": "BertModel", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen3": "Qwen3ForCausalLM",
+    "bert": "BertModel", "gpt2": "GPT2LMHeadModel", "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
     "gemma3": "Gemma3ForCausalLM (Gemma3TextConfig)", "mistral": "MistralForCausalLM", "phi": "PhiForCausalLM",
     "t5": "T5ForConditionalGeneration (encoder + decoder)",
     "whisper": "WhisperForConditionalGeneration (encoder + fixed-length decoder)",

@@ -208,3 +208,32 @@ def test_mlx_integer_argmax_first_of_ties(case, monkeypatch):
     assert segment(dl, "mlx")["segments"] == 1 and dl["cpu_ops"] == [], dl
     ref = torch.argmax(x.long(), **attrs)  # PyTorch: the first index of the maximum
     assert out.dtype == np.int64 and out.shape == tuple(ref.shape) and np.array_equal(out, ref.numpy())
+
+
+@pytest.mark.parametrize("name", ["t5", "whisper"])
+def test_seq2seq_encoder_and_decoder_as_two_methods(name):
+    """T5 / Whisper exported as one program with two methods (kiln.export_program): `encode` and a
+    fixed-length `decode` pass (no cache) that takes the encoder's output; the weights both use are
+    stored once; each method matches eager on the cpu kernels and, where built, on mlx (CPU device)."""
+    module, (enc_in, dec_ids) = H.build(name, "sdpa")
+    parts = H.Seq2SeqParts(module.model, module.enc_key).eval()
+    with torch.no_grad():
+        enc = parts.encode(enc_in)
+        logits = parts.decode(enc, dec_ids)
+        full = module(enc_in, dec_ids)
+    assert torch.equal(logits, full)  # the split computes what the one-call model does
+    methods = {"encode": (parts, (enc_in,), "encode"), "decode": (parts, (enc, dec_ids), "decode")}
+    backends = [()] + ([("mlx",)] if "mlx" in kiln._kiln.backend_names() else [])
+    for be in backends:
+        res = kiln.export_program(methods, backends=be, verbose=False)
+        prog = kiln.load_bytes(res.data, backend_settings={"mlx.device": "cpu"} if be else None)
+        got_enc = torch.from_numpy(prog.run(enc_in, method="encode")[0])
+        got_logits = torch.from_numpy(prog.run(got_enc, dec_ids, method="decode")[0])
+        assert max(H.rel_errors([got_enc, got_logits], [enc, logits])) <= H.REL, be
+    # T5's encoder and decoder share the token embedding (also the tied lm_head): stored once across
+    # the methods; Whisper's encoder and decoder share no weight
+    one = [kiln.export_program({k: v}, verbose=False).report["constant_bytes"] for k, v in methods.items()]
+    if name == "t5":
+        assert res.report["constant_bytes"] < sum(one)
+    else:
+        assert res.report["constant_bytes"] == sum(one)
