@@ -18,6 +18,10 @@ Mapping rules (docs/op-set.md):
   ops that only read their input's shape (``zeros_like``, ``full_like``, ``fill``) likewise;
 - ``alias``/``detach``/``clone``/``lift_fresh_copy``/eval-mode dropout are dropped,
   ``_assert_*`` checks are dropped;
+- ``aten.index`` whose index tensors are constants forming a range grid (transformers' padding-mask
+  lookup ``mask[arange(B)[:, None, None, None], arange(K)[None, None, None, :]]``) becomes slices, a
+  permute, a view and an expand (``_index_grid``); a constant ``expand`` of at most 65536 elements is
+  evaluated like other constant calls (larger ones stay nodes); docs/transformers.md;
 - multi-output ATen ops used for their first output only (``native_batch_norm``, ``native_layer_norm``,
   ``native_group_norm``, ``max_pool2d_with_indices``) map onto single-output Kiln ops; using any
   other output fails the export.
