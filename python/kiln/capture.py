@@ -18,6 +18,10 @@ Mapping rules (docs/op-set.md):
   ops that only read their input's shape (``zeros_like``, ``full_like``, ``fill``) likewise;
 - ``alias``/``detach``/``clone``/``lift_fresh_copy``/eval-mode dropout are dropped,
   ``_assert_*`` checks are dropped;
+- ``aten.index`` whose index tensors are constants forming a range grid (transformers' padding-mask
+  lookup ``mask[arange(B)[:, None, None, None], arange(K)[None, None, None, :]]``) becomes slices, a
+  permute, a view and an expand (``_index_grid``); a constant ``expand`` of at most 65536 elements is
+  evaluated like other constant calls (larger ones stay nodes); docs/transformers.md;
 - multi-output ATen ops used for their first output only (``native_batch_norm``, ``native_layer_norm``,
   ``native_group_norm``, ``max_pool2d_with_indices``, inference ``_native_batch_norm_legit*``) map onto
   single-output Kiln ops; using any other output fails the export (an inference batch norm's
@@ -212,8 +216,12 @@ _EMPTY = {"aten.empty", "aten.empty_strided", "aten.empty_like", "aten.new_empty
 _RANDOM = {"aten.rand", "aten.randn", "aten.randint", "aten.rand_like", "aten.randn_like", "aten.randint_like",
            "aten.normal", "aten.bernoulli", "aten.uniform", "aten.randperm", "aten.multinomial", "aten.exponential",
            "aten.poisson"}
-# Ops with a cheaper mapping than eager evaluation when all inputs are constant.
+# Ops with a cheaper mapping than eager evaluation when all inputs are constant (an expand would
+# store its broadcast result), unless the result is small (at most _SMALL_FOLD elements): then it is
+# evaluated, so that an op outside Kiln's set that reads it (transformers' BertEmbeddings gathers
+# from an expanded buffer) folds at export time too.
 _NO_EAGER_FOLD = {"aten.expand"}
+_SMALL_FOLD = 1 << 16
 
 
 def _module_path(node, strip: str) -> str:
@@ -675,7 +683,7 @@ class _Builder:
             val = _meta_val(n)
             return torch.zeros(tuple(val.shape), dtype=val.dtype)
         has_value = _tree_any(lambda a: isinstance(a, (_V, _FirstOnly)), (args, kwargs))
-        if not has_value and packet not in _NO_EAGER_FOLD:
+        if not has_value and (packet not in _NO_EAGER_FOLD or self.small_result(n)):
             return self.eager(target, args, kwargs)
         if packet in _SHAPE_ONLY:
             return self.eager(target, self.placeholders(args), self.placeholders(kwargs))
@@ -688,6 +696,11 @@ class _Builder:
         if isinstance(v, _V):
             self.check_meta(v)
         return v
+
+    @staticmethod
+    def small_result(n) -> bool:
+        val = _meta_val(n)
+        return isinstance(val, torch.Tensor) and val.numel() <= _SMALL_FOLD
 
     def placeholders(self, x):
         return _tree_map(lambda a: torch.zeros(a.shape, dtype=a.dtype) if isinstance(a, _V) else a, x)
@@ -1064,9 +1077,79 @@ def _index_dims(b: _Builder, x: _V, indices, *, masks_ok: bool):
     return tensors, dims
 
 
+def _index_grid(b: _Builder, x: _V, indices: list):
+    """x[indices] for constant integer index tensors that are each a step-1 range along at most one
+    axis of their broadcast shape (e.g. ``mask[arange(B)[:, None, None, None], arange(K)[None, None,
+    None, :]]``, the padding-mask lookup of transformers' masking_utils, and ``weight[arange(n)]``) as
+    slices, a permute, a view and an expand of x: no gather, so every backend keeps it. PyTorch's
+    advanced-indexing rule places the broadcast index dims where the index tensors are when they are
+    adjacent, first otherwise. Returns None (the caller falls back) when the indices are not such a
+    grid, are not all constant, or are out of range (the fallback reports that)."""
+    given = [i for i, t in enumerate(indices) if t is not None]
+    if not given or not all(isinstance(indices[i], torch.Tensor) and indices[i].dtype in (torch.int64, torch.int32)
+                            for i in given):
+        return None
+    rank = len(x.shape)
+    if len(indices) > rank:
+        return None
+    try:
+        S = list(torch.broadcast_shapes(*[indices[i].shape for i in given]))
+    except RuntimeError:
+        return None
+    axis_of, starts = {}, {}
+    for i in given:
+        n = x.shape[i]
+        t = indices[i].to(torch.int64).expand(S)
+        t = torch.where(t < 0, t + n, t)
+        if t.numel() == 0 or bool(((t < 0) | (t >= n)).any()):
+            return None
+        first = t.reshape(-1)[0]
+        varying = [a for a in range(len(S)) if S[a] > 1 and not bool((t == t.narrow(a, 0, 1)).all())]
+        if len(varying) > 1:
+            return None
+        if not varying:  # one value everywhere: a size-1 slice at it
+            if not bool((t == first).all()):
+                return None
+            axis_of[i], starts[i] = None, int(first)
+            continue
+        a = varying[0]
+        line = t.movedim(a, 0).reshape(S[a], -1)[:, 0]  # t along axis a (constant along the others)
+        if not torch.equal(line, torch.arange(int(line[0]), int(line[0]) + S[a])) or a in axis_of.values():
+            return None
+        axis_of[i], starts[i] = a, int(line[0])
+    r = x
+    for i in given:
+        size = 1 if axis_of[i] is None else S[axis_of[i]]
+        if starts[i] != 0 or size != x.shape[i]:
+            r = _slice_piece(b, r, i, starts[i], starts[i] + size)
+    adjacent = given == list(range(given[0], given[-1] + 1))
+    others = [d for d in range(rank) if d not in given]
+    pre = [d for d in others if d < given[0]] if adjacent else []
+    post = [d for d in others if d not in pre]
+    by_axis = sorted((i for i in given if axis_of[i] is not None), key=lambda i: axis_of[i])
+    unit = [i for i in given if axis_of[i] is None]
+    perm = pre + by_axis + unit + post
+    if perm != list(range(rank)):
+        r = b.emit("aten.permute", [r], {"dims": perm})
+    block = [1] * len(S)
+    for i in by_axis:
+        block[axis_of[i]] = S[axis_of[i]]
+    view = [x.shape[d] for d in pre] + block + [x.shape[d] for d in post]
+    if list(r.shape) != view:
+        r = b.emit("aten.view", [r], {"size": view})
+    full = [x.shape[d] for d in pre] + S + [x.shape[d] for d in post]
+    if view != full:
+        r = b.emit("aten.expand", [r], {"size": full})
+    return r
+
+
 def _index_tensor(b: _Builder, args, kwargs):
-    # x[i0, None, i2, ...]: aten.index with the non-None index tensors and the dims they index
+    # x[i0, None, i2, ...]: constant range grids (the transformers mask lookup) as views; otherwise
+    # aten.index with the non-None index tensors and the dims they index
     x, indices = b.tensor(args[0]), list(args[1])
+    grid = _index_grid(b, x, indices)
+    if grid is not None:
+        return grid
     tensors, dims = _index_dims(b, x, indices, masks_ok=False)
     if not tensors:
         return x

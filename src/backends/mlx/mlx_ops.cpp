@@ -231,9 +231,39 @@ mx::array amax_amin(BuildCtx& c, const NodeView& n, const Inputs& in, const std:
   const bool keep = n.attrs.get_bool("keepdim");
   return n.op == "aten.amax" ? mx::max(*in[0], axes, keep, c.dev) : mx::min(*in[0], axes, keep, c.dev);
 }
+/// argmax of an integer tensor (CLIP's text pooling: input_ids.argmax(-1)) is lowered without
+/// MLX's argmax: the first index of the maximum, min(where(x == max(x), iota, N)), exact on every
+/// device (PyTorch returns the first maximal index). Float inputs stay declined: NaN ordering would
+/// need the same treatment and MLX's tie and NaN rules are not documented to match PyTorch's.
 Error check_argmax(const NodeView& n) {
+  const DType dt = in_type(n, 0).dtype;
+  if (dt == DType::Int64 || dt == DType::Int32 || dt == DType::Int8 || dt == DType::UInt8) {
+    if (in_type(n, 0).dim() == 0) return no("argmax of a 0-d tensor is not lowered");
+    if (in_type(n, 0).numel() > std::numeric_limits<int32_t>::max()) return no("argmax over more than 2^31 elements");
+    return ok();
+  }
   KILN_RETURN_IF_ERROR(check_reduce(n));
-  return no("argmax is not lowered (MLX's tie and NaN rules are not documented to match PyTorch's)");
+  return no("argmax is not lowered for floating-point inputs (MLX's tie and NaN rules are not documented to "
+            "match PyTorch's)");
+}
+// argmax(x, dim?, keepdim) = min over the axis of where(x == max(x), index, N), then the output's
+// shape (dim=None: over the flattened tensor).
+mx::array argmax_first(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  mx::array x = *in[0];
+  int axis = 0;
+  if (n.attrs.is_none("dim")) {
+    x = mx::reshape(x, {-1}, c.dev);
+  } else {
+    axis = wrap(n.attrs.get_int("dim"), in_type(n, 0).dim());
+  }
+  const int32_t len = x.shape(axis);
+  mx::Shape iota_shape(static_cast<size_t>(x.ndim()), 1);
+  iota_shape[static_cast<size_t>(axis)] = len;
+  const mx::array iota = mx::reshape(mx::arange(0, len, 1, mx::int32, c.dev), iota_shape, c.dev);
+  const mx::array is_max = mx::equal(x, mx::max(x, std::vector<int>{axis}, true, c.dev), c.dev);
+  const mx::array idx = mx::where(is_max, iota, mx::array(len, mx::int32), c.dev);
+  const mx::array first = mx::min(idx, std::vector<int>{axis}, true, c.dev);
+  return mx::reshape(mx::astype(first, c.dtype(n.out.dtype), c.dev), shape_of(n.out.sizes), c.dev);
 }
 mx::array softmax(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
   const int axis = wrap(n.attrs.get_int("dim"), in_type(n, 0).dim());
@@ -1083,7 +1113,7 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.mean", {check_reduce, sum_mean, nullptr, true}},
       {"aten.amax", {check_reduce, amax_amin}},
       {"aten.amin", {check_reduce, amax_amin}},
-      {"aten.argmax", {check_argmax, identity}},
+      {"aten.argmax", {check_argmax, argmax_first}},
       {"aten._softmax", {check_softmax, softmax, nullptr, true}},
       {"aten._log_softmax", {check_softmax, softmax, nullptr, true}},
       {"aten.view", {any_dtype, reshape_to_out}},
