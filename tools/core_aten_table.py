@@ -4,7 +4,8 @@ Every op name that PyTorch tags `torch.Tag.core` (the core ATen opset that torch
 decompositions target) gets one row: whether Kiln's op set has it (kiln.op_names(), the C++ op
 registry), or how capture handles it without a Kiln op of that name (an alias it drops, a view
 it maps onto another Kiln op, a value folded at export), or why Kiln lacks it, one of:
-backward, RNG, data-dependent shape, symbolic shapes, complex dtype.
+backward, RNG, data-dependent shape, symbolic shapes, complex dtype (and resize_, an
+in-place op that functional export graphs never contain).
 
   PYTHONPATH=python python tools/core_aten_table.py           # rewrite the table in docs/op-set.md
   PYTHONPATH=python python tools/core_aten_table.py --check   # exit 1 if the file is out of date,
@@ -32,6 +33,7 @@ RNG = "RNG"
 DATA_DEPENDENT = "data-dependent shape"
 SYMBOLIC = "symbolic shapes"
 COMPLEX = "complex dtype"
+IN_PLACE = "in place"  # not one of the issue's five: an op that functional export graphs never hold
 
 # Core ops that Kiln does not have, and why (the issue's categories). Anything core that is
 # neither a Kiln op, nor in CAPTURED, nor here makes --check fail.
@@ -43,7 +45,9 @@ MISSING = {
     "rand": RNG, "randn": RNG, "randperm": RNG, "native_dropout": RNG,
     "nonzero": DATA_DEPENDENT,
     "sym_numel": SYMBOLIC, "sym_size": SYMBOLIC, "sym_storage_offset": SYMBOLIC, "sym_stride": SYMBOLIC,
+    "sym_is_contiguous": SYMBOLIC,
     "_fft_r2c": COMPLEX, "_fft_c2r": COMPLEX,
+    "resize_": IN_PLACE,
 }
 # Core ops that capture handles without a Kiln op of the same name: how.
 CAPTURED = {
@@ -53,6 +57,8 @@ CAPTURED = {
     "empty_strided": "folded at export (an uninitialized constant: zeros)",
     "split_with_sizes": "slices (aten.slice per piece)",
     "_adaptive_avg_pool2d": "aten.adaptive_avg_pool2d",
+    "avg_pool1d": "aten.avg_pool2d on a height-1 image (the decomposition keeps avg_pool2d whole)",
+    "adaptive_avg_pool1d": "aten.adaptive_avg_pool2d on a height-1 image",
     "_native_batch_norm_legit_no_training": "aten.native_batch_norm (training=False)",
     "_native_batch_norm_legit": "aten.native_batch_norm with training=False (training=True: batch statistics, refused)",
 }
@@ -60,24 +66,32 @@ NOTES = {
     "native_dropout": "in eval mode (train=False) capture drops it (identity); in training it draws random masks",
     "sym_size": "static shapes: capture folds them to integers; symbolic sizes wait for the dynamic-shape issue",
     "sym_numel": "as sym_size", "sym_stride": "as sym_size", "sym_storage_offset": "as sym_size",
+    "sym_is_contiguous": "as sym_size (Kiln values are contiguous)",
     "nonzero": "output size depends on the data; waits for the dynamic-shape issue (refused with that reason)",
     "_fft_r2c": "see 'Complex values' in the next section", "_fft_c2r": "as _fft_r2c",
+    "resize_": "resizes a tensor's storage in place; torch.export's functionalized graphs do not contain it, "
+               "and capture refuses it as an op outside the set",
 }
 
 
 def core_op_names() -> list[str]:
-    """Packet names (e.g. "convolution") of every ATen op with an overload tagged torch.Tag.core."""
+    """Packet names (e.g. "convolution") of every ATen op with an overload tagged torch.Tag.core.
+    Enumerates the dispatcher's registered op names (torch.ops.aten is a lazy namespace: its dir()
+    lists only the packets used so far in the process, so it would give a count that depends on
+    what was imported before)."""
     names = set()
-    for packet in dir(torch.ops.aten):
+    for full in torch._C._dispatch_get_all_op_names():
+        if not full.startswith("aten::"):
+            continue
+        packet, _, overload = full[len("aten::"):].partition(".")
+        if packet in names:
+            continue
         try:
-            p = getattr(torch.ops.aten, packet)
-            overloads = p.overloads()
+            op = getattr(getattr(torch.ops.aten, packet), overload or "default")
         except (AttributeError, RuntimeError):
             continue
-        for o in overloads:
-            if torch.Tag.core in getattr(p, o).tags:
-                names.add(packet)
-                break
+        if torch.Tag.core in op.tags:
+            names.add(packet)
     return sorted(names)
 
 
