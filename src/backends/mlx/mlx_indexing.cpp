@@ -12,16 +12,6 @@
 namespace kiln::mlxb::indexing {
 namespace {
 
-Error no(const std::string& why) { return Error(ErrorCode::NotSupported, why); }
-
-mx::Shape shape_of(const std::vector<int64_t>& s) {
-  mx::Shape out;
-  for (int64_t d : s) out.push_back(static_cast<int32_t>(d));
-  return out;
-}
-
-int wrap(int64_t d, int64_t rank) { return static_cast<int>(d < 0 ? d + rank : d); }
-
 /// `idx` with negatives wrapped, clamped into [0, size) as int32 for MLX; an index outside
 /// [-size, size) makes execute fail with InvalidArgument (a RuntimeCheck).
 mx::array checked_index(BuildCtx& c, const mx::array& idx, int64_t size, const std::string& op, int64_t dim) {
@@ -187,12 +177,7 @@ mx::array slice_scatter(BuildCtx& c, const NodeView& n, const Inputs& in, const 
   const auto& s = n.in[0]->sizes;
   const int axis = wrap(n.attrs.get_int("dim", 0), n.in[0]->dim());
   const int64_t size = s[static_cast<size_t>(axis)];
-  int64_t start = n.attrs.is_none("start") ? 0 : n.attrs.get_int("start");
-  int64_t end = n.attrs.is_none("end") ? size : n.attrs.get_int("end");
-  if (start < 0) start += size;
-  if (end < 0) end += size;
-  start = std::clamp<int64_t>(start, 0, size);
-  end = std::clamp<int64_t>(end, start, size);
+  const auto [start, end] = slice_bounds(n.attrs, size);
   mx::Shape lo(s.size(), 0), hi = shape_of(s), st(s.size(), 1);
   lo[static_cast<size_t>(axis)] = static_cast<int32_t>(start);
   hi[static_cast<size_t>(axis)] = static_cast<int32_t>(end);

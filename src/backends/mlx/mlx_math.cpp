@@ -17,8 +17,6 @@
 namespace kiln::mlxb {
 namespace {
 
-Error no(const std::string& why) { return Error(ErrorCode::NotSupported, why); }
-
 bool is_integer(DType d) { return d == DType::Int64 || d == DType::Int32 || d == DType::Int8 || d == DType::UInt8; }
 bool is_half(DType d) { return d == DType::Float16 || d == DType::BFloat16; }
 

@@ -24,16 +24,7 @@
 namespace kiln::mlxb {
 namespace {
 
-Error no(const std::string& why) { return Error(ErrorCode::NotSupported, why); }
 Error ok() { return {}; }
-
-mx::Shape shape_of(const std::vector<int64_t>& s) {
-  mx::Shape out;
-  for (int64_t d : s) out.push_back(static_cast<int32_t>(d));
-  return out;
-}
-
-int wrap(int64_t d, int64_t rank) { return static_cast<int>(d < 0 ? d + rank : d); }
 
 const TensorType& in_type(const NodeView& n, size_t i) { return *n.in[i]; }
 
@@ -295,18 +286,12 @@ mx::array transpose(BuildCtx& c, const NodeView& n, const Inputs& in, const std:
 mx::array expand(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
   return mx::broadcast_to(*in[0], shape_of(n.out.sizes), c.dev);
 }
-// slice: start/end default to 0/size, negative ones count from the end, both clamped to
-// [0, size] with end >= start (PyTorch aten/src/ATen/native/TensorShape.cpp slice).
+// slice: [start, end) from slice_bounds (mlx_ops.h), with the step.
 mx::array slice(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
   const auto& t = in_type(n, 0);
   const int axis = wrap(n.attrs.get_int("dim"), t.dim());
   const int64_t size = t.sizes[static_cast<size_t>(axis)];
-  int64_t start = n.attrs.is_none("start") ? 0 : n.attrs.get_int("start");
-  int64_t end = n.attrs.is_none("end") ? size : n.attrs.get_int("end");
-  if (start < 0) start += size;
-  if (end < 0) end += size;
-  start = std::clamp<int64_t>(start, 0, size);
-  end = std::clamp<int64_t>(end, start, size);
+  const auto [start, end] = slice_bounds(n.attrs, size);
   mx::Shape lo(t.sizes.size(), 0), hi = shape_of(t.sizes), st(t.sizes.size(), 1);
   lo[axis] = static_cast<int32_t>(start);
   hi[axis] = static_cast<int32_t>(end);

@@ -12,9 +12,11 @@
 #include <mlx/mlx.h>
 
 #include <map>
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "kiln/attributes.h"
@@ -84,6 +86,28 @@ std::map<std::string, OpLowering, std::less<>>* add_math_lowerings(std::map<std:
 /// Adds the lowerings of src/backends/mlx/mlx_ops_reduce.cpp (any, prod, var, flip, repeat,
 /// diagonal, as_strided, arange, full, fill, copy, ...) to the op table.
 void add_reduce_family_lowerings(std::map<std::string, OpLowering, std::less<>>& table);
+/// NotSupported with `why` (a check's reason for declining a node).
+inline Error no(const std::string& why) { return Error(ErrorCode::NotSupported, why); }
+/// Kiln sizes as an MLX shape (check_node has already limited every size to int32).
+inline mx::Shape shape_of(const std::vector<int64_t>& s) {
+  mx::Shape out;
+  for (int64_t d : s) out.push_back(static_cast<int32_t>(d));
+  return out;
+}
+/// A dim in [-rank, rank) wrapped into [0, rank) (inference has checked the range).
+inline int wrap(int64_t d, int64_t rank) { return static_cast<int>(d < 0 ? d + rank : d); }
+/// aten.slice's [start, end) on a dim of `size`: None is 0 / size, negatives count from the end,
+/// both clamped to [0, size] with end >= start (PyTorch aten/src/ATen/native/TensorShape.cpp slice).
+inline std::pair<int64_t, int64_t> slice_bounds(const Attributes& attrs, int64_t size) {
+  int64_t start = attrs.is_none("start") ? 0 : attrs.get_int("start");
+  int64_t end = attrs.is_none("end") ? size : attrs.get_int("end");
+  if (start < 0) start += size;
+  if (end < 0) end += size;
+  start = std::clamp<int64_t>(start, 0, size);
+  end = std::clamp<int64_t>(end, start, size);
+  return {start, end};
+}
+
 /// The lowering of `op` ("aten.convolution", ...), or null when the mlx delegate has none.
 const OpLowering* find_lowering(std::string_view op);
 /// Every op name the table covers, sorted (for docs and reports).

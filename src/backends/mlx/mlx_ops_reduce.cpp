@@ -15,16 +15,6 @@
 namespace kiln::mlxb {
 namespace {
 
-Error no(const std::string& why) { return Error(ErrorCode::NotSupported, why); }
-
-mx::Shape shape_of(const std::vector<int64_t>& s) {
-  mx::Shape out;
-  for (int64_t d : s) out.push_back(static_cast<int32_t>(d));
-  return out;
-}
-
-int wrap(int64_t d, int64_t rank) { return static_cast<int>(d < 0 ? d + rank : d); }
-
 Error f32_in_out(const NodeView& n) {
   if (!n.in[0] || n.in[0]->dtype != DType::Float32 || n.out.dtype != DType::Float32) {
     return no(n.op + " is lowered for float32 only");

@@ -198,46 +198,6 @@ Error amax_amin(const KernelArgs& a, bool is_max) {
 Error amax(const KernelArgs& a) { return amax_amin(a, true); }
 Error amin(const KernelArgs& a) { return amax_amin(a, false); }
 
-// Index (in the row-major order of the reduced space) of the first maximum; a NaN is the maximum.
-template <typename T>
-void argmax_of(const Tensor& x, const ReducePlan& p, int64_t* out) {
-  const T* px = x.data_as<const T>();
-  reduce_each(p, out, [&](int64_t base) {
-    int64_t i = 0, best_i = 0;
-    T best{};
-    for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) {
-      const T v = px[base + off];
-      if (i == 0 || (!is_nan(best) && (is_nan(v) || v > best))) {
-        best = v;
-        best_i = i;
-      }
-      ++i;
-    });
-    return best_i;
-  });
-}
-
-Error argmax(const KernelArgs& a) {
-  const Tensor& x = *a.inputs[0];
-  Tensor& out = *a.outputs[0];
-  auto plan = plan_for("aten.argmax", x, out, a.attrs, /*int_dim=*/true);
-  if (!plan.ok()) return plan.error();
-  for (int64_t s : plan->red_sizes) {
-    if (s == 0) return Error(ErrorCode::Internal, "aten.argmax: reduction over an empty dim");
-  }
-  if (out.dtype != DType::Int64) return Error(ErrorCode::Internal, "aten.argmax: output is not int64");
-  int64_t* po = out.data_as<int64_t>();
-  switch (x.dtype) {
-    case DType::Float32: argmax_of<float>(x, *plan, po); return {};
-    case DType::Float64: argmax_of<double>(x, *plan, po); return {};
-    case DType::Int64: argmax_of<int64_t>(x, *plan, po); return {};
-    case DType::Int32: argmax_of<int32_t>(x, *plan, po); return {};
-    case DType::Int8: argmax_of<int8_t>(x, *plan, po); return {};
-    case DType::UInt8: argmax_of<uint8_t>(x, *plan, po); return {};
-    default: return Error(ErrorCode::NotSupported, std::string("aten.argmax: dtype ") + dtype_name(x.dtype));
-  }
-}
-
 /// Calls f(TypeTag<T>{}) for the storage type T of `d` among float32, float64, int64, int32, int8,
 /// uint8 and bool (stored as 0/1 bytes: uint8_t); returns NotSupported naming `op` otherwise.
 template <typename F>
@@ -254,16 +214,17 @@ Error visit_real(DType d, const char* op, F&& f) {
   }
 }
 
-// Index (row-major in the reduced space) of the first minimum; a NaN is the minimum (torch.argmin).
-template <typename T>
-void argmin_of(const Tensor& x, const ReducePlan& p, int64_t* out) {
+// Index (in the row-major order of the reduced space) of the first maximum (Largest) or minimum;
+// a NaN counts as both (torch.argmax / torch.argmin: the first NaN wins).
+template <typename T, bool Largest>
+void arg_extreme_of(const Tensor& x, const ReducePlan& p, int64_t* out) {
   const T* px = x.data_as<const T>();
   reduce_each(p, out, [&](int64_t base) {
     int64_t i = 0, best_i = 0;
     T best{};
     for_each_offset(p.red_sizes, p.red_strides, [&](int64_t off) {
       const T v = px[base + off];
-      if (i == 0 || (!is_nan(best) && (is_nan(v) || v < best))) {
+      if (i == 0 || (!is_nan(best) && (is_nan(v) || (Largest ? v > best : v < best)))) {
         best = v;
         best_i = i;
       }
@@ -273,21 +234,27 @@ void argmin_of(const Tensor& x, const ReducePlan& p, int64_t* out) {
   });
 }
 
-Error argmin(const KernelArgs& a) {
+/// aten.argmax / aten.argmin: int64 output; float32, float64, int64, int32, int8, uint8 inputs.
+template <bool Largest>
+Error arg_extreme(const KernelArgs& a) {
+  const char* op = Largest ? "aten.argmax" : "aten.argmin";
   const Tensor& x = *a.inputs[0];
   Tensor& out = *a.outputs[0];
-  auto plan = plan_for("aten.argmin", x, out, a.attrs, /*int_dim=*/true);
+  auto plan = plan_for(op, x, out, a.attrs, /*int_dim=*/true);
   if (!plan.ok()) return plan.error();
   for (int64_t s : plan->red_sizes) {
-    if (s == 0) return Error(ErrorCode::Internal, "aten.argmin: reduction over an empty dim");
+    if (s == 0) return Error(ErrorCode::Internal, std::string(op) + ": reduction over an empty dim");
   }
   if (out.dtype != DType::Int64 || x.dtype == DType::Bool) {
-    return Error(ErrorCode::NotSupported, "aten.argmin: bool input or non-int64 output");
+    return Error(ErrorCode::NotSupported, std::string(op) + ": bool input or non-int64 output");
   }
-  return visit_real(x.dtype, "aten.argmin", [&](auto tag) {
-    argmin_of<typename decltype(tag)::type>(x, *plan, out.data_as<int64_t>());
+  return visit_real(x.dtype, op, [&](auto tag) {
+    arg_extreme_of<typename decltype(tag)::type, Largest>(x, *plan, out.data_as<int64_t>());
   });
 }
+
+Error argmax(const KernelArgs& a) { return arg_extreme<true>(a); }
+Error argmin(const KernelArgs& a) { return arg_extreme<false>(a); }
 
 /// aten.any: out = some element of the reduced set != 0 (NaN counts, -0.0 does not); dim None
 /// reduces every dim, [] none (the inference's rule); every dtype (float16/bfloat16 by their bits).
