@@ -133,72 +133,51 @@ Result<Types> infer_adaptive_max_pool(const TensorType& self, const Attributes& 
   return Types{{DType::Float32, out}, {DType::Int64, out}};
 }
 
-// ---- grid_sampler_2d
+// ---- grid_sampler_2d / grid_sampler_3d
 
-// input (N, C, H, W) float32 with H, W non-zero; grid (N, Ho, Wo, 2) float32, same N;
-// interpolation_mode 0 bilinear / 1 nearest / 2 bicubic; padding_mode 0 zeros / 1 border /
-// 2 reflection (GridSampler.cpp check_grid_sampler_common / _2d). Output (N, C, Ho, Wo).
-Result<Types> infer_grid_sampler_2d(InputTypes in, const Attributes& attrs) {
+// aten.grid_sampler_{2,3}d with `nd` spatial dims: input (N, C, [D,] H, W) float32 with non-zero
+// spatial dims; grid (N, [Do,] Ho, Wo, nd) float32, same N; interpolation_mode 0 bilinear
+// (trilinear) / 1 nearest / 2 bicubic (2-D only); padding_mode 0 zeros / 1 border / 2 reflection
+// (GridSampler.cpp check_grid_sampler_common / _2d / _3d). Output (N, C, [Do,] Ho, Wo).
+Result<Types> infer_grid_sampler(InputTypes in, const Attributes& attrs, int nd) {
   const TensorType& x = *in[0];
   const TensorType& grid = *in[1];
   KILN_RETURN_IF_ERROR(require_f32(x, "input"));
   KILN_RETURN_IF_ERROR(require_f32(grid, "grid"));
-  if (x.dim() != 4) return invalid("input must be 4-D (N, C, H, W), got size " + sizes_to_string(x.sizes));
-  if (grid.dim() != 4 || grid.sizes[3] != 2) {
-    return invalid("grid must be 4-D (N, H_out, W_out, 2), got size " + sizes_to_string(grid.sizes));
+  const int64_t rank = nd + 2;
+  if (x.dim() != rank) {
+    return invalid(std::string("input must be ") + (nd == 2 ? "4-D (N, C, H, W)" : "5-D (N, C, D, H, W)") +
+                   ", got size " + sizes_to_string(x.sizes));
+  }
+  if (grid.dim() != rank || grid.sizes[static_cast<size_t>(nd + 1)] != nd) {
+    return invalid(std::string("grid must be ") + (nd == 2 ? "4-D (N, H_out, W_out, 2)" : "5-D (N, D_out, H_out, W_out, 3)") +
+                   ", got size " + sizes_to_string(grid.sizes));
   }
   if (grid.sizes[0] != x.sizes[0]) {
     return invalid("grid and input must have the same batch size, got input " + sizes_to_string(x.sizes) +
                    " and grid " + sizes_to_string(grid.sizes));
   }
-  if (x.sizes[2] == 0 || x.sizes[3] == 0) {
-    return invalid("input must have non-empty spatial dims, got size " + sizes_to_string(x.sizes));
+  for (int64_t d = 2; d < rank; ++d) {
+    if (x.sizes[static_cast<size_t>(d)] == 0) {
+      return invalid("input must have non-empty spatial dims, got size " + sizes_to_string(x.sizes));
+    }
   }
   const int64_t interp = attrs.get_int("interpolation_mode");
   const int64_t pad = attrs.get_int("padding_mode");
-  if (interp < 0 || interp > 2) {
-    return invalid("interpolation_mode must be 0 (bilinear), 1 (nearest) or 2 (bicubic), got " + std::to_string(interp));
-  }
-  if (pad < 0 || pad > 2) {
-    return invalid("padding_mode must be 0 (zeros), 1 (border) or 2 (reflection), got " + std::to_string(pad));
-  }
-  const std::vector<int64_t> out = {x.sizes[0], x.sizes[1], grid.sizes[1], grid.sizes[2]};
-  KILN_RETURN_IF_ERROR(check_total(out, "output size"));
-  return Types{{DType::Float32, out}};
-}
-
-// aten.grid_sampler_3d: input (N, C, D, H, W), grid (N, Do, Ho, Wo, 3) float32; interpolation 0
-// (trilinear) or 1 (nearest); padding as grid_sampler_2d.
-Result<Types> infer_grid_sampler_3d(InputTypes in, const Attributes& attrs) {
-  const TensorType& x = *in[0];
-  const TensorType& grid = *in[1];
-  KILN_RETURN_IF_ERROR(require_f32(x, "input"));
-  KILN_RETURN_IF_ERROR(require_f32(grid, "grid"));
-  if (x.dim() != 5) return invalid("input must be 5-D (N, C, D, H, W), got size " + sizes_to_string(x.sizes));
-  if (grid.dim() != 5 || grid.sizes[4] != 3) {
-    return invalid("grid must be 5-D (N, D_out, H_out, W_out, 3), got size " + sizes_to_string(grid.sizes));
-  }
-  if (grid.sizes[0] != x.sizes[0]) {
-    return invalid("grid and input must have the same batch size, got input " + sizes_to_string(x.sizes) +
-                   " and grid " + sizes_to_string(grid.sizes));
-  }
-  if (x.sizes[2] == 0 || x.sizes[3] == 0 || x.sizes[4] == 0) {
-    return invalid("input must have non-empty spatial dims, got size " + sizes_to_string(x.sizes));
-  }
-  const int64_t interp = attrs.get_int("interpolation_mode");
-  const int64_t pad = attrs.get_int("padding_mode");
-  // F.grid_sample refuses bicubic for 5-D input; the bare ATen op accepts it without a documented
-  // formula, so Kiln declines it.
-  if (interp == 2) {
+  if (nd == 3 && interp == 2) {
+    // F.grid_sample refuses bicubic for 5-D input; the bare ATen op accepts it without a
+    // documented formula, so Kiln declines it.
     return Error(ErrorCode::NotSupported, "interpolation_mode 2 (bicubic) is not supported for 5-D input");
   }
-  if (interp < 0 || interp > 1) {
-    return invalid("interpolation_mode must be 0 (bilinear) or 1 (nearest), got " + std::to_string(interp));
+  if (interp < 0 || interp > 2) {
+    return invalid(std::string("interpolation_mode must be 0 (bilinear), 1 (nearest)") +
+                   (nd == 2 ? " or 2 (bicubic)" : "") + ", got " + std::to_string(interp));
   }
   if (pad < 0 || pad > 2) {
     return invalid("padding_mode must be 0 (zeros), 1 (border) or 2 (reflection), got " + std::to_string(pad));
   }
-  const std::vector<int64_t> out = {x.sizes[0], x.sizes[1], grid.sizes[1], grid.sizes[2], grid.sizes[3]};
+  std::vector<int64_t> out = {x.sizes[0], x.sizes[1]};
+  for (int64_t d = 1; d <= nd; ++d) out.push_back(grid.sizes[static_cast<size_t>(d)]);
   KILN_RETURN_IF_ERROR(check_total(out, "output size"));
   return Types{{DType::Float32, out}};
 }
@@ -496,7 +475,7 @@ void register_spatial_extra_ops(OpRegistry& r) {
          {{"interpolation_mode", AttrKind::Int, none, true},
           {"padding_mode", AttrKind::Int, none, true},
           {"align_corners", AttrKind::Bool, none, true}},
-         1, infer_grid_sampler_2d,
+         1, [](InputTypes in, const Attributes& a) { return infer_grid_sampler(in, a, 2); },
          "samples (N,C,H,W) at grid (N,Ho,Wo,2) coordinates in [-1, 1]; bilinear/nearest/bicubic, zeros/border/"
          "reflection padding (torch.ops.aten.grid_sampler_2d; ATen GridSampler.h formulas)"});
   r.add({"aten.grid_sampler_3d",
@@ -504,7 +483,7 @@ void register_spatial_extra_ops(OpRegistry& r) {
          {{"interpolation_mode", AttrKind::Int, none, true},
           {"padding_mode", AttrKind::Int, none, true},
           {"align_corners", AttrKind::Bool, none, true}},
-         1, infer_grid_sampler_3d,
+         1, [](InputTypes in, const Attributes& a) { return infer_grid_sampler(in, a, 3); },
          "samples (N,C,D,H,W) at grid (N,Do,Ho,Wo,3) coordinates (x, y, z) in [-1, 1]; trilinear/nearest, zeros/"
          "border/reflection padding (torch.ops.aten.grid_sampler_3d; ATen GridSampler.h formulas)"});
   r.add({"aten.col2im",
