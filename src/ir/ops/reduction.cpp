@@ -68,6 +68,8 @@ Types infer_sum(InputTypes in, const Attributes& a) {
   return std::vector<TensorType>{{out, sr::reduced_sizes(t.sizes, *mask, a.get_bool("keepdim"))}};
 }
 
+/// mean and var (dim: int[]? (None or [] = all), var's correction: float? (None = 1), keepdim):
+/// float32 or float64, output of the input's dtype over the kept dims.
 Types infer_mean(InputTypes in, const Attributes& a) {
   const TensorType& t = *in[0];
   if (!is_f32_or_f64(t.dtype)) return unsupported(t.dtype, "float32, float64");
@@ -163,15 +165,6 @@ Types infer_prod(InputTypes in, const Attributes& a) {
   return std::vector<TensorType>{{out, sr::reduced_sizes(t.sizes, *mask, a.get_bool("keepdim"))}};
 }
 
-/// var(self, dim: int[]? (None or [] = all), correction: float? (None = 1), keepdim).
-Types infer_var(InputTypes in, const Attributes& a) {
-  const TensorType& t = *in[0];
-  if (!is_f32_or_f64(t.dtype)) return unsupported(t.dtype, "float32, float64");
-  auto mask = mask_of(t, a);
-  if (!mask.ok()) return mask.error();
-  return std::vector<TensorType>{{t.dtype, sr::reduced_sizes(t.sizes, *mask, a.get_bool("keepdim"))}};
-}
-
 Types infer_softmax(InputTypes in, const Attributes& a) {
   const TensorType& t = *in[0];
   if (!is_f32_or_f64(t.dtype)) return unsupported(t.dtype, "float32, float64");
@@ -239,7 +232,7 @@ void register_reduction_ops(OpRegistry& r) {
          infer_prod,
          "product over dim (None = all); integer/bool inputs give int64 (wrapping), or dtype= (torch.prod)"});
   r.add({"aten.var", {{"self"}}, {dims_nullable(), {"correction", AttrKind::Float, {}, false, true}, keepdim()}, 1,
-         infer_var,
+         infer_mean,
          "sum((x - mean)^2) / max(N - correction, 0) over dim (None or [] = all), correction None = 1, two "
          "passes in double (aten.var.correction)"});
   r.add({"aten._softmax", {{"self"}}, {{"dim", AttrKind::Int, {}, true}, {"half_to_float", AttrKind::Bool, false}}, 1,
