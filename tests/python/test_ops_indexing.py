@@ -197,7 +197,16 @@ def test_gather_and_index_select_every_dtype(dtype):
 def test_gather_index_select_edges():
     x = data((3, 4), "float32")
     same(run("aten.index_select", [x, torch.tensor(2)], {"dim": 1})[0], torch.index_select(x, 1, torch.tensor(2)), "0-d")
-    same(run("aten.index_select", [x, I(-1)], {"dim": 0})[0], x[[-1]], "negative")
+    # negative indices are out of range for index_select, gather and the scatters (PyTorch raises
+    # "index -1 is out of bounds"); aten.index counts them from the end
+    for op, args in (("aten.index_select", [x, I(-1)]), ("aten.gather", [x, torch.tensor([[0], [-1], [1]])])):
+        with pytest.raises(kiln.KilnError, match=f"{op}: index -1 is out of range"):
+            run(op, args, {"dim": 0})
+        with pytest.raises((RuntimeError, IndexError)):  # the reference refuses them too
+            getattr(torch, op.split(".")[1])(x, 0, args[1])
+    with pytest.raises(kiln.KilnError, match="aten.scatter_add: index -1 is out of range"):
+        run("aten.scatter_add", [x, torch.tensor([[0, -1]]), x], {"dim": 1})
+    same(run("aten.index", [x, I(-1)], {"dims": [0]})[0], x[[-1]], "negative aten.index")
     e = torch.zeros(0, dtype=torch.int64)
     same(run("aten.index_select", [x, e], {"dim": 1})[0], torch.index_select(x, 1, e), "empty index")
     same(run("aten.gather", [x, torch.zeros(3, 0, dtype=torch.int64)], {"dim": 1})[0],
@@ -246,9 +255,9 @@ def test_scatter_reduce_nan_propagates_in_amax():
 
 def test_scatter_reduce_attr_and_errors():
     x = data((3, 4), "float32")
-    idx = I(1, -1, 0).view(3, 1)  # -1 wraps to the last row (Kiln's kernels wrap; torch refuses negatives)
+    idx = I(1, 2, 0).view(3, 1)
     src = data((3, 4), "float32")
-    exp = torch.scatter(x, 0, idx.remainder(3), src, reduce="multiply")
+    exp = torch.scatter(x, 0, idx, src, reduce="multiply")
     same(run("aten.scatter", [x, idx, src], {"dim": 0, "reduce": "multiply"})[0], exp)
     with pytest.raises(kiln.KilnError, match="aten.scatter_add: index 3 is out of range for dim 0 of size 3"):
         run("aten.scatter_add", [x, I(3).view(1, 1), src], {"dim": 0})

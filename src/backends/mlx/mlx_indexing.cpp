@@ -12,13 +12,16 @@
 namespace kiln::mlxb::indexing {
 namespace {
 
-/// `idx` with negatives wrapped, clamped into [0, size) as int32 for MLX; an index outside
-/// [-size, size) makes execute fail with InvalidArgument (a RuntimeCheck).
-mx::array checked_index(BuildCtx& c, const mx::array& idx, int64_t size, const std::string& op, int64_t dim) {
+/// `idx` clamped into [0, size) as int32 for MLX; an index outside [0, size) makes execute fail
+/// with InvalidArgument (a RuntimeCheck). With `negative_ok` (aten.index, index_put: PyTorch counts
+/// negatives from the end) negatives are wrapped first and the valid range is [-size, size);
+/// gather, index_select and the scatters refuse negatives, as PyTorch does.
+mx::array checked_index(BuildCtx& c, const mx::array& idx, int64_t size, const std::string& op, int64_t dim,
+                        bool negative_ok = false) {
   const auto it = idx.dtype();
   const mx::array n = mx::array(static_cast<int64_t>(size), it);
   const mx::array zero = mx::array(0, it);
-  mx::array w = mx::where(mx::less(idx, zero, c.dev), mx::add(idx, n, c.dev), idx, c.dev);
+  mx::array w = negative_ok ? mx::where(mx::less(idx, zero, c.dev), mx::add(idx, n, c.dev), idx, c.dev) : idx;
   mx::array bad = mx::logical_or(mx::less(w, zero, c.dev), mx::greater_equal(w, n, c.dev), c.dev);
   c.checks->push_back({mx::any(bad, false, c.dev), op + ": an index is out of range for dim " + std::to_string(dim) +
                                                        " of size " + std::to_string(size)});
@@ -46,7 +49,7 @@ mx::array index(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vec
   mx::Shape slice = shape_of(sizes);
   for (size_t k = 0; k < dims.size(); ++k) {
     const auto d = static_cast<size_t>(dims[k]);
-    idx.push_back(checked_index(c, *in[k + 1], sizes[d], "aten.index", dims[k]));
+    idx.push_back(checked_index(c, *in[k + 1], sizes[d], "aten.index", dims[k], true));
     axes.push_back(static_cast<int>(d));
     shapes.push_back(n.in[k + 1]->sizes);
     slice[d] = 1;
@@ -88,7 +91,7 @@ mx::array index_put(BuildCtx& c, const NodeView& n, const Inputs& in, const std:
   std::vector<int64_t> slice = sizes;
   for (size_t k = 0; k < dims.size(); ++k) {
     const auto d = static_cast<size_t>(dims[k]);
-    mx::array i = checked_index(c, *in[k + 2], sizes[d], "aten.index_put", dims[k]);
+    mx::array i = checked_index(c, *in[k + 2], sizes[d], "aten.index_put", dims[k], true);
     shapes.push_back(n.in[k + 2]->sizes);
     idx.push_back(i);
     axes.push_back(static_cast<int>(d));

@@ -59,6 +59,13 @@ Result<int64_t> wrap_index(const char* op, int64_t v, int64_t dim, int64_t size)
   return v < 0 ? v + size : v;
 }
 
+/// `v` itself when in [0, size), else InvalidArgument: gather, index_select and the scatters
+/// refuse negative indices, as PyTorch does ("index -1 is out of bounds for dimension 1").
+Result<int64_t> check_index(const char* op, int64_t v, int64_t dim, int64_t size) {
+  if (v < 0 || v >= size) return out_of_range(op, v, dim, size);
+  return v;
+}
+
 std::vector<int64_t> at_least_1d(const std::vector<int64_t>& s) { return s.empty() ? std::vector<int64_t>{1} : s; }
 
 /// Advances `coord` over `sizes` in row-major order.
@@ -379,7 +386,7 @@ Error gather(const KernelArgs& a) {
   auto* dst = static_cast<uint8_t*>(out.data);
   std::vector<int64_t> c(is.size(), 0);
   for (int64_t i = 0; i < n; ++i) {
-    auto v = wrap_index(op, idx.at(i), *d, ss[k]);
+    auto v = check_index(op, idx.at(i), *d, ss[k]);
     if (!v.ok()) return v.error();
     int64_t off = 0;
     for (size_t j = 0; j < c.size(); ++j) off += (j == k ? *v : c[j]) * st[j];
@@ -414,14 +421,13 @@ Error index_select(const KernelArgs& a) {
   const auto* src = static_cast<const uint8_t*>(self.data);
   auto* dst = static_cast<uint8_t*>(out.data);
   for (int64_t j = 0; j < m; ++j) {  // check every index first: also when the output is empty
-    auto v = wrap_index(op, idx.at(j), *d, ss[k]);
+    auto v = check_index(op, idx.at(j), *d, ss[k]);
     if (!v.ok()) return v.error();
   }
   if (row == 0) return {};
   for (int64_t o = 0; o < outer; ++o) {
     for (int64_t j = 0; j < m; ++j) {
-      int64_t v = idx.at(j);
-      if (v < 0) v += ss[k];
+      const int64_t v = idx.at(j);  // checked above: 0 <= v < size
       std::memcpy(dst + static_cast<size_t>(o * m + j) * row, src + static_cast<size_t>(o * ss[k] + v) * row, row);
     }
   }
@@ -433,7 +439,7 @@ Error index_select(const KernelArgs& a) {
 // ---------------------------------------------------------------------------------------------
 
 /// Calls f(dst, src) for every coordinate c of index: dst = self offset of c with c[dim] =
-/// index[c] (checked, wrapped), src = src's offset of c (src may be larger than index).
+/// index[c] (checked: 0 <= index < size), src = src's offset of c (src may be larger than index).
 template <class F>
 Error walk_scatter(const char* op, const std::vector<int64_t>& self_sizes, int64_t dim, const Tensor& index,
                    const std::vector<int64_t>& src_sizes, F&& f) {
@@ -447,7 +453,7 @@ Error walk_scatter(const char* op, const std::vector<int64_t>& self_sizes, int64
   const IndexTensor idx = index_of(index);
   std::vector<int64_t> c(is.size(), 0);
   for (int64_t i = 0; i < n; ++i) {
-    auto v = wrap_index(op, idx.at(i), dim, ss[k]);
+    auto v = check_index(op, idx.at(i), dim, ss[k]);
     if (!v.ok()) return v.error();
     int64_t dst = 0, src = 0;
     for (size_t j = 0; j < c.size(); ++j) {
