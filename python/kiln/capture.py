@@ -276,6 +276,16 @@ def _is_number(x) -> bool:
     return isinstance(x, (bool, int, float)) and not isinstance(x, torch.Tensor)
 
 
+def _same_shape(traced, shape: tuple) -> bool:
+    """True when Kiln's concrete `shape` is the shape PyTorch traced. A traced size that is not an
+    int is data-dependent (an unbacked symbol, e.g. the length of x[mask]); it matches any size,
+    since Kiln only builds such a value when it knows the size (a constant mask folded to indices).
+    Comparing it with == would make PyTorch guard on the symbol and raise."""
+    if len(traced) != len(shape):
+        return False
+    return all(t == s for t, s in zip(traced, shape) if isinstance(t, int))
+
+
 def _same(a, b) -> bool:
     """Equality of argument values, lists and tuples alike."""
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -441,7 +451,7 @@ class _Builder:
         """The Kiln value must have the dtype and shape PyTorch traced (guards against silent mismatches)."""
         val = _meta_val(self.node)
         if isinstance(val, torch.Tensor) and isinstance(v, _V):
-            if tuple(val.shape) != v.shape or val.dtype != v.dtype:
+            if not _same_shape(val.shape, v.shape) or val.dtype != v.dtype:
                 raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {val.dtype} "
                                  f"{list(val.shape)}", "This is a bug in Kiln's capture: please open an issue")
 
@@ -449,7 +459,7 @@ class _Builder:
         """check_meta for ops whose ATen form returns several tensors (Kiln keeps the first)."""
         val = _meta_val(self.node)
         if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor):
-            if tuple(val[0].shape) != v.shape or val[0].dtype != v.dtype:
+            if not _same_shape(val[0].shape, v.shape) or val[0].dtype != v.dtype:
                 raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {val[0].dtype} "
                                  f"{list(val[0].shape)}", "This is a bug in Kiln's capture: please open an issue")
 
@@ -517,7 +527,7 @@ class _Builder:
             raise self.error(f"Kiln's op has {len(vs)} outputs but PyTorch traced {type(val).__name__}",
                              "This is a bug in Kiln's capture: please open an issue")
         for t, v in zip(val, vs):
-            if isinstance(t, torch.Tensor) and (tuple(t.shape) != v.shape or t.dtype != v.dtype):
+            if isinstance(t, torch.Tensor) and (not _same_shape(t.shape, v.shape) or t.dtype != v.dtype):
                 raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {t.dtype} "
                                  f"{list(t.shape)}", "This is a bug in Kiln's capture: please open an issue")
 
@@ -670,6 +680,13 @@ class _Builder:
                         pass
                 if val is not None:
                     return val
+            elif isinstance(val, (torch.SymInt, torch.SymBool, torch.SymFloat)) and \
+                    not _tree_any(lambda a: isinstance(a, (_V, torch.SymInt, torch.SymBool, torch.SymFloat)), args):
+                # a data-dependent size whose value Kiln knows (e.g. len(x[const_mask]) checks)
+                try:
+                    return target(*args, **kwargs)
+                except Exception:  # noqa: BLE001 -- reported below as unsupported
+                    pass
             raise self.unsupported(f"Python call {name} is not supported")
         if packet.startswith(_ASSERTS):
             return None
@@ -811,18 +828,47 @@ def _is_scalar_bound(v) -> bool:
 
 
 def _clamp_any(b: _Builder, x, lo, hi):
-    """clamp(x, lo, hi) = min(max(x, lo), hi) (ATen). Number bounds -> aten.clamp attributes; tensor
-    bounds -> aten.minimum(aten.maximum(x, lo), hi), which propagate NaN from x or a bound as ATen's
-    clamp does."""
-    if _is_scalar_bound(lo) and _is_scalar_bound(hi):
+    """clamp(x, lo, hi) = min(max(x, lo), hi) (ATen). Number bounds on a floating x -> aten.clamp
+    attributes; tensor bounds or an integer x -> aten.minimum(aten.maximum(x, lo), hi) (number bounds
+    as 0-d constants, so PyTorch's type promotion applies), which propagate NaN from x or a bound as
+    ATen's clamp does."""
+    xv = b.tensor(x)
+    if _is_scalar_bound(lo) and _is_scalar_bound(hi) and xv.dtype.is_floating_point:
         num = lambda v: None if v is None else (v.item() if isinstance(v, torch.Tensor) else v)
-        return b.emit("aten.clamp", [b.tensor(x)], {"min": num(lo), "max": num(hi)})
+        return b.emit("aten.clamp", [xv], {"min": num(lo), "max": num(hi)})
+    # integer tensors (aten.clamp's kernels are floating only) and tensor bounds: maximum/minimum
     sd = b.scalar_dtype([x, lo, hi])
     r = b.tensor(x)
     for bound, op in ((lo, "aten.maximum"), (hi, "aten.minimum")):
         if bound is not None:
             r = b.emit(op, [r, b.tensor(bound, sd)])
     return r
+
+
+def _mul(b: _Builder, args, kwargs):
+    # a * b on two bool operands is their logical and (bool result, as ATen's mul on bools)
+    xs = args[:2]
+    if all(isinstance(a, bool) or (isinstance(a, (_V, torch.Tensor)) and a.dtype == torch.bool) for a in xs):
+        return b.emit("aten.logical_and", [b.tensor(a, torch.bool) for a in xs])
+    return b.generic("aten.mul", args, kwargs)
+
+
+def _as_strided(b: _Builder, args, kwargs):
+    # as_strided indexes its input's storage; Kiln's values are contiguous copies, so the op is exact
+    # only when the traced input is its storage's whole, contiguous, offset-0 view (a view of a
+    # slice, select or transpose would read other elements in PyTorch)
+    src = b.node.args[0]
+    t = src.meta.get("val") if hasattr(src, "meta") else None
+    try:
+        whole = isinstance(t, torch.Tensor) and t.is_contiguous() and t.storage_offset() == 0 and \
+            t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    except Exception:  # noqa: BLE001 -- storage not inspectable: refuse below
+        whole = False
+    if not whole:
+        raise b.unsupported("as_strided of a view (a slice, select, transpose or other tensor that is not its "
+                            "storage's whole contiguous buffer) is not supported: PyTorch reads the storage under "
+                            "the view. Call .contiguous() (or .clone()) on the input first")
+    return b.generic("aten.as_strided", args, kwargs)
 
 
 def _clamp(b: _Builder, args, kwargs):
@@ -964,8 +1010,11 @@ _max_pool3d_with_indices = _values_and_indices("aten.max_pool3d_with_indices",
 
 
 def _batch_norm_training(b: _Builder, args, kwargs):
-    raise b.error("batch norm in training mode (batch statistics) is not supported",
-                  "Export the module in eval mode; F.batch_norm needs training=False and running statistics")
+    raise b.error("batch norm with batch statistics (training mode, or InstanceNorm without running statistics) "
+                  "is not supported",
+                  "Export the module in eval mode; F.batch_norm needs training=False and running statistics. "
+                  "InstanceNorm{1,2,3}d(track_running_stats=False) normalizes with each sample's statistics even "
+                  "in eval mode: nn.GroupNorm(C, C) computes the same and is supported")
 
 
 def _roll(b: _Builder, args, kwargs):
@@ -1208,7 +1257,7 @@ _HANDLERS: dict[str, Callable] = {
     "aten.var.dim": _var_dim, "aten.var_mean.correction": _var_mean_correction,
     "aten.sort": _sort, "aten.topk": lambda b, a, k: b.generic("aten.topk", a, k, multi=True),
     "aten.fill": _fill, "aten.diagonal_copy": lambda b, a, k: b.generic("aten.diagonal", a, k),
-    "aten.as_strided_copy": lambda b, a, k: b.generic("aten.as_strided", a, k),
+    "aten.as_strided_copy": _as_strided, "aten.as_strided": _as_strided, "aten.mul": _mul,
     "aten.index.Tensor": _index_tensor,
     "aten.index_put.default": _index_put, "aten.index_put_.default": _index_put,
     "aten.scatter.value": _scatter_value, "aten.scatter.value_reduce": _scatter_value,
