@@ -66,6 +66,17 @@ class Backend {
   virtual Error support(size_t node, const Graph& graph) const = 0;
   /// Lowers a subgraph whose every node `support` accepted into payload bytes.
   virtual Result<std::vector<uint8_t>> lower(const Subgraph& subgraph) const = 0;
+  /// Proves at compile time that `payload` (what `lower` wrote for `subgraph`) builds, by running
+  /// the code that `init` runs, on this machine, with the graph's constants: a program that
+  /// compiled must load wherever its backends are available (docs/delegation.md "Support decided
+  /// by building"). Returns Ok when it builds, and also when this backend is not available here
+  /// (then `*checked` is false and `lower`'s own limit checks are all that decide). Otherwise
+  /// NotSupported with init's reason; `*node_at_fault` is then the position in `subgraph.nodes`
+  /// of the node that failed, or SIZE_MAX when the backend cannot tell (the partitioner then
+  /// declines the whole group). The default runs `init` then `destroy` (num_threads 1, no
+  /// settings) and cannot name the node; backends override it to name one.
+  virtual Error check_build(const Subgraph& subgraph, std::span<const uint8_t> payload, size_t* node_at_fault,
+                            bool* checked) const;
 
   // ---- run half ----
   /// Ok, or NotFound with the reason this backend cannot run on this machine.

@@ -7,6 +7,11 @@
 // graph with Kahn's algorithm, so a group never has a path that leaves it and comes back, also
 // through another backend's groups). Each group is then lowered by its backend and replaced by
 // one delegate node; the node list is re-sorted topologically (stable by first original node).
+//
+// Support is decided by building (Backend::check_build): each lowered group is built the way init
+// will build it at load. A node that fails is refused for that backend (with the backend's reason)
+// and the partition starts again without it; a failure the backend cannot pin on one node refuses
+// the whole group. A program that compiled therefore loads wherever its backends are available.
 #include <algorithm>
 #include <map>
 #include <queue>
@@ -129,128 +134,154 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
     bs.push_back(b);
   }
 
-  Groups groups(graph);
-  std::vector<int> owner(n, -1);  // per node: index into bs of its delegate, -1 = CPU
-  std::vector<std::vector<std::pair<size_t, std::string>>> reasons(n);  // (backend index, reason)
-  for (size_t bi = 0; bi < bs.size(); ++bi) {
-    for (size_t i = 0; i < n; ++i) {
-      if (owner[i] >= 0 || graph.nodes()[i].delegate) continue;
-      Error why = bs[bi]->support(i, graph);
-      if (!why.ok()) {
-        reasons[i].emplace_back(bi, why.message());
-        continue;
-      }
-      owner[i] = static_cast<int>(bi);
-      const int mine = groups.group[i];
-      for (size_t p : groups.producers[i]) {
-        if (owner[p] != static_cast<int>(bi)) continue;
-        const int theirs = groups.group[p];
-        if (theirs == groups.group[i]) continue;
-        // Keep the lower id (the earliest node) as the group's id.
-        if (theirs < groups.group[i]) {
-          groups.try_merge(theirs, groups.group[i]);
-        } else {
-          groups.try_merge(groups.group[i], theirs);
-        }
-      }
-      (void)mine;
-    }
-  }
-
-  // Lower each group and build its delegate node.
-  std::map<int, std::vector<size_t>> members;
-  for (size_t i = 0; i < n; ++i) {
-    if (owner[i] >= 0) members[groups.group[i]].push_back(i);
-  }
-  report.backends.resize(bs.size());
-  for (size_t bi = 0; bi < bs.size(); ++bi) report.backends[bi].backend = bs[bi]->name();
-  std::map<int, Node> delegate_nodes;
-  for (auto& [gid, nodes] : members) {
-    const size_t bi = static_cast<size_t>(owner[nodes.front()]);
-    Subgraph sg = make_subgraph(graph, nodes);
-    sg.compute_dtype = compute_dtype;
-    auto payload = bs[bi]->lower(sg);
-    if (!payload.ok()) {
-      const Node& first = graph.nodes()[nodes.front()];
-      return Error(payload.error().code(), "backend '" + bs[bi]->name() + "' failed to lower the subgraph starting at " +
-                                               first.op + (first.debug_name.empty() ? "" : " (" + first.debug_name + ")") +
-                                               ": " + payload.error().message());
-    }
-    auto blob = std::make_shared<DelegateBlob>();
-    blob->backend = bs[bi]->name();
-    blob->payload = std::move(payload.value());
-    blob->constants = sg.constants;
-    DelegationReport::BackendSummary& sum = report.backends[bi];
-    ++sum.segments;
-    sum.nodes += nodes.size();
-    for (ValueId c : sg.constants) sum.constant_bytes += graph.value(c).constant->size();
-    Node d;
-    d.op = "delegate:" + blob->backend;
-    d.inputs = sg.inputs;
-    d.outputs = sg.outputs;
-    d.debug_name = graph.nodes()[nodes.front()].debug_name;
-    d.delegate = std::move(blob);
-    delegate_nodes.emplace(gid, std::move(d));
-  }
-
-  // Report: CPU nodes by op, with reasons.
-  std::map<std::string, DelegationReport::CpuOp> cpu;
-  for (size_t i = 0; i < n; ++i) {
-    const Node& node = graph.nodes()[i];
+  // Nodes a backend's build check refused (check_build): (node, backend index) -> reason. Each
+  // refusal restarts the partition without that node for that backend, so the loop ends.
+  std::map<std::pair<size_t, size_t>, std::string> refused;
+  for (;;) {
+    report = DelegationReport{};
+    Groups groups(graph);
+    std::vector<int> owner(n, -1);  // per node: index into bs of its delegate, -1 = CPU
+    std::vector<std::vector<std::pair<size_t, std::string>>> reasons(n);  // (backend index, reason)
     for (size_t bi = 0; bi < bs.size(); ++bi) {
-      if (owner[i] == static_cast<int>(bi)) continue;
-      std::string why = owner[i] >= 0 ? "delegated to '" + bs[static_cast<size_t>(owner[i])]->name() + "'"
-                                      : "not delegated";
-      for (const auto& [rb, r] : reasons[i]) {
-        if (rb == bi) why = r;
+      for (size_t i = 0; i < n; ++i) {
+        if (owner[i] >= 0 || graph.nodes()[i].delegate) continue;
+        auto r = refused.find({i, bi});
+        Error why = r != refused.end() ? Error(ErrorCode::NotSupported, r->second) : bs[bi]->support(i, graph);
+        if (!why.ok()) {
+          reasons[i].emplace_back(bi, why.message());
+          continue;
+        }
+        owner[i] = static_cast<int>(bi);
+        const int mine = groups.group[i];
+        for (size_t p : groups.producers[i]) {
+          if (owner[p] != static_cast<int>(bi)) continue;
+          const int theirs = groups.group[p];
+          if (theirs == groups.group[i]) continue;
+          // Keep the lower id (the earliest node) as the group's id.
+          if (theirs < groups.group[i]) {
+            groups.try_merge(theirs, groups.group[i]);
+          } else {
+            groups.try_merge(groups.group[i], theirs);
+          }
+        }
+        (void)mine;
       }
-      report.declined.push_back({node.op, node.debug_name, bs[bi]->name(), why});
     }
-    if (owner[i] >= 0 || node.delegate) continue;
-    DelegationReport::CpuOp& c = cpu[node.op];
-    c.op = node.op;
-    ++c.count;
-    for (const auto& [rb, r] : reasons[i]) {
-      std::pair<std::string, std::string> entry{bs[rb]->name(), r};
-      if (std::find(c.reasons.begin(), c.reasons.end(), entry) == c.reasons.end()) c.reasons.push_back(entry);
-    }
-  }
-  for (auto& [op, c] : cpu) report.cpu_ops.push_back(std::move(c));
 
-  // Rebuild the node list: topological order of the quotient, stable by first member.
-  std::map<int, std::vector<size_t>> all;  // group -> members (sorted)
-  for (size_t i = 0; i < n; ++i) all[groups.group[i]].push_back(i);
-  std::map<int, std::set<int>> succ;
-  std::map<int, int> indeg;
-  for (const auto& [gid, m] : all) indeg[gid] = 0;
-  for (size_t i = 0; i < n; ++i) {
-    for (size_t p : groups.producers[i]) {
-      const int a = groups.group[p], b = groups.group[i];
-      if (a != b && succ[a].insert(b).second) ++indeg[b];
+    // Lower each group and build its delegate node.
+    std::map<int, std::vector<size_t>> members;
+    for (size_t i = 0; i < n; ++i) {
+      if (owner[i] >= 0) members[groups.group[i]].push_back(i);
     }
-  }
-  std::priority_queue<std::pair<size_t, int>, std::vector<std::pair<size_t, int>>, std::greater<>> ready;
-  for (const auto& [gid, d] : indeg) {
-    if (d == 0) ready.push({all[gid].front(), gid});
-  }
-  std::vector<Node> out;
-  auto& old_nodes = graph.mutable_nodes();
-  while (!ready.empty()) {
-    const int gid = ready.top().second;
-    ready.pop();
-    auto it = delegate_nodes.find(gid);
-    if (it != delegate_nodes.end()) {
-      out.push_back(std::move(it->second));
-    } else {
-      out.push_back(std::move(old_nodes[all[gid].front()]));
+    report.backends.resize(bs.size());
+    for (size_t bi = 0; bi < bs.size(); ++bi) report.backends[bi].backend = bs[bi]->name();
+    std::map<int, Node> delegate_nodes;
+    bool retry = false;
+    for (auto& [gid, nodes] : members) {
+      const size_t bi = static_cast<size_t>(owner[nodes.front()]);
+      Subgraph sg = make_subgraph(graph, nodes);
+      sg.compute_dtype = compute_dtype;
+      auto payload = bs[bi]->lower(sg);
+      if (!payload.ok()) {
+        const Node& first = graph.nodes()[nodes.front()];
+        return Error(payload.error().code(),
+                     "backend '" + bs[bi]->name() + "' failed to lower the subgraph starting at " + first.op +
+                         (first.debug_name.empty() ? "" : " (" + first.debug_name + ")") + ": " +
+                         payload.error().message());
+      }
+      // Support decided by building: the segment must build the way init will build it at load.
+      size_t at_fault = SIZE_MAX;
+      bool checked = false;
+      Error built = bs[bi]->check_build(sg, payload.value(), &at_fault, &checked);
+      if (!built.ok()) {
+        if (at_fault < nodes.size()) {
+          refused[{nodes[at_fault], bi}] = built.message();
+        } else {
+          for (size_t i : nodes) {
+            refused[{i, bi}] = built.message() + " (in a segment of " + std::to_string(nodes.size()) + " nodes)";
+          }
+        }
+        retry = true;
+        break;
+      }
+      auto blob = std::make_shared<DelegateBlob>();
+      blob->backend = bs[bi]->name();
+      blob->payload = std::move(payload.value());
+      blob->constants = sg.constants;
+      DelegationReport::BackendSummary& sum = report.backends[bi];
+      ++sum.segments;
+      sum.nodes += nodes.size();
+      for (ValueId c : sg.constants) sum.constant_bytes += graph.value(c).constant->size();
+      Node d;
+      d.op = "delegate:" + blob->backend;
+      d.inputs = sg.inputs;
+      d.outputs = sg.outputs;
+      d.debug_name = graph.nodes()[nodes.front()].debug_name;
+      d.delegate = std::move(blob);
+      delegate_nodes.emplace(gid, std::move(d));
     }
-    for (int s : succ[gid]) {
-      if (--indeg[s] == 0) ready.push({all[s].front(), s});
+
+    if (retry) continue;
+
+    // Report: CPU nodes by op, with reasons.
+    std::map<std::string, DelegationReport::CpuOp> cpu;
+    for (size_t i = 0; i < n; ++i) {
+      const Node& node = graph.nodes()[i];
+      for (size_t bi = 0; bi < bs.size(); ++bi) {
+        if (owner[i] == static_cast<int>(bi)) continue;
+        std::string why = owner[i] >= 0 ? "delegated to '" + bs[static_cast<size_t>(owner[i])]->name() + "'"
+                                        : "not delegated";
+        for (const auto& [rb, r] : reasons[i]) {
+          if (rb == bi) why = r;
+        }
+        report.declined.push_back({node.op, node.debug_name, bs[bi]->name(), why});
+      }
+      if (owner[i] >= 0 || node.delegate) continue;
+      DelegationReport::CpuOp& c = cpu[node.op];
+      c.op = node.op;
+      ++c.count;
+      for (const auto& [rb, r] : reasons[i]) {
+        std::pair<std::string, std::string> entry{bs[rb]->name(), r};
+        if (std::find(c.reasons.begin(), c.reasons.end(), entry) == c.reasons.end()) c.reasons.push_back(entry);
+      }
     }
+    for (auto& [op, c] : cpu) report.cpu_ops.push_back(std::move(c));
+
+    // Rebuild the node list: topological order of the quotient, stable by first member.
+    std::map<int, std::vector<size_t>> all;  // group -> members (sorted)
+    for (size_t i = 0; i < n; ++i) all[groups.group[i]].push_back(i);
+    std::map<int, std::set<int>> succ;
+    std::map<int, int> indeg;
+    for (const auto& [gid, m] : all) indeg[gid] = 0;
+    for (size_t i = 0; i < n; ++i) {
+      for (size_t p : groups.producers[i]) {
+        const int a = groups.group[p], b = groups.group[i];
+        if (a != b && succ[a].insert(b).second) ++indeg[b];
+      }
+    }
+    std::priority_queue<std::pair<size_t, int>, std::vector<std::pair<size_t, int>>, std::greater<>> ready;
+    for (const auto& [gid, d] : indeg) {
+      if (d == 0) ready.push({all[gid].front(), gid});
+    }
+    std::vector<Node> out;
+    auto& old_nodes = graph.mutable_nodes();
+    while (!ready.empty()) {
+      const int gid = ready.top().second;
+      ready.pop();
+      auto it = delegate_nodes.find(gid);
+      if (it != delegate_nodes.end()) {
+        out.push_back(std::move(it->second));
+      } else {
+        out.push_back(std::move(old_nodes[all[gid].front()]));
+      }
+      for (int s : succ[gid]) {
+        if (--indeg[s] == 0) ready.push({all[s].front(), s});
+      }
+    }
+    if (out.size() != all.size()) return Error(ErrorCode::Internal, "partitioner produced a cyclic graph");
+    old_nodes = std::move(out);
+    return report;
   }
-  if (out.size() != all.size()) return Error(ErrorCode::Internal, "partitioner produced a cyclic graph");
-  old_nodes = std::move(out);
-  return report;
 }
 
 }  // namespace kiln
