@@ -137,6 +137,11 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
   // Nodes a backend's build check refused (check_build): (node, backend index) -> reason. Each
   // refusal restarts the partition without that node for that backend, so the loop ends.
   std::map<std::pair<size_t, size_t>, std::string> refused;
+  // What does not change between those restarts: each backend's support() answer per node (a
+  // backend may build the node to decide, docs/delegation.md), and the groups whose build check
+  // passed, (backend index, members) (a build may pack every weight of the group).
+  std::map<std::pair<size_t, size_t>, Error> support_of;
+  std::set<std::pair<size_t, std::vector<size_t>>> built_ok;
   for (;;) {
     report = DelegationReport{};
     Groups groups(graph);
@@ -145,8 +150,14 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
     for (size_t bi = 0; bi < bs.size(); ++bi) {
       for (size_t i = 0; i < n; ++i) {
         if (owner[i] >= 0 || graph.nodes()[i].delegate) continue;
-        auto r = refused.find({i, bi});
-        Error why = r != refused.end() ? Error(ErrorCode::NotSupported, r->second) : bs[bi]->support(i, graph);
+        Error why;
+        if (auto r = refused.find({i, bi}); r != refused.end()) {
+          why = Error(ErrorCode::NotSupported, r->second);
+        } else {
+          auto s = support_of.find({i, bi});
+          if (s == support_of.end()) s = support_of.emplace(std::make_pair(i, bi), bs[bi]->support(i, graph)).first;
+          why = s->second;
+        }
         if (!why.ok()) {
           reasons[i].emplace_back(bi, why.message());
           continue;
@@ -190,9 +201,11 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
                          payload.error().message());
       }
       // Support decided by building: the segment must build the way init will build it at load.
+      // Every group is checked before the restart, so that one restart handles all of them.
       size_t at_fault = SIZE_MAX;
       bool checked = false;
-      Error built = bs[bi]->check_build(sg, payload.value(), &at_fault, &checked);
+      Error built;
+      if (!built_ok.count({bi, nodes})) built = bs[bi]->check_build(sg, payload.value(), &at_fault, &checked);
       if (!built.ok()) {
         if (at_fault < nodes.size()) {
           refused[{nodes[at_fault], bi}] = built.message();
@@ -202,8 +215,9 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
           }
         }
         retry = true;
-        break;
+        continue;
       }
+      built_ok.insert({bi, nodes});
       auto blob = std::make_shared<DelegateBlob>();
       blob->backend = bs[bi]->name();
       blob->payload = std::move(payload.value());

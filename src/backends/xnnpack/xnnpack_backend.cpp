@@ -24,7 +24,16 @@
 // constant_pad_nd (no cropping) and inference batch norm with constant statistics. Anything else,
 // or an attribute value XNNPACK cannot honour, is declined with the reason.
 //
-// support() and lower() share one function (lower_subgraph): support lowers the node alone.
+// Support is decided by building (docs/delegation.md "Support decided by building"): support()
+// lowers the node alone with lower_subgraph, the function lower() runs, and then, when XNNPACK
+// initializes on this machine, builds that one-node payload with build_runtime, the function
+// init() runs (decode, define the XNNPACK subgraph, xnn_create_runtime_v2). check_build() builds
+// each whole lowered segment the same way and names the Kiln node XNNPACK refused (through the
+// Lowering's origin table: payload node -> position in Subgraph::nodes). When XNNPACK is not
+// available at compile time (KILN_XNNPACK_DISABLE, an unsupported CPU) the lowering's own checks
+// of XNNPACK's limits decide alone: every value of rank <= XNN_MAX_TENSOR_DIMS, clamp bounds
+// min < max, no 1x1 pooling window, ... (the table in docs/delegation.md, found by defining each
+// node of the installed XNNPACK at every rank and at edge attribute values).
 #include <xnnpack.h>
 #include <pthreadpool.h>
 
@@ -96,11 +105,46 @@ struct PayloadNode {
   std::vector<uint32_t> in, params;
 };
 
+// KILN_XNNPACK_STATIC_CHECKS=0 skips the lowering's checks of XNNPACK's limits (rank, clamp
+// bounds), so that tests can show that building alone declines the same nodes. Never needed
+// otherwise: the checks are copies of what XNNPACK refuses.
+bool static_checks() {
+  const char* v = std::getenv("KILN_XNNPACK_STATIC_CHECKS");
+  return v == nullptr || std::string(v) != "0";
+}
+
 class Lowering {
  public:
-  Lowering(const Graph& g, const Subgraph& sg) : g_(g), sg_(sg) {
+  Lowering(const Graph& g, const Subgraph& sg) : g_(g), sg_(sg), checks_(static_checks()) {
     for (ValueId v : sg.inputs) ids_[v] = next_++;
     for (ValueId v : sg.constants) ids_[v] = next_++;
+  }
+
+  /// The position in Subgraph::nodes of the node being lowered: every payload node emitted from
+  /// now on (literals and decompositions included) is attributed to it in origin().
+  void at(size_t position) { position_ = position; }
+  /// Per payload node, the position in Subgraph::nodes of the Kiln node it was lowered from.
+  const std::vector<size_t>& origin() const { return origin_; }
+
+  // XNNPACK defines no value of more than XNN_MAX_TENSOR_DIMS dims (xnn_define_tensor_value returns
+  // xnn_status_unsupported_parameter). Every value a node reads or defines has its Kiln rank inside
+  // the delegate (NHWC keeps the rank), and the literals and reshapes a lowering adds are of the
+  // rank of one of them or less.
+  Error ranks(const Node& n) const {
+    if (!checks_) return {};
+    auto check = [&](ValueId v, const char* what) -> Error {
+      if (v == kNoValue) return {};
+      const int64_t r = g_.value(v).type.dim();
+      if (r <= static_cast<int64_t>(XNN_MAX_TENSOR_DIMS)) return {};
+      return unsupported(std::string(what) + " of rank " + std::to_string(r) + ": rank " + std::to_string(r) +
+                         " exceeds XNNPACK's limit of " + std::to_string(XNN_MAX_TENSOR_DIMS) +
+                         " dims (XNN_MAX_TENSOR_DIMS; xnn_define_tensor_value returns xnn_status_unsupported_parameter)");
+    };
+    for (ValueId v : n.inputs) {
+      if (v != kNoValue) KILN_RETURN_IF_ERROR(check(v, g_.value(v).constant ? "a constant operand" : "an input"));
+    }
+    for (ValueId v : n.outputs) KILN_RETURN_IF_ERROR(check(v, "the output"));
+    return {};
   }
 
   Error node(const Node& n) {
@@ -117,14 +161,11 @@ class Lowering {
     if (op == "aten.convolution") return conv(n);
     if (op == "aten.relu") return emit(n, kClamp, {in(n, 0)}, {fbits(0.0f), fbits(kInf)});
     if (op == "aten.hardtanh") {
-      return emit(n, kClamp, {in(n, 0)}, {fbits(static_cast<float>(a.get_float("min_val"))),
-                                          fbits(static_cast<float>(a.get_float("max_val")))});
+      return clamp(n, static_cast<float>(a.get_float("min_val")), static_cast<float>(a.get_float("max_val")));
     }
     if (op == "aten.clamp") {
-      const float lo = a.is_none("min") ? -kInf : static_cast<float>(a.get_float("min"));
-      const float hi = a.is_none("max") ? kInf : static_cast<float>(a.get_float("max"));
-      if (!(lo <= hi)) return unsupported("clamp with min > max (PyTorch then returns max everywhere)");
-      return emit(n, kClamp, {in(n, 0)}, {fbits(lo), fbits(hi)});
+      return clamp(n, a.is_none("min") ? -kInf : static_cast<float>(a.get_float("min")),
+                   a.is_none("max") ? kInf : static_cast<float>(a.get_float("max")));
     }
     if (op == "aten.hardswish") return emit(n, kHardswish, {in(n, 0)}, {});
     if (op == "aten.hardsigmoid") return hardsigmoid(n);
@@ -196,6 +237,7 @@ class Lowering {
 
   uint32_t add_node(uint32_t op, std::vector<uint32_t> ins, std::vector<uint32_t> params) {
     nodes_.push_back({op, std::move(ins), std::move(params)});
+    origin_.push_back(position_);
     return next_++;
   }
   // `required`: how many leading inputs must be present (the rest may be kNone: an absent bias).
@@ -212,6 +254,20 @@ class Lowering {
     for (size_t i = 0; i < rank; ++i) p.push_back(1);
     p.push_back(fbits(value));
     return add_node(kLiteral, {}, std::move(p));
+  }
+
+  // clamp/hardtanh with float32 bounds: XNNPACK's clamp operator requires min < max, neither NaN
+  // (xnn_define_clamp accepts any bounds; xnn_create_runtime_v2 then returns
+  // xnn_status_invalid_parameter). The bounds are compared after rounding to float32.
+  Error clamp(const Node& n, float lo, float hi) {
+    if (checks_ && !(lo < hi)) {
+      std::ostringstream os;
+      os << n.op << " bounds [" << lo << ", " << hi << "] in float32: XNNPACK's clamp requires min < max, neither NaN"
+         << " (xnn_create_runtime_v2 returns xnn_status_invalid_parameter)";
+      if (lo > hi) os << "; PyTorch then returns max everywhere";
+      return unsupported(os.str());
+    }
+    return emit(n, kClamp, {in(n, 0)}, {fbits(lo), fbits(hi)});
   }
 
   Error conv(const Node& n) {
@@ -395,7 +451,37 @@ class Lowering {
       return unsupported("adaptive_avg_pool2d is lowered only for output 1x1 or an input size divisible by the output size");
     }
     const uint32_t kh = static_cast<uint32_t>(s[2] / os[0]), kw = static_cast<uint32_t>(s[3] / os[1]);
+    if (kh * kw == 1) return pool_1x1(n, 1, 1);
     return emit(n, kAvgPool, {in(n, 0)}, {kh, kw, kh, kw});
+  }
+  // A 1x1 pooling window (average or max of one element): XNNPACK's pooling nodes reject it
+  // (xnn_define_average_pooling_2d / xnn_define_max_pooling_2d return
+  // xnn_status_invalid_parameter), so it is lowered as what it is, a strided subsample
+  // y[n, c, i, j] = x[n, c, i * sh, j * sw]: a copy (a reshape to the same shape) for stride 1,
+  // otherwise a 1x1 depthwise convolution with weights 1 and bias 0, which is exact (x * 1 + 0;
+  // only -0 becomes +0). `n`'s output size must be the floor formula's (no padding).
+  Error pool_1x1(const Node& n, int64_t sh, int64_t sw) {
+    const auto& x = type(n, 0).sizes;
+    const auto& y = out_type(n).sizes;
+    if (sh < 1 || sw < 1 || y[2] != (x[2] - 1) / sh + 1 || y[3] != (x[3] - 1) / sw + 1) {
+      return unsupported("1x1 pooling with padding or an output size other than floor((H - 1) / stride) + 1");
+    }
+    if (sh == 1 && sw == 1) {
+      const auto xs = to_xnn(y);
+      std::vector<uint32_t> p = {4};
+      for (int64_t d : xs) p.push_back(static_cast<uint32_t>(d));
+      return emit(n, kReshape, {in(n, 0)}, std::move(p));
+    }
+    const uint32_t c = static_cast<uint32_t>(x[1]);
+    std::vector<uint32_t> w = {4, c, 1, 1, 1}, b = {1, c};
+    w.insert(w.end(), c, fbits(1.0f));
+    b.insert(b.end(), c, fbits(0.0f));
+    const uint32_t x_id = in(n, 0);
+    if (x_id == kNone) return Error(ErrorCode::Internal, "xnnpack: input not in subgraph");
+    const uint32_t wid = add_node(kLiteral, {}, std::move(w));
+    const uint32_t bid = add_node(kLiteral, {}, std::move(b));
+    return emit(n, kConv, {x_id, wid, bid},
+                {0, 0, 1, 1, static_cast<uint32_t>(sh), static_cast<uint32_t>(sw), 1, 1, c});
   }
   Error max_pool(const Node& n) {
     if (type(n, 0).dim() != 4) return unsupported("max_pool2d is lowered only for rank-4 input");
@@ -419,7 +505,10 @@ class Lowering {
       pad[i] = pp;
       pad[2 + i] = far;
     }
-    if (two(k, 0) * two(k, 1) == 1) return unsupported("1x1 max pooling is rejected by XNNPACK");
+    if (two(k, 0) * two(k, 1) == 1) {
+      if (pad[0] != 0 || pad[1] != 0) return unsupported("1x1 max pooling with padding");
+      return pool_1x1(n, two(st, 0), two(st, 1));
+    }
     params.insert(params.end(), {static_cast<uint32_t>(pad[0]), static_cast<uint32_t>(pad[1]),
                                  static_cast<uint32_t>(pad[2]), static_cast<uint32_t>(pad[3]),
                                  static_cast<uint32_t>(two(d, 0)), static_cast<uint32_t>(two(d, 1))});
@@ -437,11 +526,16 @@ class Lowering {
     const auto k = a.get_ints("kernel_size"), st0 = a.get_ints("stride");
     const auto st = st0.empty() ? k : st0;
     auto two = [](const std::vector<int64_t>& v, size_t i) { return v.size() == 1 ? v[0] : v[i]; };
+    if (two(k, 0) * two(k, 1) == 1) return pool_1x1(n, two(st, 0), two(st, 1));
     return emit(n, kAvgPool, {in(n, 0)}, {static_cast<uint32_t>(two(k, 0)), static_cast<uint32_t>(two(k, 1)),
                                           static_cast<uint32_t>(two(st, 0)), static_cast<uint32_t>(two(st, 1))});
   }
   Error linear(const Node& n) {
-    if (type(n, 0).dim() == 4 || type(n, 0).dim() < 1) return unsupported("linear is lowered only for input rank 1-3");
+    // XNNPACK's fully connected node takes any rank (1-6); a rank-4 value is NHWC inside the
+    // delegate, where Kiln's last dim is not the innermost.
+    if (type(n, 0).dim() == 4 || type(n, 0).dim() < 1) {
+      return unsupported("linear of a rank-4 input is not lowered (its last dim is not innermost in the NHWC delegate)");
+    }
     if (!is_const(n, 1)) return unsupported("weight is not a constant");
     if (n.inputs[2] != kNoValue && !is_const(n, 2)) return unsupported("bias is not a constant");
     return emit(n, kFullyConnected, {in(n, 0), in(n, 1), in(n, 2)}, {0}, 2);
@@ -467,24 +561,38 @@ class Lowering {
 
   const Graph& g_;
   const Subgraph& sg_;
+  const bool checks_;
   std::map<ValueId, uint32_t> ids_;
   std::vector<PayloadNode> nodes_;
+  std::vector<size_t> origin_;
+  size_t position_ = 0;
   uint32_t next_ = 0;
 };
 
-Result<std::vector<uint8_t>> lower_subgraph(const Subgraph& sg) {
+// A lowered subgraph: the payload and, per payload node, the position in Subgraph::nodes of the
+// Kiln node it comes from (Lowering::origin).
+struct Lowered {
+  std::vector<uint8_t> payload;
+  std::vector<size_t> origin;
+};
+
+Result<Lowered> lower_subgraph(const Subgraph& sg) {
   Lowering l(*sg.graph, sg);
-  for (size_t i : sg.nodes) {
-    const Node& n = sg.graph->nodes()[i];
+  for (size_t pos = 0; pos < sg.nodes.size(); ++pos) {
+    const Node& n = sg.graph->nodes()[sg.nodes[pos]];
     if (n.outputs.size() != 1) return unsupported("op " + n.op + " has " + std::to_string(n.outputs.size()) + " outputs");
     // XNNPACK values must be non-empty (init checks the same at the boundary).
     for (ValueId v : n.inputs) {
       if (v != kNoValue && sg.graph->value(v).type.numel() == 0) return unsupported("an input of " + n.op + " is an empty tensor");
     }
     if (sg.graph->value(n.outputs[0]).type.numel() == 0) return unsupported("the output of " + n.op + " is an empty tensor");
+    KILN_RETURN_IF_ERROR(l.ranks(n));
+    l.at(pos);
     KILN_RETURN_IF_ERROR(l.node(n));
   }
-  return l.finish();
+  auto payload = l.finish();
+  if (!payload.ok()) return payload.error();
+  return Lowered{std::move(payload.value()), l.origin()};
 }
 
 // ---------------------------------------------------------------- run half
@@ -551,30 +659,90 @@ void nhwc_to_nchw(const float* src, float* dst, const std::vector<int64_t>& s) {
 
 Error bad(const std::string& why) { return Error(ErrorCode::InvalidProgram, "xnnpack payload: " + why); }
 
+const char* xnn_status_name(xnn_status s) {
+  switch (s) {
+    case xnn_status_success: return "success";
+    case xnn_status_uninitialized: return "uninitialized";
+    case xnn_status_invalid_parameter: return "invalid parameter";
+    case xnn_status_invalid_state: return "invalid state";
+    case xnn_status_unsupported_parameter: return "unsupported parameter";
+    case xnn_status_unsupported_hardware: return "unsupported hardware";
+    case xnn_status_out_of_memory: return "out of memory";
+  }
+  return "unknown status";
+}
+
 std::string xnn_error(const char* what, xnn_status s) {
-  return std::string(what) + " failed (xnn_status " + std::to_string(static_cast<int>(s)) + ")";
+  return std::string(what) + " failed (xnn_status " + std::to_string(static_cast<int>(s)) + ", " + xnn_status_name(s) +
+         ")";
+}
+
+// A node's xnn_define_* failure, naming the call and, where it is a limit found by trying the
+// installed XNNPACK (docs/delegation.md), the limit.
+std::string define_error(uint32_t op, xnn_status st, const std::vector<uint32_t>& p) {
+  static const char* const kDefine[kNumOps] = {
+      "literal", "xnn_define_convolution_2d", "xnn_define_clamp", "xnn_define_hardswish", "xnn_define_add2",
+      "xnn_define_multiply2", "xnn_define_global_average_pooling_2d", "xnn_define_max_pooling_2d",
+      "xnn_define_average_pooling_2d", "xnn_define_fully_connected", "xnn_define_static_reshape", "xnn_define_sigmoid",
+      "xnn_define_subtract", "xnn_define_divide", "xnn_define_leaky_relu", "xnn_define_softmax",
+      "xnn_define_static_constant_pad"};
+  std::string m = xnn_error(op < kNumOps ? kDefine[op] : "xnn_define_*", st);
+  if ((op == kMaxPool || op == kAvgPool) && p.size() >= 2 && p[0] * p[1] == 1) {
+    m += ": XNNPACK rejects a 1x1 pooling window";
+  } else if (op == kLeakyRelu && !p.empty() && !std::isfinite(bitsf(p[0]))) {
+    m += ": XNNPACK requires a finite negative slope";
+  }
+  return m;
+}
+
+// The node alone, as the partitioner would hand it to lower(): its non-constant inputs, its
+// constants (first-use order) and its outputs.
+Subgraph single_node(size_t node, const Graph& graph) {
+  const Node& n = graph.nodes()[node];
+  Subgraph sg;
+  sg.graph = &graph;
+  sg.nodes = {node};
+  for (ValueId v : n.inputs) {
+    if (v == kNoValue) continue;
+    auto& list = graph.value(v).constant ? sg.constants : sg.inputs;
+    if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
+  }
+  sg.outputs = n.outputs;
+  return sg;
 }
 
 class XnnpackBackend : public Backend {
  public:
   std::string name() const override { return "xnnpack"; }
 
+  // Lowers the node alone (the lowering's static checks of XNNPACK's limits included), then
+  // builds that payload the way init will when XNNPACK is available here.
   Error support(size_t node, const Graph& graph) const override {
-    const Node& n = graph.nodes()[node];
-    Subgraph sg;
-    sg.graph = &graph;
-    sg.nodes = {node};
-    for (ValueId v : n.inputs) {
-      if (v == kNoValue) continue;
-      auto& list = graph.value(v).constant ? sg.constants : sg.inputs;
-      if (std::find(list.begin(), list.end(), v) == list.end()) list.push_back(v);
-    }
-    sg.outputs = n.outputs;
-    auto r = lower_subgraph(sg);
-    return r.ok() ? Error() : r.error();
+    const Subgraph sg = single_node(node, graph);
+    auto lowered = lower_subgraph(sg);
+    if (!lowered.ok()) return lowered.error();
+    size_t at_fault = SIZE_MAX;
+    bool checked = false;
+    return build_check(sg, lowered->payload, lowered->origin, &at_fault, &checked);
   }
 
-  Result<std::vector<uint8_t>> lower(const Subgraph& subgraph) const override { return lower_subgraph(subgraph); }
+  Result<std::vector<uint8_t>> lower(const Subgraph& subgraph) const override {
+    auto lowered = lower_subgraph(subgraph);
+    if (!lowered.ok()) return lowered.error();
+    return std::move(lowered->payload);
+  }
+
+  // Builds the segment with build_runtime (init's code, one thread) and names the Kiln node of
+  // the payload node that failed. The origin table comes from lowering `subgraph` again (the
+  // lowering is deterministic; `payload` is what it wrote).
+  Error check_build(const Subgraph& subgraph, std::span<const uint8_t> payload, size_t* node_at_fault,
+                    bool* checked) const override {
+    *node_at_fault = SIZE_MAX;
+    *checked = false;
+    auto lowered = lower_subgraph(subgraph);
+    if (!lowered.ok()) return lowered.error();
+    return build_check(subgraph, payload, lowered->origin, node_at_fault, checked);
+  }
 
   // Unavailable when XNNPACK cannot initialize on this processor, or when the environment variable
   // KILN_XNNPACK_DISABLE is set to anything but "" or "0" (to test or force the fallback path).
@@ -600,7 +768,52 @@ class XnnpackBackend : public Backend {
                                                std::span<const TensorType> outputs,
                                                const DelegateOptions& options) const override {
     KILN_RETURN_IF_ERROR(is_available(options.settings ? *options.settings : BackendSettings{}));
+    size_t failed_node = SIZE_MAX;
+    return build_runtime(payload, constants, inputs, outputs, options, &failed_node);
+  }
+
+  // Builds the lowered `sg` (`payload`, `origin` from lower_subgraph) with build_runtime, with the
+  // graph's constants, on one thread, when XNNPACK is available here (*checked then true).
+  // NotSupported with XNNPACK's refusal otherwise; *node_at_fault: the position in sg.nodes of the
+  // node whose payload node failed, SIZE_MAX when no node can be named (xnn_create_runtime_v2).
+  Error build_check(const Subgraph& sg, std::span<const uint8_t> payload, const std::vector<size_t>& origin,
+                    size_t* node_at_fault, bool* checked) const {
+    *node_at_fault = SIZE_MAX;
+    *checked = false;
+    const BackendSettings no_settings;
+    if (!is_available(no_settings).ok()) return {};
+    const Graph& g = *sg.graph;
+    std::vector<std::span<const uint8_t>> constants;
+    for (ValueId c : sg.constants) constants.emplace_back(*g.value(c).constant);
+    std::vector<TensorType> inputs, outputs;
+    for (ValueId v : sg.inputs) inputs.push_back(g.value(v).type);
+    for (ValueId v : sg.outputs) outputs.push_back(g.value(v).type);
+    DelegateOptions options;
+    options.num_threads = 1;
+    options.settings = &no_settings;
+    size_t failed = SIZE_MAX;
+    auto handle = build_runtime(payload, constants, inputs, outputs, options, &failed);
+    *checked = true;
+    if (handle.ok()) return {};
+    if (failed < origin.size()) *node_at_fault = origin[failed];
+    std::string why = handle.error().message();
+    const std::string prefix = "xnnpack payload: ";
+    if (why.rfind(prefix, 0) == 0) why = why.substr(prefix.size());
+    return unsupported("XNNPACK does not build it: " + why);
+  }
+
+  // The code init runs: decodes the untrusted payload (re-inferring every shape), defines the
+  // XNNPACK subgraph and creates its runtime. On failure *failed_node is the payload node at
+  // fault (the node XNNPACK refused, whose input or output it could not define, or whose params
+  // do not decode), SIZE_MAX when none is.
+  Result<std::unique_ptr<DelegateHandle>> build_runtime(std::span<const uint8_t> payload,
+                                                        std::span<const std::span<const uint8_t>> constants,
+                                                        std::span<const TensorType> inputs,
+                                                        std::span<const TensorType> outputs,
+                                                        const DelegateOptions& options, size_t* failed_node) const {
+    *failed_node = SIZE_MAX;
     if (payload.size() % 4 != 0) return bad("size is not a multiple of 4");
+
     std::vector<uint32_t> w(payload.size() / 4);
     if (!w.empty()) std::memcpy(w.data(), payload.data(), payload.size());
     size_t pos = 0;
@@ -686,7 +899,10 @@ class XnnpackBackend : public Backend {
       for (uint32_t i = 0; i < np; ++i) xn.params.push_back(next());
       if (!ok) return bad("truncated");
       auto dims_out = infer(xn.op, xn.in, xn.params, values, *h);
-      if (!dims_out.ok()) return bad("node " + std::to_string(k) + ": " + dims_out.error().message());
+      if (!dims_out.ok()) {
+        *failed_node = k;
+        return bad("node " + std::to_string(k) + ": " + dims_out.error().message());
+      }
       XValue v;
       v.dims = std::move(dims_out.value());
       if (xn.op == kLiteral) v.data = h->owned.back().data();
@@ -748,14 +964,32 @@ class XnnpackBackend : public Backend {
       xnn_subgraph_t s;
       ~SubgraphGuard() { xnn_delete_subgraph(s); }
     } guard{sub};
-    std::vector<uint32_t> xid(values.size());
-    for (size_t i = 0; i < values.size(); ++i) {
+    // Values are defined when a node first reads them (and each node's output just before the
+    // node), so that a value XNNPACK refuses is pinned on the node that needs it.
+    std::vector<uint32_t> xid(values.size(), XNN_INVALID_VALUE_ID);
+    auto define = [&](size_t i) -> Error {
+      if (xid[i] != XNN_INVALID_VALUE_ID) return {};
       const XValue& v = values[i];
-      st = xnn_define_tensor_value(sub, xnn_datatype_fp32, v.dims.size(), v.dims.data(), v.data, v.external, v.flags, &xid[i]);
-      if (st != xnn_status_success) return bad(xnn_error("xnn_define_tensor_value", st));
-    }
+      const xnn_status vs =
+          xnn_define_tensor_value(sub, xnn_datatype_fp32, v.dims.size(), v.dims.data(), v.data, v.external, v.flags, &xid[i]);
+      if (vs == xnn_status_success) return {};
+      std::string what = i < ni ? "input " + std::to_string(i)
+                         : i < ni + nc ? "constant " + std::to_string(i - ni)
+                                       : "the output of node " + std::to_string(i - ni - nc);
+      std::string msg = xnn_error("xnn_define_tensor_value", vs) + " for " + what + " of rank " + std::to_string(v.dims.size());
+      if (v.dims.size() > XNN_MAX_TENSOR_DIMS) {
+        msg += ": rank " + std::to_string(v.dims.size()) + " exceeds XNNPACK's limit of " +
+               std::to_string(XNN_MAX_TENSOR_DIMS) + " dims (XNN_MAX_TENSOR_DIMS)";
+      }
+      return bad(msg);
+    };
     for (size_t k = 0; k < nodes.size(); ++k) {
       const XNode& xn = nodes[k];
+      *failed_node = k;
+      for (uint32_t i : xn.in) {
+        if (i != kNone) KILN_RETURN_IF_ERROR(define(i));
+      }
+      KILN_RETURN_IF_ERROR(define(ni + nc + k));
       const uint32_t out = xid[ni + nc + k];
       auto id = [&](size_t i) { return xn.in[i] == kNone ? XNN_INVALID_VALUE_ID : xid[xn.in[i]]; };
       const auto& p = xn.params;
@@ -801,8 +1035,12 @@ class XnnpackBackend : public Backend {
         }
         default: return bad("opcode");
       }
-      if (st != xnn_status_success) return bad(xnn_error("xnn_define_* of node", st) + " at node " + std::to_string(k));
+      if (st != xnn_status_success) return bad(define_error(xn.op, st, xn.params) + " at node " + std::to_string(k));
     }
+    *failed_node = SIZE_MAX;
+    // Boundary values no node reads (only in a hostile payload) are defined all the same, so that
+    // every external id passed to xnn_setup_runtime names a value.
+    for (size_t i = 0; i < values.size(); ++i) KILN_RETURN_IF_ERROR(define(i));
     // XNNPACK parallelizes over a pthreadpool of the method's thread count, shared by every
     // segment with that thread count (shared_pool). Its workers are
     // yielded back to the OS after the last operator (XNN_FLAG_YIELD_WORKERS), so they do not
