@@ -151,6 +151,30 @@ class EwBackend : public Backend {
   bool fail_init_;
 };
 
+// "test_build" / "test_build_group": test_ew whose check_build refuses every segment holding a
+// node whose debug name starts with "nobuild", naming that node ("test_build") or not
+// ("test_build_group", SIZE_MAX: the partitioner must then refuse the whole segment).
+class RefusingBackend : public EwBackend {
+ public:
+  RefusingBackend(std::string name, bool names_node) : EwBackend(std::move(name)), names_node_(names_node) {}
+  Error check_build(const Subgraph& sg, std::span<const uint8_t>, size_t* node_at_fault, bool* checked) const override {
+    ++checks;
+    *node_at_fault = SIZE_MAX;
+    *checked = true;
+    for (size_t k = 0; k < sg.nodes.size(); ++k) {
+      if (sg.graph->nodes()[sg.nodes[k]].debug_name.rfind("nobuild", 0) == 0) {
+        if (names_node_) *node_at_fault = k;
+        return Error(ErrorCode::NotSupported, "the test device cannot build node " + std::to_string(k));
+      }
+    }
+    return {};
+  }
+  mutable int checks = 0;
+
+ private:
+  bool names_node_;
+};
+
 EwBackend* test_backend() {
   static EwBackend* b = [] {
     auto owned = std::make_unique<EwBackend>("test_ew");
@@ -158,6 +182,8 @@ EwBackend* test_backend() {
     register_backend(std::move(owned));
     register_backend(std::make_unique<EwBackend>("test_unavailable", "no test device on this machine"));
     register_backend(std::make_unique<EwBackend>("test_initfail", "", true));
+    register_backend(std::make_unique<RefusingBackend>("test_build", true));
+    register_backend(std::make_unique<RefusingBackend>("test_build_group", false));
     return raw;
   }();
   return b;
@@ -367,6 +393,99 @@ TEST(Partitioner, RequireDelegationListsEveryDeclinedNode) {
   ASSERT_FALSE(c2.ok());
   EXPECT_EQ(c2.error().code(), ErrorCode::NotFound);
   EXPECT_NE(c2.error().message().find("'nosuch'"), std::string::npos);
+}
+
+// Support decided by building (Backend::check_build, docs/delegation.md): c = add(x, k);
+// b = relu(c) [its build fails]; d = add(b, k); y = relu(d). y = relu(relu(x + k) + k).
+Result<CompiledProgram> compile_with_build_check(const std::vector<std::string>& backends) {
+  Graph g;
+  ValueId x = g.add_input("x", {DType::Float32, {2, 3}});
+  auto k = g.add_constant("k", {DType::Float32, {2, 3}}, float_bytes(pattern(6, 3)));
+  if (!k.ok()) return k.error();
+  auto c = g.add_node("aten.add", {x, k.value()}, {}, "c");
+  if (!c.ok()) return c.error();
+  auto b = g.add_node("aten.relu", {c.value()[0]}, {}, "nobuild.b");
+  if (!b.ok()) return b.error();
+  auto d = g.add_node("aten.add", {b.value()[0], k.value()}, {}, "d");
+  if (!d.ok()) return d.error();
+  auto y = g.add_node("aten.relu", {d.value()[0]}, {}, "y");
+  if (!y.ok()) return y.error();
+  KILN_RETURN_IF_ERROR(g.set_outputs({y.value()[0]}));
+  ProgramBuilder pb;
+  KILN_RETURN_IF_ERROR(pb.add_method("forward", g));
+  CompileOptions opts;
+  opts.backends = backends;
+  return pb.compile(opts);
+}
+
+void expect_runs_right(const CompiledProgram& compiled) {
+  KILN_ASSERT_OK_AND_ASSIGN(program, Program::load_from_buffer(compiled.bytes));
+  KILN_ASSERT_OK_AND_ASSIGN(method, program->load_method("forward"));
+  const auto xv = pattern(6, 9), kv = pattern(6, 3);
+  std::vector<float> xin = xv;
+  KILN_ASSERT_OK_AND_ASSIGN(outs, method.execute({Tensor{DType::Float32, {2, 3}, xin.data()}}));
+  for (size_t i = 0; i < 6; ++i) {
+    const float expect = std::max(std::max(xv[i] + kv[i], 0.0f) + kv[i], 0.0f);
+    EXPECT_FLOAT_EQ(outs[0].data_as<float>()[i], expect) << i;
+  }
+}
+
+TEST(Partitioner, ANodeWhoseBuildFailsRunsOnTheCpuWithTheReasonAndTheRestDelegates) {
+  test_backend();
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, compile_with_build_check({"test_build"}));
+  const DelegationReport& d = compiled.methods[0].delegation;
+  ASSERT_EQ(d.backends.size(), 1u);
+  EXPECT_EQ(d.backends[0].segments, 2u);  // c, then d + y: the refused relu splits the chain
+  EXPECT_EQ(d.backends[0].nodes, 3u);
+  ASSERT_EQ(d.cpu_ops.size(), 1u);
+  EXPECT_EQ(d.cpu_ops[0].op, "aten.relu");
+  EXPECT_EQ(d.cpu_ops[0].count, 1u);
+  ASSERT_EQ(d.cpu_ops[0].reasons.size(), 1u);
+  EXPECT_EQ(d.cpu_ops[0].reasons[0].first, "test_build");
+  EXPECT_EQ(d.cpu_ops[0].reasons[0].second, "the test device cannot build node 1");  // its place in {c, b, d, y}
+  expect_runs_right(compiled);
+}
+
+TEST(Partitioner, ABuildFailureThatNamesNoNodeRefusesTheWholeSegment) {
+  test_backend();
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, compile_with_build_check({"test_build_group"}));
+  const DelegationReport& d = compiled.methods[0].delegation;
+  EXPECT_EQ(d.backends[0].segments, 0u);
+  EXPECT_EQ(d.backends[0].nodes, 0u);
+  ASSERT_EQ(d.cpu_ops.size(), 2u);  // aten.add x2, aten.relu x2
+  for (const auto& c : d.cpu_ops) {
+    EXPECT_EQ(c.count, 2u) << c.op;
+    ASSERT_EQ(c.reasons.size(), 1u) << c.op;
+    EXPECT_EQ(c.reasons[0].second, "the test device cannot build node 1 (in a segment of 4 nodes)") << c.op;
+  }
+  expect_runs_right(compiled);
+}
+
+TEST(Partitioner, ANodeOneBackendCannotBuildGoesToTheNext) {
+  test_backend();
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, compile_with_build_check({"test_build", "test_ew"}));
+  const DelegationReport& d = compiled.methods[0].delegation;
+  ASSERT_EQ(d.backends.size(), 2u);
+  EXPECT_EQ(d.backends[0].nodes, 3u);
+  EXPECT_EQ(d.backends[1].nodes, 1u);  // the relu test_build refused
+  EXPECT_TRUE(d.cpu_ops.empty());
+  expect_runs_right(compiled);
+}
+
+TEST(Partitioner, TheDefaultBuildCheckRunsInitAndRefusesWhatFails) {
+  test_backend();
+  // test_initfail's init rejects every payload: the default check_build (init + destroy) refuses
+  // the segment, so nothing is delegated and the program loads (it would not, delegated).
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, compile_with_build_check({"test_initfail"}));
+  const DelegationReport& d = compiled.methods[0].delegation;
+  EXPECT_EQ(d.backends[0].segments, 0u);
+  ASSERT_FALSE(d.cpu_ops.empty());
+  EXPECT_NE(d.cpu_ops[0].reasons[0].second.find("payload rejected by the test backend"), std::string::npos)
+      << d.cpu_ops[0].reasons[0].second;
+  expect_runs_right(compiled);
+  // An unavailable backend is not checked (nothing to build with): lowering decides alone.
+  KILN_ASSERT_OK_AND_ASSIGN(unavailable, compile_with_build_check({"test_unavailable"}));
+  EXPECT_EQ(unavailable.methods[0].delegation.backends[0].nodes, 4u);
 }
 
 }  // namespace

@@ -115,7 +115,7 @@ bool static_checks() {
 
 class Lowering {
  public:
-  Lowering(const Graph& g, const Subgraph& sg) : g_(g), sg_(sg), checks_(static_checks()) {
+  Lowering(const Graph& g, const Subgraph& sg, bool checks) : g_(g), sg_(sg), checks_(checks) {
     for (ValueId v : sg.inputs) ids_[v] = next_++;
     for (ValueId v : sg.constants) ids_[v] = next_++;
   }
@@ -349,12 +349,12 @@ class Lowering {
   }
 
   // constant_pad_nd: pad = (before, after) pairs from the last dim backwards; negative pads
-  // (cropping) are declined. Rank <= 6 (XNN_MAX_TENSOR_DIMS).
+  // (cropping) are declined. Rank 1-6 (Lowering::ranks checks the upper limit).
   Error constant_pad(const Node& n) {
     const auto& s = type(n, 0).sizes;
     const size_t r = s.size();
     const auto pad = n.attrs.get_ints("pad");
-    if (r < 1 || r > XNN_MAX_TENSOR_DIMS) return unsupported("constant_pad_nd of rank " + std::to_string(r) + " (XNNPACK: 1-6)");
+    if (r < 1) return unsupported("constant_pad_nd of a 0-d tensor is not lowered");
     if (pad.size() % 2 != 0 || pad.size() / 2 > r) return unsupported("pad list of odd length or longer than 2 * rank");
     std::vector<int64_t> pre(r, 0), post(r, 0);
     for (size_t i = 0; i < pad.size() / 2; ++i) {
@@ -576,8 +576,10 @@ struct Lowered {
   std::vector<size_t> origin;
 };
 
-Result<Lowered> lower_subgraph(const Subgraph& sg) {
-  Lowering l(*sg.graph, sg);
+// `checks`: run the static checks of XNNPACK's limits (they only ever decline a node; without
+// them a subgraph that passes them lowers to the same payload).
+Result<Lowered> lower_subgraph(const Subgraph& sg, bool checks = static_checks()) {
+  Lowering l(*sg.graph, sg, checks);
   for (size_t pos = 0; pos < sg.nodes.size(); ++pos) {
     const Node& n = sg.graph->nodes()[sg.nodes[pos]];
     if (n.outputs.size() != 1) return unsupported("op " + n.op + " has " + std::to_string(n.outputs.size()) + " outputs");
@@ -734,14 +736,15 @@ class XnnpackBackend : public Backend {
 
   // Builds the segment with build_runtime (init's code, one thread) and names the Kiln node of
   // the payload node that failed. The origin table comes from lowering `subgraph` again (the
-  // lowering is deterministic; `payload` is what it wrote).
+  // lowering is deterministic); when that does not reproduce `payload`, no node is named.
   Error check_build(const Subgraph& subgraph, std::span<const uint8_t> payload, size_t* node_at_fault,
                     bool* checked) const override {
-    *node_at_fault = SIZE_MAX;
-    *checked = false;
-    auto lowered = lower_subgraph(subgraph);
-    if (!lowered.ok()) return lowered.error();
-    return build_check(subgraph, payload, lowered->origin, node_at_fault, checked);
+    auto lowered = lower_subgraph(subgraph, /*checks=*/false);
+    std::vector<size_t> origin;
+    if (lowered.ok() && std::equal(payload.begin(), payload.end(), lowered->payload.begin(), lowered->payload.end())) {
+      origin = std::move(lowered->origin);
+    }
+    return build_check(subgraph, payload, origin, node_at_fault, checked);
   }
 
   // Unavailable when XNNPACK cannot initialize on this processor, or when the environment variable
@@ -1151,7 +1154,9 @@ class XnnpackBackend : public Backend {
       case kPad: {
         if (in.size() != 1 || !present(1) || p.empty()) return fail("pad arity");
         const uint32_t r = p[0];
-        if (r != dims(0).size() || r < 1 || r > XNN_MAX_TENSOR_DIMS || p.size() != 2 + 2 * static_cast<size_t>(r)) {
+        // A rank above XNN_MAX_TENSOR_DIMS is XNNPACK's to refuse: the input's definition fails
+        // before the node's.
+        if (r != dims(0).size() || r < 1 || p.size() != 2 + 2 * static_cast<size_t>(r)) {
           return fail("pad rank");
         }
         std::vector<size_t> out = dims(0);
