@@ -20,7 +20,8 @@
 //
 // Lowered ops: convolution (2-D, not transposed), relu/hardtanh/clamp, hardswish, hardsigmoid,
 // sigmoid, silu, leaky_relu, add/sub (alpha 1)/mul/div (true division), mean over H, W and
-// adaptive/avg/max pooling, linear/addmm, view, _softmax over the innermost (XNNPACK-order) dim,
+// adaptive/avg/max pooling (a 1x1 window as a copy or an exact 1x1 depthwise subsample),
+// linear/addmm (input rank 1-3, 5, 6), view, _softmax over the innermost (XNNPACK-order) dim,
 // constant_pad_nd (no cropping) and inference batch norm with constant statistics. Anything else,
 // or an attribute value XNNPACK cannot honour, is declined with the reason.
 //
@@ -816,7 +817,6 @@ class XnnpackBackend : public Backend {
                                                         const DelegateOptions& options, size_t* failed_node) const {
     *failed_node = SIZE_MAX;
     if (payload.size() % 4 != 0) return bad("size is not a multiple of 4");
-
     std::vector<uint32_t> w(payload.size() / 4);
     if (!w.empty()) std::memcpy(w.data(), payload.data(), payload.size());
     size_t pos = 0;
