@@ -724,16 +724,16 @@ def _is_edge(shape: tuple) -> bool:
 def plan(case: Case, backend: Backend, full: bool) -> list[tuple[tuple, str]]:
     """(shape, distribution) pairs of a sweep. With `full`: every shape on every distribution.
     Else (CI): the first two shapes on every distribution and the edge shapes (1 element, empty,
-    rank 0) on the first; for mlx one shape (MLX's CPU device compiles every fused kernel per shape
-    with the system compiler, 1-2 s each on a cold cache: docs/mlx.md), at reduced precision without
-    the edge shapes. Reduced precision runs on REDUCED_DISTS."""
+    rank 0) on the first; for mlx one shape and one edge shape (MLX's CPU device compiles every
+    fused kernel per shape with the system compiler, 1-2 s each on a cold cache: docs/mlx.md), at
+    reduced precision no edge shape. Reduced precision runs on REDUCED_DISTS."""
     reduced = backend.precision != "float32"
     dists = REDUCED_DISTS if reduced else case.dists
     main = [s for s in case.shapes if not _is_edge(s)]
     edge = [s for s in case.shapes if _is_edge(s)]
     if not full:
         main = main[:1] if backend.name == "mlx" else main[:2]
-        edge = [] if reduced else edge
+        edge = [] if reduced else edge[:1] if backend.name == "mlx" else edge
     out = [(s, d) for s in main for d in dists]
     for s in edge:
         out += [(s, d) for d in (dists if full else dists[:1])]
