@@ -18,11 +18,12 @@ def kiln_dtype(a: np.ndarray) -> str:
     return _NP_TO_KILN[a.dtype]
 
 
-def run_op(op: str, inputs, attrs: dict | None = None, *, constants=(), num_outputs=None):
-    """Builds a one-node program for `op`, compiles, loads, executes; returns the outputs.
+def one_node_graph(op: str, inputs, attrs: dict | None = None, constants=()):
+    """A kiln.Graph of one `op` node whose outputs are the graph's; returns (graph, feeds).
 
     inputs: list of np.ndarray or None (absent optional tensor argument).
-    constants: indices of inputs to embed as constants instead of method inputs.
+    constants: indices of inputs to embed as constants instead of method inputs; feeds: the other
+    inputs, in order (the method's inputs).
     """
     g = kiln.Graph()
     ids, feeds = [], []
@@ -36,8 +37,17 @@ def run_op(op: str, inputs, attrs: dict | None = None, *, constants=(), num_outp
         else:
             ids.append(g.add_input(f"x{i}", kiln_dtype(x), list(x.shape)))
             feeds.append(x)
-    outs = g.add_node(op, ids, attrs or {})
-    g.set_outputs(list(outs))
+    g.set_outputs(list(g.add_node(op, ids, attrs or {})))
+    return g, feeds
+
+
+def run_op(op: str, inputs, attrs: dict | None = None, *, constants=(), num_outputs=None):
+    """Builds a one-node program for `op`, compiles, loads, executes; returns the outputs.
+
+    inputs: list of np.ndarray or None (absent optional tensor argument).
+    constants: indices of inputs to embed as constants instead of method inputs.
+    """
+    g, feeds = one_node_graph(op, inputs, attrs, constants)
     pb = kiln.ProgramBuilder()
     pb.add_method("forward", g)
     data, _ = pb.compile(fold_constants=False)

@@ -71,13 +71,21 @@ _UNARY: dict[str, Callable[[np.ndarray, Mapping], np.ndarray]] = {
 }
 
 
+def unary_math(op: str, x: np.ndarray, attrs: Mapping | None = None) -> np.ndarray:
+    """Unary `op` ("aten.gelu", ...) with normalized `attrs` on `x` (any float dtype), evaluated by
+    the op's definition in float64 and not rounded: a float64 array shaped as x. KeyError for an op
+    without a float64 definition here."""
+    fn = _UNARY[op]
+    with np.errstate(all="ignore"):
+        return np.asarray(fn(np.asarray(x, np.float64), dict(attrs or {})), np.float64)
+
+
 def unary_float64(op: str, x: np.ndarray, attrs: Mapping | None = None) -> np.ndarray:
     """The float32 result of unary `op` ("aten.gelu", ...) with normalized `attrs` on the float32
     array `x`, computed in float64 by the op's definition and rounded to float32 once.
     Shape as x; dtype float32. KeyError for an op without a float64 definition here."""
-    fn = _UNARY[op]
     with np.errstate(all="ignore"):
-        return np.asarray(fn(np.asarray(x, np.float64), dict(attrs or {})), np.float64).astype(np.float32)
+        return unary_math(op, x, attrs).astype(np.float32)
 
 
 def has_unary_float64(op: str) -> bool:
@@ -102,26 +110,44 @@ _BINARY: dict[tuple[str, str | None], Callable[[np.ndarray, np.ndarray], np.ndar
 }
 
 
+def binary_math(op: str, a: np.ndarray, b: np.ndarray, attrs: Mapping | None = None) -> np.ndarray:
+    """Binary `op` on a, b (broadcast) evaluated in float64 and not rounded (bool for comparisons
+    and logical ops). KeyError when undefined."""
+    mode = (attrs or {}).get("rounding_mode")
+    fn = _BINARY[(op, mode)]
+    with np.errstate(all="ignore"):
+        return fn(np.asarray(a, np.float64), np.asarray(b, np.float64))
+
+
 def binary_float64(op: str, a: np.ndarray, b: np.ndarray, attrs: Mapping | None = None) -> np.ndarray:
     """The result of binary `op` on float32 arrays a, b (broadcast), computed in float64 and
     rounded to float32 once (bool for comparisons and logical ops). For +, -, *, / and sqrt the
     float64 result rounded to float32 equals the correctly rounded float32 result (53 >= 2 * 24 + 2
     bits: double rounding is innocuous), so these are exact references. KeyError when undefined."""
-    mode = (attrs or {}).get("rounding_mode")
-    fn = _BINARY[(op, mode)]
+    r = binary_math(op, a, b, attrs)
+    if r.dtype == np.bool_:
+        return r
     with np.errstate(all="ignore"):
-        r = fn(np.asarray(a, np.float64), np.asarray(b, np.float64))
-        return r if r.dtype == np.bool_ else r.astype(np.float32)
+        return r.astype(np.float32)
 
 
-def softmax_float64(x: np.ndarray, dim: int, log: bool = False) -> np.ndarray:
-    """softmax (or log_softmax) of float32 `x` along `dim` in float64, rounded to float32:
+def softmax_math(x: np.ndarray, dim: int, log: bool = False) -> np.ndarray:
+    """softmax (or log_softmax) of `x` along `dim` evaluated in float64, not rounded:
     exp(x - max) / sum(exp(x - max)) and x - max - log(sum(exp(x - max))) (the max subtracted as
-    in ATen). A row of only -inf gives NaN (-inf - -inf), as in ATen on every CPU."""
+    in ATen). A row of only -inf gives NaN (-inf - -inf), as in ATen on every CPU; a NaN anywhere
+    in a row makes the row NaN (np.max propagates it)."""
     with np.errstate(all="ignore"):
         xd = np.asarray(x, np.float64)
+        if xd.size == 0:
+            return xd.copy()
         m = np.max(xd, axis=dim, keepdims=True)
         z = xd - m
         s = np.sum(np.exp(z), axis=dim, keepdims=True)
-        r = z - np.log(s) if log else np.exp(z) / s
-        return r.astype(np.float32)
+        return z - np.log(s) if log else np.exp(z) / s
+
+
+def softmax_float64(x: np.ndarray, dim: int, log: bool = False) -> np.ndarray:
+    """softmax (or log_softmax) of float32 `x` along `dim` in float64 (softmax_math), rounded to
+    float32."""
+    with np.errstate(all="ignore"):
+        return softmax_math(x, dim, log).astype(np.float32)

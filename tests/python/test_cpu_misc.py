@@ -207,6 +207,25 @@ def test_rms_norm(weighted, eps):
     check_all("aten.rms_norm", [x, w], attrs, ref, what="rms_norm")
 
 
+def test_norms_of_values_whose_squares_overflow_float():
+    # Spread 1e30: the squared deviations (and rms_norm's squares) overflow float32 although every
+    # statistic is representable; the outputs must still be the normalized values (found by the
+    # numerics harness, tests/python/numerics_harness.py: the cpu kernels returned the bias).
+    from numerics_harness import group_norm_ref, layer_norm_ref, rms_norm_ref
+
+    rng = np.random.default_rng(7)
+    x = (rng.standard_normal((3, 1023)) * 1e30).astype(np.float32)
+    w, b = rand(rng, 1023), rand(rng, 1023)
+    x64 = x.astype(np.float64)
+    check_all("aten.native_layer_norm", [x, w, b], {"normalized_shape": [1023], "eps": 1e-5},
+              layer_norm_ref(x64, w, b, [1023], 1e-5).astype(np.float32), what="layer_norm of 1e30 N(0, 1)")
+    check_all("aten.rms_norm", [x, w], {"normalized_shape": [1023]},
+              rms_norm_ref(x64, w, [1023], None).astype(np.float32), what="rms_norm of 1e30 N(0, 1)")
+    xg = x.reshape(1, 3, 31, 33)
+    check_all("aten.native_group_norm", [xg, None, None], {"N": 1, "C": 3, "HxW": 1023, "group": 3, "eps": 1e-6},
+              group_norm_ref(xg.astype(np.float64), None, None, 3, 1e-6).astype(np.float32), what="group_norm 1e30")
+
+
 # ------------------------------------------------------------------------------------ softmax
 
 @pytest.mark.parametrize("shape", [(4, 1000), (2, 12, 77, 77), (3, 5, 33), (1, 2049)])
@@ -259,6 +278,13 @@ def test_unary_special_values():
         if op == "aten.sqrt":
             continue
         check_all(op, [x], attrs, unary_float64(op, x, attrs), rel=1e-6, what=f"{op} specials")
+
+
+def test_hardswish_of_values_above_flt_max_over_6_is_x():
+    # hardswish(x) = x for x >= 3; x * relu6(x + 3) overflowed to inf before the division for
+    # x > FLT_MAX / 6 (found by the numerics harness). Reference: the definition in float64.
+    x = np.array([3.0, 5.7e37, 1e38, 3.4e38, -1e38, 2.5, -2.5, 0.5], np.float32)  # finite: assert_close checks them all
+    check_all("aten.hardswish", [x], {}, unary_float64("aten.hardswish", x), rel=1e-7, what="hardswish large")
 
 
 @pytest.mark.parametrize("approximate", ["none", "tanh"])

@@ -66,11 +66,32 @@ struct Moments {
   float c, md, rstd;
 };
 
+/// Two-pass statistics in double, one element at a time, unshifted (c = 0): the fallback for data
+/// whose float partial sums overflow (a spread that large needs no shift for accuracy, and x - 0
+/// cannot overflow in the float normalization).
+Moments moments_double(const float* x, int64_t n, double eps) {
+  const float c = 0.0f;
+  double s = 0.0;
+  for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) - c;
+  const double md = s / static_cast<double>(n);
+  double ss = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double e = (static_cast<double>(x[i]) - c) - md;
+    ss += e * e;
+  }
+  return {c, static_cast<float>(md), static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps))};
+}
+
 KILN_AVX2 Moments moments(const float* x, int64_t n, double eps) {
   Moments m;
   m.c = std::isfinite(x[0]) ? x[0] : 0.0f;
-  m.md = static_cast<float>(reduce<0>(x, n, m.c, 0.0f) / static_cast<double>(n));
+  const double sd = reduce<0>(x, n, m.c, 0.0f);
+  m.md = static_cast<float>(sd / static_cast<double>(n));
   const double var = reduce<1>(x, n, m.c, m.md) / static_cast<double>(n);
+  // Float squares overflow once the spread passes ~1.8e19 (float partial sums of the deviations
+  // once they pass FLT_MAX): the variance is then inf or NaN although the row's statistics are
+  // representable. Recompute such rows in double (a row holding inf or NaN gives NaN either way).
+  if (!std::isfinite(var) || !std::isfinite(sd)) return moments_double(x, n, eps);
   m.rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
   return m;
 }
@@ -222,7 +243,11 @@ Error rms_norm(const KernelArgs& a) {
   float* po = a.outputs[0]->data_as<float>();
   cpu::parallel_range(a.pool, rows, row_grain(k), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const double sq = reduce<1>(px + r * k, k, 0.0f, 0.0f);
+      double sq = reduce<1>(px + r * k, k, 0.0f, 0.0f);
+      if (!std::isfinite(sq)) {  // float squares overflow above |x| ~ 1.8e19: sum them in double
+        sq = 0.0;
+        for (int64_t i = 0; i < k; ++i) sq += static_cast<double>(px[r * k + i]) * px[r * k + i];
+      }
       const float rstd = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(k) + eps));
       scale_elementwise(px + r * k, po + r * k, k, rstd, w);
     }

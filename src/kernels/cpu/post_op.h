@@ -62,11 +62,12 @@ KILN_AVX2 inline __m256 relu8(__m256 x) { return _mm256_max_ps(_mm256_setzero_ps
 KILN_AVX2 inline __m256 clamp8(__m256 x, float lo, float hi) {
   return _mm256_min_ps(_mm256_set1_ps(hi), _mm256_max_ps(_mm256_set1_ps(lo), x));
 }
-/// x * min(max(x + 3, 0), 6) / 6.
+/// x * (min(max(x + 3, 0), 6) / 6): the portable kernel's order (no overflow for x > FLT_MAX / 6,
+/// where the result is x).
 KILN_AVX2 inline __m256 hardswish8(__m256 x) {
   const __m256 r6 =
       _mm256_min_ps(_mm256_set1_ps(6.0f), _mm256_max_ps(_mm256_setzero_ps(), _mm256_add_ps(x, _mm256_set1_ps(3.0f))));
-  return _mm256_div_ps(_mm256_mul_ps(x, r6), _mm256_set1_ps(6.0f));
+  return _mm256_mul_ps(x, _mm256_div_ps(r6, _mm256_set1_ps(6.0f)));
 }
 /// min(max(x + 3, 0), 6) / 6.
 KILN_AVX2 inline __m256 hardsigmoid8(__m256 x) {

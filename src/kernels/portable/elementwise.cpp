@@ -176,10 +176,12 @@ struct Sigmoid { template <class T> T operator()(T x) const { return T(1) / (T(1
 /// silu(-inf) is NaN there too.
 struct Silu { template <class T> T operator()(T x) const { return x / (T(1) + std::exp(-x)); } };
 
-/// aten.hardswish: x * min(max(x + 3, 0), 6) / 6 = x * relu6(x + 3) / 6 (Activation.cpp
-/// hardswish_kernel).
+/// aten.hardswish: x * relu6(x + 3) / 6 (torch.nn.functional.hardswish), evaluated as
+/// x * (relu6(x + 3) / 6): PyTorch's order (Activation.cpp hardswish_kernel, x * relu6 first)
+/// overflows to inf for x > FLT_MAX / 6 where the value is x itself; here relu6 / 6 is exactly 1
+/// for x >= 3 (NaN propagates as before).
 struct Hardswish {
-  template <class T> T operator()(T x) const { return x * nan_min(nan_max(x + T(3), T(0)), T(6)) / T(6); }
+  template <class T> T operator()(T x) const { return x * (nan_min(nan_max(x + T(3), T(0)), T(6)) / T(6)); }
 };
 
 /// aten.hardsigmoid: min(max(x + 3, 0), 6) / 6 = relu6(x + 3) / 6 (Activation.cpp).
