@@ -394,20 +394,25 @@ class Lowering {
     // Literal dims in XNNPACK order: the channel dim is last for rank 4 (NHWC), dim 1 otherwise.
     std::vector<uint32_t> dims(r, 1);
     dims[r == 4 ? 3 : 1] = static_cast<uint32_t>(c);
-    std::vector<uint32_t> ps = {static_cast<uint32_t>(r)}, pb = ps;
-    ps.insert(ps.end(), dims.begin(), dims.end());
-    pb.insert(pb.end(), dims.begin(), dims.end());
+    // (x - mean) * scale + bias, scale = weight / sqrt(var + eps): centred first, so that a mean
+    // large against the spread does not cancel (the folded x * scale + (bias - mean * scale) loses
+    // the spread's digits when |mean * scale| >> |output|; docs/numerics.md).
+    std::vector<uint32_t> header = {static_cast<uint32_t>(r)};
+    header.insert(header.end(), dims.begin(), dims.end());
+    std::vector<uint32_t> pm = header, ps = header, pb = header;
+    bool any_bias = false;
     for (int64_t k = 0; k < c; ++k) {
       const double scale = (w ? static_cast<double>(w[k]) : 1.0) / std::sqrt(static_cast<double>(var[k]) + eps);
+      pm.push_back(fbits(mean[k]));
       ps.push_back(fbits(static_cast<float>(scale)));
-      pb.push_back(fbits(static_cast<float>((b ? static_cast<double>(b[k]) : 0.0) - static_cast<double>(mean[k]) * scale)));
+      pb.push_back(fbits(b ? b[k] : 0.0f));
+      any_bias = any_bias || (b && b[k] != 0.0f);
     }
     const uint32_t x = in(n, 0);
     if (x == kNone) return Error(ErrorCode::Internal, "xnnpack: input not in subgraph");
-    const uint32_t scale = add_node(kLiteral, {}, std::move(ps));
-    const uint32_t m = add_node(kMul, {x, scale}, {});
-    const uint32_t shift = add_node(kLiteral, {}, std::move(pb));
-    ids_[n.outputs[0]] = add_node(kAdd, {m, shift}, {});
+    const uint32_t centred = add_node(kSub, {x, add_node(kLiteral, {}, std::move(pm))}, {});
+    const uint32_t scaled = add_node(kMul, {centred, add_node(kLiteral, {}, std::move(ps))}, {});
+    ids_[n.outputs[0]] = any_bias ? add_node(kAdd, {scaled, add_node(kLiteral, {}, std::move(pb))}, {}) : scaled;
     return {};
   }
 
