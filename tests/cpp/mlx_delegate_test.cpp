@@ -2,6 +2,7 @@
 // run of the right shape (never a crash), the backend is NotFound without a GPU unless
 // KILN_MLX_DEVICE=cpu, and method instances on two threads are independent. Numerics are tested
 // against PyTorch eager in tests/python/test_mlx.py. Skipped when mlx is not built.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -101,6 +102,72 @@ TEST(MlxDelegate, CorruptedBytesGiveErrorsNotCrashes) {
   EXPECT_GT(errors, 0);
   EXPECT_GT(runs, 0);
   std::printf("[          ] mlx payload byte flips: %d ran, %d rejected\n", runs, errors);
+}
+
+/// x [2, 8] -> relu -> linear(w [4, 8]) -> sigmoid, as one segment of all three nodes.
+struct ThreeNodes {
+  Graph g;
+  Subgraph sg;
+};
+std::unique_ptr<ThreeNodes> three_nodes() {
+  auto t = std::make_unique<ThreeNodes>();
+  Graph& g = t->g;
+  ValueId x = g.add_input("x", {DType::Float32, {2, 8}});
+  ValueId w = g.add_constant("w", {DType::Float32, {4, 8}}, float_bytes(pattern(32, 6))).value();
+  ValueId r = g.add_node("aten.relu", {x}, {}).value()[0];
+  ValueId l = g.add_node("aten.linear", {r, w, kNoValue}, {}).value()[0];
+  ValueId y = g.add_node("aten.sigmoid", {l}, {}).value()[0];
+  EXPECT_TRUE(g.set_outputs({y}).ok());
+  t->sg.graph = &g;
+  t->sg.nodes = {0, 1, 2};
+  t->sg.inputs = {x};
+  t->sg.outputs = {y};
+  t->sg.constants = {w};
+  return t;
+}
+
+// Support decided by building (Backend::check_build): the mlx override builds the segment as init
+// does, on MLX's CPU device whatever KILN_MLX_DEVICE says, and names the node that fails by its
+// position in Subgraph::nodes, so the partitioner refuses that node only. The payloads here are
+// altered by hand: no node that support() accepts is known to fail to build in a segment
+// (support traces each node alone with MLX; tests/python/test_mlx_norms.py).
+TEST(MlxDelegate, CheckBuildNamesTheNodeThatFails) {
+  const Backend* mlx = BackendRegistry::get().find("mlx");
+  if (mlx == nullptr) GTEST_SKIP() << "mlx backend not built";
+  ScopedDevice none(nullptr);  // no device setting: the check needs none
+  auto t = three_nodes();
+  KILN_ASSERT_OK_AND_ASSIGN(payload, mlx->lower(t->sg));
+  size_t at = 7;
+  bool checked = false;
+  EXPECT_TRUE(mlx->check_build(t->sg, payload, &at, &checked).ok());
+  EXPECT_TRUE(checked);
+  EXPECT_EQ(at, SIZE_MAX);
+
+  // Node 1's op renamed to one with no mlx lowering (same length): init fails at node 1.
+  std::vector<uint8_t> bad = payload;
+  const std::string op = "aten.linear";
+  auto it = std::search(bad.begin(), bad.end(), op.begin(), op.end());
+  ASSERT_NE(it, bad.end());
+  *(it + static_cast<long>(op.size()) - 1) = 'X';
+  Error e = mlx->check_build(t->sg, bad, &at, &checked);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.code(), ErrorCode::NotSupported);
+  EXPECT_EQ(at, 1u) << e.message();
+  EXPECT_NE(e.message().find("node 1"), std::string::npos) << e.message();
+
+  // A payload whose last node builds another type than the segment's output: node 2 is named.
+  auto other = three_nodes();
+  other->g.mutable_values()[static_cast<size_t>(other->sg.outputs[0])].type.sizes = {2, 5};
+  e = mlx->check_build(other->sg, payload, &at, &checked);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(at, 2u) << e.message();
+
+  // A failure before any node (boundary counts) names none: the whole group is refused.
+  Subgraph fewer = t->sg;
+  fewer.constants.clear();
+  e = mlx->check_build(fewer, payload, &at, &checked);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(at, SIZE_MAX) << e.message();
 }
 
 TEST(MlxDelegate, NoGpuIsNotFoundUnlessCpuRequested) {

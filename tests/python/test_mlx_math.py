@@ -91,6 +91,21 @@ def test_special_values_follow_pytorch():
         assert_close(out, exp, rel=REL, what=op)
 
 
+@needs_mlx
+def test_erf_of_small_arguments_elementwise():
+    # MLX's erf is accurate to ~1e-7 absolute only (erf(1e-7) = 0); the lowering uses the Maclaurin
+    # series below 0.1. Reference: math.erf in float64, elementwise relative error.
+    mags = np.array([1e-38, 1e-30, 1e-10, 1e-7, 1e-6, 3e-5, 1e-3, 0.01, 0.0999, 0.1, 0.1001, 0.5, 1.0, 2.5, 4.0])
+    x = np.concatenate([mags, -mags, SPECIAL]).astype(np.float32)
+    outs, dl = run_many([("aten.erf", [0], {})], [x])
+    check_delegated(dl, [("aten.erf", [0], {})], [x])
+    ref = np.array([math.erf(float(v)) if not math.isnan(v) else math.nan for v in x])
+    np.testing.assert_array_equal(np.isnan(outs[0]), np.isnan(ref))
+    ok = ~np.isnan(ref)
+    err = np.abs(outs[0][ok].astype(np.float64) - ref[ok]) / np.maximum(np.abs(ref[ok]), 1e-45)
+    assert err.max() <= 1e-6, dict(zip(x[ok][err > 1e-6], err[err > 1e-6]))
+
+
 INT_BINARY = [("aten.remainder", torch.remainder), ("aten.fmod", torch.fmod), ("aten.maximum", torch.maximum),
               ("aten.minimum", torch.minimum), ("aten.bitwise_and", torch.bitwise_and),
               ("aten.bitwise_or", torch.bitwise_or), ("aten.bitwise_xor", torch.bitwise_xor),

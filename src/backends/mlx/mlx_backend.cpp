@@ -179,12 +179,16 @@ NodeView view_of(const Graph& g, const Node& n) {
   return v;
 }
 
+Error trace_node(const NodeView& v);  // run half, below: builds the node alone with MLX
+
 Error support_node(const Graph& g, const Node& n) {
   if (n.delegate) return Error(ErrorCode::NotSupported, "already delegated");
   if (n.outputs.size() != 1) {
     return Error(ErrorCode::NotSupported, "op " + n.op + " has " + std::to_string(n.outputs.size()) + " outputs");
   }
-  return mlxb::check_node(view_of(g, n));
+  const NodeView v = view_of(g, n);
+  KILN_RETURN_IF_ERROR(mlxb::check_node(v));
+  return trace_node(v);
 }
 
 Result<std::vector<uint8_t>> lower_subgraph(const Subgraph& sg) {
@@ -292,8 +296,63 @@ struct Plan {
   std::vector<bool> is_output;  // per value id: a delegate output
 };
 
-/// Builds the outputs (made contiguous) followed by the runtime-check flags.
-std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inputs, std::vector<std::string>* messages) {
+/// Where init failed: the payload node (index into the payload's node list, which is also the
+/// position in Subgraph::nodes of the segment lower_subgraph wrote) and its op; SIZE_MAX when
+/// the failure is not one node's.
+struct BuildSite {
+  size_t node = SIZE_MAX;
+  std::string op;
+};
+/// Points `site` at the node that produces value `id` (none for inputs and constants).
+void point_at(BuildSite* site, const Plan& p, int32_t id) {
+  const size_t first = p.num_inputs + p.constants.size();
+  if (id < 0 || static_cast<size_t>(id) < first || static_cast<size_t>(id) - first >= p.steps.size()) return;
+  site->node = static_cast<size_t>(id) - first;
+  site->op = p.steps[site->node].node.op;
+}
+
+/// Builds step `s` from the values built so far (`vals`, indexed by value id): float32-inside ops
+/// get their inputs in float32 (converted up from the compute dtype), the result is converted to
+/// the dtype the value has inside the computation (a float32-inside result that is a delegate
+/// output, `is_output`, stays float32), and its shape is checked against Kiln's inference.
+/// Throws what MLX throws, or std::invalid_argument for a shape that differs.
+mx::array build_step(mlxb::BuildCtx& ctx, const Step& s, const std::vector<std::optional<mx::array>>& vals,
+                     bool is_output) {
+  const mx::Dtype compute = ctx.compute;
+  const bool reduced = compute != mx::float32;
+  mlxb::Inputs in;
+  const bool up = reduced && s.lowering->float32_inside;
+  for (size_t k = 0; k < s.inputs.size(); ++k) {
+    const int32_t id = s.inputs[k];
+    const bool replaced = !s.prepared.empty() && ((s.lowering->prepared_replaces >> k) & 1u);
+    std::optional<mx::array> a = id < 0 || replaced ? std::nullopt : vals[static_cast<size_t>(id)];
+    if (up && a && a->dtype() == compute) a = mx::astype(*a, mx::float32, ctx.dev);
+    in.push_back(std::move(a));
+  }
+  if (up) ctx.compute = mx::float32;
+  struct Restore {  // the compute dtype back, also when build throws
+    mlxb::BuildCtx& c;
+    mx::Dtype d;
+    ~Restore() { c.compute = d; }
+  } restore{ctx, compute};
+  mx::array y = s.lowering->build(ctx, s.node, in, s.prepared);
+  ctx.compute = compute;  // (also done by `restore`)
+  const TensorType& want = s.node.out;
+  // A float32-inside result that is a delegate output stays float32 (e.g. a sum beyond the
+  // float16 range); consumers inside the graph then compute in float32 as MLX promotes.
+  const bool keep32 = up && y.dtype() == mx::float32 && is_output;
+  if (!keep32 && y.dtype() != ctx.dtype(want.dtype)) y = mx::astype(y, ctx.dtype(want.dtype), ctx.dev);
+  bool same = y.ndim() == want.sizes.size();
+  for (size_t d = 0; same && d < want.sizes.size(); ++d) same = y.shape(static_cast<int>(d)) == want.sizes[d];
+  if (!same) throw std::invalid_argument(s.node.op + " built a result of another shape than " + want.to_string());
+  return y;
+}
+
+/// Builds the outputs (made contiguous) followed by the runtime-check flags. `building`, when
+/// given, is the index of the step being built while it is built (SIZE_MAX after the last), so
+/// that a caller catching MLX's exception knows which payload node threw.
+std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inputs, std::vector<std::string>* messages,
+                                size_t* building = nullptr) {
   std::vector<std::optional<mx::array>> vals;
   vals.reserve(p.value_types.size());
   const bool reduced = p.compute != mx::float32;
@@ -301,30 +360,12 @@ std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inp
   for (const auto& a : p.constants) vals.emplace_back(a);  // converted at init
   std::vector<mlxb::RuntimeCheck> checks;
   mlxb::BuildCtx ctx{p.dev, &checks, p.compute, p.taps_conv};
-  for (const Step& s : p.steps) {
-    mlxb::Inputs in;
-    const bool up = reduced && s.lowering->float32_inside;
-    for (size_t k = 0; k < s.inputs.size(); ++k) {
-      const int32_t id = s.inputs[k];
-      const bool replaced = !s.prepared.empty() && ((s.lowering->prepared_replaces >> k) & 1u);
-      std::optional<mx::array> a = id < 0 || replaced ? std::nullopt : vals[static_cast<size_t>(id)];
-      if (up && a && a->dtype() == p.compute) a = mx::astype(*a, mx::float32, p.dev);
-      in.push_back(std::move(a));
-    }
-    mlxb::BuildCtx& bc = ctx;
-    if (up) bc.compute = mx::float32;
-    mx::array y = s.lowering->build(bc, s.node, in, s.prepared);
-    bc.compute = p.compute;
-    const TensorType& want = s.node.out;
-    // A float32-inside result that is a delegate output stays float32 (e.g. a sum beyond the
-    // float16 range); consumers inside the graph then compute in float32 as MLX promotes.
-    const bool keep32 = up && y.dtype() == mx::float32 && p.is_output[vals.size()];
-    if (!keep32 && y.dtype() != ctx.dtype(want.dtype)) y = mx::astype(y, ctx.dtype(want.dtype), p.dev);
-    bool same = y.ndim() == want.sizes.size();
-    for (size_t d = 0; same && d < want.sizes.size(); ++d) same = y.shape(static_cast<int>(d)) == want.sizes[d];
-    if (!same) throw std::invalid_argument(s.node.op + " built a result of another shape than " + want.to_string());
-    vals.emplace_back(std::move(y));
+  for (size_t k = 0; k < p.steps.size(); ++k) {
+    if (building) *building = k;
+    const bool out = p.is_output[vals.size()];
+    vals.emplace_back(build_step(ctx, p.steps[k], vals, out));
   }
+  if (building) *building = SIZE_MAX;
   std::vector<mx::array> out;
   for (int32_t id : p.outputs) {
     const mx::array& v = *vals[static_cast<size_t>(id)];
@@ -336,6 +377,49 @@ std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inp
     if (messages) messages->push_back(c.message);
   }
   return out;
+}
+
+/// Whether `op` builds differently with BuildCtx::taps_conv (2-D convolutions on MLX's CPU device).
+bool uses_taps(const std::string& op) { return op == "aten.convolution" || op == "kiln.weight_quantized_convolution"; }
+
+/// Builds one node alone at its shapes on MLX's CPU device without evaluating anything: its
+/// inputs are lazy zeros (constants go through the op's prepare as init does), then build_step
+/// (both convolution forms for convolutions). Catches what tracing the node inside a segment
+/// would throw at init (MLX's own shape, dtype and attribute checks), as NotSupported naming it.
+Error trace_node(const mlxb::NodeView& v) {
+  const mlxb::OpLowering* l = mlxb::find_lowering(v.op);
+  if (l == nullptr) return mlxb::no("op " + v.op + " has no mlx lowering");
+  try {
+    const mx::Device dev(mx::Device::cpu);
+    Step s;
+    s.lowering = l;
+    s.node = v;
+    std::vector<std::optional<mx::array>> vals;
+    mlxb::Inputs consts;
+    for (size_t i = 0; i < v.in.size(); ++i) {
+      if (!v.in[i]) {
+        s.inputs.push_back(-1);
+        consts.emplace_back(std::nullopt);
+        continue;
+      }
+      s.inputs.push_back(static_cast<int32_t>(vals.size()));
+      mx::array z = mx::zeros(mlxb::shape_of(v.in[i]->sizes), mlxb::to_mx(v.in[i]->dtype), dev);
+      consts.emplace_back(v.in_const[i] ? std::optional<mx::array>(z) : std::nullopt);
+      vals.emplace_back(std::move(z));
+    }
+    if (l->prepare != nullptr) s.prepared = l->prepare(s.node, consts, dev);
+    std::vector<mlxb::RuntimeCheck> checks;
+    for (bool taps : {false, true}) {
+      if (taps && !uses_taps(v.op)) break;
+      mlxb::BuildCtx ctx{dev, &checks, mx::float32, taps};
+      (void)build_step(ctx, s, vals, true);
+    }
+  } catch (const std::exception& e) {
+    return mlxb::no(std::string("MLX does not build it: ") + e.what());
+  } catch (...) {
+    return mlxb::no("MLX does not build it (a non-standard exception)");
+  }
+  return {};
 }
 
 /// KILN_MLX_PROFILE=1 at load: per handle, the time of each execute phase, printed to stderr when
@@ -386,11 +470,41 @@ class MlxBackend : public Backend {
                                                const DelegateOptions& options) const override {
     auto dev = pick_device(options.settings ? *options.settings : BackendSettings{});
     if (!dev.ok()) return dev.error();
-    try {
-      return init_on(dev.value(), payload, constants, inputs, outputs);
-    } catch (const std::exception& e) {
-      return Error(ErrorCode::InvalidProgram, std::string("mlx: building the computation failed: ") + e.what());
+    BuildSite site;
+    return init_guarded(dev.value(), payload, constants, inputs, outputs, std::nullopt, &site);
+  }
+
+  /// Support decided by building: the segment is built as init builds it (decoded and
+  /// re-verified, constants prepared and evaluated, traced, compiled), on MLX's CPU device, which
+  /// every MLX build has, so the check runs on any machine (`*checked` is always true); segments
+  /// with 2-D convolutions are built both ways init may build them (MLX's convolution on a GPU,
+  /// the im2col / taps forms on the CPU device). On failure `*node_at_fault` is the payload node
+  /// that failed: lower_subgraph writes node k of the payload from subgraph.nodes[k], so it is
+  /// also the position in subgraph.nodes (SIZE_MAX when the failure is not one node's).
+  Error check_build(const Subgraph& subgraph, std::span<const uint8_t> payload, size_t* node_at_fault,
+                    bool* checked) const override {
+    *node_at_fault = SIZE_MAX;
+    *checked = true;
+    const Graph& g = *subgraph.graph;
+    std::vector<std::span<const uint8_t>> constants;
+    for (ValueId c : subgraph.constants) constants.emplace_back(*g.value(c).constant);
+    std::vector<TensorType> inputs, outputs;
+    for (ValueId v : subgraph.inputs) inputs.push_back(g.value(v).type);
+    for (ValueId v : subgraph.outputs) outputs.push_back(g.value(v).type);
+    bool has_conv = false;
+    for (size_t i : subgraph.nodes) has_conv = has_conv || uses_taps(g.nodes()[i].op);
+    for (bool taps : {true, false}) {
+      if (!taps && !has_conv) break;
+      BuildSite site;
+      auto h = init_guarded(mx::Device(mx::Device::cpu), payload, constants, inputs, outputs, taps, &site);
+      if (!h.ok()) {
+        if (site.node >= subgraph.nodes.size()) return Error(ErrorCode::NotSupported, h.error().message());
+        *node_at_fault = site.node;
+        return Error(ErrorCode::NotSupported, "mlx does not build node " + std::to_string(site.node) + " (" + site.op +
+                                                  ") of the segment: " + h.error().message());
+      }
     }
+    return {};
   }
 
   Error execute(DelegateHandle& handle, std::span<const Tensor* const> inputs,
@@ -449,6 +563,8 @@ class MlxBackend : public Backend {
       }
     } catch (const std::exception& e) {
       return Error(ErrorCode::Internal, std::string("mlx: execute failed: ") + e.what());
+    } catch (...) {
+      return Error(ErrorCode::Internal, "mlx: execute failed (a non-standard exception)");
     }
     return {};
   }
@@ -460,10 +576,34 @@ class MlxBackend : public Backend {
     return out;
   }
 
+  /// init_on with every exception turned into an error value naming the payload node being
+  /// built when it was thrown (`site`, also filled for the payload errors of one node).
+  static Result<std::unique_ptr<DelegateHandle>> init_guarded(mx::Device dev, std::span<const uint8_t> payload,
+                                                              std::span<const std::span<const uint8_t>> constants,
+                                                              std::span<const TensorType> inputs,
+                                                              std::span<const TensorType> outputs,
+                                                              std::optional<bool> taps_conv, BuildSite* site) {
+    std::string what;
+    try {
+      return init_on(dev, payload, constants, inputs, outputs, taps_conv, site);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+      what = "a non-standard exception";
+    }
+    std::string where = "building the computation";
+    if (site->node != SIZE_MAX) where = "building node " + std::to_string(site->node) + " (" + site->op + ")";
+    return Error(ErrorCode::InvalidProgram, "mlx: " + where + " failed: " + what);
+  }
+
+  /// Decodes and verifies the payload, prepares constants, traces and compiles. `taps_conv`
+  /// overrides the convolution form (default: the taps forms on MLX's CPU device unless
+  /// KILN_MLX_CONV=native). `site` tracks the payload node being decoded, prepared or built.
   static Result<std::unique_ptr<DelegateHandle>> init_on(mx::Device dev, std::span<const uint8_t> payload,
                                                          std::span<const std::span<const uint8_t>> constants,
                                                          std::span<const TensorType> inputs,
-                                                         std::span<const TensorType> outputs) {
+                                                         std::span<const TensorType> outputs,
+                                                         std::optional<bool> taps_conv, BuildSite* site) {
     Reader r(payload);
     if (r.u32() != kMagic) return bad("wrong magic (not an mlx payload)");
     const uint32_t version = r.u32();
@@ -481,7 +621,7 @@ class MlxBackend : public Backend {
     plan->compute = mlxb::to_mx(static_cast<DType>(compute));
     // KILN_MLX_CONV=native keeps MLX's own convolution on the CPU device too (tests use it).
     const char* conv_env = std::getenv("KILN_MLX_CONV");
-    plan->taps_conv = dev == mx::Device(mx::Device::cpu) && !(conv_env && std::string(conv_env) == "native");
+    plan->taps_conv = taps_conv ? *taps_conv : dev == mx::Device(mx::Device::cpu) && !(conv_env && std::string(conv_env) == "native");
     plan->num_inputs = ni;
     constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
     auto sane = [&](const TensorType& t) {
@@ -514,6 +654,8 @@ class MlxBackend : public Backend {
       const std::string where = "node " + std::to_string(k);
       Step s;
       s.node.op = r.str();
+      site->node = k;
+      site->op = s.node.op;
       const uint32_t nin = r.u32();
       if (!r.ok() || nin > r.left() / 4) return bad(where + ": truncated");
       std::vector<const TensorType*> types;
@@ -548,6 +690,7 @@ class MlxBackend : public Backend {
       plan->value_types.push_back(s.node.out);
       plan->steps.push_back(std::move(s));
     }
+    site->node = SIZE_MAX;
     std::set<int32_t> seen;
     for (uint32_t o = 0; o < no; ++o) {
       const int32_t id = r.i32();
@@ -556,6 +699,7 @@ class MlxBackend : public Backend {
         return bad("output " + std::to_string(o) + " id invalid or repeated");
       }
       if (plan->value_types[static_cast<size_t>(id)] != outputs[o]) {
+        point_at(site, *plan, id);
         return bad("output " + std::to_string(o) + " is " + plan->value_types[static_cast<size_t>(id)].to_string() +
                    ", the program expects " + outputs[o].to_string());
       }
@@ -567,8 +711,11 @@ class MlxBackend : public Backend {
 
     // Constant-only work, once: evaluated here so that the traced graph reads it as constants.
     std::vector<mx::array> to_eval;
-    for (Step& s : plan->steps) {
+    for (size_t k = 0; k < plan->steps.size(); ++k) {
+      Step& s = plan->steps[k];
       if (s.lowering->prepare == nullptr) continue;
+      site->node = k;
+      site->op = s.node.op;
       mlxb::Inputs consts;
       for (int32_t id : s.inputs) {
         const bool is_const = id >= static_cast<int32_t>(ni) && id < static_cast<int32_t>(ni + nc);
@@ -576,6 +723,7 @@ class MlxBackend : public Backend {
       }
       s.prepared = s.lowering->prepare(s.node, consts, dev);  // in float32, converted below
     }
+    site->node = SIZE_MAX;
     // Constants read only through prepared forms (conv weights, batch-norm statistics) are
     // released once those are evaluated: a placeholder keeps the value ids.
     std::vector<bool> still_read(nc, false);
@@ -594,13 +742,33 @@ class MlxBackend : public Backend {
       to_eval.push_back(a);
     };
     for (Step& s : plan->steps) {
-      for (mx::array& a : s.prepared) convert(a);
+      for (mx::array& a : s.prepared) {
+        if (s.lowering->float32_inside) {
+          to_eval.push_back(a);  // used in float32 (batch-norm statistics)
+        } else {
+          convert(a);
+        }
+      }
     }
     for (uint32_t c = 0; c < nc; ++c) {
       mx::array& a = plan->constants[c];
       if (still_read[c] && plan->compute != mx::float32 && a.dtype() == mx::float32) convert(a);
     }
-    if (!to_eval.empty()) mx::eval(to_eval);
+    if (!to_eval.empty()) {
+      try {
+        mx::eval(to_eval);
+      } catch (const std::exception&) {
+        // Find the node whose prepared arrays fail, for the error (then rethrow).
+        for (size_t k = 0; k < plan->steps.size(); ++k) {
+          if (plan->steps[k].prepared.empty()) continue;
+          site->node = k;
+          site->op = plan->steps[k].node.op;
+          mx::eval(plan->steps[k].prepared);
+        }
+        site->node = SIZE_MAX;
+        throw;
+      }
+    }
     for (uint32_t c = 0; c < nc; ++c) {
       if (!still_read[c]) plan->constants[c] = mx::array(0.0f);
     }
@@ -615,9 +783,20 @@ class MlxBackend : public Backend {
     // call traces and fuses (per thread: MLX's compile cache is thread-local).
     std::vector<mx::array> probe;
     for (const TensorType& t : h->in_types) probe.push_back(mx::zeros(to_shape(t.sizes), mlxb::to_mx(t.dtype), dev));
-    const auto traced = run_plan(*plan, probe, &h->check_messages);
+    size_t building = SIZE_MAX;
+    std::vector<mx::array> traced;
+    try {
+      traced = run_plan(*plan, probe, &h->check_messages, &building);
+    } catch (...) {
+      if (building < plan->steps.size()) {
+        site->node = building;
+        site->op = plan->steps[building].node.op;
+      }
+      throw;
+    }
     for (size_t o = 0; o < no; ++o) {
       if (!(traced[o].shape() == to_shape(outputs[o].sizes)) || traced[o].dtype() != mlxb::to_mx(outputs[o].dtype)) {
+        point_at(site, *plan, plan->outputs[o]);
         return bad("output " + std::to_string(o) + " does not build to " + outputs[o].to_string());
       }
     }

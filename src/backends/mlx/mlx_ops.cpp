@@ -122,6 +122,21 @@ mx::array leaky_relu(BuildCtx& c, const NodeView& n, const Inputs& in, const std
   return mx::where(mx::greater(x, scalar(0, dt), c.dev), x,
                    mx::multiply(x, scalar(n.attrs.get_float("negative_slope", 0.01), dt), c.dev), c.dev);
 }
+// erf: MLX's mx::erf has an absolute error of about 1e-7 near 0 (mlx 0.32.4, measured: erf(1e-7)
+// = 0, erf(1e-6) 6% high, erf(1e-3) 3e-5 relative), so for |x| < 0.1 the Maclaurin series
+// erf x = 2/sqrt(pi) (x - x^3/3 + x^5/10 - x^7/42) (Abramowitz & Stegun 7.1.5; the next term,
+// x^9/216, is below 5e-11 relative there) and mx::erf elsewhere (5e-7 relative at 0.1).
+mx::array erf(BuildCtx& c, const NodeView&, const Inputs& in, const std::vector<mx::array>&) {
+  const mx::array& x = *in[0];
+  const mx::Dtype dt = x.dtype();
+  const double k = 2.0 / std::sqrt(std::numbers::pi);
+  const mx::array x2 = mx::multiply(x, x, c.dev);
+  mx::array p = mx::add(scalar(k / 10.0, dt), mx::multiply(x2, scalar(-k / 42.0, dt), c.dev), c.dev);
+  p = mx::add(scalar(-k / 3.0, dt), mx::multiply(x2, p, c.dev), c.dev);
+  p = mx::add(scalar(k, dt), mx::multiply(x2, p, c.dev), c.dev);
+  const mx::array small = mx::less(mx::abs(x, c.dev), scalar(0.1, dt), c.dev);
+  return mx::where(small, mx::multiply(x, p, c.dev), mx::erf(x, c.dev), c.dev);
+}
 // gelu: 0.5 x (1 + erf(x / sqrt 2)); tanh: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
 // (PyTorch aten/src/ATen/native/cpu/Activation.cpp GeluKernelImpl).
 Error check_gelu(const NodeView& n) {
@@ -612,27 +627,34 @@ mx::array matmul(BuildCtx& c, const NodeView&, const Inputs& in, const std::vect
 
 // ---------------------------------------------------------------- normalization
 
-// Inference batch norm: x * scale + shift with scale = w / sqrt(var + eps), shift = b - mean * scale
-// (PyTorch aten/src/ATen/native/Normalization.cpp, batch_norm_cpu_transform_input).
-std::pair<mx::array, mx::array> bn_affine(const NodeView& n, const Inputs& p, mx::Device dev) {
+// Inference batch norm: (x - mean) * scale + bias with scale = w / sqrt(var + eps) (PyTorch
+// aten/src/ATen/native/Normalization.cpp). The mean is subtracted first rather than folded into one
+// shift (x * scale + (b - mean * scale), PyTorch's CPU form): x - mean is exact when x is close to
+// the mean (Sterbenz), while x * scale rounds at the magnitude of mean * scale and the shift then
+// cancels it (x = 1000 + 0.01 randn, var 1e-4: 4e-3 absolute on outputs of ~3 in float32).
+struct BnParams {
+  mx::array mean, scale, bias;  // each [C, 1, ..., 1]
+};
+BnParams bn_params(const NodeView& n, const Inputs& p, mx::Device dev) {
   const double eps = n.attrs.get_float("eps", 1e-5);
   mx::array scale = mx::rsqrt(mx::add(*p[4], scalar(eps, mx::float32), dev), dev);
   if (p[1]) scale = mx::multiply(scale, *p[1], dev);
-  mx::array shift = mx::negative(mx::multiply(*p[3], scale, dev), dev);
-  if (p[2]) shift = mx::add(shift, *p[2], dev);
+  mx::array bias = p[2] ? *p[2] : mx::zeros_like(scale, dev);
   const int64_t r = in_type(n, 0).dim();
-  return {channel_param(scale, r, dev), channel_param(shift, r, dev)};
+  return {channel_param(*p[3], r, dev), channel_param(scale, r, dev), channel_param(bias, r, dev)};
 }
 std::vector<mx::array> prepare_bn(const NodeView& n, const Inputs& consts, mx::Device dev) {
   for (size_t i = 1; i < 5; ++i) {
     if (n.in[i] && !consts[i]) return {};
   }
-  auto [scale, shift] = bn_affine(n, consts, dev);
-  return {scale, shift};
+  BnParams b = bn_params(n, consts, dev);
+  return {b.mean, b.scale, b.bias};
 }
 mx::array batch_norm(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>& prep) {
-  auto [scale, shift] = prep.empty() ? bn_affine(n, in, c.dev) : std::pair<mx::array, mx::array>{prep[0], prep[1]};
-  return mx::add(mx::multiply(*in[0], scale, c.dev), shift, c.dev);
+  const BnParams b = prep.empty() ? bn_params(n, in, c.dev) : BnParams{prep[0], prep[1], prep[2]};
+  // float32_inside: with a reduced compute dtype x arrives converted up and the statistics stay
+  // float32 (prepared ones are not converted at init), so only x's own rounding is float16's.
+  return mx::add(mx::multiply(mx::subtract(*in[0], b.mean, c.dev), b.scale, c.dev), b.bias, c.dev);
 }
 // x flattened to [..., M] over its trailing `k` dims.
 mx::array flatten_trailing(const mx::array& x, size_t k, mx::Device dev) {
@@ -646,10 +668,22 @@ std::optional<mx::array> flat(const std::optional<mx::array>& p, mx::Device dev)
   if (!p) return std::nullopt;
   return mx::reshape(*p, {-1}, dev);
 }
-// layer norm over the trailing normalized_shape dims, biased variance (MLX fast::layer_norm).
+// x minus its mean over the last axis. Where the mean is large against the spread, x - mean is
+// exact in floating point (Sterbenz: the operands are within a factor 2), so the statistics of the
+// result are computed from numbers of the spread's magnitude. MLX's float32 mean of values near
+// 1000 is off by a few ulps of 1000 (and even a correctly rounded one by up to half an ulp,
+// 3e-5), which is 3e-3 of a spread of 0.01: normalizing x directly inherits that error (issue 22:
+// group_norm 0.0235 on outputs of ~3). mx::fast::layer_norm of the centred values subtracts their
+// small residual mean, computed accurately, so the first mean's rounding cancels (the corrected
+// two-pass scheme: Chan, Golub, LeVeque, "Algorithms for computing the sample variance", 1983).
+mx::array centred_last(const mx::array& x, mx::Device dev) {
+  return mx::subtract(x, mx::mean(x, -1, /*keepdims=*/true, dev), dev);
+}
+// layer norm over the trailing normalized_shape dims, biased variance: the trailing dims
+// flattened, centred (centred_last), then MLX fast::layer_norm with weight and bias.
 mx::array layer_norm(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
   const size_t k = n.attrs.get_ints("normalized_shape").size();
-  mx::array x = flatten_trailing(*in[0], k, c.dev);
+  mx::array x = centred_last(flatten_trailing(*in[0], k, c.dev), c.dev);
   mx::array y = mx::fast::layer_norm(x, flat(in[1], c.dev), flat(in[2], c.dev),
                                      static_cast<float>(n.attrs.get_float("eps", 1e-5)), c.dev);
   return mx::reshape(y, in[0]->shape(), c.dev);
@@ -669,12 +703,13 @@ mx::array rms_norm(BuildCtx& c, const NodeView& n, const Inputs& in, const std::
   mx::array y = mx::fast::rms_norm(x, flat(in[1], c.dev), eps, c.dev);
   return mx::reshape(y, in[0]->shape(), c.dev);
 }
-// group norm: x [N, C, *] as [N, group, C/group * HxW], normalized over the last axis (biased
-// variance), then the per-channel affine (PyTorch aten/src/ATen/native/group_norm.cpp).
+// group norm: x [N, C, *] as [N, group, C/group * HxW], centred (centred_last) and normalized over
+// the last axis (biased variance), then the per-channel affine (PyTorch
+// aten/src/ATen/native/group_norm.cpp). Instance norm is GroupNorm(C, C) (capture names it so).
 mx::array group_norm(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
   const mx::array& x = *in[0];
   const int groups = static_cast<int>(n.attrs.get_int("group"));
-  mx::array y = mx::reshape(x, {x.shape(0), groups, -1}, c.dev);
+  mx::array y = centred_last(mx::reshape(x, {x.shape(0), groups, -1}, c.dev), c.dev);
   y = mx::fast::layer_norm(y, std::nullopt, std::nullopt, static_cast<float>(n.attrs.get_float("eps", 1e-5)), c.dev);
   y = mx::reshape(y, x.shape(), c.dev);
   if (in[1]) y = mx::multiply(y, channel_param(*in[1], x.ndim(), c.dev), c.dev);
@@ -1069,7 +1104,7 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.rsqrt", {float32_inputs, build_unary<mx::rsqrt>}},
       {"aten.abs", {float32_inputs, build_unary<mx::abs>}},
       {"aten.reciprocal", {float32_inputs, build_unary<mx::reciprocal>}},
-      {"aten.erf", {float32_inputs, build_unary<mx::erf>}},
+      {"aten.erf", {float32_inputs, erf}},
       {"aten.sin", {float32_inputs, build_unary<mx::sin>}},
       {"aten.cos", {float32_inputs, build_unary<mx::cos>}},
       {"aten.sigmoid", {float32_inputs, build_unary<mx::sigmoid>}},
@@ -1133,7 +1168,7 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.addmm", {float32_inputs, addmm}},
       {"aten.mm", {float32_inputs, matmul}},
       {"aten.bmm", {float32_inputs, matmul}},
-      {"aten.native_batch_norm", {check_norm, batch_norm, prepare_bn, false, 0b11110}},
+      {"aten.native_batch_norm", {check_norm, batch_norm, prepare_bn, true, 0b11110}},
       {"aten.native_layer_norm", {check_norm, layer_norm, nullptr, true}},
       {"aten.native_group_norm", {check_norm, group_norm, nullptr, true}},
       {"aten.rms_norm", {check_norm, rms_norm, nullptr, true}},

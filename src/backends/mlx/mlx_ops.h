@@ -73,7 +73,7 @@ struct OpLowering {
   BuildFn build;
   PrepareFn prepare = nullptr;
   /// With a reduced compute dtype, run this op in float32 (inputs converted up, the result
-  /// down): norm statistics, softmax, reductions and averaging.
+  /// down): norm statistics, softmax, reductions and averaging. Their prepared arrays stay float32.
   bool float32_inside = false;
   /// Bit i set: when `prepare` returned arrays, build does not read input i (it reads the prepared
   /// form), so a constant used only there is released after init (one copy of conv weights).
