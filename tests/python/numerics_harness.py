@@ -486,34 +486,11 @@ DOCUMENTED: list[Diff] = [
 #: src/backends/xnnpack), listed so that the suite stays green meanwhile: test_numerics expects each
 #: to fail where it is run (strict: when one is fixed, the test says to remove it here).
 PENDING: list[Diff] = [
-    Diff("layer_norm", "mlx", "offset", "mlx lowers layer norm to mx::fast::layer_norm, a one-pass variance "
-         "(E[x^2] - E[x]^2) that cancels when the mean is large against the spread (branch mlxnorm)", precision="float32"),
-    Diff("group_norm", "mlx", "offset", "group norm through mx::fast::layer_norm over each group: one-pass "
-         "variance (branch mlxnorm)", precision="float32"),
-    Diff("instance_norm", "mlx", "offset", "as group_norm (branch mlxnorm)", precision="float32"),
     Diff("[lgir]*_norm", "mlx", "huge", "MLX's fast layer_norm / rms_norm accumulate squares in float32, which "
          "overflow for a spread above ~1.8e19 (Kiln's cpu kernels recompute such rows in double)", precision="float32"),
     Diff("rms_norm", "mlx", "offset", "rms_norm on mlx (mx::fast::rms_norm) sums the squares in float32: for a long "
          "row of large values the sum's rounding reaches the output (1.5e-5 at 4099 values of 1000 + 0.01 N); "
          "pairwise or compensated summation keeps it", "error", "float32", ((2, 4099),)),
-    Diff("var*", "mlx", "offset", "aten.var on mlx: x - mean(x) with MLX's float32 mean, whose rounding (~1e-3 at "
-         "1000 over 1023 values) enters the variance squared; a shift by the first element (as Kiln's cpu norms) or "
-         "a compensated mean keeps it", precision="float32"),
-    Diff("std", "mlx", "offset", "as var (std = sqrt(var))", precision="float32"),
-    Diff("batch_norm", "[mx]*", "offset*", "inference batch norm lowered as x * scale + (b - mean * scale) (the fold "
-         "PyTorch's CPU kernel also uses): x * scale and mean * scale cancel when |mean| >> sqrt(var); (x - mean) * "
-         "scale + b does not (Kiln's cpu kernel)"),
-    Diff("batch_norm", "[mx]*", "huge", "as batch_norm offset (the 1-element case: mean = x = 1e30)",
-         shapes=((1, 1, 1, 1),)),
-    Diff("log_softmax", "mlx", "offset", "log_softmax lowered as x - logsumexp(x): the float32 rounding of "
-         "logsumexp (~1000) stays in an output of ~2; (x - max) - log(sum(exp(x - max))) (ATen) keeps it",
-         precision="float32"),
-    Diff("log_softmax", "mlx", "special", "x - logsumexp(x): a row holding +inf (no NaN) gives -inf for its finite "
-         "elements where ATen's formula (and Kiln's kernels) give NaN", "specials"),
-    Diff("hardswish", "mlx", "wide", "mlx lowers hardswish as x * relu6(x + 3) / 6, which overflows for x > "
-         "FLT_MAX / 6 (fixed in Kiln's kernels: x * (relu6(x + 3) / 6))", "specials", "float32"),
-    Diff("conv2d_depthwise", "mlx", "offset100", "the taps lowering of depthwise convolution sums the 9 products in "
-         "bfloat16 (measured 1.1e-2)", "error", "bfloat16"),
 ]
 
 

@@ -92,12 +92,10 @@ mx::array relu6_plus3_div6(BuildCtx& c, const mx::array& x) {
 mx::array hardsigmoid(BuildCtx& c, const NodeView&, const Inputs& in, const std::vector<mx::array>&) {
   return relu6_plus3_div6(c, *in[0]);
 }
-// x * relu6(x + 3) / 6 (hardswish_kernel).
+// x * (relu6(x + 3) / 6) (hardswish_kernel's value), divided before the product so that it does
+// not overflow for x > FLT_MAX / 6 (as Kiln's kernels; docs/numerics.md).
 mx::array hardswish(BuildCtx& c, const NodeView&, const Inputs& in, const std::vector<mx::array>&) {
-  const auto dt = in[0]->dtype();
-  mx::array t = mx::add(*in[0], scalar(3, dt), c.dev);
-  t = mx::minimum(mx::maximum(t, scalar(0, dt), c.dev), scalar(6, dt), c.dev);
-  return mx::divide(mx::multiply(*in[0], t, c.dev), scalar(6, dt), c.dev);
+  return mx::multiply(*in[0], relu6_plus3_div6(c, *in[0]), c.dev);
 }
 // min(max(x, lo), hi): PyTorch's clamp order, so lo > hi gives hi everywhere.
 mx::array clamp_range(BuildCtx& c, const mx::array& x, std::optional<double> lo, std::optional<double> hi) {
@@ -274,8 +272,12 @@ mx::array argmax_first(BuildCtx& c, const NodeView& n, const Inputs& in, const s
 mx::array softmax(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
   const int axis = wrap(n.attrs.get_int("dim"), in_type(n, 0).dim());
   if (n.op == "aten._softmax") return mx::softmax(*in[0], std::vector<int>{axis}, /*precise=*/true, c.dev);
-  // log_softmax = x - logsumexp(x) (PyTorch: x - max - log(sum(exp(x - max)))).
-  return mx::subtract(*in[0], mx::logsumexp(*in[0], axis, /*keepdims=*/true, c.dev), c.dev);
+  // log_softmax = (x - max) - log(sum(exp(x - max))), ATen's formula (host_softmax in
+  // aten/src/ATen/native/cpu/SoftMaxKernel.cpp): x - logsumexp(x) would keep the float32 rounding
+  // of logsumexp (~|max|) in outputs much smaller than it, and differs from ATen on rows holding +inf.
+  const mx::array shifted = mx::subtract(*in[0], mx::max(*in[0], axis, /*keepdims=*/true, c.dev), c.dev);
+  const mx::array lse = mx::log(mx::sum(mx::exp(shifted, c.dev), axis, /*keepdims=*/true, c.dev), c.dev);
+  return mx::subtract(shifted, lse, c.dev);
 }
 Error check_softmax(const NodeView& n) {
   KILN_RETURN_IF_ERROR(float32_inputs(n));
@@ -428,14 +430,17 @@ mx::array conv_by_taps(BuildCtx& c, const mx::array& x, const mx::array& w, cons
     mx::array y = mx::matmul(cols, mx::transpose(mx::reshape(w, {O, kk * C}, c.dev), c.dev), c.dev);
     return mx::reshape(y, {N, oh, ow, O}, c.dev);
   }
-  const mx::array wt = mx::reshape(w, {C, kk}, c.dev);
+  // The taps are summed in float32 under fp16 / bf16 compute (a convolution accumulates in float32
+  // on every MLX device; summing 9 bf16 products in bf16 loses 1e-2 relative).
+  const mx::Dtype acc_dtype = mx::float32;
+  const mx::array wt = mx::astype(mx::reshape(w, {C, kk}, c.dev), acc_dtype, c.dev);
   std::optional<mx::array> acc;
   for (int t = 0; t < kk; ++t) {
     mx::array wc = mx::reshape(mx::slice(wt, {0, t}, {C, t + 1}, c.dev), {C}, c.dev);
-    mx::array term = mx::multiply(taps[static_cast<size_t>(t)], wc, c.dev);
+    mx::array term = mx::multiply(mx::astype(taps[static_cast<size_t>(t)], acc_dtype, c.dev), wc, c.dev);
     acc = acc ? mx::add(*acc, term, c.dev) : term;
   }
-  return *acc;
+  return mx::astype(*acc, x.dtype(), c.dev);
 }
 
 // The convolution of geometry `g` (src/ir/ops/conv.h) of input x (Kiln's layout: [N, C, L] or

@@ -91,7 +91,11 @@ mx::array var(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vecto
   const mx::array d = mx::subtract(x, mx::mean(x, axes, true, c.dev), c.dev);
   const mx::array s1 = mx::sum(d, axes, keep, c.dev);
   const mx::array s2 = mx::sum(mx::multiply(d, d, c.dev), axes, keep, c.dev);
-  const mx::array ss = mx::subtract(s2, mx::divide(mx::multiply(s1, s1, c.dev), mx::array(static_cast<float>(count), s1.dtype()), c.dev), c.dev);
+  // sum(d) * (sum(d) / N) <= sum(d^2) (Cauchy-Schwarz), so the correction overflows only with
+  // sum(d^2); where that is +inf (a spread beyond float32) the variance is +inf, not inf - inf.
+  const mx::array s1n = mx::divide(s1, mx::array(static_cast<float>(count), s1.dtype()), c.dev);
+  mx::array ss = mx::subtract(s2, mx::multiply(s1, s1n, c.dev), c.dev);
+  ss = mx::where(mx::isinf(s2, c.dev), s2, ss, c.dev);
   return mx::divide(ss, mx::array(static_cast<float>(count - corr), ss.dtype()), c.dev);
 }
 
