@@ -66,10 +66,18 @@ def _method_backends(report: dict) -> dict[tuple[str, int], set[str]]:
     return out
 
 
+def _xnnpack_off(value) -> bool:
+    return value is not None and value != "" and value != "0"  # src/backends/xnnpack: is_available
+
+
 @contextlib.contextmanager
 def _xnnpack_env(disabled: bool):
-    """KILN_XNNPACK_DISABLE set to "1" (disabled) or "" (enabled) for the block, then restored."""
+    """KILN_XNNPACK_DISABLE set to "1" (disabled) or "" (enabled) for the block, then restored;
+    the environment is left alone when it already says so (setenv is not thread-safe)."""
     old = os.environ.get("KILN_XNNPACK_DISABLE")
+    if _xnnpack_off(old) == disabled:
+        yield
+        return
     os.environ["KILN_XNNPACK_DISABLE"] = "1" if disabled else ""
     try:
         yield

@@ -85,6 +85,20 @@ def test_hook_catches_a_delegate_init_failure(backend):
     assert load_check.init_every_method(data)[0]["methods"] == {"forward": 0}
 
 
+@pytest.mark.skipif("xnnpack" not in BUILT, reason="needs the xnnpack backend")
+def test_hook_checks_xnnpack_even_where_the_environment_disables_it(monkeypatch):
+    monkeypatch.setenv("KILN_XNNPACK_DISABLE", "1")
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", _graph())
+    with _hook_over(lambda data, report: _corrupt_boundary_count(data, "xnnpack")) as recorded:
+        with pytest.raises(load_check.LoadCheckError, match="backend 'xnnpack' init failed"):
+            pb.compile(backends=["xnnpack"])
+    assert len(recorded) == 1 and os.environ["KILN_XNNPACK_DISABLE"] == "1"
+    data, _ = pb.compile(backends=["xnnpack"])
+    with pytest.raises(kiln.KilnError, match="KILN_XNNPACK_DISABLE"):  # the test itself still sees it disabled
+        kiln.load_bytes(data).method("forward")
+
+
 def test_hook_loads_only_programs_with_a_delegate_segment():
     pb = kiln.ProgramBuilder()
     pb.add_method("forward", _graph())
