@@ -787,7 +787,12 @@ def test_reduced_precision_whole_model(dtype):
     with torch.no_grad():
         ref = m(x).numpy()
     assert_close(out, ref, HALF_REL, f"mv3 {dtype}")
-    assert list(np.argsort(-out[0])[:5]) == list(np.argsort(-ref[0])[:5])
+    # The top 5 in order, up to ties at the output's precision: a float16 / bfloat16 output keeps
+    # 11 / 8 significant bits, so logits closer than its spacing (2^-10 / 2^-7 relative) may round to
+    # one number and swap (bf16: ref 0.010260 and 0.010204 both give 0.010254).
+    spacing = (2.0 ** -10 if dtype == "float16" else 2.0 ** -7) * float(np.abs(ref).max())
+    top, want = np.argsort(-out[0], kind="stable")[:5], np.sort(ref[0])[::-1][:5]
+    assert np.all(np.abs(ref[0][top] - want) <= spacing), (top, ref[0][top], want)
 
 
 def test_compute_dtype_must_be_a_float_type():
