@@ -687,6 +687,13 @@ class XnnpackBackend : public Backend {
       if (!ok) return bad("truncated");
       auto dims_out = infer(xn.op, xn.in, xn.params, values, *h);
       if (!dims_out.ok()) return bad("node " + std::to_string(k) + ": " + dims_out.error().message());
+      // Every value within the boundaries' limit: XNNPACK multiplies dims in size_t unchecked, so
+      // a larger one (broadcasts, padded convolutions of large inputs) could wrap its buffer sizes.
+      {
+        std::vector<int64_t> s;
+        for (size_t d : dims_out.value()) s.push_back(d > kMaxElems ? -1 : static_cast<int64_t>(d));
+        if (!check_dims(s)) return bad("node " + std::to_string(k) + ": output has more than 2^34 elements");
+      }
       XValue v;
       v.dims = std::move(dims_out.value());
       if (xn.op == kLiteral) v.data = h->owned.back().data();
