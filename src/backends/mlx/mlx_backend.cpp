@@ -24,6 +24,14 @@
 // tracing it, and fuses it with mlx::core::compile. execute wraps the inputs the same way,
 // evaluates once (one synchronization) and copies the outputs. Each handle has its own compiled
 // function; there is no lock shared between programs.
+//
+// Memory: MLX does not survive an allocation that fails (measured on mlx 0.32.4's CPU device: it
+// writes through the null buffer), so init refuses a payload any of whose values is larger than
+// the load setting mlx.max_value_bytes (a decimal byte count; default: this machine's physical
+// memory, which no value larger than can ever be allocated) with MemoryAllocationFailed naming the
+// value. Values up to the limit are left to MLX.
+#include <unistd.h>
+
 #include <mlx/compile.h>
 #include <mlx/mlx.h>
 
@@ -249,7 +257,9 @@ Error bad(std::string why) {
 Result<mx::Device> pick_device(const BackendSettings& settings) {
   std::string want, from = "KILN_MLX_DEVICE";
   for (const auto& [k, v] : settings) {
-    if (k.rfind("mlx.", 0) == 0 && k != "mlx.device") return Error(ErrorCode::NotFound, "mlx: unknown setting '" + k + "'");
+    if (k.rfind("mlx.", 0) == 0 && k != "mlx.device" && k != "mlx.max_value_bytes") {
+      return Error(ErrorCode::NotFound, "mlx: unknown setting '" + k + "'");
+    }
   }
   if (const std::string* s = find_setting(settings, "mlx.device")) {
     want = *s;
@@ -269,6 +279,36 @@ Result<mx::Device> pick_device(const BackendSettings& settings) {
   }
   if (!gpu) return Error(ErrorCode::NotFound, "mlx: no GPU device (load with the setting mlx.device=cpu, or set KILN_MLX_DEVICE=cpu, to run on MLX's CPU device)");
   return mx::Device(mx::Device::gpu);
+}
+
+/// The largest value (bytes) init accepts: the setting mlx.max_value_bytes, else the machine's
+/// physical memory (UINT64_MAX when unknown). NotFound for a setting that is not a decimal count.
+Result<uint64_t> max_value_bytes(const BackendSettings& settings) {
+  if (const std::string* s = find_setting(settings, "mlx.max_value_bytes")) {
+    uint64_t v = 0;
+    bool ok = !s->empty() && s->size() <= 19;
+    for (char ch : *s) {
+      ok = ok && ch >= '0' && ch <= '9';
+      v = v * 10 + static_cast<uint64_t>(ch - '0');
+    }
+    if (!ok) return Error(ErrorCode::NotFound, "mlx: setting mlx.max_value_bytes='" + *s + "' is not a byte count");
+    return v;
+  }
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return UINT64_MAX;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+}
+
+/// Bytes of a value of type t, saturating at UINT64_MAX (sizes come from an untrusted payload;
+/// negative sizes count as UINT64_MAX).
+uint64_t value_bytes(const TensorType& t) {
+  uint64_t n = dtype_size(t.dtype);
+  for (int64_t d : t.sizes) {
+    if (d < 0) return UINT64_MAX;
+    if (d != 0 && n > UINT64_MAX / static_cast<uint64_t>(d)) return UINT64_MAX;
+    n *= static_cast<uint64_t>(d);
+  }
+  return n;
 }
 
 /// One node of the verified payload, ready to build.
@@ -376,7 +416,9 @@ class MlxBackend : public Backend {
 
   Error is_available(const BackendSettings& settings) const override {
     auto d = pick_device(settings);
-    return d.ok() ? Error() : d.error();
+    if (!d.ok()) return d.error();
+    auto limit = max_value_bytes(settings);
+    return limit.ok() ? Error() : limit.error();
   }
 
   Result<std::unique_ptr<DelegateHandle>> init(std::span<const uint8_t> payload,
@@ -384,10 +426,14 @@ class MlxBackend : public Backend {
                                                std::span<const TensorType> inputs,
                                                std::span<const TensorType> outputs,
                                                const DelegateOptions& options) const override {
-    auto dev = pick_device(options.settings ? *options.settings : BackendSettings{});
+    const BackendSettings no_settings;
+    const BackendSettings& settings = options.settings ? *options.settings : no_settings;
+    auto dev = pick_device(settings);
     if (!dev.ok()) return dev.error();
+    auto limit = max_value_bytes(settings);
+    if (!limit.ok()) return limit.error();
     try {
-      return init_on(dev.value(), payload, constants, inputs, outputs);
+      return init_on(dev.value(), limit.value(), payload, constants, inputs, outputs);
     } catch (const std::exception& e) {
       return Error(ErrorCode::InvalidProgram, std::string("mlx: building the computation failed: ") + e.what());
     }
@@ -460,7 +506,7 @@ class MlxBackend : public Backend {
     return out;
   }
 
-  static Result<std::unique_ptr<DelegateHandle>> init_on(mx::Device dev, std::span<const uint8_t> payload,
+  static Result<std::unique_ptr<DelegateHandle>> init_on(mx::Device dev, uint64_t max_bytes, std::span<const uint8_t> payload,
                                                          std::span<const std::span<const uint8_t>> constants,
                                                          std::span<const TensorType> inputs,
                                                          std::span<const TensorType> outputs) {
@@ -544,6 +590,14 @@ class MlxBackend : public Backend {
       if (out.value().size() != 1) return bad(where + ": ops with several outputs are not lowered");
       s.node.attrs = std::move(attrs.value());
       s.node.out = out.value()[0];
+      // Before check_node, which multiplies the sizes in int64 (an inferred type may overflow it).
+      if (const uint64_t nb = value_bytes(s.node.out); nb > max_bytes) {
+        return Error(ErrorCode::MemoryAllocationFailed,
+                     "mlx: " + where + " (" + s.node.op + "): its output " + s.node.out.to_string() + " needs " +
+                         (nb == UINT64_MAX ? std::string("more than 2^64") : std::to_string(nb)) +
+                         " bytes, above the limit of " + std::to_string(max_bytes) +
+                         " (load setting mlx.max_value_bytes; default: this machine's memory)");
+      }
       if (Error e = mlxb::check_node(s.node); !e.ok()) return bad(where + " (" + s.node.op + "): " + e.message());
       plan->value_types.push_back(s.node.out);
       plan->steps.push_back(std::move(s));
