@@ -723,6 +723,7 @@ Error conv_Split(NodeCtx& c) {
 Result<ValueId> gather(NodeCtx& c, ValueId x, ValueId idx, int64_t axis) {
   const int64_t r = c.rank(x);
   const Ints s = c.type(x).sizes;
+  if (axis < 0 || axis >= r) return c.invalid("gather axis " + std::to_string(axis) + " out of range for rank " + std::to_string(r));
   const int64_t dim = s[static_cast<size_t>(axis)];
   const TensorType it = c.type(idx);
   if (it.dtype != DType::Int64 && it.dtype != DType::Int32) return c.invalid("indices must be int32 or int64");
@@ -815,9 +816,14 @@ Error conv_Tile(NodeCtx& c) {
   Ints v1, ex, out;
   for (size_t i = 0; i < s.size(); ++i) {
     if (reps[i] < 0) return c.invalid("negative repeat");
+    int64_t d = 0;  // repeats come from the file: the product must not overflow
+    if (__builtin_mul_overflow(reps[i], s[i], &d)) {
+      return c.invalid("repeat " + std::to_string(reps[i]) + " of dim " + std::to_string(i) + " (size " +
+                       std::to_string(s[i]) + ") overflows int64");
+    }
     v1.push_back(1), v1.push_back(s[i]);
     ex.push_back(reps[i]), ex.push_back(s[i]);
-    out.push_back(reps[i] * s[i]);
+    out.push_back(d);
   }
   TRY(a, view(c, x, v1));
   TRY(e, c.emit("aten.expand", {a}, {{"size", ex}}));
@@ -2655,6 +2661,9 @@ Result<ValueId> nll_loss(NodeCtx& c, ValueId x, ValueId t, ValueId w, const std:
   if (c.type(t).sizes != ts) return c.invalid("target shape must be the input's without dim 1");
   if (c.type(x).dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(c.type(x).dtype));
   if (reduction != "none" && reduction != "sum" && reduction != "mean") return c.invalid("reduction '" + reduction + "'");
+  if (w != kNoValue && c.type(w).sizes != Ints{xs[1]}) {
+    return c.invalid("weight must be [C] = [" + std::to_string(xs[1]) + "], got " + sizes_to_string(c.type(w).sizes));
+  }
   ValueId ti = t;
   if (c.type(t).dtype != DType::Int64) {
     TRY(v, c.emit("aten._to_copy", {t}, {{"dtype", std::string("int64")}}));
