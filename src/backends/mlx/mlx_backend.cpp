@@ -26,10 +26,11 @@
 // function; there is no lock shared between programs.
 //
 // Memory: MLX does not survive an allocation that fails (measured on mlx 0.32.4's CPU device: it
-// writes through the null buffer), so init refuses a payload any of whose values is larger than
-// the load setting mlx.max_value_bytes (a decimal byte count; default: this machine's physical
-// memory, which no value larger than can ever be allocated) with MemoryAllocationFailed naming the
-// value. Values up to the limit are left to MLX.
+// writes through the null buffer), so init refuses a payload that would build an array larger
+// than the load setting mlx.max_array_bytes (a decimal byte count; default: this machine's
+// physical memory, beyond which no array can ever be allocated) with MemoryAllocationFailed: every
+// node's output, checked as it is decoded, and every array of the traced computation (the
+// lowerings' temporaries too, e.g. a padded input of a pooling window), walked once at init.
 #include <unistd.h>
 
 #include <mlx/compile.h>
@@ -257,7 +258,7 @@ Error bad(std::string why) {
 Result<mx::Device> pick_device(const BackendSettings& settings) {
   std::string want, from = "KILN_MLX_DEVICE";
   for (const auto& [k, v] : settings) {
-    if (k.rfind("mlx.", 0) == 0 && k != "mlx.device" && k != "mlx.max_value_bytes") {
+    if (k.rfind("mlx.", 0) == 0 && k != "mlx.device" && k != "mlx.max_array_bytes") {
       return Error(ErrorCode::NotFound, "mlx: unknown setting '" + k + "'");
     }
   }
@@ -281,17 +282,17 @@ Result<mx::Device> pick_device(const BackendSettings& settings) {
   return mx::Device(mx::Device::gpu);
 }
 
-/// The largest value (bytes) init accepts: the setting mlx.max_value_bytes, else the machine's
+/// The largest array (bytes) init accepts: the setting mlx.max_array_bytes, else the machine's
 /// physical memory (UINT64_MAX when unknown). NotFound for a setting that is not a decimal count.
-Result<uint64_t> max_value_bytes(const BackendSettings& settings) {
-  if (const std::string* s = find_setting(settings, "mlx.max_value_bytes")) {
+Result<uint64_t> max_array_bytes(const BackendSettings& settings) {
+  if (const std::string* s = find_setting(settings, "mlx.max_array_bytes")) {
     uint64_t v = 0;
     bool ok = !s->empty() && s->size() <= 19;
     for (char ch : *s) {
       ok = ok && ch >= '0' && ch <= '9';
       v = v * 10 + static_cast<uint64_t>(ch - '0');
     }
-    if (!ok) return Error(ErrorCode::NotFound, "mlx: setting mlx.max_value_bytes='" + *s + "' is not a byte count");
+    if (!ok) return Error(ErrorCode::NotFound, "mlx: setting mlx.max_array_bytes='" + *s + "' is not a byte count");
     return v;
   }
   const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
@@ -309,6 +310,29 @@ uint64_t value_bytes(const TensorType& t) {
     n *= static_cast<uint64_t>(d);
   }
   return n;
+}
+
+/// MemoryAllocationFailed when an array of the lazy graphs under `roots` (inputs and siblings,
+/// transitively) is larger than `max_bytes`: evaluating it would need that allocation.
+Error check_array_sizes(const std::vector<mx::array>& roots, uint64_t max_bytes) {
+  std::vector<mx::array> stack(roots.begin(), roots.end());
+  std::set<std::uintptr_t> seen;
+  while (!stack.empty()) {
+    const mx::array a = stack.back();
+    stack.pop_back();
+    if (!seen.insert(a.id()).second) continue;
+    if (a.nbytes() > max_bytes) {
+      std::string shape;
+      for (int d : a.shape()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      return Error(ErrorCode::MemoryAllocationFailed,
+                   "mlx: the computation builds an array [" + shape + "] of " + std::to_string(a.nbytes()) +
+                       " bytes, above the limit of " + std::to_string(max_bytes) +
+                       " (load setting mlx.max_array_bytes; default: this machine's memory)");
+    }
+    for (const mx::array& in : a.inputs()) stack.push_back(in);
+    for (const mx::array& sib : a.siblings()) stack.push_back(sib);
+  }
+  return {};
 }
 
 /// One node of the verified payload, ready to build.
@@ -417,7 +441,7 @@ class MlxBackend : public Backend {
   Error is_available(const BackendSettings& settings) const override {
     auto d = pick_device(settings);
     if (!d.ok()) return d.error();
-    auto limit = max_value_bytes(settings);
+    auto limit = max_array_bytes(settings);
     return limit.ok() ? Error() : limit.error();
   }
 
@@ -430,7 +454,7 @@ class MlxBackend : public Backend {
     const BackendSettings& settings = options.settings ? *options.settings : no_settings;
     auto dev = pick_device(settings);
     if (!dev.ok()) return dev.error();
-    auto limit = max_value_bytes(settings);
+    auto limit = max_array_bytes(settings);
     if (!limit.ok()) return limit.error();
     try {
       return init_on(dev.value(), limit.value(), payload, constants, inputs, outputs);
@@ -596,7 +620,7 @@ class MlxBackend : public Backend {
                      "mlx: " + where + " (" + s.node.op + "): its output " + s.node.out.to_string() + " needs " +
                          (nb == UINT64_MAX ? std::string("more than 2^64") : std::to_string(nb)) +
                          " bytes, above the limit of " + std::to_string(max_bytes) +
-                         " (load setting mlx.max_value_bytes; default: this machine's memory)");
+                         " (load setting mlx.max_array_bytes; default: this machine's memory)");
       }
       if (Error e = mlxb::check_node(s.node); !e.ok()) return bad(where + " (" + s.node.op + "): " + e.message());
       plan->value_types.push_back(s.node.out);
@@ -654,6 +678,7 @@ class MlxBackend : public Backend {
       mx::array& a = plan->constants[c];
       if (still_read[c] && plan->compute != mx::float32 && a.dtype() == mx::float32) convert(a);
     }
+    KILN_RETURN_IF_ERROR(check_array_sizes(to_eval, max_bytes));
     if (!to_eval.empty()) mx::eval(to_eval);
     for (uint32_t c = 0; c < nc; ++c) {
       if (!still_read[c]) plan->constants[c] = mx::array(0.0f);
@@ -670,6 +695,8 @@ class MlxBackend : public Backend {
     std::vector<mx::array> probe;
     for (const TensorType& t : h->in_types) probe.push_back(mx::zeros(to_shape(t.sizes), mlxb::to_mx(t.dtype), dev));
     const auto traced = run_plan(*plan, probe, &h->check_messages);
+    // Every array the computation builds, within the limit (the graph is lazy: nothing allocated yet).
+    KILN_RETURN_IF_ERROR(check_array_sizes(traced, max_bytes));
     for (size_t o = 0; o < no; ++o) {
       if (!(traced[o].shape() == to_shape(outputs[o].sizes)) || traced[o].dtype() != mlxb::to_mx(outputs[o].dtype)) {
         return bad("output " + std::to_string(o) + " does not build to " + outputs[o].to_string());
