@@ -216,17 +216,40 @@ TEST(FuzzRegressions, MlxRefusesALoweringTemporaryAboveTheLimit) {
       << h.error().to_string();
 }
 
+// Fuzz finding (kiln_mlx_payload_fuzzer, regressions/conv-taps-int32-overflow.case): a
+// convolution with a dilation near 2^28 made the taps lowering compute its padded extent in int
+// (signed overflow, UBSan). The op's check (support and init alike) now declines a window whose
+// padded extent exceeds MLX's int32 sizes.
+TEST(FuzzRegressions, MlxDeclinesAWindowBeyondInt32) {
+  const Backend* mlx = BackendRegistry::get().find("mlx");
+  if (mlx == nullptr) GTEST_SKIP() << "mlx backend not built";
+  auto c = fuzz::decode_case(read_regression("kiln_mlx_payload_fuzzer", "conv-taps-int32-overflow.case"));
+  ASSERT_TRUE(c.has_value());
+  std::vector<std::span<const uint8_t>> constants(c->constants.begin(), c->constants.end());
+  const BackendSettings settings = {{"mlx.device", "cpu"}};
+  DelegateOptions options;
+  options.settings = &settings;
+  auto h = mlx->init(c->payload, constants, c->inputs, c->outputs, options);
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.error().code(), ErrorCode::InvalidProgram) << h.error().to_string();
+  EXPECT_NE(h.error().message().find("exceeds MLX's int32 sizes"), std::string::npos) << h.error().to_string();
+}
+
 // Fuzz findings of kiln_onnx_import_fuzzer: Tile with a repeat whose product with the dim
 // overflows int64 (signed overflow, UBSan); NegativeLogLikelihoodLoss with a 0-d weight (read
-// past an empty size list). Both are InvalidProgram naming the node now.
+// past an empty size list); Reshape to sizes whose product overflows int64; Tile of a zero-size
+// input to sizes beyond the program format (see below). All are InvalidProgram naming the node.
 TEST(FuzzRegressions, OnnxImporterRejectsTheFuzzersModels) {
 #ifndef KILN_HAVE_ONNX
   GTEST_SKIP() << "ONNX importer not built";
 #else
   const std::string dir = std::string(KILN_SOURCE_DIR) + "/tests/fuzz/regressions/kiln_onnx_import_fuzzer/";
   // The fuzzer gives a dynamic dim other than the first the size 64 (tile's input is 1x2x3x?).
-  for (const auto& [file, message] : {std::pair{"tile-repeat-overflow.onnx", "Tile): repeat 576460752303423492 of dim 3"},
-                                      std::pair{"nll-loss-weight-rank-0.onnx", "weight must be [C] = [5], got []"}}) {
+  for (const auto& [file, message] :
+       {std::pair{"tile-repeat-overflow.onnx", "Tile): repeat 576460752303423492 of dim 3"},
+        std::pair{"nll-loss-weight-rank-0.onnx", "weight must be [C] = [5], got []"},
+        std::pair{"reshape-shape-product-overflow.onnx", "cannot reshape [1, 9, 4, 4] to [1, 577034697373122561"},
+        std::pair{"tile-zero-size-beyond-format-limit.onnx", "exceeds the program format's limits"}}) {
     onnx::ImportOptions o;
     if (std::string(file) == "tile-repeat-overflow.onnx") o.input_shapes["0"] = {1, 2, 3, 64};
     auto m = onnx::import_model(dir + file, o);
@@ -240,28 +263,38 @@ TEST(FuzzRegressions, OnnxImporterRejectsTheFuzzersModels) {
 // Fuzz finding (kiln_onnx_import_fuzzer's compile -> load property,
 // regressions/tile-zero-size-beyond-format-limit.onnx): Tile of a [0, 2, 3, 4] input gave a
 // zero-element value whose other sizes multiply past the loader's 2^46-byte limit; the compiler
-// wrote it and the loader refused the file. The compiler now refuses what the loader would.
+// wrote it and the loader refused the file. Now Graph::add_node refuses an output beyond the
+// program format's limits (so every numel of a graph fits in int64: the ONNX Reshape overflow of
+// regressions/reshape-shape-product-overflow.onnx came from such sizes), and the compiler refuses
+// a graph input beyond them.
 TEST(FuzzRegressions, CompilerRefusesWhatTheLoaderWould) {
   for (const std::vector<int64_t>& sizes : {std::vector<int64_t>{0, int64_t{1} << 30, int64_t{1} << 30},
                                             std::vector<int64_t>(17, 1)}) {
     Graph g;
     ValueId x = g.add_input("x", {DType::Float32, sizes});
     auto y = g.add_node("aten.relu", {x}, {});
-    ASSERT_TRUE(y.ok()) << y.error().to_string();
-    ASSERT_TRUE(g.set_outputs({y.value()[0]}).ok());
+    ASSERT_FALSE(y.ok()) << sizes_to_string(sizes);
+    EXPECT_EQ(y.error().code(), ErrorCode::InvalidArgument) << y.error().to_string();
+    EXPECT_NE(y.error().message().find("exceeds the program format's limits"), std::string::npos) << y.error().to_string();
+    // The same type as a graph input (not produced by a node): the compiler refuses it.
+    Graph h;
+    h.add_input("big", {DType::Float32, sizes});
+    ValueId small = h.add_input("small", {DType::Float32, {2}});
+    auto r = h.add_node("aten.relu", {small}, {});
+    ASSERT_TRUE(r.ok()) << r.error().to_string();
+    ASSERT_TRUE(h.set_outputs({r.value()[0]}).ok());
     ProgramBuilder pb;
-    ASSERT_TRUE(pb.add_method("forward", std::move(g)).ok());
+    ASSERT_TRUE(pb.add_method("forward", std::move(h)).ok());
     auto compiled = pb.compile();
     ASSERT_FALSE(compiled.ok()) << sizes_to_string(sizes);
     EXPECT_EQ(compiled.error().code(), ErrorCode::InvalidArgument) << compiled.error().to_string();
-    EXPECT_NE(compiled.error().message().find("exceeds the program format's limits"), std::string::npos)
-        << compiled.error().to_string();
+    EXPECT_NE(compiled.error().message().find("value 'big'"), std::string::npos) << compiled.error().to_string();
   }
   // At the limit (2^44 float32 elements beside a zero: 2^46 bytes counted) it compiles and loads.
   Graph g;
   ValueId x = g.add_input("x", {DType::Float32, {0, int64_t{1} << 22, int64_t{1} << 22}});
   auto y = g.add_node("aten.relu", {x}, {});
-  ASSERT_TRUE(y.ok());
+  ASSERT_TRUE(y.ok()) << y.error().to_string();
   ASSERT_TRUE(g.set_outputs({y.value()[0]}).ok());
   ProgramBuilder pb;
   ASSERT_TRUE(pb.add_method("forward", std::move(g)).ok());

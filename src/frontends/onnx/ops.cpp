@@ -491,18 +491,25 @@ Error conv_Reshape(NodeCtx& c) {
       return c.invalid("shape has negative size " + std::to_string(out[i]));
     }
   }
+  // Products of the requested sizes (from the file) with overflow checks: one that overflows
+  // cannot equal the input's element count.
+  auto product = [&](int skip, int64_t* n) {
+    *n = 1;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (static_cast<int>(i) != skip && __builtin_mul_overflow(*n, out[i], n)) return false;
+    }
+    return true;
+  };
+  const int64_t total = c.type(x).numel();
   if (infer >= 0) {
     int64_t known = 1;
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (static_cast<int>(i) != infer) known *= out[i];
-    }
-    const int64_t total = c.type(x).numel();
-    if (known == 0 || total % known != 0) {
+    if (!product(infer, &known) || known == 0 || total % known != 0) {
       return c.invalid("cannot reshape " + sizes_to_string(in) + " to " + sizes_to_string(shape));
     }
     out[static_cast<size_t>(infer)] = total / known;
   }
-  if (numel_of(out) != c.type(x).numel()) return c.invalid("cannot reshape " + sizes_to_string(in) + " to " + sizes_to_string(shape));
+  int64_t n = 0;
+  if (!product(-1, &n) || n != total) return c.invalid("cannot reshape " + sizes_to_string(in) + " to " + sizes_to_string(shape));
   TRY(y, c.emit("aten.view", {x}, {{"size", out}}));
   return c.set_output(0, y);
 }
