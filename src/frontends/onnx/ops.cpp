@@ -1705,13 +1705,14 @@ Error pool(NodeCtx& c, bool is_max) {
       aten.push_back(s.pad_end[k]);
     }
     const TensorType xt = c.type(x);
+    // Before filling the float32 mask: an int8 or float16 input's nbytes would not hold it.
+    if (xt.dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(xt.dtype));
     KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(xt.numel()), 4, "the count mask"));
     std::vector<uint8_t> ones(xt.nbytes());
     for (int64_t i = 0; i < xt.numel(); ++i) {
       const float one = 1.0f;
       std::memcpy(ones.data() + static_cast<size_t>(i) * 4, &one, 4);
     }
-    if (xt.dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(xt.dtype));
     TRY(mask, c.constant(xt, std::move(ones)));
     Attributes pa{{"kernel_size", s.kernel}, {"stride", s.strides}, {"padding", Ints(s.kernel.size(), 0)},
                   {"ceil_mode", false}, {"count_include_pad", true}};
