@@ -34,6 +34,11 @@ struct ImportOptions {
   std::map<std::string, std::pair<TensorType, std::vector<uint8_t>>> constant_inputs;
   /// Largest model file accepted (bytes); protobuf itself is limited to 2 GiB.
   uint64_t max_file_bytes = uint64_t{2} << 30;
+  /// Largest constant the importer creates or evaluates at import (bytes): a node whose inputs
+  /// are all constants is left to the compiler above it, and a converter that would build a
+  /// larger helper constant (a mask, an index table) refuses the node (NotSupported). Bounds the
+  /// memory a hostile file can make the import allocate (tests/fuzz uses 16 MiB).
+  uint64_t max_constant_bytes = uint64_t{1} << 30;
 };
 
 /// An imported model.

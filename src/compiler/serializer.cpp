@@ -63,6 +63,37 @@ struct ConstantTable {
   }
 };
 
+// InvalidArgument when a tensor the method's file entry would hold breaks the loader's limits
+// (file_format.h: rank, bytes with zero sizes counted as 1), so that what compiles also loads.
+Error check_format_limits(const Graph& g, const std::string& method) {
+  std::vector<bool> used(g.values().size(), false);
+  for (ValueId v : g.inputs()) used[static_cast<size_t>(v)] = true;
+  for (ValueId v : g.outputs()) used[static_cast<size_t>(v)] = true;
+  for (const Node& n : g.nodes()) {
+    for (ValueId v : n.inputs) {
+      if (v != kNoValue) used[static_cast<size_t>(v)] = true;
+    }
+    for (ValueId v : n.outputs) used[static_cast<size_t>(v)] = true;
+  }
+  for (size_t i = 0; i < used.size(); ++i) {
+    if (!used[i]) continue;
+    const Value& v = g.values()[i];
+    bool ok = v.type.dim() <= kMaxTensorRank;
+    uint64_t volume = dtype_size(v.type.dtype);
+    for (int64_t s : v.type.sizes) {
+      const uint64_t f = s <= 0 ? 1 : static_cast<uint64_t>(s);
+      ok = ok && volume <= kMaxTensorBytes / f;
+      if (ok) volume *= f;
+    }
+    if (!ok) {
+      return Error(ErrorCode::InvalidArgument, "method '" + method + "': value '" + v.name + "' " + v.type.to_string() +
+                                                   " exceeds the program format's limits (rank <= 16; at most 2^46 "
+                                                   "bytes, zero sizes counted as 1)");
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Error ProgramBuilder::add_method(std::string name, Graph graph) {
@@ -147,6 +178,7 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         KILN_RETURN_IF_ERROR(run_pass("", quantize_weights(g, options.quantize), &rep.num_quantized));
       }
       if (options.eliminate_dead_code) rep.num_dead = eliminate_dead_code(g);
+      KILN_RETURN_IF_ERROR(check_format_limits(g, name));
       rep.num_nodes = g.nodes().size();
       std::vector<std::string> backends = alternatives[alt];
       rep.alternative = alt;

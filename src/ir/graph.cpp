@@ -1,6 +1,7 @@
 // Graph construction: every node is typed by the op registry as it is added.
 #include "ir/op_registry.h"
 #include "kiln/compiler.h"
+#include "runtime/file_format.h"
 
 namespace kiln {
 
@@ -46,6 +47,22 @@ Result<std::vector<ValueId>> Graph::add_node(const std::string& op, std::vector<
   }
   auto out_types = def->infer_types(types, norm.value());
   if (!out_types.ok()) return Error(out_types.error().code(), out_types.error().message() + where);
+  // No value beyond what a program file may hold (file_format.h): then every numel of the graph
+  // fits in int64, whatever sizes the attributes asked for (an ONNX Tile's repeats, ...).
+  for (const TensorType& t : out_types.value()) {
+    bool fits = t.dim() <= kMaxTensorRank;
+    uint64_t volume = dtype_size(t.dtype);
+    for (int64_t d : t.sizes) {
+      const uint64_t f = d <= 0 ? 1 : static_cast<uint64_t>(d);
+      fits = fits && volume <= kMaxTensorBytes / f;
+      if (fits) volume *= f;
+    }
+    if (!fits) {
+      return Error(ErrorCode::InvalidArgument, op + ": output " + t.to_string() +
+                                                   " exceeds the program format's limits (rank <= 16; at most 2^46 "
+                                                   "bytes, zero sizes counted as 1)" + where);
+    }
+  }
   Node node{op, std::move(inputs), {}, std::move(norm.value()), std::move(debug_name)};
   for (auto& t : out_types.value()) {
     values_.push_back(Value{std::move(t), {}, nullptr, false});

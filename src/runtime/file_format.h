@@ -13,6 +13,12 @@ inline constexpr uint32_t kFormatVersion = 1;
 inline constexpr uint64_t kSegmentAlignment = 4096;
 /// Alignment of each constant inside the constant segment.
 inline constexpr uint64_t kConstantAlignment = 64;
+/// Limits on every tensor type in a file: the loader rejects (InvalidProgram) and the compiler
+/// refuses to write (InvalidArgument) a rank above kMaxTensorRank, or sizes whose product (zero
+/// sizes counted as 1, so that [0, 2^62, 2^62] is refused too) times the element size exceeds
+/// kMaxTensorBytes (64 TiB: anything larger is treated as hostile).
+inline constexpr int64_t kMaxTensorRank = 16;
+inline constexpr uint64_t kMaxTensorBytes = 1ull << 46;
 
 /// 64-byte little-endian header.
 struct FileHeader {

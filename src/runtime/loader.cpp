@@ -21,8 +21,8 @@
 namespace kiln::detail {
 namespace {
 
-constexpr int64_t kMaxRank = 16;
-constexpr uint64_t kMaxBytes = 1ull << 46;  // 64 TiB: anything larger is treated as hostile
+constexpr int64_t kMaxRank = kMaxTensorRank;     // file_format.h (the compiler checks the same)
+constexpr uint64_t kMaxBytes = kMaxTensorBytes;  // 64 TiB: anything larger is treated as hostile
 
 Error bad(const std::string& what) { return Error(ErrorCode::InvalidProgram, what); }
 

@@ -24,6 +24,15 @@
 // tracing it, and fuses it with mlx::core::compile. execute wraps the inputs the same way,
 // evaluates once (one synchronization) and copies the outputs. Each handle has its own compiled
 // function; there is no lock shared between programs.
+//
+// Memory: MLX does not survive an allocation that fails (measured on mlx 0.32.4's CPU device: it
+// writes through the null buffer), so init refuses a payload that would build an array larger
+// than the load setting mlx.max_array_bytes (a decimal byte count; default: this machine's
+// physical memory, beyond which no array can ever be allocated) with MemoryAllocationFailed: every
+// node's output, checked as it is decoded, and every array of the traced computation (the
+// lowerings' temporaries too, e.g. a padded input of a pooling window), walked once at init.
+#include <unistd.h>
+
 #include <mlx/compile.h>
 #include <mlx/mlx.h>
 
@@ -253,7 +262,9 @@ Error bad(std::string why) {
 Result<mx::Device> pick_device(const BackendSettings& settings) {
   std::string want, from = "KILN_MLX_DEVICE";
   for (const auto& [k, v] : settings) {
-    if (k.rfind("mlx.", 0) == 0 && k != "mlx.device") return Error(ErrorCode::NotFound, "mlx: unknown setting '" + k + "'");
+    if (k.rfind("mlx.", 0) == 0 && k != "mlx.device" && k != "mlx.max_array_bytes") {
+      return Error(ErrorCode::NotFound, "mlx: unknown setting '" + k + "'");
+    }
   }
   if (const std::string* s = find_setting(settings, "mlx.device")) {
     want = *s;
@@ -273,6 +284,59 @@ Result<mx::Device> pick_device(const BackendSettings& settings) {
   }
   if (!gpu) return Error(ErrorCode::NotFound, "mlx: no GPU device (load with the setting mlx.device=cpu, or set KILN_MLX_DEVICE=cpu, to run on MLX's CPU device)");
   return mx::Device(mx::Device::gpu);
+}
+
+/// The largest array (bytes) init accepts: the setting mlx.max_array_bytes, else the machine's
+/// physical memory (UINT64_MAX when unknown). NotFound for a setting that is not a decimal count.
+Result<uint64_t> max_array_bytes(const BackendSettings& settings) {
+  if (const std::string* s = find_setting(settings, "mlx.max_array_bytes")) {
+    uint64_t v = 0;
+    bool ok = !s->empty() && s->size() <= 19;
+    for (char ch : *s) {
+      ok = ok && ch >= '0' && ch <= '9';
+      v = v * 10 + static_cast<uint64_t>(ch - '0');
+    }
+    if (!ok) return Error(ErrorCode::NotFound, "mlx: setting mlx.max_array_bytes='" + *s + "' is not a byte count");
+    return v;
+  }
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+  if (pages <= 0 || page <= 0) return UINT64_MAX;
+  return static_cast<uint64_t>(pages) * static_cast<uint64_t>(page);
+}
+
+/// Bytes of a value of type t, saturating at UINT64_MAX (sizes come from an untrusted payload;
+/// negative sizes count as UINT64_MAX).
+uint64_t value_bytes(const TensorType& t) {
+  uint64_t n = dtype_size(t.dtype);
+  for (int64_t d : t.sizes) {
+    if (d < 0) return UINT64_MAX;
+    if (d != 0 && n > UINT64_MAX / static_cast<uint64_t>(d)) return UINT64_MAX;
+    n *= static_cast<uint64_t>(d);
+  }
+  return n;
+}
+
+/// MemoryAllocationFailed when an array of the lazy graphs under `roots` (inputs and siblings,
+/// transitively) is larger than `max_bytes`: evaluating it would need that allocation.
+Error check_array_sizes(const std::vector<mx::array>& roots, uint64_t max_bytes) {
+  std::vector<mx::array> stack(roots.begin(), roots.end());
+  std::set<std::uintptr_t> seen;
+  while (!stack.empty()) {
+    const mx::array a = stack.back();
+    stack.pop_back();
+    if (!seen.insert(a.id()).second) continue;
+    if (a.nbytes() > max_bytes) {
+      std::string shape;
+      for (int d : a.shape()) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      return Error(ErrorCode::MemoryAllocationFailed,
+                   "mlx: the computation builds an array [" + shape + "] of " + std::to_string(a.nbytes()) +
+                       " bytes, above the limit of " + std::to_string(max_bytes) +
+                       " (load setting mlx.max_array_bytes; default: this machine's memory)");
+    }
+    for (const mx::array& in : a.inputs()) stack.push_back(in);
+    for (const mx::array& sib : a.siblings()) stack.push_back(sib);
+  }
+  return {};
 }
 
 /// One node of the verified payload, ready to build.
@@ -460,7 +524,9 @@ class MlxBackend : public Backend {
 
   Error is_available(const BackendSettings& settings) const override {
     auto d = pick_device(settings);
-    return d.ok() ? Error() : d.error();
+    if (!d.ok()) return d.error();
+    auto limit = max_array_bytes(settings);
+    return limit.ok() ? Error() : limit.error();
   }
 
   Result<std::unique_ptr<DelegateHandle>> init(std::span<const uint8_t> payload,
@@ -468,10 +534,14 @@ class MlxBackend : public Backend {
                                                std::span<const TensorType> inputs,
                                                std::span<const TensorType> outputs,
                                                const DelegateOptions& options) const override {
-    auto dev = pick_device(options.settings ? *options.settings : BackendSettings{});
+    const BackendSettings no_settings;
+    const BackendSettings& settings = options.settings ? *options.settings : no_settings;
+    auto dev = pick_device(settings);
     if (!dev.ok()) return dev.error();
+    auto limit = max_array_bytes(settings);
+    if (!limit.ok()) return limit.error();
     BuildSite site;
-    return init_guarded(dev.value(), payload, constants, inputs, outputs, std::nullopt, &site);
+    return init_guarded(dev.value(), limit.value(), payload, constants, inputs, outputs, std::nullopt, &site);
   }
 
   /// Support decided by building: the segment is built as init builds it (decoded and
@@ -491,12 +561,14 @@ class MlxBackend : public Backend {
     std::vector<TensorType> inputs, outputs;
     for (ValueId v : subgraph.inputs) inputs.push_back(g.value(v).type);
     for (ValueId v : subgraph.outputs) outputs.push_back(g.value(v).type);
+    auto limit = max_array_bytes(BackendSettings{});
+    if (!limit.ok()) return limit.error();
     bool has_conv = false;
     for (size_t i : subgraph.nodes) has_conv = has_conv || uses_taps(g.nodes()[i].op);
     for (bool taps : {true, false}) {
       if (!taps && !has_conv) break;
       BuildSite site;
-      auto h = init_guarded(mx::Device(mx::Device::cpu), payload, constants, inputs, outputs, taps, &site);
+      auto h = init_guarded(mx::Device(mx::Device::cpu), limit.value(), payload, constants, inputs, outputs, taps, &site);
       if (!h.ok()) {
         if (site.node >= subgraph.nodes.size()) return Error(ErrorCode::NotSupported, h.error().message());
         *node_at_fault = site.node;
@@ -578,14 +650,15 @@ class MlxBackend : public Backend {
 
   /// init_on with every exception turned into an error value naming the payload node being
   /// built when it was thrown (`site`, also filled for the payload errors of one node).
-  static Result<std::unique_ptr<DelegateHandle>> init_guarded(mx::Device dev, std::span<const uint8_t> payload,
+  static Result<std::unique_ptr<DelegateHandle>> init_guarded(mx::Device dev, uint64_t max_bytes,
+                                                              std::span<const uint8_t> payload,
                                                               std::span<const std::span<const uint8_t>> constants,
                                                               std::span<const TensorType> inputs,
                                                               std::span<const TensorType> outputs,
                                                               std::optional<bool> taps_conv, BuildSite* site) {
     std::string what;
     try {
-      return init_on(dev, payload, constants, inputs, outputs, taps_conv, site);
+      return init_on(dev, max_bytes, payload, constants, inputs, outputs, taps_conv, site);
     } catch (const std::exception& e) {
       what = e.what();
     } catch (...) {
@@ -599,7 +672,9 @@ class MlxBackend : public Backend {
   /// Decodes and verifies the payload, prepares constants, traces and compiles. `taps_conv`
   /// overrides the convolution form (default: the taps forms on MLX's CPU device unless
   /// KILN_MLX_CONV=native). `site` tracks the payload node being decoded, prepared or built.
-  static Result<std::unique_ptr<DelegateHandle>> init_on(mx::Device dev, std::span<const uint8_t> payload,
+  /// `max_bytes`: the largest array it may build (LoadOptions setting mlx.max_array_bytes).
+  static Result<std::unique_ptr<DelegateHandle>> init_on(mx::Device dev, uint64_t max_bytes,
+                                                         std::span<const uint8_t> payload,
                                                          std::span<const std::span<const uint8_t>> constants,
                                                          std::span<const TensorType> inputs,
                                                          std::span<const TensorType> outputs,
@@ -686,6 +761,14 @@ class MlxBackend : public Backend {
       if (out.value().size() != 1) return bad(where + ": ops with several outputs are not lowered");
       s.node.attrs = std::move(attrs.value());
       s.node.out = out.value()[0];
+      // Before check_node, which multiplies the sizes in int64 (an inferred type may overflow it).
+      if (const uint64_t nb = value_bytes(s.node.out); nb > max_bytes) {
+        return Error(ErrorCode::MemoryAllocationFailed,
+                     "mlx: " + where + " (" + s.node.op + "): its output " + s.node.out.to_string() + " needs " +
+                         (nb == UINT64_MAX ? std::string("more than 2^64") : std::to_string(nb)) +
+                         " bytes, above the limit of " + std::to_string(max_bytes) +
+                         " (load setting mlx.max_array_bytes; default: this machine's memory)");
+      }
       if (Error e = mlxb::check_node(s.node); !e.ok()) return bad(where + " (" + s.node.op + "): " + e.message());
       plan->value_types.push_back(s.node.out);
       plan->steps.push_back(std::move(s));
@@ -754,6 +837,7 @@ class MlxBackend : public Backend {
       mx::array& a = plan->constants[c];
       if (still_read[c] && plan->compute != mx::float32 && a.dtype() == mx::float32) convert(a);
     }
+    KILN_RETURN_IF_ERROR(check_array_sizes(to_eval, max_bytes));
     if (!to_eval.empty()) {
       try {
         mx::eval(to_eval);
@@ -794,6 +878,8 @@ class MlxBackend : public Backend {
       }
       throw;
     }
+    // Every array the computation builds, within the limit (the graph is lazy: nothing allocated yet).
+    KILN_RETURN_IF_ERROR(check_array_sizes(traced, max_bytes));
     for (size_t o = 0; o < no; ++o) {
       if (!(traced[o].shape() == to_shape(outputs[o].sizes)) || traced[o].dtype() != mlxb::to_mx(outputs[o].dtype)) {
         point_at(site, *plan, plan->outputs[o]);

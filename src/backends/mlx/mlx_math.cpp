@@ -77,7 +77,8 @@ mx::array round_decimals(BuildCtx& c, const NodeView& n, const Inputs& in, const
   if (is_integer(n.out.dtype)) return x;
   const int64_t d = n.attrs.get_int("decimals", 0);
   if (d == 0) return mx::round(x, 0, c.dev);
-  const mx::array p = scalar_like(static_cast<float>(std::pow(10.0, static_cast<double>(d < 0 ? -d : d))), x);
+  // |d| in double: -d overflows for d = INT64_MIN (attributes come from an untrusted payload).
+  const mx::array p = scalar_like(static_cast<float>(std::pow(10.0, std::fabs(static_cast<double>(d)))), x);
   if (d > 0) return mx::divide(mx::round(mx::multiply(x, p, c.dev), 0, c.dev), p, c.dev);
   return mx::multiply(mx::round(mx::divide(x, p, c.dev), 0, c.dev), p, c.dev);
 }

@@ -385,10 +385,28 @@ mx::array conv_weight(const mx::array& w, const ConvGeometry& g, mx::Device dev)
   r = mx::transpose(r, {0, 2, 3, 1}, dev);
   return mx::reshape(r, {G * cout_g, kw, cin_g}, dev);
 }
+// The padded extent a window reads along one dim, (out - 1) * stride + dilation * (k - 1) + 1 plus
+// the padding, must fit MLX's int32 sizes (conv_by_taps and pool_pad compute it in int); in double,
+// so that attributes near 2^63 cannot overflow the check itself.
+Error window_fits_int32(int64_t in, int64_t out, int64_t k, int64_t stride, int64_t dilation, int64_t pad) {
+  const double extent = std::max(static_cast<double>(out - 1) * static_cast<double>(stride) +
+                                     static_cast<double>(dilation) * static_cast<double>(k - 1) + 1.0,
+                                 static_cast<double>(in - 1) * static_cast<double>(stride) + 1.0) +
+                        2.0 * static_cast<double>(pad);
+  if (extent > static_cast<double>(std::numeric_limits<int32_t>::max())) {
+    return no("the window's padded extent (stride " + std::to_string(stride) + ", dilation " + std::to_string(dilation) +
+              ", kernel " + std::to_string(k) + ") exceeds MLX's int32 sizes");
+  }
+  return ok();
+}
 Error check_conv(const NodeView& n) {
   KILN_RETURN_IF_ERROR(float32_inputs(n));
   auto g = conv_geometry(in_type(n, 0), in_type(n, 1), n.in[2] ? &*n.in[2] : nullptr, n.attrs);
   if (!g.ok()) return no(g.error().message());
+  for (int i = 0; i < 2; ++i) {
+    KILN_RETURN_IF_ERROR(window_fits_int32(g->in_size[i], g->out_size[i], g->kernel[i], g->stride[i], g->dilation[i],
+                                           g->padding[i] + g->output_padding[i]));
+  }
   return ok();
 }
 std::vector<mx::array> prepare_conv(const NodeView& n, const Inputs& consts, mx::Device dev) {
@@ -811,6 +829,8 @@ Error check_pool(const NodeView& n) {
   auto g = pool2d_geometry(in_type(n, 0), n.attrs, n.op == "aten.max_pool2d");
   if (!g.ok()) return no(g.error().message());
   if (g->kernel_h * g->kernel_w > 1024) return no("pooling windows larger than 1024 elements are not lowered");
+  KILN_RETURN_IF_ERROR(window_fits_int32(g->in_h, g->out_h, g->kernel_h, g->stride_h, g->dilation_h, g->pad_h));
+  KILN_RETURN_IF_ERROR(window_fits_int32(g->in_w, g->out_w, g->kernel_w, g->stride_w, g->dilation_w, g->pad_w));
   return ok();
 }
 // max_pool2d: max over the window; padding never wins (padded with -inf).

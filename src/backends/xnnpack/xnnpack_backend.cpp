@@ -911,6 +911,16 @@ class XnnpackBackend : public Backend {
         *failed_node = k;
         return bad("node " + std::to_string(k) + ": " + dims_out.error().message());
       }
+      // Every value within the boundaries' limit: XNNPACK multiplies dims in size_t unchecked, so
+      // a larger one (broadcasts, padded convolutions of large inputs) could wrap its buffer sizes.
+      {
+        std::vector<int64_t> s;
+        for (size_t d : dims_out.value()) s.push_back(d > kMaxElems ? -1 : static_cast<int64_t>(d));
+        if (!check_dims(s)) {
+          *failed_node = k;
+          return bad("node " + std::to_string(k) + ": output has more than 2^34 elements");
+        }
+      }
       XValue v;
       v.dims = std::move(dims_out.value());
       if (xn.op == kLiteral) v.data = h->owned.back().data();

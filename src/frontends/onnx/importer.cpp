@@ -371,7 +371,7 @@ Result<ValueId> NodeCtx::emit(const std::string& op, std::vector<ValueId> inputs
   KernelFn fn = all_const ? KernelRegistry::get().find(op) : nullptr;
   if (fn == nullptr) return out;
   if (static_cast<double>(im.graph.value(out).type.numel()) * static_cast<double>(dtype_size(im.graph.value(out).type.dtype)) >
-      kMaxConstantBytes) {
+      im.max_constant_bytes) {
     return out;  // too large to evaluate here: left to the compiler (and its memory limits)
   }
   auto& values = im.graph.mutable_values();
@@ -401,8 +401,12 @@ Result<ValueId> NodeCtx::emit(const std::string& op, std::vector<ValueId> inputs
 }
 
 Error NodeCtx::check_constant_size(double elements, double element_bytes, const std::string& what) const {
-  if (!(elements >= 0) || elements * element_bytes > kMaxConstantBytes) {
-    return unsupported(what + " would be a constant of more than 1 GiB");
+  if (!(elements >= 0) || elements * element_bytes > im.max_constant_bytes) {
+    const auto limit = static_cast<uint64_t>(im.max_constant_bytes);
+    const std::string text = limit % (uint64_t{1} << 30) == 0 ? std::to_string(limit >> 30) + " GiB"
+                             : limit % (uint64_t{1} << 20) == 0 ? std::to_string(limit >> 20) + " MiB"
+                                                               : std::to_string(limit) + " bytes";
+    return unsupported(what + " would be a constant of more than " + text);
   }
   return {};
 }
@@ -507,6 +511,7 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
                                    const ImportOptions& options) {
   Importer im;
   im.base_dir = base_dir;
+  im.max_constant_bytes = static_cast<double>(options.max_constant_bytes);
   bool has_default = false;
   for (const auto& os : model.opset_import()) {
     if (os.domain().empty() || os.domain() == "ai.onnx") {

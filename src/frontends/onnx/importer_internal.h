@@ -39,6 +39,7 @@ struct Importer {
   int64_t opset = 0;
   size_t folded = 0;
   std::vector<std::string> notes;
+  double max_constant_bytes = double(uint64_t{1} << 30);  ///< ImportOptions::max_constant_bytes
 };
 
 /// One ONNX node being converted. Converters read inputs and attributes through it (every
@@ -97,9 +98,8 @@ class NodeCtx {
   Result<ValueId> emit(const std::string& op, std::vector<ValueId> inputs, const Attributes& attrs = {});
   Result<ValueId> constant(TensorType type, std::vector<uint8_t> bytes);
   /// NotSupported unless a constant of `elements` x `element_bytes` bytes stays within
-  /// kMaxConstantBytes (checked before allocating; sizes come from untrusted files).
+  /// ImportOptions::max_constant_bytes (checked before allocating; sizes come from untrusted files).
   Error check_constant_size(double elements, double element_bytes, const std::string& what) const;
-  static constexpr double kMaxConstantBytes = double(uint64_t{1} << 30);
   /// A 0-d constant of `dtype` holding `v` (converted as static_cast / float16 rounding).
   Result<ValueId> scalar(DType dtype, double v);
   Result<ValueId> int64_vector(const std::vector<int64_t>& v);

@@ -491,18 +491,25 @@ Error conv_Reshape(NodeCtx& c) {
       return c.invalid("shape has negative size " + std::to_string(out[i]));
     }
   }
+  // Products of the requested sizes (from the file) with overflow checks: one that overflows
+  // cannot equal the input's element count.
+  auto product = [&](int skip, int64_t* n) {
+    *n = 1;
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (static_cast<int>(i) != skip && __builtin_mul_overflow(*n, out[i], n)) return false;
+    }
+    return true;
+  };
+  const int64_t total = c.type(x).numel();
   if (infer >= 0) {
     int64_t known = 1;
-    for (size_t i = 0; i < out.size(); ++i) {
-      if (static_cast<int>(i) != infer) known *= out[i];
-    }
-    const int64_t total = c.type(x).numel();
-    if (known == 0 || total % known != 0) {
+    if (!product(infer, &known) || known == 0 || total % known != 0) {
       return c.invalid("cannot reshape " + sizes_to_string(in) + " to " + sizes_to_string(shape));
     }
     out[static_cast<size_t>(infer)] = total / known;
   }
-  if (numel_of(out) != c.type(x).numel()) return c.invalid("cannot reshape " + sizes_to_string(in) + " to " + sizes_to_string(shape));
+  int64_t n = 0;
+  if (!product(-1, &n) || n != total) return c.invalid("cannot reshape " + sizes_to_string(in) + " to " + sizes_to_string(shape));
   TRY(y, c.emit("aten.view", {x}, {{"size", out}}));
   return c.set_output(0, y);
 }
@@ -723,6 +730,7 @@ Error conv_Split(NodeCtx& c) {
 Result<ValueId> gather(NodeCtx& c, ValueId x, ValueId idx, int64_t axis) {
   const int64_t r = c.rank(x);
   const Ints s = c.type(x).sizes;
+  if (axis < 0 || axis >= r) return c.invalid("gather axis " + std::to_string(axis) + " out of range for rank " + std::to_string(r));
   const int64_t dim = s[static_cast<size_t>(axis)];
   const TensorType it = c.type(idx);
   if (it.dtype != DType::Int64 && it.dtype != DType::Int32) return c.invalid("indices must be int32 or int64");
@@ -815,9 +823,14 @@ Error conv_Tile(NodeCtx& c) {
   Ints v1, ex, out;
   for (size_t i = 0; i < s.size(); ++i) {
     if (reps[i] < 0) return c.invalid("negative repeat");
+    int64_t d = 0;  // repeats come from the file: the product must not overflow
+    if (__builtin_mul_overflow(reps[i], s[i], &d)) {
+      return c.invalid("repeat " + std::to_string(reps[i]) + " of dim " + std::to_string(i) + " (size " +
+                       std::to_string(s[i]) + ") overflows int64");
+    }
     v1.push_back(1), v1.push_back(s[i]);
     ex.push_back(reps[i]), ex.push_back(s[i]);
-    out.push_back(reps[i] * s[i]);
+    out.push_back(d);
   }
   TRY(a, view(c, x, v1));
   TRY(e, c.emit("aten.expand", {a}, {{"size", ex}}));
@@ -1692,13 +1705,14 @@ Error pool(NodeCtx& c, bool is_max) {
       aten.push_back(s.pad_end[k]);
     }
     const TensorType xt = c.type(x);
+    // Before filling the float32 mask: an int8 or float16 input's nbytes would not hold it.
+    if (xt.dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(xt.dtype));
     KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(xt.numel()), 4, "the count mask"));
     std::vector<uint8_t> ones(xt.nbytes());
     for (int64_t i = 0; i < xt.numel(); ++i) {
       const float one = 1.0f;
       std::memcpy(ones.data() + static_cast<size_t>(i) * 4, &one, 4);
     }
-    if (xt.dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(xt.dtype));
     TRY(mask, c.constant(xt, std::move(ones)));
     Attributes pa{{"kernel_size", s.kernel}, {"stride", s.strides}, {"padding", Ints(s.kernel.size(), 0)},
                   {"ceil_mode", false}, {"count_include_pad", true}};
@@ -2655,6 +2669,9 @@ Result<ValueId> nll_loss(NodeCtx& c, ValueId x, ValueId t, ValueId w, const std:
   if (c.type(t).sizes != ts) return c.invalid("target shape must be the input's without dim 1");
   if (c.type(x).dtype != DType::Float32) return c.unsupported(std::string("dtype ") + dtype_name(c.type(x).dtype));
   if (reduction != "none" && reduction != "sum" && reduction != "mean") return c.invalid("reduction '" + reduction + "'");
+  if (w != kNoValue && c.type(w).sizes != Ints{xs[1]}) {
+    return c.invalid("weight must be [C] = [" + std::to_string(xs[1]) + "], got " + sizes_to_string(c.type(w).sizes));
+  }
   ValueId ti = t;
   if (c.type(t).dtype != DType::Int64) {
     TRY(v, c.emit("aten._to_copy", {t}, {{"dtype", std::string("int64")}}));

@@ -51,12 +51,14 @@ Result<sr::StridedView> diagonal_view(const std::vector<int64_t>& sizes, int64_t
   const std::vector<int64_t> strides = sr::contiguous_strides(sizes);
   const int64_t s1 = sizes[static_cast<size_t>(*d1)], s2 = sizes[static_cast<size_t>(*d2)];
   int64_t len = 0, start = 0;
+  // The start is only computed for a non-empty diagonal (|offset| < the dim's size), where the
+  // product stays within the tensor; an offset beyond it (up to +-2^63) gives len 0, no overflow.
   if (offset >= 0) {
     len = std::max<int64_t>(0, std::min(s1, s2 - offset));
-    start = offset * strides[static_cast<size_t>(*d2)];
+    if (len > 0) start = offset * strides[static_cast<size_t>(*d2)];
   } else {
     len = std::max<int64_t>(0, std::min(s1 + offset, s2));
-    start = -offset * strides[static_cast<size_t>(*d1)];
+    if (len > 0) start = -offset * strides[static_cast<size_t>(*d1)];
   }
   sr::StridedView v;
   for (int64_t d = 0; d < rank; ++d) {

@@ -85,7 +85,8 @@ struct Round {
   explicit Round(const Attributes& at) : decimals(at.get_int("decimals", 0)) {}
   template <class T> T operator()(T x) const {
     if (decimals == 0) return std::nearbyint(x);
-    const T p = static_cast<T>(std::pow(10.0, static_cast<double>(decimals < 0 ? -decimals : decimals)));
+    // |d| in double: -d overflows for d = INT64_MIN (attributes come from untrusted files).
+    const T p = static_cast<T>(std::pow(10.0, std::fabs(static_cast<double>(decimals))));
     return decimals > 0 ? std::nearbyint(x * p) / p : std::nearbyint(x / p) * p;
   }
 };
