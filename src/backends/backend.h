@@ -36,6 +36,15 @@ struct Subgraph {
   DType compute_dtype = DType::Float32;
 };
 
+/// What `init` receives for a lowered subgraph, taken from its graph: the constants' bytes (in
+/// Subgraph::constants order) and the boundary types. Used by the compile-time build checks
+/// (Backend::check_build), which run init's code on the compiler's own graph.
+struct SubgraphBoundary {
+  std::vector<std::span<const uint8_t>> constants;  ///< views of the graph's constant bytes
+  std::vector<TensorType> inputs, outputs;
+  explicit SubgraphBoundary(const Subgraph& sg);
+};
+
 /// Opaque state a backend builds at init from one payload (e.g. an XNNPACK runtime).
 class DelegateHandle {
  public:

@@ -39,22 +39,24 @@ std::vector<std::string> BackendRegistry::names() const {
   return out;
 }
 
+SubgraphBoundary::SubgraphBoundary(const Subgraph& sg) {
+  const Graph& g = *sg.graph;
+  for (ValueId c : sg.constants) constants.emplace_back(*g.value(c).constant);
+  for (ValueId v : sg.inputs) inputs.push_back(g.value(v).type);
+  for (ValueId v : sg.outputs) outputs.push_back(g.value(v).type);
+}
+
 Error Backend::check_build(const Subgraph& subgraph, std::span<const uint8_t> payload, size_t* node_at_fault,
                            bool* checked) const {
   *node_at_fault = SIZE_MAX;
   *checked = false;
   const BackendSettings no_settings;
   if (!is_available(no_settings).ok()) return {};
-  const Graph& g = *subgraph.graph;
-  std::vector<std::span<const uint8_t>> constants;
-  for (ValueId c : subgraph.constants) constants.emplace_back(*g.value(c).constant);
-  std::vector<TensorType> inputs, outputs;
-  for (ValueId v : subgraph.inputs) inputs.push_back(g.value(v).type);
-  for (ValueId v : subgraph.outputs) outputs.push_back(g.value(v).type);
+  const SubgraphBoundary b(subgraph);
   DelegateOptions options;
   options.num_threads = 1;
   options.settings = &no_settings;
-  auto handle = init(payload, constants, inputs, outputs, options);
+  auto handle = init(payload, b.constants, b.inputs, b.outputs, options);
   *checked = true;
   if (!handle.ok()) return Error(ErrorCode::NotSupported, "the lowered segment does not build: " + handle.error().message());
   destroy(std::move(handle.value()));

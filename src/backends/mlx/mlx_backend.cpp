@@ -556,11 +556,7 @@ class MlxBackend : public Backend {
     *node_at_fault = SIZE_MAX;
     *checked = true;
     const Graph& g = *subgraph.graph;
-    std::vector<std::span<const uint8_t>> constants;
-    for (ValueId c : subgraph.constants) constants.emplace_back(*g.value(c).constant);
-    std::vector<TensorType> inputs, outputs;
-    for (ValueId v : subgraph.inputs) inputs.push_back(g.value(v).type);
-    for (ValueId v : subgraph.outputs) outputs.push_back(g.value(v).type);
+    const SubgraphBoundary b(subgraph);
     auto limit = max_array_bytes(BackendSettings{});
     if (!limit.ok()) return limit.error();
     bool has_conv = false;
@@ -568,7 +564,8 @@ class MlxBackend : public Backend {
     for (bool taps : {true, false}) {
       if (!taps && !has_conv) break;
       BuildSite site;
-      auto h = init_guarded(mx::Device(mx::Device::cpu), limit.value(), payload, constants, inputs, outputs, taps, &site);
+      auto h = init_guarded(mx::Device(mx::Device::cpu), limit.value(), payload, b.constants, b.inputs, b.outputs, taps,
+                            &site);
       if (!h.ok()) {
         if (site.node >= subgraph.nodes.size()) return Error(ErrorCode::NotSupported, h.error().message());
         *node_at_fault = site.node;
