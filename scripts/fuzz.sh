@@ -24,7 +24,9 @@
 #   `KILN_FUZZ_TARGETS=kiln_mlx_payload_fuzzer scripts/fuzz.sh 3600`.
 # Environment:
 #   KILN_FUZZ_TARGETS  space-separated targets to run (default: every one built)
-#   KILN_FUZZ_RUNS     run each target for this many executions instead of by time (-runs=N)
+#   KILN_FUZZ_RUNS     run each target for this many executions instead of by time (-runs=N), or
+#                      per target: "kiln_npy_fuzzer=8000000,kiln_load_fuzzer=3000000" (others by time)
+#   KILN_FUZZ_JOBS     targets run at a time (default 1; each then gets `seconds` * jobs / targets)
 #   KILN_FUZZ_NICE     run the fuzzers under `nice -n <value>` (e.g. 19 on a shared machine)
 #   KILN_JOBS          build parallelism (default 2)
 # New inputs are kept in build-fuzz/corpus/<target>/ between runs (seeds are rewritten each time);
@@ -111,21 +113,24 @@ for f in "$seeds/onnx"/*; do
 done
 
 ntargets=$(wc -w <<<"$targets")
-per=$(( seconds / ntargets ))
+fuzz_jobs=${KILN_FUZZ_JOBS:-1}
+per=$(( seconds * fuzz_jobs / ntargets ))
 [ "$per" -lt 1 ] && per=1
-if [ -n "${KILN_FUZZ_RUNS:-}" ]; then
-  budget="-runs=$KILN_FUZZ_RUNS"
-  echo "[fuzz] running $ntargets targets for $KILN_FUZZ_RUNS executions each"
-else
-  budget="-max_total_time=$per"
-  echo "[fuzz] running $ntargets targets for $per s each ($seconds s in total)"
-fi
+# KILN_FUZZ_RUNS: one count for every target, or per target ("kiln_npy_fuzzer=8000000,...";
+# targets not named run by time).
+runs_of() {
+  local r=${KILN_FUZZ_RUNS:-}
+  case $r in
+    *=*) tr ',' '\n' <<<"$r" | sed -n "s/^$1=//p" ;;
+    *) echo "$r" ;;
+  esac
+}
+echo "[fuzz] running $ntargets targets, $fuzz_jobs at a time, ${per} s each unless KILN_FUZZ_RUNS gives a count"
 nice_cmd=()
 [ -n "${KILN_FUZZ_NICE:-}" ] && nice_cmd=(nice -n "$KILN_FUZZ_NICE")
 
-status=0
-failed=()
-for t in $targets; do
+run_target() {  # <target>: runs it, leaves its log and exit status in $build/logs/<target>.{log,rc}
+  local t=$1 short seed runs budget
   short=${t#kiln_}
   short=${short%_fuzzer}
   case $short in
@@ -134,12 +139,13 @@ for t in $targets; do
     onnx_import) seed=$seeds/onnx ;;
     *) seed=$seeds/$short ;;
   esac
-  corpus=$build/corpus/$t
-  artifacts=$build/artifacts/$t
+  runs=$(runs_of "$t")
+  if [ -n "$runs" ]; then budget="-runs=$runs"; else budget="-max_total_time=$per"; fi
+  local corpus=$build/corpus/$t artifacts=$build/artifacts/$t
   mkdir -p "$corpus" "$artifacts" "$build/logs"
-  dirs=("$corpus" "$seed")
+  local dirs=("$corpus" "$seed")
   [ -d "tests/fuzz/regressions/$t" ] && dirs+=("tests/fuzz/regressions/$t")
-  extra=()
+  local extra=()
   case $t in
     kiln_load_fuzzer) extra+=(-dict=tests/fuzz/kiln.dict) ;;
     # The PP-OCR seeds are up to 11 MB: libFuzzer would truncate them to its 1 MB default. Their
@@ -149,22 +155,43 @@ for t in $targets; do
       extra+=(-entropic_scale_per_exec_time=1)
       [ "$onnx_max" -gt 1048576 ] && extra+=(-max_len="$onnx_max") ;;
   esac
-  echo "[fuzz] $t ($(ls "$seed" | wc -l) seeds, $(ls "$corpus" | wc -l) kept inputs)"
-  rc=0
+  echo "[fuzz] $t: $budget ($(ls "$seed" | wc -l) seeds, $(ls "$corpus" | wc -l) kept inputs)"
+  local rc=0
   # One process per target. UBSan reports abort (halt_on_error). Memory: one allocation above
   # 512 MiB fails (max_allocation_size_mb): through malloc it returns null (XNNPACK then reports
   # xnn_status_out_of_memory, an error value), through operator new it is reported as a crash
   # (Kiln must check sizes from a file before allocating); MLX, which cannot survive a failed
-  # allocation, is bounded by its fuzzer's mlx.max_value_bytes instead.
+  # allocation, is bounded by its fuzzer's mlx.max_array_bytes instead.
   ASAN_OPTIONS=allocator_may_return_null=1:max_allocation_size_mb=512${ASAN_OPTIONS:+:$ASAN_OPTIONS} \
   UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
   "${nice_cmd[@]}" "$build/tests/fuzz/$t" "$budget" -timeout=10 -rss_limit_mb=2048 \
     -artifact_prefix="$artifacts/" -print_final_stats=1 "${extra[@]}" "${dirs[@]}" \
     > "$build/logs/$t.log" 2>&1 || rc=$?
-  grep -E '^(stat::number_of_executed_units|stat::peak_rss_mb)|^#[0-9]+.*DONE' "$build/logs/$t.log" | sed "s/^/[fuzz]   /" || true
+  echo "$rc" > "$build/logs/$t.rc"
+}
+
+running=0
+for t in $targets; do
+  rm -f "$build/logs/$t.rc"
+  run_target "$t" &
+  running=$((running + 1))
+  if [ "$running" -ge "$fuzz_jobs" ]; then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+
+status=0
+failed=()
+for t in $targets; do
+  rc=$(cat "$build/logs/$t.rc" 2>/dev/null || echo 1)
+  echo "[fuzz] $t:"
+  grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)|^#[0-9]+.*DONE' \
+    "$build/logs/$t.log" | sed "s/^/[fuzz]   /" || true
   if [ "$rc" -ne 0 ]; then
     tail -n 60 "$build/logs/$t.log" >&2
-    echo "[fuzz] FAIL: $t exited with $rc; reproducers in $artifacts: $(ls "$artifacts" | tr '\n' ' ')" >&2
+    echo "[fuzz] FAIL: $t exited with $rc; reproducers in $build/artifacts/$t: $(ls "$build/artifacts/$t" | tr '\n' ' ')" >&2
     failed+=("$t")
     status=$rc
   fi
@@ -173,4 +200,4 @@ if [ "$status" -ne 0 ]; then
   echo "[fuzz] FAIL: ${failed[*]}" >&2
   exit "$status"
 fi
-echo "[fuzz] PASS: no crash in $ntargets targets"
+echo "[fuzz] PASS: no crash, hang, leak or sanitizer report in $ntargets targets"

@@ -239,8 +239,9 @@ TEST(FuzzRegressions, MlxDeclinesAWindowBeyondInt32) {
 // overflows int64 (signed overflow, UBSan); NegativeLogLikelihoodLoss with a 0-d weight (read
 // past an empty size list); Reshape to sizes whose product overflows int64; Tile of a zero-size
 // input to sizes beyond the program format (see below); AveragePool with asymmetric pads on an
-// int8 input wrote its float32 count mask past a buffer sized for int8 (ASan heap overflow).
-// All are error values naming the node now.
+// int8 input wrote its float32 count mask past a buffer sized for int8 (ASan heap overflow); Elu
+// with alpha 2^33 on a uint8 input converted it to uint8 (out of range: undefined). All are error
+// values naming the node now.
 TEST(FuzzRegressions, OnnxImporterRejectsTheFuzzersModels) {
 #ifndef KILN_HAVE_ONNX
   GTEST_SKIP() << "ONNX importer not built";
@@ -253,7 +254,8 @@ TEST(FuzzRegressions, OnnxImporterRejectsTheFuzzersModels) {
         std::tuple{"nll-loss-weight-rank-0.onnx", invalid, "weight must be [C] = [5], got []"},
         std::tuple{"reshape-shape-product-overflow.onnx", invalid, "cannot reshape [1, 9, 4, 4] to [1, 577034697373122561"},
         std::tuple{"tile-zero-size-beyond-format-limit.onnx", invalid, "exceeds the program format's limits"},
-        std::tuple{"average-pool-int8-count-mask.onnx", ErrorCode::NotSupported, "AveragePool): dtype int8"}}) {
+        std::tuple{"average-pool-int8-count-mask.onnx", ErrorCode::NotSupported, "AveragePool): dtype int8"},
+        std::tuple{"elu-alpha-beyond-uint8.onnx", ErrorCode::NotSupported, "the constant 8589934592.000000 does not fit uint8"}}) {
     onnx::ImportOptions o;
     if (std::string(file) == "tile-repeat-overflow.onnx") o.input_shapes["0"] = {1, 2, 3, 64};
     auto m = onnx::import_model(dir + file, o);

@@ -418,6 +418,18 @@ Result<ValueId> NodeCtx::constant(TensorType type, std::vector<uint8_t> bytes) {
 }
 
 Result<ValueId> NodeCtx::scalar(DType dtype, double v) {
+  // An integer dtype takes v truncated, when that fits (a float-to-integer conversion out of range
+  // is undefined; v may come from a file's float attribute, e.g. Elu's alpha on a uint8 input).
+  auto fits = [&](double lo, double hi) { return v > lo && v < hi; };  // false for NaN
+  bool ok = true;
+  switch (dtype) {
+    case DType::Int64: ok = v >= -0x1p63 && v < 0x1p63; break;
+    case DType::Int32: ok = fits(-2147483649.0, 2147483648.0); break;
+    case DType::Int8: ok = fits(-129.0, 128.0); break;
+    case DType::UInt8: ok = fits(-1.0, 256.0); break;
+    default: break;
+  }
+  if (!ok) return unsupported("the constant " + std::to_string(v) + " does not fit " + dtype_name(dtype));
   std::vector<uint8_t> b(dtype_size(dtype));
   auto put = [&](auto x) { std::memcpy(b.data(), &x, sizeof(x)); };
   switch (dtype) {

@@ -100,7 +100,8 @@ class NodeCtx {
   /// NotSupported unless a constant of `elements` x `element_bytes` bytes stays within
   /// ImportOptions::max_constant_bytes (checked before allocating; sizes come from untrusted files).
   Error check_constant_size(double elements, double element_bytes, const std::string& what) const;
-  /// A 0-d constant of `dtype` holding `v` (converted as static_cast / float16 rounding).
+  /// A 0-d constant of `dtype` holding `v` (converted as static_cast / float16 rounding);
+  /// NotSupported when an integer dtype cannot hold v truncated (or v is NaN).
   Result<ValueId> scalar(DType dtype, double v);
   Result<ValueId> int64_vector(const std::vector<int64_t>& v);
   /// Binds output i of the ONNX node to `v` (ignored when the output name is empty).

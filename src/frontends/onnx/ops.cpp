@@ -3091,7 +3091,12 @@ bool matches_torch_nearest(const AxisTaps& t, int64_t in, int64_t out, std::opti
     int64_t want;
     if (out == in) want = o;
     else if (out == 2 * in) want = o >> 1;
-    else want = std::min<int64_t>(in - 1, static_cast<int64_t>(std::floor(static_cast<float>(o) * s)));
+    else {
+      // Compared before the cast: s comes from the file's scale (inf or NaN for a tiny or odd one).
+      const float f = std::floor(static_cast<float>(o) * s);
+      if (!(f > -1.0f)) return false;
+      want = f < static_cast<float>(in - 1) ? static_cast<int64_t>(f) : in - 1;
+    }
     if (t.idx[0][static_cast<size_t>(o)] != want) return false;
   }
   return true;
