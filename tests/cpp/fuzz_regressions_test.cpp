@@ -240,8 +240,8 @@ TEST(FuzzRegressions, MlxDeclinesAWindowBeyondInt32) {
 // past an empty size list); Reshape to sizes whose product overflows int64; Tile of a zero-size
 // input to sizes beyond the program format (see below); AveragePool with asymmetric pads on an
 // int8 input wrote its float32 count mask past a buffer sized for int8 (ASan heap overflow); Elu
-// with alpha 2^33 on a uint8 input converted it to uint8 (out of range: undefined). All are error
-// values naming the node now.
+// with alpha 2^33 on a uint8 input converted it to uint8 (out of range: undefined); Pad in edge mode
+// allocated a huge index vector (ASan out-of-memory). All are error values naming the node now.
 TEST(FuzzRegressions, OnnxImporterRejectsTheFuzzersModels) {
 #ifndef KILN_HAVE_ONNX
   GTEST_SKIP() << "ONNX importer not built";
@@ -263,6 +263,14 @@ TEST(FuzzRegressions, OnnxImporterRejectsTheFuzzersModels) {
     EXPECT_EQ(m.error().code(), code) << m.error().to_string();
     EXPECT_NE(m.error().message().find(message), std::string::npos) << m.error().to_string();
   }
+  // Pad in edge mode with a pad of ~2^26 built its gather's index vector (750 MB) before any check;
+  // now the indices are a constant within max_constant_bytes (the fuzzer's 16 MiB).
+  onnx::ImportOptions o;
+  o.max_constant_bytes = uint64_t{16} << 20;
+  auto m = onnx::import_model(dir + "edge-pad-huge-index.onnx", o);
+  ASSERT_FALSE(m.ok());
+  EXPECT_EQ(m.error().code(), ErrorCode::NotSupported) << m.error().to_string();
+  EXPECT_NE(m.error().message().find("the edge-pad indices of dim"), std::string::npos) << m.error().to_string();
 #endif
 }
 

@@ -970,6 +970,10 @@ Error conv_Pad(NodeCtx& c) {
       if (len < 0 || len > (int64_t{1} << 30)) return c.invalid("pads give a bad size");
       if (n == 0) return c.invalid("cannot " + mode + "-pad an empty dim");
       if (mode == "reflect" && (pb >= n || pe >= n)) return c.unsupported("reflect pads >= the dim's size");
+      // The gather's indices are a constant of len int64 (found by kiln_onnx_import_fuzzer: pads of
+      // 2^26 asked for a 750 MB index vector before anything checked it).
+      KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(len), 8.0,
+                                                 "the " + mode + "-pad indices of dim " + std::to_string(i)));
       Ints idx(static_cast<size_t>(len));
       for (int64_t j = 0; j < len; ++j) {
         int64_t src = j - pb;
