@@ -128,6 +128,45 @@ struct PyMethod {
   std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
 };
 
+/// A Session with a lock: one call at a time per session (include/kiln/runtime.h).
+struct PySession {
+  std::unique_ptr<Session> session;
+  std::unique_ptr<std::mutex> mu = std::make_unique<std::mutex>();
+};
+
+SymExpr expr_of(const std::vector<int64_t>& code) { return SymExpr::from_code(code); }
+
+std::vector<SymExpr> exprs_of(const std::vector<std::vector<int64_t>>& codes) {
+  std::vector<SymExpr> out;
+  for (const auto& c : codes) out.push_back(expr_of(c));
+  return out;
+}
+
+py::dict meta_dict(const MethodMeta& m) {
+  py::dict d;
+  d["name"] = m.name;
+  py::list ins, outs, syms;
+  for (size_t i = 0; i < m.inputs.size(); ++i) {
+    py::dict t = type_dict(m.inputs[i]);
+    t["name"] = m.input_names[i];
+    t["dims"] = i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{};
+    ins.append(t);
+  }
+  for (size_t i = 0; i < m.outputs.size(); ++i) {
+    py::dict t = type_dict(m.outputs[i]);
+    t["name"] = m.output_names[i];
+    t["dims"] = i < m.output_dims.size() ? m.output_dims[i] : std::vector<std::string>{};
+    outs.append(t);
+  }
+  for (const auto& s : m.symbols) syms.append(py::make_tuple(s.name, s.min, s.max));
+  d["inputs"] = ins;
+  d["outputs"] = outs;
+  d["symbols"] = syms;
+  d["states"] = m.states;
+  d["arena_bytes"] = m.arena_bytes;
+  return d;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_kiln, m) {
@@ -192,6 +231,43 @@ PYBIND11_MODULE(_kiln, m) {
         return unwrap(g.add_node(op, std::move(inputs), to_attrs(attrs), debug_name));
       }, py::arg("op"), py::arg("inputs"), py::arg("attrs") = py::dict(), py::arg("debug_name") = "",
          "Adds a node (inputs: value ids, -1 for None); returns its output value ids.")
+      .def("add_symbol", [](Graph& g, const std::string& name, int64_t min, int64_t max) {
+        return unwrap(g.add_symbol(name, min, max));
+      }, py::arg("name"), py::arg("min"), py::arg("max"), "Declares a dimension symbol in [min, max]; returns its index.")
+      .def("add_input_sym", [](Graph& g, const std::string& name, const std::string& dtype, std::vector<int64_t> sizes,
+                               const std::vector<std::vector<int64_t>>& exprs) {
+        return unwrap(g.add_input(name, {dtype_of(dtype), std::move(sizes)}, exprs_of(exprs)));
+      }, py::arg("name"), py::arg("dtype"), py::arg("sizes"), py::arg("exprs"),
+         "An input with symbolic sizes: exprs holds one SymExpr token list per dim (kiln/symbolic.h).")
+      .def("add_state", [](Graph& g, const std::string& name, const std::string& dtype, std::vector<int64_t> sizes,
+                           py::object initial) {
+        ConstantBytes bytes;
+        if (!initial.is_none()) {
+          py::buffer_info info = initial.cast<py::buffer>().request();
+          const auto* p = static_cast<const uint8_t*>(info.ptr);
+          bytes = std::make_shared<const std::vector<uint8_t>>(p, p + info.size * info.itemsize);
+        }
+        return unwrap(g.add_state(name, {dtype_of(dtype), std::move(sizes)}, std::move(bytes)));
+      }, py::arg("name"), py::arg("dtype"), py::arg("sizes"), py::arg("initial") = py::none(),
+         "Declares a state tensor (initial: its bytes, or None for zeros); returns the value holding it.")
+      .def("set_state_update", [](Graph& g, ValueId state, ValueId value) { check(g.set_state_update(state, value)); })
+      .def("add_node_sym", [](Graph& g, const std::string& op, std::vector<ValueId> inputs, py::dict attrs,
+                              const std::string& debug_name, const std::vector<std::tuple<std::string, int64_t, std::vector<int64_t>>>& sym_attrs,
+                              const std::vector<std::vector<std::vector<int64_t>>>& out_exprs) {
+        std::vector<SymAttr> sa;
+        for (const auto& [name, index, code] : sym_attrs) sa.push_back(SymAttr{name, index, expr_of(code)});
+        std::vector<std::vector<SymExpr>> outs;
+        for (const auto& o : out_exprs) outs.push_back(exprs_of(o));
+        return unwrap(g.add_node(op, std::move(inputs), to_attrs(attrs), debug_name, std::move(sa), std::move(outs)));
+      }, py::arg("op"), py::arg("inputs"), py::arg("attrs"), py::arg("debug_name"), py::arg("sym_attrs"),
+         py::arg("out_exprs") = std::vector<std::vector<std::vector<int64_t>>>{},
+         "add_node with symbolic int attributes [(name, index or -1, tokens)] and optional output size expressions.")
+      .def("value_exprs", [](const Graph& g, ValueId id) {
+        if (id < 0 || static_cast<size_t>(id) >= g.values().size()) throw py::index_error("value id out of range");
+        std::vector<std::vector<int64_t>> out;
+        for (const SymExpr& e : g.value(id).sym_sizes) out.push_back(e.code());
+        return out;
+      }, "A value's size expressions (token lists; empty for fixed sizes).")
       .def("set_outputs", [](Graph& g, std::vector<ValueId> outs) { check(g.set_outputs(std::move(outs))); })
       .def("value_type", [](const Graph& g, ValueId id) {
         if (id < 0 || static_cast<size_t>(id) >= g.values().size()) throw py::index_error("value id out of range");
@@ -204,6 +280,9 @@ PYBIND11_MODULE(_kiln, m) {
       .def("add_method", [](ProgramBuilder& pb, const std::string& name, const Graph& g) {
         check(pb.add_method(name, g));
       })
+      .def("set_metadata", [](ProgramBuilder& pb, const std::string& key, const std::string& value) {
+        pb.set_metadata(key, value);
+      }, "Stores a string key/value in the program (shown by kiln inspect).")
       .def("compile", [](const ProgramBuilder& pb, bool fold_constants, bool eliminate_dead_code,
                          std::vector<std::string> backends, std::string require_delegation, bool fold_batch_norm,
                          const std::string& compute_dtype, std::vector<std::vector<std::string>> alternatives,
@@ -365,8 +444,22 @@ PYBIND11_MODULE(_kiln, m) {
   m.def("backend_names", [] { return BackendRegistry::get().names(); },
         "Delegate backends compiled into this build (e.g. ['xnnpack']).");
 
+  py::class_<PySession>(m, "Session", "One set of a program's state tensors (a conversation's KV cache).")
+      .def("reset", [](PySession& s) {
+        std::lock_guard<std::mutex> lock(*s.mu);
+        s.session->reset();
+      }, "Restores every state to its initial value.")
+      .def("state", [](PySession& s, const std::string& name) {
+        std::lock_guard<std::mutex> lock(*s.mu);
+        Tensor t = unwrap(s.session->state(name));
+        std::vector<uint8_t> copy(static_cast<const uint8_t*>(t.data), static_cast<const uint8_t*>(t.data) + t.nbytes());
+        t.data = copy.data();
+        return to_numpy(t);
+      }, "A copy of state `name` as a NumPy array.")
+      .def_property_readonly("failed", [](const PySession& s) { return s.session->failed(); });
+
   py::class_<PyMethod>(m, "Method", "An executable method instance.")
-      .def("execute", [](PyMethod& pm, std::vector<py::array> inputs) {
+      .def("execute", [](PyMethod& pm, std::vector<py::array> inputs, PySession* session) {
         const MethodMeta& meta = pm.method.meta();
         std::vector<Tensor> ts;
         std::vector<py::array> keep;  // holds the (possibly converted) input arrays alive
@@ -394,7 +487,9 @@ PYBIND11_MODULE(_kiln, m) {
         {
           py::gil_scoped_release release;
           std::lock_guard<std::mutex> lock(*pm.mu);
-          auto r = pm.method.execute(ts);
+          std::unique_lock<std::mutex> slock;
+          if (session != nullptr) slock = std::unique_lock<std::mutex>(*session->mu);
+          auto r = session != nullptr ? pm.method.execute(*session->session, ts) : pm.method.execute(ts);
           if (r.ok()) {
             outs = std::move(r).value();
             for (const Tensor& t : outs) {
@@ -412,7 +507,11 @@ PYBIND11_MODULE(_kiln, m) {
           result.append(to_numpy(outs[i]));
         }
         return result;
-      }, "Runs the method on NumPy arrays; returns a list of NumPy arrays (copies).")
+      }, py::arg("inputs"), py::arg("session") = nullptr,
+         "Runs the method on NumPy arrays (on `session`'s state when given); returns a list of NumPy arrays (copies).")
+      .def_property_readonly("meta", [](const PyMethod& pm) { return meta_dict(pm.method.meta()); },
+                             "{name, inputs: [{dtype, sizes (upper bounds), name, dims}], outputs, symbols: "
+                             "[(name, min, max)], states, arena_bytes}.")
       .def_property_readonly("inputs", [](const PyMethod& pm) {
         py::list l;
         for (const auto& t : pm.method.meta().inputs) l.append(type_dict(t));
@@ -460,6 +559,24 @@ PYBIND11_MODULE(_kiln, m) {
           },
           py::arg("data"), py::arg("backend_settings") = std::map<std::string, std::string>{})
       .def_property_readonly("method_names", &Program::method_names)
+      .def_property_readonly("metadata", [](const Program& p) {
+        py::dict d;
+        for (const auto& [k, v] : p.metadata()) d[py::str(k)] = v;
+        return d;
+      }, "The program's string key/values (e.g. llm.vocab_size).")
+      .def_property_readonly("states", [](const Program& p) {
+        py::list l;
+        for (const auto& st : p.states()) {
+          py::dict d = type_dict(st.type);
+          d["name"] = st.name;
+          d["zero_initial"] = st.zero_initial;
+          l.append(d);
+        }
+        return l;
+      }, "The program's state tensors: [{name, dtype, sizes, zero_initial}].")
+      .def("method_meta", [](const Program& p, const std::string& name) { return meta_dict(unwrap(p.method_meta(name))); })
+      .def("new_session", [](const Program& p) { return PySession{unwrap(p.new_session())}; },
+           "A new session: the program's states at their initial values.")
       .def_property_readonly("constant_bytes", &Program::constant_bytes)
       .def_property_readonly("file_size", &Program::file_size)
       .def(

@@ -16,6 +16,7 @@
 
 #include "kiln/attributes.h"
 #include "kiln/error.h"
+#include "kiln/symbolic.h"
 #include "kiln/tensor.h"
 
 namespace kiln {
@@ -28,10 +29,35 @@ using ConstantBytes = std::shared_ptr<const std::vector<uint8_t>>;
 
 /// A tensor value of the graph: a method input, a constant or a node output.
 struct Value {
-  TensorType type;
+  TensorType type;         ///< for a value with symbolic sizes: the upper bound of each size
   std::string name;
   ConstantBytes constant;  ///< non-null for constants
   bool is_input = false;
+  /// Empty for a value of fixed sizes; else one expression per dim over the graph's symbols
+  /// (constants for the fixed dims). type.sizes then holds each size's upper bound.
+  std::vector<SymExpr> sym_sizes;
+  /// Index of the graph's state (Graph::states) whose bytes this value is: the state read at the
+  /// start of the method, or a new value of it written in place (plan_state_updates); else -1.
+  int32_t state = -1;
+  bool is_dynamic() const { return !sym_sizes.empty(); }
+};
+
+/// A symbolic int attribute of a node: attribute `name` (an int, or element `index` of an int
+/// list) is the value of `expr` at run time; the attribute itself holds the upper-bound value.
+struct SymAttr {
+  std::string name;
+  int64_t index = -1;  ///< element of an int list; -1 for an int attribute
+  SymExpr expr;
+};
+
+/// A tensor that persists across calls (a KV cache): owned by a session, read by the method as
+/// `value` and replaced by `update` when the call succeeds.
+struct StateDef {
+  std::string name;
+  TensorType type;        ///< fixed sizes
+  ConstantBytes initial;  ///< initial value (type.nbytes() bytes), or null for zeros
+  ValueId value = kNoValue;   ///< the graph value holding the state at the start of the method
+  ValueId update = kNoValue;  ///< the value the state takes when the method succeeds (kNoValue: unchanged)
 };
 
 /// A subgraph lowered by a delegate backend (set on nodes the partitioner created).
@@ -50,12 +76,41 @@ struct Node {
   Attributes attrs;               ///< normalized by the op's schema
   std::string debug_name;         ///< where it came from, e.g. "features.3.block.1"
   std::shared_ptr<const DelegateBlob> delegate;  ///< non-null for delegate calls
+  std::vector<SymAttr> sym_attrs; ///< int attributes whose run-time value is a symbolic expression
 };
 
 /// A dataflow graph in topological order (nodes are appended after their inputs exist).
 class Graph {
  public:
   ValueId add_input(std::string name, TensorType type);
+  /// Declares a symbol `name` in [min, max] (0 <= min <= max <= kMaxSymbolValue; names unique):
+  /// its index, for SymExpr::symbol. InvalidArgument otherwise.
+  Result<int32_t> add_symbol(std::string name, int64_t min, int64_t max);
+  /// An input with symbolic sizes: one expression per dim (SymExpr::constant for fixed dims);
+  /// type.sizes is replaced by the upper bounds. Every symbol must appear alone as some input's
+  /// dim (that is where execute binds it). InvalidArgument for a bad expression.
+  Result<ValueId> add_input(std::string name, TensorType type, std::vector<SymExpr> sym_sizes);
+  /// A state tensor (fixed sizes) with its initial value (type.nbytes() bytes; null = zeros):
+  /// returns the value holding it at the start of the method. InvalidArgument for a duplicate name
+  /// or wrong byte count.
+  Result<ValueId> add_state(std::string name, TensorType type, ConstantBytes initial = nullptr);
+  /// The value `state` (returned by add_state) takes when the method succeeds; it must have the
+  /// state's type and fixed sizes. InvalidArgument otherwise.
+  Error set_state_update(ValueId state, ValueId value);
+  const std::vector<SymbolDef>& symbols() const { return symbols_; }
+  const std::vector<StateDef>& states() const { return states_; }
+  std::vector<StateDef>& mutable_states() { return states_; }
+  /// add_node for symbolic graphs: `sym_attrs` name the int attributes (or list elements) whose
+  /// value is an expression of the symbols (the attribute's own value is ignored), and
+  /// `out_sym_sizes` gives each output's sizes as expressions (empty: derived, see below). The op's
+  /// shape inference runs at every check binding (check_bindings) and must agree with the given
+  /// expressions (InvalidArgument naming the op, the binding and both sizes otherwise); without them
+  /// each output dim is matched against the inputs' dims, the symbolic attributes and constants
+  /// across the bindings (InvalidArgument when none matches). Outputs get the upper bounds over the
+  /// bindings as their type.
+  Result<std::vector<ValueId>> add_node(const std::string& op, std::vector<ValueId> inputs, const Attributes& attrs,
+                                        std::string debug_name, std::vector<SymAttr> sym_attrs,
+                                        std::vector<std::vector<SymExpr>> out_sym_sizes);
   /// `bytes` must hold exactly type.nbytes() bytes (InvalidArgument otherwise).
   Result<ValueId> add_constant(std::string name, TensorType type, ConstantBytes bytes);
   Result<ValueId> add_constant(std::string name, TensorType type, std::vector<uint8_t> bytes);
@@ -79,6 +134,8 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<ValueId> inputs_;
   std::vector<ValueId> outputs_;
+  std::vector<SymbolDef> symbols_;
+  std::vector<StateDef> states_;
 };
 
 /// Weight-only quantization of constant weights (src/compiler/quantize.cpp; layout and formula:
@@ -181,12 +238,16 @@ class ProgramBuilder {
  public:
   /// InvalidArgument for a duplicate or empty name.
   Error add_method(std::string name, Graph graph);
+  /// A string key/value stored in the program (e.g. "llm.vocab_size" -> "32000"), shown by
+  /// `kiln inspect` and Program::metadata(). A repeated key replaces the earlier value.
+  void set_metadata(std::string key, std::string value);
   /// Runs the passes on each method, plans memory, serializes. Constants with identical
   /// dtype, sizes and bytes are stored once across all methods.
   Result<CompiledProgram> compile(const CompileOptions& options = {}) const;
 
  private:
   std::vector<std::pair<std::string, Graph>> methods_;
+  std::vector<std::pair<std::string, std::string>> metadata_;
 };
 
 /// Writes bytes to path without ever leaving a partial file: a temporary beside it renamed over it
@@ -293,7 +354,18 @@ struct MemoryPlan {
   uint64_t arena_bytes = 0;
   uint64_t total_bytes = 0;  ///< sum of sizes, no reuse
 };
-/// Plans all inputs and node outputs; offsets aligned to 64 bytes.
+/// Plans all inputs and node outputs; offsets aligned to 64 bytes. Values of a state
+/// (Value::state >= 0) are not planned: they are the session's bytes. Values with symbolic sizes
+/// are planned at their upper bound.
 MemoryPlan plan_memory(const Graph& graph);
+
+/// Writes state updates in place where it is safe: when a state's update is the output of an
+/// aten.index_put / aten.slice_scatter / aten.index_copy kernel call whose `self` is the state's
+/// value, nothing after that call reads the state's value, and the update is not a method output,
+/// the update becomes a value of the state (Value::state): the kernel writes into the session's
+/// bytes (only the updated slices: work proportional to the update, not the state) and no copy
+/// happens at the end of the call. Other updates are copied into the state after the last
+/// instruction. Returns the number of updates made in place.
+size_t plan_state_updates(Graph& graph);
 
 }  // namespace kiln

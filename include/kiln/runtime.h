@@ -16,13 +16,22 @@
 #include <vector>
 
 #include "kiln/error.h"
+#include "kiln/symbolic.h"
 #include "kiln/tensor.h"
 #include "kiln/thread_pool.h"
 
 namespace kiln {
 
 class Program;
+class Session;
 namespace detail { struct ProgramData; struct MethodPlan; }
+
+/// A state tensor of a program (format version 2): persists across calls, owned by a Session.
+struct StateInfo {
+  std::string name;
+  TensorType type;
+  bool zero_initial = true;  ///< initial value zeros; false: a constant stored in the file
+};
 
 /// Description of one method's inputs, outputs and memory.
 struct MethodMeta {
@@ -62,6 +71,14 @@ struct MethodMeta {
   size_t alternative = 0;
   size_t num_alternatives = 1;
   std::vector<std::string> skipped_alternatives;
+  /// Symbolic sizes: the method's symbols with their ranges, and per input / output the text of
+  /// each dim's expression ("" for a fixed dim; e.g. "seq"). inputs / outputs then hold each
+  /// size's upper bound; execute binds the symbols from the inputs' actual sizes.
+  std::vector<SymbolDef> symbols;
+  std::vector<std::vector<std::string>> input_dims;
+  std::vector<std::vector<std::string>> output_dims;
+  /// Names of the program states this method reads or writes (it then runs with a Session).
+  std::vector<std::string> states;
 };
 
 /// Options for Program::load.
@@ -131,6 +148,19 @@ class Method {
   Result<std::vector<Tensor>> execute(std::initializer_list<Tensor> inputs) {
     return execute(std::span<const Tensor>(inputs.begin(), inputs.size()));
   }
+  /// Runs the method on `session`'s state (a program with state tensors; another program's
+  /// session is InvalidArgument). Inputs with symbolic dims may take any size in the symbol's
+  /// range (InvalidArgument naming the input, dim, symbol and range otherwise, or when two inputs
+  /// disagree on a symbol); outputs have the actual sizes. The checks happen before anything runs,
+  /// and the state is written only when the call succeeds: updates copied at the end, or, for
+  /// updates written in place (a KV cache's index_put), by the updating kernel, whose own index
+  /// checks come before its writes. If an instruction fails after such a write, the session is
+  /// marked failed (Session::failed) and refuses calls (FailedPrecondition-like InvalidArgument)
+  /// until reset(). execute(inputs) on a stateful method uses a session owned by this Method.
+  Result<std::vector<Tensor>> execute(Session& session, std::span<const Tensor> inputs);
+  Result<std::vector<Tensor>> execute(Session& session, std::initializer_list<Tensor> inputs) {
+    return execute(session, std::span<const Tensor>(inputs.begin(), inputs.size()));
+  }
   /// Bytes this instance holds in kernel-prepared state (e.g. weights packed at load for the
   /// cpu kernels), on top of the arena and the file's constants.
   uint64_t prepared_bytes() const;
@@ -149,6 +179,8 @@ class Method {
  private:
   friend class Program;
   Method();
+  Error bind_sizes(std::span<const Tensor> inputs);
+  Result<std::vector<Tensor>> execute_impl(Session* session, std::span<const Tensor> inputs);
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
@@ -176,10 +208,46 @@ class Program : public std::enable_shared_from_this<Program> {
   /// Total bytes of constant data (stored once even when shared by methods).
   uint64_t constant_bytes() const;
   uint64_t file_size() const;
+  /// The program's state tensors (empty for a stateless program).
+  const std::vector<StateInfo>& states() const;
+  /// The string key/values the compiler stored (ProgramBuilder::set_metadata), in file order.
+  const std::vector<std::pair<std::string, std::string>>& metadata() const;
+  /// The value of metadata `key`, or null.
+  const std::string* metadata_value(std::string_view key) const;
+  /// A new session: one set of the program's states at their initial values (two sessions are
+  /// two independent conversations). MemoryAllocationFailed when the states do not fit.
+  Result<std::unique_ptr<Session>> new_session() const;
 
  private:
+  friend class Session;
+  friend class Method;
   Program();
   std::unique_ptr<detail::ProgramData> data_;
+};
+
+/// One set of a program's state tensors (e.g. a KV cache), shared by the program's methods:
+/// Method::execute(session, ...) reads and updates it. Sessions are independent: two of one
+/// program may run concurrently from different threads (each with its own Method instance); one
+/// session must not be used by two threads at once.
+class Session {
+ public:
+  ~Session();
+  /// Restores every state to its initial value and clears failed().
+  void reset();
+  /// A view of state `name` (valid for the session's life): NotFound when there is none.
+  Result<Tensor> state(std::string_view name) const;
+  /// True after a call failed once it had written state in place; execute refuses until reset().
+  bool failed() const { return !failure_.empty(); }
+  const std::string& failure() const { return failure_; }
+  const Program& program() const { return *program_; }
+
+ private:
+  friend class Program;
+  friend class Method;
+  Session() = default;
+  std::shared_ptr<const Program> program_;
+  std::vector<void*> buffers_;  ///< per program state, 64-byte aligned
+  std::string failure_;
 };
 
 }  // namespace kiln

@@ -73,6 +73,11 @@ class Backend {
   /// the reason (e.g. "alpha=10 on aten.add is not supported"). Must be decided by the same
   /// code that lowers.
   virtual Error support(size_t node, const Graph& graph) const = 0;
+  /// Why this backend declines a node with symbolic sizes (a dynamic dim or a symbolic attribute;
+  /// the partitioner asks no further). Backends that build for fixed shapes say what stops them.
+  virtual std::string symbolic_sizes_reason() const {
+    return "symbolic sizes: the " + name() + " delegate runs fixed shapes only";
+  }
   /// Lowers a subgraph whose every node `support` accepted into payload bytes.
   virtual Result<std::vector<uint8_t>> lower(const Subgraph& subgraph) const = 0;
   /// Proves at compile time that `payload` (what `lower` wrote for `subgraph`) builds, by running

@@ -51,6 +51,9 @@ MemoryPlan plan_memory(const Graph& graph) {
   for (ValueId o : graph.outputs()) {
     if (!values[static_cast<size_t>(o)].constant) last[static_cast<size_t>(o)] = end;
   }
+  for (const StateDef& st : graph.states()) {  // copied into the state after the last node
+    if (st.update != kNoValue && !values[static_cast<size_t>(st.update)].constant) last[static_cast<size_t>(st.update)] = end;
+  }
   std::vector<int> readers(values.size(), 0);
   for (const auto& n : nodes) {
     for (ValueId in : n.inputs) {
@@ -97,6 +100,7 @@ MemoryPlan plan_memory(const Graph& graph) {
     }
     const auto v = static_cast<size_t>(a.outputs[0]), w = static_cast<size_t>(b.outputs[0]);
     if (readers[v] != 1 || is_output[v] || values[v].constant || values[w].constant || first[w] == -2 ||
+        values[v].state >= 0 || values[w].state >= 0 ||
         !(values[v].type == values[w].type)) {
       continue;
     }
@@ -114,6 +118,7 @@ MemoryPlan plan_memory(const Graph& graph) {
     }
     const auto in = static_cast<size_t>(n.inputs[0]), out = static_cast<size_t>(n.outputs[0]);
     if (values[in].constant || values[out].constant || is_input[in] || is_output[out] || first[in] == -2 ||
+        values[in].state >= 0 || values[out].state >= 0 ||
         first[out] == -2 || alias[out] != kNoValue || values[in].type.dtype != values[out].type.dtype ||
         values[in].type.nbytes() != values[out].type.nbytes()) {
       continue;
@@ -125,7 +130,7 @@ MemoryPlan plan_memory(const Graph& graph) {
 
   MemoryPlan plan;
   for (size_t v = 0; v < values.size(); ++v) {
-    if (values[v].constant || first[v] == -2 || alias[v] != kNoValue) continue;
+    if (values[v].constant || values[v].state >= 0 || first[v] == -2 || alias[v] != kNoValue) continue;
     plan.values.push_back({static_cast<ValueId>(v), 0, values[v].type.nbytes(), first[v], last[v]});
     plan.total_bytes += align_up(values[v].type.nbytes());
   }

@@ -87,6 +87,19 @@ struct Groups {
   }
 };
 
+// True when node i has a symbolic attribute or reads or writes a value with symbolic sizes.
+bool node_is_symbolic(const Graph& g, size_t i) {
+  const Node& node = g.nodes()[i];
+  if (!node.sym_attrs.empty()) return true;
+  for (ValueId v : node.inputs) {
+    if (v != kNoValue && g.value(v).is_dynamic()) return true;
+  }
+  for (ValueId v : node.outputs) {
+    if (g.value(v).is_dynamic()) return true;
+  }
+  return false;
+}
+
 // Boundary of a set of nodes (sorted indices) of `g`.
 Subgraph make_subgraph(const Graph& g, std::vector<size_t> nodes) {
   Subgraph sg;
@@ -101,6 +114,9 @@ Subgraph make_subgraph(const Graph& g, std::vector<size_t> nodes) {
     for (ValueId o : g.nodes()[i].outputs) produced.insert(o);
   }
   std::set<ValueId> used_outside(g.outputs().begin(), g.outputs().end());
+  for (const StateDef& st : g.states()) {
+    if (st.update != kNoValue) used_outside.insert(st.update);  // copied into the state after the call
+  }
   std::set<size_t> inside(sg.nodes.begin(), sg.nodes.end());
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     if (inside.count(i)) continue;
@@ -153,6 +169,8 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
         Error why;
         if (auto r = refused.find({i, bi}); r != refused.end()) {
           why = Error(ErrorCode::NotSupported, r->second);
+        } else if (node_is_symbolic(graph, i)) {
+          why = Error(ErrorCode::NotSupported, bs[bi]->symbolic_sizes_reason());
         } else {
           auto s = support_of.find({i, bi});
           if (s == support_of.end()) s = support_of.emplace(std::make_pair(i, bi), bs[bi]->support(i, graph)).first;

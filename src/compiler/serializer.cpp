@@ -106,6 +106,16 @@ Error ProgramBuilder::add_method(std::string name, Graph graph) {
   return {};
 }
 
+void ProgramBuilder::set_metadata(std::string key, std::string value) {
+  for (auto& [k, v] : metadata_) {
+    if (k == key) {
+      v = std::move(value);
+      return;
+    }
+  }
+  metadata_.emplace_back(std::move(key), std::move(value));
+}
+
 Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) const {
   if (methods_.empty()) return Error(ErrorCode::InvalidArgument, "program has no methods");
   CompiledProgram result;
@@ -113,6 +123,33 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
   flatbuffers::FlatBufferBuilder b(1 << 16);
   std::vector<flatbuffers::Offset<fb::Method>> fb_methods;
   std::vector<std::shared_ptr<const DelegateBlob>> payloads;  // segments 1.. in order
+
+  // Program states, by name across methods (a KV cache that prefill and decode share): the first
+  // method declaring one fixes its type and initial value; the others must agree.
+  std::vector<const StateDef*> states;
+  for (const auto& [name, g] : methods_) {
+    for (const StateDef& st : g.states()) {
+      auto same = std::find_if(states.begin(), states.end(), [&](const StateDef* o) { return o->name == st.name; });
+      if (same == states.end()) {
+        states.push_back(&st);
+        continue;
+      }
+      const bool same_initial = (*same)->initial == st.initial ||
+                                ((*same)->initial && st.initial && *(*same)->initial == *st.initial);
+      if (!((*same)->type == st.type) || !same_initial) {
+        return Error(ErrorCode::InvalidArgument, "state '" + st.name + "' is declared by two methods with different " +
+                                                     ((*same)->type == st.type ? "initial values" : "types (" +
+                                                     (*same)->type.to_string() + ", " + st.type.to_string() + ")"));
+      }
+    }
+  }
+  auto program_state = [&](const std::string& state_name) -> int32_t {
+    for (size_t i = 0; i < states.size(); ++i) {
+      if (states[i]->name == state_name) return static_cast<int32_t>(i);
+    }
+    return -1;
+  };
+  auto write_expr = [&b](const SymExpr& e) { return fb::CreateSizeExpr(b, b.CreateVector(e.code())); };
 
   std::string require_failures;  // require_delegation: the undelegated nodes of every method
   // Alternatives: each method is compiled once per backend list, in preference order; the file
@@ -207,6 +244,7 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
           continue;
         }
       }
+      plan_state_updates(g);
       MemoryPlan plan = plan_memory(g);
       rep.arena_bytes = plan.arena_bytes;
       rep.activation_bytes = plan.total_bytes;
@@ -231,10 +269,17 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         }
         std::vector<uint8_t> dim_order(v.type.sizes.size());
         for (size_t i = 0; i < dim_order.size(); ++i) dim_order[i] = static_cast<uint8_t>(i);
+        flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<fb::SizeExpr>>> sym = 0;
+        if (v.is_dynamic()) {
+          std::vector<flatbuffers::Offset<fb::SizeExpr>> exprs;
+          for (const SymExpr& e : v.sym_sizes) exprs.push_back(write_expr(e));
+          sym = b.CreateVector(exprs);
+        }
+        const int32_t state = v.state >= 0 ? program_state(g.states()[static_cast<size_t>(v.state)].name) : -1;
         fb_values.push_back(fb::CreateTensor(b, static_cast<fb::DType>(v.type.dtype), b.CreateVector(v.type.sizes),
                                              b.CreateVector(dim_order), constant,
-                                             v.constant ? -1 : arena_offset[static_cast<size_t>(id)],
-                                             v.name.empty() ? 0 : b.CreateString(v.name), half != nullptr));
+                                             v.constant || state >= 0 ? -1 : arena_offset[static_cast<size_t>(id)],
+                                             v.name.empty() ? 0 : b.CreateString(v.name), half != nullptr, sym, state));
         slot = static_cast<int32_t>(fb_values.size() - 1);
         return slot;
       };
@@ -263,18 +308,41 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         for (ValueId id : n.outputs) res.push_back(use(id));
         std::vector<flatbuffers::Offset<fb::Attribute>> attrs;
         for (const auto& [an, av] : n.attrs.items()) attrs.push_back(write_attr(b, an, av));
+        std::vector<flatbuffers::Offset<fb::SymAttribute>> sym_attrs;
+        for (const SymAttr& sa : n.sym_attrs) {
+          sym_attrs.push_back(fb::CreateSymAttribute(b, b.CreateString(sa.name), sa.index, write_expr(sa.expr)));
+        }
         auto call = fb::CreateKernelCall(b, b.CreateString(n.op), b.CreateVector(args), b.CreateVector(res),
-                                         b.CreateVector(attrs), n.debug_name.empty() ? 0 : b.CreateString(n.debug_name));
+                                         b.CreateVector(attrs), n.debug_name.empty() ? 0 : b.CreateString(n.debug_name),
+                                         sym_attrs.empty() ? 0 : b.CreateVector(sym_attrs));
         instrs.push_back(fb::CreateInstructionEntry(b, fb::Instruction::KernelCall, call.Union()));
       }
       for (ValueId id : g.outputs()) outs.push_back(use(id));
+      std::vector<flatbuffers::Offset<fb::StateUpdate>> updates;
+      for (const StateDef& st : g.states()) {
+        if (st.update == kNoValue || st.update == st.value) continue;
+        updates.push_back(fb::CreateStateUpdate(b, static_cast<uint32_t>(program_state(st.name)), use(st.update)));
+      }
+      std::vector<flatbuffers::Offset<fb::Symbol>> symbols;
+      for (const SymbolDef& sd : g.symbols()) symbols.push_back(fb::CreateSymbol(b, b.CreateString(sd.name), sd.min, sd.max));
       fb_methods.push_back(fb::CreateMethod(b, b.CreateString(name), b.CreateVector(fb_values), b.CreateVector(ins),
-                                            b.CreateVector(outs), b.CreateVector(instrs), plan.arena_bytes));
+                                            b.CreateVector(outs), b.CreateVector(instrs), plan.arena_bytes,
+                                            symbols.empty() ? 0 : b.CreateVector(symbols),
+                                            updates.empty() ? 0 : b.CreateVector(updates)));
       result.methods.push_back(rep);
     }
   }
   if (!require_failures.empty()) return Error(ErrorCode::NotSupported, require_failures);
 
+  std::vector<flatbuffers::Offset<fb::State>> fb_states;
+  for (const StateDef* st : states) {
+    const int initial = st->initial ? constants.add(st->initial) : -1;
+    fb_states.push_back(fb::CreateState(b, b.CreateString(st->name), static_cast<fb::DType>(st->type.dtype),
+                                        b.CreateVector(st->type.sizes), initial));
+  }
+  std::vector<flatbuffers::Offset<fb::KeyValue>> meta;
+  for (const auto& [k, v] : metadata_) meta.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+  // The refs are written after the states: a state's initial value adds a constant.
   std::vector<flatbuffers::Offset<fb::ConstantRef>> refs;
   for (size_t i = 0; i < constants.data.size(); ++i) {
     refs.push_back(fb::CreateConstantRef(b, 0, constants.offsets[i], constants.data[i]->size()));
@@ -289,7 +357,9 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
     segs.push_back(fb::CreateSegment(b, ~0ull, constants.size, 0));
     for (const auto& p : payloads) segs.push_back(fb::CreateSegment(b, ~0ull, p->payload.size(), 1));
   }
-  auto program = fb::CreateProgram(b, kFormatVersion, b.CreateVector(fb_methods), b.CreateVector(refs), b.CreateVector(segs));
+  auto program = fb::CreateProgram(b, kFormatVersion, b.CreateVector(fb_methods), b.CreateVector(refs), b.CreateVector(segs),
+                                   fb_states.empty() ? 0 : b.CreateVector(fb_states),
+                                   meta.empty() ? 0 : b.CreateVector(meta));
   fb::FinishProgramBuffer(b, program);
 
   const uint64_t fb_offset = sizeof(FileHeader);

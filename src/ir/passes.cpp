@@ -28,6 +28,9 @@ struct Uses {
       for (ValueId o : nodes[i].outputs) producer[static_cast<size_t>(o)] = static_cast<int>(i);
     }
     for (ValueId o : graph.outputs()) ++readers[static_cast<size_t>(o)];
+    for (const StateDef& s : graph.states()) {
+      if (s.update != kNoValue) ++readers[static_cast<size_t>(s.update)];  // read by the write-back
+    }
   }
 };
 
@@ -36,6 +39,9 @@ struct Uses {
 size_t eliminate_dead_code(Graph& graph) {
   std::vector<bool> live(graph.values().size(), false);
   for (ValueId id : graph.outputs()) live[static_cast<size_t>(id)] = true;
+  for (const StateDef& s : graph.states()) {
+    if (s.update != kNoValue) live[static_cast<size_t>(s.update)] = true;  // written back after the call
+  }
   auto& nodes = graph.mutable_nodes();
   std::vector<bool> keep(nodes.size(), false);
   for (size_t i = nodes.size(); i-- > 0;) {
@@ -60,7 +66,7 @@ Result<size_t> fold_constants(Graph& graph) {
   std::vector<Node> kept;
   size_t folded = 0;
   for (Node& node : nodes) {
-    bool all_const = !node.inputs.empty();
+    bool all_const = !node.inputs.empty() && node.sym_attrs.empty();  // symbolic attributes: known at run time only
     for (ValueId in : node.inputs) {
       if (in != kNoValue && !values[static_cast<size_t>(in)].constant) all_const = false;
     }
@@ -485,6 +491,44 @@ Result<size_t> rewrite_quick_gelu(Graph& graph) {
     }
   }
   return rewritten;
+}
+
+}  // namespace kiln
+
+namespace kiln {
+
+size_t plan_state_updates(Graph& graph) {
+  auto& values = graph.mutable_values();
+  const auto& nodes = graph.nodes();
+  size_t in_place = 0;
+  for (size_t si = 0; si < graph.states().size(); ++si) {
+    const StateDef& st = graph.states()[si];
+    if (st.update == kNoValue || st.update == st.value) continue;
+    // The node writing the update.
+    size_t writer = nodes.size();
+    for (size_t i = 0; i < nodes.size() && writer == nodes.size(); ++i) {
+      for (ValueId o : nodes[i].outputs) {
+        if (o == st.update) writer = i;
+      }
+    }
+    if (writer == nodes.size()) continue;
+    const Node& n = nodes[writer];
+    const bool scatter = n.op == "aten.index_put" || n.op == "aten.slice_scatter" || n.op == "aten.index_copy";
+    if (!scatter || n.delegate || n.outputs.size() != 1 || n.inputs.empty() || n.inputs[0] != st.value) continue;
+    bool read_later = false;  // the old value must be dead once the new one is written over it
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      for (size_t k = 0; k < nodes[i].inputs.size(); ++k) {
+        if (nodes[i].inputs[k] != st.value) continue;
+        if (i > writer || (i == writer && k != 0)) read_later = true;
+      }
+    }
+    bool is_output = false;
+    for (ValueId o : graph.outputs()) is_output = is_output || o == st.update || o == st.value;
+    if (read_later || is_output) continue;
+    values[static_cast<size_t>(st.update)].state = static_cast<int32_t>(si);
+    ++in_place;
+  }
+  return in_place;
 }
 
 }  // namespace kiln

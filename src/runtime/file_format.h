@@ -7,8 +7,11 @@ namespace kiln {
 
 /// "KILNPRG" followed by a NUL: identifies a Kiln program file.
 inline constexpr char kFileMagic[8] = {'K', 'I', 'L', 'N', 'P', 'R', 'G', '\0'};
-/// Bumped on any incompatible change of the header or schema.
-inline constexpr uint32_t kFormatVersion = 1;
+/// Bumped on any change of the header or schema. Version 2 added symbolic sizes, state and
+/// metadata (schema/program.fbs); the loader reads versions kMinFormatVersion..kFormatVersion
+/// (a version-1 file has none of the new fields, which FlatBuffers reads as absent).
+inline constexpr uint32_t kFormatVersion = 2;
+inline constexpr uint32_t kMinFormatVersion = 1;
 /// Segments start on multiples of this (so constants can be used in place from a mapping).
 inline constexpr uint64_t kSegmentAlignment = 4096;
 /// Alignment of each constant inside the constant segment.

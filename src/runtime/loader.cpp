@@ -228,9 +228,125 @@ Error check_no_aliasing(const MethodPlan& plan, const PlannedInstruction& pi, co
   return {};
 }
 
+
+/// Version-2 checks of a method after its instructions: state updates, the input dims that bind
+/// each symbol, and every kernel call re-typed by the op registry at each check binding (so that
+/// a file whose size expressions disagree with the ops is rejected here, not at execute).
+Error plan_symbols_and_state(const fb::Method* m, MethodPlan& plan, const std::vector<StatePlan>& states,
+                             const std::vector<bool>& defined, const std::vector<int32_t>& state_read,
+                             const std::vector<int64_t>& state_written_at,
+                             const std::vector<std::vector<int64_t>>& bindings, const std::string& where) {
+  const size_t nv = plan.value_types.size();
+  std::vector<bool> updated(states.size(), false);
+  if (m->state_updates()) {
+    for (const fb::StateUpdate* u : *m->state_updates()) {
+      const uint32_t st = u->state();
+      const int32_t v = u->value();
+      if (st >= states.size() || v < 0 || static_cast<size_t>(v) >= nv) return bad(where + ": state update out of range");
+      if (updated[st]) return bad(where + ": state " + std::to_string(st) + " updated twice");
+      updated[st] = true;
+      if (!defined[static_cast<size_t>(v)]) return bad(where + ": state update reads a value that is never written");
+      if (!(plan.value_types[static_cast<size_t>(v)] == states[st].type) || !plan.value_sym[static_cast<size_t>(v)].empty()) {
+        return bad(where + ": state update of '" + states[st].name + "' with a value of another type");
+      }
+      const int32_t vs = plan.value_state[static_cast<size_t>(v)];
+      if (vs >= 0 && vs != static_cast<int32_t>(st)) return bad(where + ": state update from another state's bytes");
+      if (vs < 0) plan.state_copies.emplace_back(st, v);
+      if (vs >= 0 && state_written_at[st] < 0) return bad(where + ": state update from the state's unchanged value");
+      plan.uses_state = true;
+    }
+  }
+  for (size_t st = 0; st < states.size(); ++st) {
+    if (state_written_at[st] >= 0 && !updated[st]) return bad(where + ": state '" + states[st].name + "' written in place but not declared updated");
+  }
+  std::set<std::string> used;
+  for (size_t v = 0; v < nv; ++v) {
+    if (plan.value_state[v] >= 0) used.insert(states[static_cast<size_t>(plan.value_state[v])].name);
+  }
+  for (const auto& u : plan.state_copies) used.insert(states[u.first].name);
+  plan.meta.states.assign(used.begin(), used.end());
+  (void)state_read;
+  // Symbols: each bound by the first input dim that is exactly that symbol.
+  plan.symbol_binding.assign(plan.symbols.size(), {SIZE_MAX, 0});
+  for (size_t i = 0; i < plan.inputs.size(); ++i) {
+    const auto& sym = plan.value_sym[static_cast<size_t>(plan.inputs[i])];
+    for (size_t d = 0; d < sym.size(); ++d) {
+      const int32_t s = sym[d].as_symbol();
+      if (s >= 0 && plan.symbol_binding[static_cast<size_t>(s)].first == SIZE_MAX) plan.symbol_binding[static_cast<size_t>(s)] = {i, d};
+    }
+  }
+  for (size_t s = 0; s < plan.symbols.size(); ++s) {
+    if (plan.symbol_binding[s].first == SIZE_MAX) return bad(where + ": symbol '" + plan.symbols[s].name + "' is bound by no input dimension");
+  }
+  auto dims_text = [&](int32_t v) {
+    std::vector<std::string> out;
+    for (const SymExpr& e : plan.value_sym[static_cast<size_t>(v)]) out.push_back(e.is_constant() ? "" : e.to_string(plan.symbols));
+    if (out.empty()) out.assign(plan.value_types[static_cast<size_t>(v)].sizes.size(), "");
+    return out;
+  };
+  for (int32_t i : plan.inputs) plan.meta.input_dims.push_back(dims_text(i));
+  for (int32_t o : plan.outputs) plan.meta.output_dims.push_back(dims_text(o));
+  plan.meta.symbols = plan.symbols;
+  if (plan.symbols.empty()) return {};
+  // Re-type every call with symbolic sizes at each check binding.
+  std::vector<TensorType> types(plan.value_types);
+  for (const auto& b : bindings) {
+    for (int32_t v : plan.dynamic_values) {
+      if (Error e = eval_sizes(plan.value_sym[static_cast<size_t>(v)], b, &types[static_cast<size_t>(v)].sizes); !e.ok()) {
+        return bad(where + ": value " + std::to_string(v) + ": " + e.message());
+      }
+    }
+    for (size_t k = 0; k < plan.instructions.size(); ++k) {
+      const PlannedInstruction& pi = plan.instructions[k];
+      if (!pi.dynamic) continue;
+      const OpDef* def = OpRegistry::get().find(pi.op);
+      Attributes at = pi.attrs;
+      for (const auto& sa : pi.sym_attrs) {
+        auto v = sa.expr.eval(b);
+        if (!v.ok()) return bad(where + " instruction " + std::to_string(k) + ": " + v.error().message());
+        KILN_RETURN_IF_ERROR(set_int_attribute(at, sa.name, sa.index, v.value()));
+      }
+      std::vector<const TensorType*> in;
+      for (int32_t a : pi.args) in.push_back(a < 0 ? nullptr : &types[static_cast<size_t>(a)]);
+      auto inferred = def->infer_types(in, at);
+      if (!inferred.ok()) return bad(where + " instruction " + std::to_string(k) + " (" + pi.op + "): " + inferred.error().message());
+      for (size_t o = 0; o < pi.outputs.size(); ++o) {
+        if (!((*inferred)[o] == types[static_cast<size_t>(pi.outputs[o])])) {
+          return bad(where + " instruction " + std::to_string(k) + " (" + pi.op + "): output " +
+                     types[static_cast<size_t>(pi.outputs[o])].to_string() + " by its size expressions, " +
+                     (*inferred)[o].to_string() + " by the op's shape inference: shapes disagree with the symbols");
+        }
+      }
+    }
+  }
+  return {};
+}
+
+Result<SymExpr> read_expr(const fb::SizeExpr* e, size_t num_symbols, const std::string& where) {
+  if (e == nullptr || e->code() == nullptr) return bad(where + ": missing size expression");
+  if (!elements_aligned(e->code())) return bad(where + ": misaligned size expression");
+  SymExpr x = SymExpr::from_code(std::vector<int64_t>(e->code()->begin(), e->code()->end()));
+  if (Error err = x.validate(num_symbols); !err.ok()) return bad(where + ": " + err.message());
+  return x;
+}
+
+/// Ops whose kernels may write a state's bytes in place (out aliasing self): their kernels check
+/// every index before writing and skip the copy of self when out is self.
+bool writes_state_in_place(std::string_view op) {
+  return op == "aten.index_put" || op == "aten.slice_scatter" || op == "aten.index_copy";
+}
+
+/// Optimized kernels whose prepare depends on activation sizes: a call with symbolic sizes runs
+/// the portable kernel instead (every other optimized kernel reads all sizes at call time).
+bool prepare_is_size_specific(std::string_view op) {
+  return op == "aten.convolution" || op == "kiln.weight_quantized_convolution" || op == "aten.max_pool2d" ||
+         op == "aten.adaptive_avg_pool2d";
+}
+
 Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpan>& segments,
                                const std::vector<ConstantSpan>& constants, bool defer_backend_errors,
-                               const BackendSettings& settings, std::map<int32_t, std::shared_ptr<float>>& widened) {
+                               const BackendSettings& settings, std::map<int32_t, std::shared_ptr<float>>& widened,
+                               const std::vector<StatePlan>& states) {
   MethodPlan plan;
   if (m == nullptr || m->name() == nullptr) return bad("method without a name");
   const std::string where = "method '" + m->name()->str() + "'";
@@ -243,6 +359,23 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
   plan.stored_half.assign(nv, 0);
   plan.arena_offsets.assign(nv, -1);
   std::vector<std::string> names(nv);
+  if (m->symbols()) {
+    if (m->symbols()->size() > 16) return bad(where + ": more than 16 symbols");
+    for (const fb::Symbol* sym : *m->symbols()) {
+      const std::string name = sym->name()->str();
+      if (name.empty() || sym->min() < 0 || sym->min() > sym->max() || sym->max() > kMaxSymbolValue) {
+        return bad(where + ": symbol '" + name + "' has the invalid range [" + std::to_string(sym->min()) + ", " +
+                   std::to_string(sym->max()) + "]");
+      }
+      for (const SymbolDef& o : plan.symbols) {
+        if (o.name == name) return bad(where + ": symbol '" + name + "' declared twice");
+      }
+      plan.symbols.push_back(SymbolDef{name, sym->min(), sym->max()});
+    }
+  }
+  const auto bindings = check_bindings(plan.symbols);
+  plan.value_sym.resize(nv);
+  plan.value_state.assign(nv, -1);
   for (size_t i = 0; i < nv; ++i) {
     const fb::Tensor* t = m->values()->Get(static_cast<flatbuffers::uoffset_t>(i));
     const std::string vw = where + " value " + std::to_string(i);
@@ -251,6 +384,38 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     plan.value_types[i] = type.value();
     if (t->name()) names[i] = t->name()->str();
     const uint64_t nbytes = type->nbytes();
+    if (t->sym_sizes() && t->sym_sizes()->size() > 0) {
+      if (t->sym_sizes()->size() != type->sizes.size()) return bad(vw + ": size expressions differ in number from the rank");
+      if (t->constant() != -1 || t->state() != -1) return bad(vw + ": a constant or state cannot have symbolic sizes");
+      for (const fb::SizeExpr* e : *t->sym_sizes()) {
+        auto x = read_expr(e, plan.symbols.size(), vw);
+        if (!x.ok()) return x.error();
+        plan.value_sym[i].push_back(std::move(x.value()));
+      }
+      std::vector<int64_t> sizes;
+      for (const auto& b : bindings) {  // every check binding fits the planned (upper-bound) sizes
+        if (Error err = eval_sizes(plan.value_sym[i], b, &sizes); !err.ok()) return bad(vw + ": " + err.message());
+        for (size_t d = 0; d < sizes.size(); ++d) {
+          if (sizes[d] > type->sizes[d]) {
+            return bad(vw + ": symbolic size " + std::to_string(sizes[d]) + " of dim " + std::to_string(d) +
+                       " exceeds its planned bound " + std::to_string(type->sizes[d]));
+          }
+        }
+      }
+      plan.dynamic_values.push_back(static_cast<int32_t>(i));
+    }
+    if (t->state() != -1) {
+      if (t->state() < 0 || static_cast<size_t>(t->state()) >= states.size()) return bad(vw + ": state index out of range");
+      if (t->constant() != -1) return bad(vw + ": a state cannot be a constant");
+      if (t->arena_offset() != -1) return bad(vw + ": a state value has an arena offset (states live in the session, not the arena)");
+      if (!(states[static_cast<size_t>(t->state())].type == type.value())) {
+        return bad(vw + ": type " + type->to_string() + " differs from state '" + states[static_cast<size_t>(t->state())].name +
+                   "' " + states[static_cast<size_t>(t->state())].type.to_string());
+      }
+      plan.value_state[i] = t->state();
+      plan.uses_state = true;
+      continue;  // the session's bytes: no arena range
+    }
     if (t->constant() >= 0) {
       if (static_cast<size_t>(t->constant()) >= constants.size()) return bad(vw + ": constant index out of range");
       const ConstantSpan& c = constants[static_cast<size_t>(t->constant())];
@@ -294,8 +459,30 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
   if (plan.outputs.empty()) return bad(where + ": no outputs");
   std::vector<bool> defined(nv, false);
   for (size_t i = 0; i < nv; ++i) defined[i] = plan.constant_data[i] != nullptr;
+  // A state's value read at the start of the method: a state value that no instruction writes.
+  std::vector<bool> written(nv, false);
+  for (size_t k = 0; m->instructions() && k < m->instructions()->size(); ++k) {
+    const fb::InstructionEntry* e = m->instructions()->Get(static_cast<flatbuffers::uoffset_t>(k));
+    const flatbuffers::Vector<int32_t>* outs = nullptr;
+    if (e && e->instr_as_KernelCall()) outs = e->instr_as_KernelCall()->outputs();
+    if (e && e->instr_as_DelegateCall()) outs = e->instr_as_DelegateCall()->outputs();
+    for (size_t j = 0; outs && j < outs->size(); ++j) {
+      const int32_t o = outs->Get(static_cast<flatbuffers::uoffset_t>(j));
+      if (o >= 0 && static_cast<size_t>(o) < nv) written[static_cast<size_t>(o)] = true;
+    }
+  }
+  std::vector<int32_t> state_read(states.size(), -1);     // per state: its read value
+  std::vector<int64_t> state_written_at(states.size(), -1);  // per state: instruction writing it in place
+  for (size_t i = 0; i < nv; ++i) {
+    const int32_t st = plan.value_state[i];
+    if (st < 0 || written[i]) continue;
+    if (state_read[static_cast<size_t>(st)] >= 0) return bad(where + ": two values read state " + std::to_string(st));
+    state_read[static_cast<size_t>(st)] = static_cast<int32_t>(i);
+    defined[i] = true;
+  }
   for (int32_t i : plan.inputs) {
     if (plan.constant_data[static_cast<size_t>(i)]) return bad(where + ": an input is a constant");
+    if (plan.value_state[static_cast<size_t>(i)] >= 0) return bad(where + ": an input is a state");
     if (defined[static_cast<size_t>(i)]) return bad(where + ": input listed twice");
     defined[static_cast<size_t>(i)] = true;
     plan.meta.inputs.push_back(plan.value_types[static_cast<size_t>(i)]);
@@ -311,6 +498,17 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     if (const fb::DelegateCall* d = e->instr_as_DelegateCall()) {
       auto pi = plan_delegate(d, iw, nv, segments, constants, plan, defined, defer_backend_errors, settings);
       if (!pi.ok()) return pi.error();
+      for (int32_t v : pi->args) {
+        if (!plan.value_sym[static_cast<size_t>(v)].empty()) return bad(iw + ": a delegate call reads a value with symbolic sizes");
+        if (plan.value_state[static_cast<size_t>(v)] >= 0 && state_written_at[static_cast<size_t>(plan.value_state[static_cast<size_t>(v)])] >= 0 &&
+            v == state_read[static_cast<size_t>(plan.value_state[static_cast<size_t>(v)])]) {
+          return bad(iw + ": reads a state's old value after it was written in place");
+        }
+      }
+      for (int32_t v : pi->outputs) {
+        if (!plan.value_sym[static_cast<size_t>(v)].empty()) return bad(iw + ": a delegate call writes a value with symbolic sizes");
+        if (plan.value_state[static_cast<size_t>(v)] >= 0) return bad(iw + ": a delegate call writes a state in place");
+      }
       KILN_RETURN_IF_ERROR(check_no_aliasing(plan, pi.value(), iw));
       plan.instructions.push_back(std::move(pi.value()));
       continue;
@@ -335,18 +533,57 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     if (!res.ok()) return res.error();
     pi.args = args.value();
     pi.outputs = res.value();
+    if (call->sym_attributes()) {
+      for (const fb::SymAttribute* sa : *call->sym_attributes()) {
+        auto x = read_expr(sa->expr(), plan.symbols.size(), iw);
+        if (!x.ok()) return x.error();
+        Attributes probe = pi.attrs;
+        if (Error err = set_int_attribute(probe, sa->name()->str(), sa->index(), 0); !err.ok()) return bad(iw + ": " + err.message());
+        pi.sym_attrs.push_back({sa->name()->str(), sa->index(), std::move(x.value())});
+      }
+    }
+    pi.dynamic = !pi.sym_attrs.empty();
+    for (int32_t a : pi.args) pi.dynamic = pi.dynamic || (a >= 0 && !plan.value_sym[static_cast<size_t>(a)].empty());
+    for (int32_t o : pi.outputs) pi.dynamic = pi.dynamic || !plan.value_sym[static_cast<size_t>(o)].empty();
+    // State: an output that is a state's bytes is an in-place update (writes_state_in_place) of
+    // that state's read value, given as self (args[0]), once; nothing reads the old value after it.
+    for (size_t k2 = 0; k2 < pi.args.size(); ++k2) {
+      const int32_t a = pi.args[k2];
+      if (a < 0 || plan.value_state[static_cast<size_t>(a)] < 0) continue;
+      const auto st = static_cast<size_t>(plan.value_state[static_cast<size_t>(a)]);
+      if (state_written_at[st] >= 0 && a == state_read[st]) return bad(iw + ": reads a state's old value after it was written in place");
+    }
+    for (int32_t o : pi.outputs) {
+      const int32_t st = plan.value_state[static_cast<size_t>(o)];
+      if (st < 0) continue;
+      if (!writes_state_in_place(pi.op) || pi.outputs.size() != 1 || pi.args.empty() || pi.args[0] != state_read[static_cast<size_t>(st)] ||
+          state_written_at[static_cast<size_t>(st)] >= 0) {
+        return bad(iw + ": writes state " + std::to_string(st) + " in place, which only an index_put, slice_scatter or "
+                   "index_copy of the state's value (as self), once per method, may");
+      }
+      for (size_t k2 = 1; k2 < pi.args.size(); ++k2) {
+        if (pi.args[k2] >= 0 && plan.value_state[static_cast<size_t>(pi.args[k2])] == st) {
+          return bad(iw + ": an in-place state update reads the state in another argument");
+        }
+      }
+      state_written_at[static_cast<size_t>(st)] = static_cast<int64_t>(plan.instructions.size());
+      pi.writes_state = true;
+    }
     std::vector<const TensorType*> types;
     for (int32_t a : pi.args) {
       if (a >= 0 && !defined[static_cast<size_t>(a)]) return bad(iw + ": reads value " + std::to_string(a) + " before it is written");
       types.push_back(a < 0 ? nullptr : &plan.value_types[static_cast<size_t>(a)]);
     }
-    auto inferred = def->infer_types(types, pi.attrs);
+    // A call with symbolic sizes is re-typed at every check binding instead (plan_symbols_and_state):
+    // its upper-bound types need not be one consistent call.
+    auto inferred = pi.dynamic ? Result<std::vector<TensorType>>(std::vector<TensorType>(pi.outputs.size()))
+                               : def->infer_types(types, pi.attrs);
     if (!inferred.ok()) return bad(iw + ": " + inferred.error().message());
     if (inferred->size() != pi.outputs.size()) return bad(iw + ": wrong number of outputs");
     for (size_t o = 0; o < pi.outputs.size(); ++o) {
       const auto ov = static_cast<size_t>(pi.outputs[o]);
       if (plan.constant_data[ov]) return bad(iw + ": writes a constant");
-      if (plan.value_types[ov] != (*inferred)[o]) {
+      if (!pi.dynamic && plan.value_types[ov] != (*inferred)[o]) {
         return bad(iw + ": output type " + plan.value_types[ov].to_string() + " differs from the op's inferred " +
                    (*inferred)[o].to_string());
       }
@@ -357,7 +594,8 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
       std::vector<const TensorType*> out_types;
       for (int32_t o : pi.outputs) out_types.push_back(&plan.value_types[static_cast<size_t>(o)]);
       const KernelSignature sig{types, out_types, pi.attrs};
-      pi.kernel = KernelRegistry::get().select(pi.op, sig, KernelSet::Optimized);
+      const bool portable_only = (pi.dynamic && prepare_is_size_specific(pi.op)) || pi.writes_state;
+      pi.kernel = KernelRegistry::get().select(pi.op, sig, portable_only ? KernelSet::Portable : KernelSet::Optimized);
     }
     KILN_RETURN_IF_ERROR(check_no_aliasing(plan, pi, iw));
     plan.instructions.push_back(std::move(pi));
@@ -367,6 +605,7 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     plan.meta.outputs.push_back(plan.value_types[static_cast<size_t>(o)]);
     plan.meta.output_names.push_back(names[static_cast<size_t>(o)]);
   }
+  KILN_RETURN_IF_ERROR(plan_symbols_and_state(m, plan, states, defined, state_read, state_written_at, bindings, where));
   plan.meta.num_instructions = plan.instructions.size();
   std::map<std::string, int> op_counts, cpu_op_counts, delegate_counts;
   for (const PlannedInstruction& pi : plan.instructions) {
@@ -499,9 +738,9 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
   FileHeader h;
   std::memcpy(&h, base, sizeof(h));
   if (std::memcmp(h.magic, kFileMagic, sizeof(kFileMagic)) != 0) return bad("not a Kiln program (wrong magic)");
-  if (h.version != kFormatVersion) {
-    return bad("format version " + std::to_string(h.version) + " is not supported (this runtime reads version " +
-               std::to_string(kFormatVersion) + ")");
+  if (h.version < kMinFormatVersion || h.version > kFormatVersion) {
+    return bad("format version " + std::to_string(h.version) + " is not supported (this runtime reads versions " +
+               std::to_string(kMinFormatVersion) + " to " + std::to_string(kFormatVersion) + ")");
   }
   if (h.header_size != sizeof(FileHeader) || h.flatbuffer_offset != sizeof(FileHeader)) return bad("bad header size");
   if (h.file_size != size) {
@@ -513,7 +752,7 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
   flatbuffers::Verifier verifier(fbp, h.flatbuffer_size, flatbuffers::Verifier::Options{});
   if (!fb::VerifyProgramBuffer(verifier)) return bad("FlatBuffer verification failed");
   const fb::Program* prog = fb::GetProgram(fbp);
-  if (prog->version() != kFormatVersion) return bad("program version differs from the header's");
+  if (prog->version() != h.version) return bad("program version differs from the header's");
 
   auto data = std::make_unique<ProgramData>();
   data->version = h.version;
@@ -542,11 +781,50 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
     }
   }
   if (prog->methods() == nullptr || prog->methods()->size() == 0) return bad("program has no methods");
+  if (prog->states()) {
+    for (const fb::State* st : *prog->states()) {
+      const std::string sw = "state '" + st->name()->str() + "'";
+      for (const StatePlan& o : data->states) {
+        if (o.name == st->name()->str()) return bad(sw + " declared twice");
+      }
+      if (!is_valid_dtype(static_cast<int>(st->dtype()))) return bad(sw + ": invalid dtype");
+      if (st->sizes() && !elements_aligned(st->sizes())) return bad(sw + ": misaligned sizes vector");
+      // The state's type goes through the same checks as a value's.
+      TensorType type{static_cast<DType>(st->dtype()), {}};
+      if (st->sizes()) {
+        if (st->sizes()->size() > kMaxRank) return bad(sw + ": rank above 16");
+        uint64_t volume = dtype_size(type.dtype);
+        for (int64_t d : *st->sizes()) {
+          if (d < 0) return bad(sw + ": negative size");
+          const uint64_t f = d == 0 ? 1 : static_cast<uint64_t>(d);
+          if (volume > kMaxBytes / f) return bad(sw + ": size overflow");
+          volume *= f;
+          type.sizes.push_back(d);
+        }
+      }
+      StatePlan sp{st->name()->str(), type, nullptr};
+      if (st->initial() >= 0) {
+        if (static_cast<size_t>(st->initial()) >= constants.size()) return bad(sw + ": initial value constant out of range");
+        const ConstantSpan& c = constants[static_cast<size_t>(st->initial())];
+        if (c.nbytes != type.nbytes()) return bad(sw + ": initial value of " + std::to_string(c.nbytes) + " bytes, type needs " + std::to_string(type.nbytes()));
+        sp.initial = c.data;
+      } else if (st->initial() != -1) {
+        return bad(sw + ": invalid initial value index");
+      }
+      data->state_infos.push_back(StateInfo{sp.name, sp.type, sp.initial == nullptr});
+      data->states.push_back(std::move(sp));
+    }
+  }
+  if (prog->metadata()) {
+    for (const fb::KeyValue* kv : *prog->metadata()) {
+      data->metadata.emplace_back(kv->key()->str(), kv->value() ? kv->value()->str() : std::string());
+    }
+  }
   // Entries that share a name are alternatives of one method, in order of preference: every
   // one is verified, and the first whose delegate backends are all available is kept.
   std::vector<std::vector<MethodPlan>> groups;
   for (const fb::Method* m : *prog->methods()) {
-    auto plan = plan_method(m, segments, constants, /*defer_backend_errors=*/true, settings, data->widened);
+    auto plan = plan_method(m, segments, constants, /*defer_backend_errors=*/true, settings, data->widened, data->states);
     if (!plan.ok()) return plan.error();
     auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& v) { return v[0].meta.name == plan->meta.name; });
     if (g == groups.end()) {

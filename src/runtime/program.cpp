@@ -6,6 +6,7 @@
 #include <cstring>
 #include <optional>
 
+#include "ir/op_registry.h"
 #include "runtime/program_data.h"
 
 namespace kiln {
@@ -42,6 +43,55 @@ const std::string* find_setting(const BackendSettings& settings, std::string_vie
 }
 
 uint32_t Program::format_version() const { return data_->version; }
+const std::vector<StateInfo>& Program::states() const { return data_->state_infos; }
+const std::vector<std::pair<std::string, std::string>>& Program::metadata() const { return data_->metadata; }
+const std::string* Program::metadata_value(std::string_view key) const {
+  for (const auto& [k, v] : data_->metadata) {
+    if (k == key) return &v;
+  }
+  return nullptr;
+}
+
+Result<std::unique_ptr<Session>> Program::new_session() const {
+  auto session = std::unique_ptr<Session>(new Session());
+  session->program_ = shared_from_this();
+  for (const auto& st : data_->states) {
+    const size_t n = st.type.nbytes();
+    void* p = std::aligned_alloc(64, (n + 63) / 64 * 64 + 64);
+    if (p == nullptr) {
+      return Error(ErrorCode::MemoryAllocationFailed, "cannot allocate " + std::to_string(n) + " bytes for state '" + st.name + "'");
+    }
+    session->buffers_.push_back(p);
+  }
+  session->reset();
+  return session;
+}
+
+Session::~Session() {
+  for (void* p : buffers_) std::free(p);
+}
+
+void Session::reset() {
+  const auto& states = program_->data_->states;
+  for (size_t i = 0; i < states.size(); ++i) {
+    const size_t n = states[i].type.nbytes();
+    if (n == 0) continue;
+    if (states[i].initial) {
+      std::memcpy(buffers_[i], states[i].initial, n);
+    } else {
+      std::memset(buffers_[i], 0, n);
+    }
+  }
+  failure_.clear();
+}
+
+Result<Tensor> Session::state(std::string_view name) const {
+  const auto& states = program_->data_->states;
+  for (size_t i = 0; i < states.size(); ++i) {
+    if (states[i].name == name) return Tensor{states[i].type.dtype, states[i].type.sizes, buffers_[i]};
+  }
+  return Error(ErrorCode::NotFound, "no state '" + std::string(name) + "' in the program");
+}
 uint64_t Program::constant_bytes() const { return data_->constant_bytes; }
 uint64_t Program::file_size() const { return data_->bytes->size(); }
 
@@ -84,6 +134,12 @@ struct Method::Impl {
   std::vector<uint64_t> prof_calls;
   std::vector<int64_t> prof_ns;
   std::vector<int64_t> prof_min_ns;
+  // Symbolic sizes: per instruction with symbolic attributes, its attributes with this call's
+  // values; the symbols' values of the current call.
+  std::vector<Attributes> call_attrs;
+  std::vector<int64_t> symbol_values;
+  // execute(inputs) of a stateful method: the session this Method owns.
+  std::unique_ptr<Session> own_session;
 
   ~Impl() {
     for (size_t k = 0; k < handles.size(); ++k) {
@@ -177,6 +233,10 @@ bool fusable_next(const detail::MethodPlan& plan, size_t k, const std::vector<in
     if (o == v) return false;
   }
   if (plan.value_types[static_cast<size_t>(v)] != plan.value_types[static_cast<size_t>(w)]) return false;
+  // Symbolic sizes: the same expressions (so the same actual sizes on every call), and no state bytes.
+  if (plan.value_sym[static_cast<size_t>(v)] != plan.value_sym[static_cast<size_t>(w)]) return false;
+  if (r >= 0 && plan.value_sym[static_cast<size_t>(r)] != plan.value_sym[static_cast<size_t>(v)]) return false;
+  if (plan.value_state[static_cast<size_t>(v)] >= 0 || plan.value_state[static_cast<size_t>(w)] >= 0) return false;
   if (plan.arena_offsets[static_cast<size_t>(w)] < 0) return false;
   const std::pair<uint64_t, uint64_t> wr = arena_range(plan, w);  // not a structured binding: clang 14
   auto overlaps_w = [&](int32_t x) {                                   // cannot capture those in a lambda
@@ -230,8 +290,9 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
     Tensor& t = im.values[i];
     t.dtype = plan->value_types[i].dtype;
     t.sizes = plan->value_types[i].sizes;
-    t.data = plan->constant_data[i] ? const_cast<uint8_t*>(plan->constant_data[i])
-                                    : im.arena + plan->arena_offsets[i];
+    t.data = plan->constant_data[i]      ? const_cast<uint8_t*>(plan->constant_data[i])
+             : plan->value_state[i] >= 0 ? nullptr  // the session's bytes, set per call
+                                         : im.arena + plan->arena_offsets[i];
   }
   for (const auto& ins : plan->instructions) {
     std::vector<const Tensor*> a;
@@ -241,6 +302,11 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
     im.args.push_back(std::move(a));
     im.outs.push_back(std::move(o));
   }
+  im.call_attrs.resize(plan->instructions.size());
+  for (size_t k = 0; k < plan->instructions.size(); ++k) {
+    if (!plan->instructions[k].sym_attrs.empty()) im.call_attrs[k] = plan->instructions[k].attrs;
+  }
+  im.symbol_values.assign(plan->symbols.size(), 0);
   im.kernels.resize(plan->instructions.size());
   for (size_t k = 0; k < plan->instructions.size(); ++k) {
     const auto& ins = plan->instructions[k];
@@ -343,7 +409,135 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
 
 Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
   Impl& im = *impl_;
+  if (!im.plan->uses_state) return execute_impl(nullptr, inputs);
+  if (!im.own_session) {
+    auto session = im.program->new_session();
+    if (!session.ok()) return session.error();
+    im.own_session = std::move(session.value());
+  }
+  return execute_impl(im.own_session.get(), inputs);
+}
+
+Result<std::vector<Tensor>> Method::execute(Session& session, std::span<const Tensor> inputs) {
+  if (session.program_.get() != impl_->program.get()) {
+    return Error(ErrorCode::InvalidArgument, "method '" + impl_->plan->meta.name + "': the session belongs to another program");
+  }
+  return execute_impl(&session, inputs);
+}
+
+namespace {
+
+std::string binding_text(const detail::MethodPlan& plan, size_t s) {
+  return "symbol '" + plan.symbols[s].name + "' in [" + std::to_string(plan.symbols[s].min) + ", " +
+         std::to_string(plan.symbols[s].max) + "]";
+}
+
+}  // namespace
+
+/// Binds the symbols from the inputs' actual sizes, checks every input against its dims and
+/// computes every value's sizes and the symbolic attributes for this call. Nothing is written
+/// before this succeeds.
+Error Method::bind_sizes(std::span<const Tensor> inputs) {
+  Impl& im = *impl_;
+  const detail::MethodPlan& plan = *im.plan;
+  const MethodMeta& meta = plan.meta;
+  auto label = [&](size_t i) {
+    return "method '" + meta.name + "' input " + std::to_string(i) + (meta.input_names[i].empty() ? "" : " '" + meta.input_names[i] + "'");
+  };
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const TensorType& want = meta.inputs[i];
+    if (inputs[i].dtype != want.dtype || inputs[i].sizes.size() != want.sizes.size()) {
+      return Error(ErrorCode::InvalidArgument, label(i) + ": expected " + want.to_string() + ", got " + inputs[i].type().to_string());
+    }
+  }
+  for (size_t s = 0; s < plan.symbols.size(); ++s) {
+    const auto [i, d] = plan.symbol_binding[s];
+    const int64_t v = inputs[i].sizes[d];
+    if (v < plan.symbols[s].min || v > plan.symbols[s].max) {
+      return Error(ErrorCode::InvalidArgument, label(i) + " dim " + std::to_string(d) + " is " + std::to_string(v) + ", outside " +
+                                                   binding_text(plan, s) + " (" + meta.inputs[i].to_string() + " at most)");
+    }
+    im.symbol_values[s] = v;
+  }
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const auto& sym = plan.value_sym[static_cast<size_t>(plan.inputs[i])];
+    for (size_t d = 0; d < inputs[i].sizes.size(); ++d) {
+      int64_t want = meta.inputs[i].sizes[d];
+      if (!sym.empty() && !sym[d].is_constant()) {
+        auto v = sym[d].eval(im.symbol_values);
+        if (!v.ok()) return Error(ErrorCode::InvalidArgument, label(i) + ": " + v.error().message());
+        want = v.value();
+      }
+      if (inputs[i].sizes[d] != want) {
+        std::string why = "expected " + meta.inputs[i].to_string();
+        if (!sym.empty() && !sym[d].is_constant()) {
+          why = "dim " + std::to_string(d) + " (" + sym[d].to_string(plan.symbols) + ") must be " + std::to_string(want);
+          for (size_t s = 0; s < plan.symbols.size(); ++s) {
+            const auto [bi, bd] = plan.symbol_binding[s];
+            why += (s == 0 ? " given " : ", ") + binding_text(plan, s) + " = " + std::to_string(im.symbol_values[s]) +
+                   " from input " + std::to_string(bi) + " dim " + std::to_string(bd);
+          }
+        }
+        return Error(ErrorCode::InvalidArgument, label(i) + ": " + why + ", got " + inputs[i].type().to_string());
+      }
+    }
+  }
+  for (int32_t v : plan.dynamic_values) {
+    Tensor& t = im.values[static_cast<size_t>(v)];
+    if (Error e = eval_sizes(plan.value_sym[static_cast<size_t>(v)], im.symbol_values, &t.sizes); !e.ok()) {
+      return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' value " + std::to_string(v) + ": " + e.message());
+    }
+    const auto& bound = plan.value_types[static_cast<size_t>(v)].sizes;
+    for (size_t d = 0; d < bound.size(); ++d) {
+      if (t.sizes[d] > bound[d]) {
+        return Error(ErrorCode::InvalidProgram, "method '" + meta.name + "' value " + std::to_string(v) + " would be " +
+                                                    sizes_to_string(t.sizes) + ", beyond its planned " + sizes_to_string(bound));
+      }
+    }
+  }
+  for (size_t k = 0; k < plan.instructions.size(); ++k) {
+    const auto& ins = plan.instructions[k];
+    for (const auto& sa : ins.sym_attrs) {
+      auto v = sa.expr.eval(im.symbol_values);
+      if (!v.ok()) return Error(ErrorCode::InvalidArgument, "instruction " + std::to_string(k) + " (" + ins.op + "): " + v.error().message());
+      KILN_RETURN_IF_ERROR(set_int_attribute(im.call_attrs[k], sa.name, sa.index, v.value()));
+    }
+  }
+  // Every call with symbolic sizes re-typed by the op registry for this call's sizes: kernels
+  // trust their shapes, and the file's expressions were checked only at the check bindings.
+  std::vector<TensorType> in_types;
+  std::vector<const TensorType*> in_ptrs;
+  for (size_t k = 0; k < plan.instructions.size(); ++k) {
+    const auto& ins = plan.instructions[k];
+    if (!ins.dynamic) continue;
+    const OpDef* def = OpRegistry::get().find(ins.op);
+    in_types.clear();
+    in_types.reserve(ins.args.size());
+    in_ptrs.clear();
+    for (int32_t a : ins.args) in_types.push_back(a < 0 ? TensorType{} : im.values[static_cast<size_t>(a)].type());
+    for (size_t j = 0; j < ins.args.size(); ++j) in_ptrs.push_back(ins.args[j] < 0 ? nullptr : &in_types[j]);
+    auto inferred = def->infer_types(in_ptrs, ins.sym_attrs.empty() ? ins.attrs : im.call_attrs[k]);
+    bool same = inferred.ok() && inferred->size() == ins.outputs.size();
+    for (size_t o = 0; same && o < ins.outputs.size(); ++o) {
+      same = (*inferred)[o].sizes == im.values[static_cast<size_t>(ins.outputs[o])].sizes;
+    }
+    if (!same) {
+      std::string syms;
+      for (size_t s = 0; s < plan.symbols.size(); ++s) syms += (s ? ", " : "") + plan.symbols[s].name + "=" + std::to_string(im.symbol_values[s]);
+      return Error(ErrorCode::InvalidProgram, "instruction " + std::to_string(k) + " (" + ins.op + "): shapes disagree with the symbols at " + syms +
+                                                  (inferred.ok() ? "" : ": " + inferred.error().message()));
+    }
+  }
+  return {};
+}
+
+Result<std::vector<Tensor>> Method::execute_impl(Session* session, std::span<const Tensor> inputs) {
+  Impl& im = *impl_;
   const MethodMeta& meta = im.plan->meta;
+  if (session != nullptr && session->failed()) {
+    return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "': the session's state is undefined after a failed call (" +
+                                                 session->failure() + "); call reset()");
+  }
   if (inputs.size() != meta.inputs.size()) {
     // Name the first input that is missing (expected type) or unexpected (actual type).
     const size_t k = std::min(inputs.size(), meta.inputs.size());
@@ -357,15 +551,16 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
     return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' takes " + std::to_string(meta.inputs.size()) +
                                                  " inputs, got " + std::to_string(inputs.size()) + detail);
   }
+  if (!im.plan->symbols.empty()) KILN_RETURN_IF_ERROR(bind_sizes(inputs));
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorType& want = meta.inputs[i];
-    if (inputs[i].dtype != want.dtype || inputs[i].sizes != want.sizes) {
+    if (im.plan->symbols.empty() && (inputs[i].dtype != want.dtype || inputs[i].sizes != want.sizes)) {
       const std::string label = meta.input_names[i].empty() ? "" : " '" + meta.input_names[i] + "'";
       return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' input " + std::to_string(i) + label +
                                                    ": expected " + want.to_string() + ", got " +
                                                    inputs[i].type().to_string());
     }
-    if (inputs[i].data == nullptr && want.nbytes() > 0) {
+    if (inputs[i].data == nullptr && inputs[i].nbytes() > 0) {
       return Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' input " + std::to_string(i) + " has no data");
     }
   }
@@ -392,13 +587,20 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
     Tensor& slot = im.values[static_cast<size_t>(im.plan->inputs[i])];
     if (slot.data != sources[i] && inputs[i].nbytes() > 0) std::memcpy(slot.data, sources[i], inputs[i].nbytes());
   }
+  if (session != nullptr) {  // state values are the session's bytes
+    for (size_t v = 0; v < im.plan->value_state.size(); ++v) {
+      if (im.plan->value_state[v] >= 0) im.values[v].data = session->buffers_[static_cast<size_t>(im.plan->value_state[v])];
+    }
+  }
+  bool state_written = false;
   for (size_t k = 0; k < im.plan->instructions.size(); ++k) {
     if (im.skip[k]) continue;  // fused into instruction k - 1 (or k - 2: FusionCandidate::then)
     const auto& ins = im.plan->instructions[k];
     std::chrono::steady_clock::time_point t0;
     if (im.profiling) t0 = std::chrono::steady_clock::now();
+    const Attributes& attrs = ins.sym_attrs.empty() ? ins.attrs : im.call_attrs[k];
     Error err = ins.backend ? ins.backend->execute(*im.handles[k], im.args[k], im.outs[k])
-                            : im.kernels[k](KernelArgs{im.args[k], im.outs[k], ins.attrs, im.pool, im.states[k].get()});
+                            : im.kernels[k](KernelArgs{im.args[k], im.outs[k], attrs, im.pool, im.states[k].get()});
     if (im.profiling) {
       const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
       im.prof_ns[k] += ns;
@@ -406,8 +608,17 @@ Result<std::vector<Tensor>> Method::execute(std::span<const Tensor> inputs) {
       ++im.prof_calls[k];
     }
     if (!err.ok()) {
-      return Error(err.code(), "instruction " + std::to_string(k) + " (" + ins.op +
-                                   (ins.debug_name.empty() ? "" : " at " + ins.debug_name) + "): " + err.message());
+      Error e(err.code(), "instruction " + std::to_string(k) + " (" + ins.op +
+                              (ins.debug_name.empty() ? "" : " at " + ins.debug_name) + "): " + err.message());
+      if (state_written && session != nullptr) session->failure_ = e.message();
+      return e;
+    }
+    state_written = state_written || ins.writes_state;
+  }
+  if (session != nullptr) {  // updates not written in place: copied now that the call succeeded
+    for (const auto& [st, v] : im.plan->state_copies) {
+      const Tensor& t = im.values[static_cast<size_t>(v)];
+      if (t.nbytes() > 0) std::memmove(session->buffers_[st], t.data, t.nbytes());
     }
   }
   std::vector<Tensor> out;

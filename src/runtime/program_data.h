@@ -9,6 +9,7 @@
 #include "backends/backend.h"
 #include "kernels/kernel.h"
 #include "kiln/runtime.h"
+#include "kiln/symbolic.h"
 
 namespace kiln::detail {
 
@@ -47,6 +48,15 @@ struct PlannedInstruction {
   Attributes attrs;              // normalized
   std::string op;                // ATen op, or "delegate:<backend>"
   std::string debug_name;
+  /// Int attributes whose value is a symbolic expression (set into a copy of attrs per call).
+  struct SymAttr {
+    std::string name;
+    int64_t index = -1;
+    SymExpr expr;
+  };
+  std::vector<SymAttr> sym_attrs;
+  bool dynamic = false;          // reads or writes a value with symbolic sizes, or has sym_attrs
+  bool writes_state = false;     // writes a state's bytes in place (an index_put into a KV cache)
 };
 
 /// A method after verification: everything needed to instantiate it.
@@ -59,6 +69,25 @@ struct MethodPlan {
   std::vector<int32_t> inputs;
   std::vector<int32_t> outputs;
   std::vector<PlannedInstruction> instructions;
+  // Symbolic sizes (format version 2): the method's symbols, per value its size expressions
+  // (empty: fixed sizes; value_types then hold the upper bounds), and per symbol the input
+  // dimension that binds it at execute: (input position, dim).
+  std::vector<SymbolDef> symbols;
+  std::vector<std::vector<SymExpr>> value_sym;
+  std::vector<std::pair<size_t, size_t>> symbol_binding;
+  std::vector<int32_t> dynamic_values;  // values with symbolic sizes
+  // State: per value the program state whose bytes it is (-1: none), and the updates copied into
+  // the states after a successful call: (state, value) where the value is not the state's bytes.
+  std::vector<int32_t> value_state;
+  std::vector<std::pair<uint32_t, int32_t>> state_copies;
+  bool uses_state = false;
+};
+
+/// A state tensor of the program (format version 2).
+struct StatePlan {
+  std::string name;
+  TensorType type;
+  const uint8_t* initial = nullptr;  // initial bytes in the file, or null for zeros
 };
 
 struct ProgramData {
@@ -67,6 +96,9 @@ struct ProgramData {
   uint64_t constant_bytes = 0;
   BackendSettings backend_settings;  // LoadOptions::backend_settings, handed to delegate init
   std::vector<MethodPlan> methods;
+  std::vector<StatePlan> states;
+  std::vector<StateInfo> state_infos;  // Program::states()
+  std::vector<std::pair<std::string, std::string>> metadata;
   // Float32 copies (64-byte aligned) of the constants stored as float16, by constant index;
   // widened once at load and shared by every method that reads them.
   std::map<int32_t, std::shared_ptr<float>> widened;

@@ -9,6 +9,7 @@
 
 #include "ir/op_registry.h"
 #include "program_generated.h"
+#include "runtime/file_format.h"
 #include "runtime_test_util.h"
 
 namespace kiln {
@@ -117,7 +118,7 @@ TEST(ProgramFormat, LoadFromFileMappedAndRead) {
     SCOPED_TRACE(use_mmap ? "mmap" : "read");
     KILN_ASSERT_OK_AND_ASSIGN(program, Program::load(path, LoadOptions{use_mmap}));
     EXPECT_EQ(program->file_size(), compiled.bytes.size());
-    EXPECT_EQ(program->format_version(), 1u);
+    EXPECT_EQ(program->format_version(), kFormatVersion);
     EXPECT_EQ(program->constant_bytes(), kConstBytes);
     KILN_ASSERT_OK_AND_ASSIGN(meta, program->method_meta("mixed"));
     EXPECT_EQ(meta.input_names, (std::vector<std::string>{"x"}));

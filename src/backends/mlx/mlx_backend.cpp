@@ -517,6 +517,10 @@ struct MlxHandle : DelegateHandle {
 class MlxBackend : public Backend {
  public:
   std::string name() const override { return "mlx"; }
+  std::string symbolic_sizes_reason() const override {
+    return "symbolic sizes: the mlx delegate builds its graph for fixed shapes (dynamic shapes on mlx are "
+           "not lowered yet)";
+  }
 
   Error support(size_t node, const Graph& graph) const override { return support_node(graph, graph.nodes()[node]); }
 

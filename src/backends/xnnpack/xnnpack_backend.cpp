@@ -722,6 +722,10 @@ Subgraph single_node(size_t node, const Graph& graph) {
 class XnnpackBackend : public Backend {
  public:
   std::string name() const override { return "xnnpack"; }
+  std::string symbolic_sizes_reason() const override {
+    return "symbolic sizes: Debian's XNNPACK (2022) cannot reshape a built runtime (it has no "
+           "xnn_reshape_runtime), so a segment runs the one shape it was built for";
+  }
 
   // Lowers the node alone (the lowering's static checks of XNNPACK's limits included), then
   // builds that payload the way init will when XNNPACK is available here.
