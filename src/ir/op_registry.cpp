@@ -140,6 +140,7 @@ const OpRegistry& OpRegistry::get() {
     register_layout_ops(r);
     register_indexing_ops(r);
     register_spatial_extra_ops(r);
+    register_llm_ops(r);
     std::sort(r.ops_.begin(), r.ops_.end(), [](const OpDef& a, const OpDef& b) { return a.name < b.name; });
     return r;
   }();

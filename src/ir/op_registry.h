@@ -108,6 +108,7 @@ void register_creation_ops(OpRegistry& r);  // src/ir/ops/creation.cpp: arange, 
 void register_layout_ops(OpRegistry& r);    // src/ir/ops/layout.cpp: flip, repeat, diagonal, as_strided
 void register_indexing_ops(OpRegistry& r);  // src/ir/ops/indexing.cpp: index, gather, scatter*, embedding_bag
 void register_spatial_extra_ops(OpRegistry& r);  // src/ir/ops/spatial_extra.cpp: pads, 3-D pools, grid_sampler, col2im, cdist
+void register_llm_ops(OpRegistry& r);       // src/ir/ops/llm.cpp: kiln.sdpa_kv_cache
 
 // Helpers for inference functions.
 /// NumPy/PyTorch broadcasting of two shapes; InvalidArgument when incompatible.

@@ -147,13 +147,14 @@ void register_portable_sort(KernelRegistry& r);      // portable/sort.cpp: sort,
 void register_portable_creation(KernelRegistry& r);  // portable/creation.cpp: arange, full, fill, copy, ...
 void register_portable_layout(KernelRegistry& r);    // portable/layout.cpp: flip, repeat, diagonal, as_strided
 void register_portable_indexing(KernelRegistry& r);  // portable/indexing.cpp: index, gather, scatter*, embedding_bag
+void register_portable_llm(KernelRegistry& r);       // portable/llm.cpp: kiln.sdpa_kv_cache
 
 // Optimized cpu kernels (src/kernels/cpu/*.cpp); registered after the portable ones.
 void register_cpu_kernels(KernelRegistry& r);
 void register_cpu_conv(KernelRegistry& r);    // src/kernels/cpu/conv.cpp
 void register_cpu_linear(KernelRegistry& r);  // src/kernels/cpu/linear.cpp (mm, bmm, addmm, linear)
 void register_cpu_pool(KernelRegistry& r);    // src/kernels/cpu/pool.cpp (global average pooling)
-void register_cpu_attention(KernelRegistry& r);   // cpu/attention.cpp: scaled_dot_product_attention
+void register_cpu_attention(KernelRegistry& r);   // cpu/attention.cpp: scaled_dot_product_attention, kiln.sdpa_kv_cache
 void register_cpu_norm(KernelRegistry& r);        // cpu/norm.cpp: layer/group/batch/rms norm
 void register_cpu_softmax(KernelRegistry& r);     // cpu/softmax.cpp: _softmax, _log_softmax
 void register_cpu_activation(KernelRegistry& r);  // cpu/activation.cpp: unary float ops

@@ -23,6 +23,7 @@ const KernelRegistry& KernelRegistry::get() {
     register_portable_layout(r);
     register_portable_indexing(r);
     register_portable_spatial_extra(r);
+    register_portable_llm(r);
     register_cpu_kernels(r);
     register_cpu_quantized(r);
     return r;

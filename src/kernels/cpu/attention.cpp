@@ -1,9 +1,9 @@
-// Optimized cpu kernel for aten.scaled_dot_product_attention (float32): fused and tiled with an
-// online softmax (the FlashAttention scheme: Dao et al. 2022, "FlashAttention: Fast and
-// Memory-Efficient Exact Attention with IO-Awareness", Algorithm 1), so the L x S score matrix is
-// never materialized: each task takes kBlockQ query rows of one batch/head and streams the keys
-// and values in blocks of kBlockK, keeping per row the running max m, the running denominator l
-// and an unnormalized output row O:
+// Optimized cpu kernels for aten.scaled_dot_product_attention and kiln.sdpa_kv_cache (float32,
+// the latter below): fused and tiled with an online softmax (the FlashAttention scheme: Dao et al.
+// 2022, "FlashAttention: Fast and Memory-Efficient Exact Attention with IO-Awareness",
+// Algorithm 1), so the L x S score matrix is never materialized: each task takes kBlockQ query
+// rows of one batch/head and streams the keys and values in blocks of kBlockK, keeping per row the
+// running max m, the running denominator l and an unnormalized output row O:
 //   s_j = scale * q.k_j + mask_j (-inf where a bool mask is False or j > i under is_causal)
 //   m' = max(m, max_j s_j);  p_j = e^(s_j - m');  l = l e^(m - m') + sum_j p_j;
 //   O = O e^(m - m') + sum_j p_j v_j;  out = O / l.
@@ -29,8 +29,10 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cpu/parallel_util.h"
 #include "kernels/cpu/vec_math.h"
 #include "kernels/kernel.h"
+#include "kernels/portable/llm.h"
 
 namespace kiln {
 
@@ -250,19 +252,20 @@ struct Scratch {
   std::vector<float> buf;
   float *kt, *vp, *s, *o, *m, *l;
   int64_t ldk, ldv_pad, lds, ldo;
-  bool prepare(const Problem& P) {
-    ldk = kBlockK;                // K^T row stride (columns padded with zeros)
-    ldv_pad = round_up(P.Ev, 8);  // packed V / O row stride
+  bool prepare(const Problem& P) { return prepare(P.E, P.Ev); }
+  bool prepare(int64_t E, int64_t Ev) {
+    ldk = kBlockK;              // K^T row stride (columns padded with zeros)
+    ldv_pad = round_up(Ev, 8);  // packed V / O row stride
     lds = kBlockK;
     ldo = ldv_pad;
-    const size_t need = static_cast<size_t>(P.E * ldk + kBlockK * ldv_pad + kBlockQ * lds + kBlockQ * ldo + 2 * kBlockQ);
+    const size_t need = static_cast<size_t>(E * ldk + kBlockK * ldv_pad + kBlockQ * lds + kBlockQ * ldo + 2 * kBlockQ);
     try {
       if (buf.size() < need) buf.resize(need);
     } catch (const std::bad_alloc&) {
       return false;
     }
     kt = buf.data();
-    vp = kt + P.E * ldk;
+    vp = kt + E * ldk;
     s = vp + kBlockK * ldv_pad;
     o = s + kBlockQ * lds;
     m = o + kBlockQ * ldo;
@@ -501,10 +504,176 @@ Error sdpa(const KernelArgs& a) {
   return {};
 }
 
+// ---------------------------------------------------------------------------------------------
+// kiln.sdpa_kv_cache (src/ir/ops/llm.cpp): query rows at cache positions [p, p + T) over the cache
+// keys [lo(t), p + t], grouped-query. The same online-softmax scheme and micro-kernels as above.
+// Query and output rows are flat [B * Hq * T] rows of D / Dv floats; a task takes consecutive rows
+// of one batch and one kv head:
+//  - when the Hq / Hkv query heads of a kv head have (Hq / Hkv) * T <= kBlockQ rows together (decode:
+//    T = 1, the G heads sharing a kv head), all of them: each key block is packed once and its dot
+//    products run for every head of the group in the same micro-kernel pass;
+//  - else kBlockQ rows of one head (prefill), so that a task's rows are consecutive positions; also
+//    when the groups are fewer than half the pool's threads (B * Hkv small: parallel over heads).
+// A task streams only the keys its rows can see, [min lo, max p + t], in blocks of kBlockK: the
+// work is proportional to the filled length p + T (and to the window), never to S. Every size is
+// read from the call's tensors (T is a dynamic dim: it may be smaller than at load), and p is
+// checked (sdpa_kv_cache_position) before anything is written.
+// ---------------------------------------------------------------------------------------------
+
+/// One call of kiln.sdpa_kv_cache, shared read-only by the tasks.
+struct KvProblem {
+  const float *q, *k, *v;
+  float* out;
+  int64_t Hq, T, D, Hkv, S, Dv, group, p, window;
+  float scale;
+  /// The keys query row t sees: [lo, hi).
+  int64_t lo(int64_t t) const { return window > 0 ? std::max<int64_t>(0, p + t - window + 1) : 0; }
+  int64_t hi(int64_t t) const { return p + t + 1; }
+};
+
+/// One task: flat query rows [row0, row0 + rows), all of one batch and one kv head.
+KILN_AVX2 void kv_cache_block(const KvProblem& P, Scratch& W, int64_t row0, int64_t rows) {
+  const int64_t D = P.D, Dv = P.Dv, evp = W.ldv_pad;
+  const int64_t b = row0 / (P.T * P.Hq), h0 = (row0 / P.T) % P.Hq;
+  const int64_t kvh = b * P.Hkv + h0 / P.group;
+  const float* q = P.q + row0 * D;
+  const float* kb = P.k + kvh * P.S * D;
+  const float* vb = P.v + kvh * P.S * Dv;
+  int64_t jbeg = P.S, jend = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = (row0 + r) % P.T;
+    jbeg = std::min(jbeg, P.lo(t));
+    jend = std::max(jend, P.hi(t));
+  }
+  std::fill(W.o, W.o + rows * W.ldo, 0.0f);
+  std::fill(W.m, W.m + rows, kNegInf);
+  std::fill(W.l, W.l + rows, 0.0f);
+  for (int64_t j0 = jbeg; j0 < jend; j0 += kBlockK) {
+    const int64_t n = std::min(kBlockK, jend - j0);
+    const int64_t npad = round_up(n, 16);
+    pack_kt(kb + j0 * D, D, n, npad, W.kt, W.ldk);
+    const float* v = vb + j0 * Dv;
+    int64_t ldv = Dv;
+    if (Dv != evp) {
+      for (int64_t c = 0; c < n; ++c) {
+        std::copy(vb + (j0 + c) * Dv, vb + (j0 + c + 1) * Dv, W.vp + c * evp);
+        std::fill(W.vp + c * evp + Dv, W.vp + (c + 1) * evp, 0.0f);
+      }
+      v = W.vp;
+      ldv = evp;
+    }
+    for (int64_t c = 0; c < npad; c += 16) {
+      for (int64_t r = 0; r < rows; r += kMR) {
+        by_rows<QK>(std::min<int64_t>(kMR, rows - r), q + r * D, D, W.kt + c, W.ldk, D, W.s + r * W.lds + c, W.lds);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      // Scale the scores of keys [lo, hi) of this row, -inf for the others, then the online update.
+      const int64_t t = (row0 + r) % P.T;
+      const int64_t a = std::clamp<int64_t>(P.lo(t) - j0, 0, n), e = std::clamp<int64_t>(P.hi(t) - j0, 0, n);
+      float* s = W.s + r * W.lds;
+      std::fill(s, s + a, kNegInf);
+      for (int64_t j = a; j < e; ++j) s[j] *= P.scale;
+      std::fill(s + e, s + n, kNegInf);
+      const float alpha = softmax_update(s, n, 1.0f, W.m[r], W.l[r]);
+      if (alpha != 1.0f) {
+        float* o = W.o + r * W.ldo;
+        const __m256 va = _mm256_set1_ps(alpha);
+        for (int64_t c = 0; c < evp; c += 8) _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(o + c), va));
+      }
+    }
+    for (int64_t r = 0; r < rows; r += kMR) {
+      by_rows<PV>(std::min<int64_t>(kMR, rows - r), W.s + r * W.lds, W.lds, v, ldv, n, evp, W.o + r * W.ldo, W.ldo);
+    }
+  }
+  float* out = P.out + row0 * Dv;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float l = W.l[r];
+    float* dst = out + r * Dv;
+    if (l == 0.0f) {  // no key (cannot happen: a row always sees its own position)
+      std::fill(dst, dst + Dv, 0.0f);
+      continue;
+    }
+    const __m256 vi = _mm256_set1_ps(1.0f / l);
+    const float* o = W.o + r * W.ldo;
+    int64_t e = 0;
+    for (; e + 8 <= Dv; e += 8) _mm256_storeu_ps(dst + e, _mm256_mul_ps(_mm256_loadu_ps(o + e), vi));
+    if (e < Dv) store_tail(dst + e, Dv - e, _mm256_mul_ps(_mm256_loadu_ps(o + e), vi));
+  }
+}
+
+/// float32 query / caches / output of rank 4 and an int64 input_pos (Kiln tensors are contiguous).
+bool sdpa_kv_cache_accepts(const KernelSignature& s) {
+  if (!cpu::cpu_has_avx2_fma() || s.inputs.size() != 4 || s.outputs.size() != 1) return false;
+  for (int i = 0; i < 3; ++i) {
+    if (s.inputs[i] == nullptr || s.inputs[i]->dtype != DType::Float32 || s.inputs[i]->dim() != 4) return false;
+  }
+  return s.inputs[3] != nullptr && s.inputs[3]->dtype == DType::Int64 && s.outputs[0]->dtype == DType::Float32;
+}
+
+Error sdpa_kv_cache(const KernelArgs& a) {
+  const Tensor& q = *a.inputs[0];
+  const Tensor& k = *a.inputs[1];
+  const Tensor& v = *a.inputs[2];
+  Tensor& out = *a.outputs[0];
+  if (q.dtype != DType::Float32 || k.dtype != DType::Float32 || v.dtype != DType::Float32 ||
+      out.dtype != DType::Float32) {
+    return Error(ErrorCode::NotSupported, "kiln.sdpa_kv_cache: cpu kernel takes float32");
+  }
+  KvProblem P;
+  const int64_t B = q.sizes[0];
+  P.Hq = q.sizes[1];
+  P.T = q.sizes[2];
+  P.D = q.sizes[3];
+  P.Hkv = k.sizes[1];
+  P.S = k.sizes[2];
+  P.Dv = v.sizes[3];
+  auto pos = sdpa_kv_cache_position(*a.inputs[3], P.T, P.S);
+  if (!pos.ok()) return pos.error();
+  P.p = *pos;
+  P.group = P.Hq / P.Hkv;
+  P.window = a.attrs.get_int("sliding_window");
+  P.scale = static_cast<float>(a.attrs.is_none("scale") ? 1.0 / std::sqrt(static_cast<double>(P.D))
+                                                         : a.attrs.get_float("scale"));
+  P.q = q.data_as<const float>();
+  P.k = k.data_as<const float>();
+  P.v = v.data_as<const float>();
+  P.out = out.data_as<float>();
+  const int64_t rows_total = B * P.Hq * P.T;
+  if (rows_total == 0 || P.Dv == 0) return {};
+  // Tasks: a whole GQA group of rows, or kBlockQ-row blocks of one head. Groups are split into
+  // their heads when there are too few of them to occupy the pool (e.g. decode with one kv head):
+  // each head then packs the group's keys again, but the heads run in parallel.
+  const int64_t threads = a.pool != nullptr ? a.pool->num_threads() : 1;
+  const bool whole_group = P.group * P.T <= kBlockQ && (P.group == 1 || 2 * B * P.Hkv > threads);
+  const int64_t nqb = whole_group ? 1 : (P.T + kBlockQ - 1) / kBlockQ;
+  const int64_t tasks = whole_group ? B * P.Hkv : B * P.Hq * nqb;
+  std::atomic<bool> failed{false};
+  auto task = [&](int64_t t) {
+    Scratch& W = tls_scratch;
+    if (!W.prepare(P.D, P.Dv)) {
+      failed = true;
+      return;
+    }
+    if (whole_group) {
+      kv_cache_block(P, W, t * P.group * P.T, P.group * P.T);
+    } else {
+      const int64_t bh = t / nqb, t0 = t % nqb * kBlockQ;
+      kv_cache_block(P, W, bh * P.T + t0, std::min(kBlockQ, P.T - t0));
+    }
+  };
+  const int64_t keys = P.window > 0 ? std::min<int64_t>(P.window + P.T, P.p + P.T) : P.p + P.T;
+  const double flops = 2.0 * static_cast<double>(rows_total) * static_cast<double>(keys) * static_cast<double>(P.D + P.Dv);
+  cpu::parallel_tasks(flops < 2e5 ? nullptr : a.pool, tasks, task);
+  if (failed) return Error(ErrorCode::MemoryAllocationFailed, "kiln.sdpa_kv_cache: scratch");
+  return {};
+}
+
 }  // namespace
 
 void register_cpu_attention(KernelRegistry& r) {
   r.add_optimized("aten.scaled_dot_product_attention", sdpa, sdpa_accepts);
+  r.add_optimized("kiln.sdpa_kv_cache", sdpa_kv_cache, sdpa_kv_cache_accepts);
 }
 
 #else

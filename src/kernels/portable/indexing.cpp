@@ -282,7 +282,8 @@ Error index(const KernelArgs& a) {
 }
 
 // index_put(self, values, *indices; dims, accumulate): out = self; out[indices] = values (+= with
-// accumulate, where duplicate indices all add). Bool masks are turned into the coordinates of their
+// accumulate, where duplicate indices all add). Runs in place when out is exactly self's bytes
+// (no copy; every index checked before the first write). Bool masks are turned into the coordinates of their
 // true elements (row-major), one int64 index per covered dim (PyTorch: mask -> mask.nonzero()).
 Error index_put(const KernelArgs& a) {
   const char* op = "aten.index_put";
@@ -348,6 +349,10 @@ Error index_put(const KernelArgs& a) {
                                                  " cannot be broadcast to the indexed shape " +
                                                  sizes_to_string(plan->out_sizes));
   }
+  // In place: the memory planner may give out exactly self's bytes (a state tensor updated in
+  // place, e.g. a KV cache written at input_pos). Then copy_bytes copies nothing, and every index is
+  // checked in a first pass that writes nothing, so that a bad index leaves the buffer untouched.
+  KILN_RETURN_IF_ERROR(walk_rows(op, self.sizes, idims, *plan, all, [](int64_t, int64_t, int64_t) -> Error { return {}; }));
   copy_bytes(self, out);
   const BroadcastIndex vb(values.sizes, plan->out_sizes);
   const Reduce r = a.attrs.get_bool("accumulate") ? Reduce::Sum : Reduce::Assign;
@@ -532,6 +537,9 @@ Error scatter_reduce(const KernelArgs& a) {
 }
 
 /// out = self; then src's elements (row-major) written into the strided view `v` of out.
+/// In place: out may be exactly self's bytes (the planner's in-place state update: slice
+/// assignment into a KV cache); copy_bytes then copies nothing. The view comes from attributes
+/// only and is checked, as are the sizes, before anything is written.
 Error write_view(const char* op, const Tensor& self, const Tensor& src, Result<sr::StridedView> v, Tensor& out) {
   if (!v.ok()) return Error(v.error().code(), std::string(op) + ": " + v.error().message());
   if (out.sizes != self.sizes || out.dtype != self.dtype || src.dtype != self.dtype || src.sizes != v->sizes) {
