@@ -47,10 +47,11 @@ namespace kiln {
 /// off, so pass top_k = 50 to sample as `model.generate(do_sample=True)` does by default.
 struct SamplingOptions {
   /// 0: greedy (argmax; top_k, top_p and seed are unused). > 0: sample from
-  /// softmax(logits / temperature) after top-k and top-p. Negative or NaN: InvalidArgument.
+  /// softmax(logits / temperature) after top-k and top-p. Negative, NaN or inf: InvalidArgument.
   float temperature = 0.0f;
   /// 0: off. k > 0: keep the tokens whose scaled logit is >= the k-th largest (ties kept).
-  /// Negative: InvalidArgument. k larger than the vocabulary keeps everything.
+  /// Negative: InvalidArgument. k larger than the vocabulary keeps everything. top_k = 1 chooses
+  /// the greedy token unless the maximum is tied (then the tied tokens are drawn from).
   int64_t top_k = 0;
   /// 1: off. In (0, 1): keep the most likely tokens whose probabilities add up to top_p or more
   /// (nucleus sampling; transformers' TopPLogitsWarper, exact rule at sampling_distribution).
@@ -113,7 +114,8 @@ class Sampler {
  private:
   SamplingOptions options_;
   std::mt19937_64 rng_;
-  std::vector<float> scratch_;
+  std::vector<float> masked_;   // logits with the banned ids at -inf
+  std::vector<float> scratch_;  // warped scores
   std::vector<double> probs_;
 };
 

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <numeric>
 #include <string>
 
 #include "kiln/llm.h"
@@ -81,15 +80,20 @@ Error distribution(std::span<const float> logits, const SamplingOptions& o, std:
 
   // 3. TopPLogitsWarper: sort ascending, cumulative softmax, remove c <= 1 - top_p, keep the last.
   if (o.top_p < 1.0f) {
-    std::vector<size_t> order(n);
-    std::iota(order.begin(), order.end(), size_t{0});
+    // Only the finite scores are sorted: the -inf ones (removed by top-k or banned) come first in
+    // ascending order with probability 0, so their cumulative 0 <= 1 - top_p removes them anyway.
+    std::vector<size_t> order;
+    order.reserve(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (scores[i] != kNegInf) order.push_back(i);
+    }
     std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] < scores[b]; });
     // max_score is still present: top-k keeps the maximum.
     double sum = 0.0;
     for (size_t i : order) sum += std::exp(static_cast<double>(scores[i]) - max_score);
     const float threshold = static_cast<float>(1.0 - static_cast<double>(o.top_p));
     double cumulative = 0.0;
-    for (size_t j = 0; j + 1 < n; ++j) {  // the last (largest) entry is always kept
+    for (size_t j = 0; j + 1 < order.size(); ++j) {  // the last (largest) entry is always kept
       const size_t i = order[j];
       // torch: softmax in float32, cumsum accumulated in double and stored as float32.
       const float p = static_cast<float>(std::exp(static_cast<double>(scores[i]) - max_score) / sum);
@@ -141,9 +145,9 @@ Result<int64_t> Sampler::next(std::span<const float> logits, std::span<const int
   KILN_RETURN_IF_ERROR(options_.validate());
   if (logits.empty()) return invalid("sampling: logits are empty (vocab size 0)");
   const size_t n = logits.size();
-  std::vector<float> masked;
   if (!banned_ids.empty()) {
     // MinNewTokensLengthLogitsProcessor: banned ids get -inf before the warpers.
+    std::vector<float>& masked = masked_;
     masked.assign(logits.begin(), logits.end());
     for (int64_t id : banned_ids) {
       if (id < 0 || static_cast<uint64_t>(id) >= n) {
