@@ -22,6 +22,9 @@
 namespace py = pybind11;
 using namespace kiln;
 
+// python/llm_binding.cpp: sampling_distribution, Sampler, generate (include/kiln/llm.h).
+void register_llm(py::module_& m, void (*check)(const Error&));
+
 namespace {
 
 /// Raised for every kiln::Error; .code holds the ErrorCode name.
@@ -597,4 +600,5 @@ PYBIND11_MODULE(_kiln, m) {
           "Instantiates a method. num_threads: 0 = the process-wide pool (KILN_NUM_THREADS or the core "
           "count), else a pool of its own with that many threads (kernels and delegates). "
           "portable_kernels_only: run the reference kernels instead of the optimized cpu kernels.");
+  register_llm(m, check);
 }
