@@ -1,0 +1,264 @@
+"""LLM export, PyTorch side: a Hugging Face causal LM wrapped with a static KV cache (issue 18).
+
+``load_llm(dir)`` reads a ``save_pretrained`` folder (config.json + safetensors; local files only).
+``KilnCausalLM(model, max_seq_len)`` is the module that is exported: ``forward(tokens int64[1, seq],
+input_pos int64[1]) -> logits float32[1, vocab]`` (logits of the last token), seq in 1..max_seq_len.
+The cache is one pair of buffers per layer, ``k_cache_{i}`` / ``v_cache_{i}`` of shape
+[1, kv_heads, max_seq_len, head_dim], which ``forward`` updates in place (torch.export reports them
+as mutated buffers: the session state of the Kiln program).
+
+transformers' own modeling code runs unchanged (RoPE, norms, Gemma 3's embedding scale and
+query_pre_attn_scalar, ...); only its attention function is replaced, through transformers'
+``AttentionInterface`` (name ``kiln_kv_cache``): it writes the new keys/values into the layer's cache
+at ``input_pos + arange(seq)`` (an ``index_put_`` on the buffer) and calls
+``torch.ops.kiln.sdpa_kv_cache``, which masks by position (causal + the layer's sliding window). No
+mask is built by transformers: ``kiln_kv_cache`` is not in ``ALL_MASK_ATTENTION_FUNCTIONS``, so
+``create_causal_mask`` / ``create_sliding_window_causal_mask`` return None early, and no HF cache is
+passed (``use_cache=False``).
+
+``prepare_llm_export(dir, max_seq_len)`` returns the module, example inputs, the dynamic shapes
+(``torch.export.Dim("seq", min=1, max=max_seq_len)`` on tokens dim 1) and the ``llm.*`` metadata.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+
+from . import llm_ops  # noqa: F401  (registers torch.ops.kiln.sdpa_kv_cache)
+
+__all__ = ["SUPPORTED_ARCHS", "ATTN_NAME", "LLMExportError", "load_llm", "check_llm_config", "KilnCausalLM",
+           "llm_metadata", "prepare_llm_export"]
+
+# transformers architecture class name -> config.model_type
+SUPPORTED_ARCHS = {
+    "LlamaForCausalLM": "llama",
+    "Qwen3ForCausalLM": "qwen3",
+    "Gemma3ForCausalLM": "gemma3_text",
+}
+ATTN_NAME = "kiln_kv_cache"
+
+
+class LLMExportError(ValueError):
+    """A checkpoint or config that the LLM export path cannot handle; the message names the part."""
+
+
+# --------------------------------------------------------------------------------------------------
+# loading and config checks
+
+def load_llm(dir: str | os.PathLike):
+    """Loads a causal LM from a ``save_pretrained`` folder (local files only), float32, eval mode.
+    Returns (hf_model, config). Raises LLMExportError for a config this path cannot export."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    dir = os.fspath(dir)
+    if not os.path.isfile(os.path.join(dir, "config.json")):
+        raise LLMExportError(f"{dir}: no config.json (expected a folder written by save_pretrained)")
+    config = AutoConfig.from_pretrained(dir, local_files_only=True)
+    check_llm_config(config)
+    model = AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, local_files_only=True)
+    model.eval()
+    return model, model.config
+
+
+def _arch_name(config) -> str:
+    archs = list(getattr(config, "architectures", None) or [])
+    for a in archs:
+        if a in SUPPORTED_ARCHS:
+            return a
+    # no (or a foreign) architectures entry: fall back on model_type
+    for a, mt in SUPPORTED_ARCHS.items():
+        if config.model_type == mt and not archs:
+            return a
+    name = archs[0] if archs else f"model_type={config.model_type!r}"
+    raise LLMExportError(f"{name}: architecture not supported by kiln export-llm "
+                         f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+
+
+def check_llm_config(config) -> str:
+    """Raises LLMExportError naming the part of `config` that kiln.llm cannot export; returns the
+    architecture class name."""
+    label = (list(getattr(config, "architectures", None) or []) or [config.model_type])[0]
+    if getattr(config, "is_encoder_decoder", False):
+        raise LLMExportError(f"{label}: encoder-decoder models are not supported (decoder-only causal LMs only)")
+    if getattr(config, "add_cross_attention", False):
+        raise LLMExportError(f"{label}: cross attention (add_cross_attention=True) is not supported")
+    softcap = getattr(config, "attn_logit_softcapping", None)
+    if softcap is not None:
+        raise LLMExportError(f"{label}: attn_logit_softcapping={softcap} is not supported by kiln.sdpa_kv_cache")
+    arch = _arch_name(config)
+    if getattr(config, "use_bidirectional_attention", False):
+        raise LLMExportError(f"{label}: use_bidirectional_attention=True is not supported (causal attention only)")
+    for lt in getattr(config, "layer_types", None) or []:
+        if lt not in ("full_attention", "sliding_attention"):
+            raise LLMExportError(f"{label}: layer type {lt!r} is not supported "
+                                 "(full_attention and sliding_attention only)")
+    if "sliding_attention" in (getattr(config, "layer_types", None) or []) and not getattr(config, "sliding_window",
+                                                                                          None):
+        raise LLMExportError(f"{label}: sliding_attention layers without a sliding_window")
+    if getattr(config, "attention_chunk_size", None):
+        raise LLMExportError(f"{label}: chunked attention (attention_chunk_size) is not supported")
+    return arch
+
+
+def _head_dim(config) -> int:
+    hd = getattr(config, "head_dim", None)
+    return int(hd) if hd else config.hidden_size // config.num_attention_heads
+
+
+def _num_kv_heads(config) -> int:
+    n = getattr(config, "num_key_value_heads", None)
+    return int(n) if n else int(config.num_attention_heads)
+
+
+# --------------------------------------------------------------------------------------------------
+# the attention function
+
+def _kiln_kv_cache_attention(module, query, key, value, attention_mask, dropout: float = 0.0,
+                             scaling: float | None = None, sliding_window: int | None = None, **kwargs):
+    """transformers attention interface: query [B, Hq, T, D], key/value [B, Hkv, T, D] (after RoPE)
+    -> (out [B, T, Hq, Dv], None). Writes key/value into the layer's cache, then attends over it."""
+    caches = kwargs.get("kiln_caches")
+    input_pos = kwargs.get("kiln_input_pos")
+    if caches is None or input_pos is None:
+        raise RuntimeError(f"attention '{ATTN_NAME}' runs only inside kiln.llm.KilnCausalLM")
+    if kwargs.get("softcap") is not None:
+        raise LLMExportError(f"attn_logit_softcapping={kwargs['softcap']} is not supported by kiln.sdpa_kv_cache")
+    if attention_mask is not None:
+        raise RuntimeError(f"attention '{ATTN_NAME}' expects no attention mask (it masks by position)")
+    k_cache, v_cache = caches[module.layer_idx]
+    t = query.shape[2]
+    idx = input_pos + torch.arange(t, dtype=torch.int64, device=query.device)
+    # in-place index_put_ on the buffers (cache[:, :, idx] = key without the view that __setitem__
+    # adds): after functionalization the graph has aten.index_put and k_cache/v_cache are mutated buffers
+    torch.ops.aten.index_put_(k_cache, [None, None, idx], key)
+    torch.ops.aten.index_put_(v_cache, [None, None, idx], value)
+    if sliding_window is None:
+        sliding_window = getattr(module, "sliding_window", None)
+    out = torch.ops.kiln.sdpa_kv_cache(query, k_cache, v_cache, input_pos, scaling, int(sliding_window or 0))
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _register_attention():
+    from transformers import AttentionInterface
+    AttentionInterface.register(ATTN_NAME, _kiln_kv_cache_attention)
+
+
+# --------------------------------------------------------------------------------------------------
+# the wrapper
+
+class KilnCausalLM(torch.nn.Module):
+    """A transformers causal LM with a static KV cache of `max_seq_len` positions. Switches `model`
+    to the ``kiln_kv_cache`` attention (set_attn_implementation): use another instance as reference.
+
+    ``forward(tokens int64[1, seq], input_pos int64[1]) -> logits float32[1, vocab]``: runs tokens at
+    positions input_pos .. input_pos + seq - 1, writes their keys/values into the cache and returns the
+    logits of the last token. input_pos + seq > max_seq_len is an error."""
+
+    def __init__(self, model, max_seq_len: int):
+        super().__init__()
+        config = model.config
+        check_llm_config(config)
+        if int(max_seq_len) < 1:
+            raise LLMExportError(f"max_seq_len must be >= 1, got {max_seq_len}")
+        _register_attention()
+        model.set_attn_implementation(ATTN_NAME)
+        self.model = model.eval()
+        self.max_seq_len = int(max_seq_len)
+        self.num_layers = int(config.num_hidden_layers)
+        self.num_kv_heads = _num_kv_heads(config)
+        self.head_dim = _head_dim(config)
+        for i in range(self.num_layers):
+            shape = (1, self.num_kv_heads, self.max_seq_len, self.head_dim)
+            self.register_buffer(f"k_cache_{i}", torch.zeros(shape, dtype=torch.float32), persistent=False)
+            self.register_buffer(f"v_cache_{i}", torch.zeros(shape, dtype=torch.float32), persistent=False)
+
+    def caches(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")) for i in range(self.num_layers)]
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Zeros the cache (a new conversation)."""
+        for k, v in self.caches():
+            k.zero_()
+            v.zero_()
+
+    def forward(self, tokens: torch.Tensor, input_pos: torch.Tensor) -> torch.Tensor:
+        seq = tokens.shape[1]
+        if not torch.compiler.is_compiling():  # eager: refuse before the cache is touched
+            p = int(input_pos.reshape(-1)[0])
+            if p < 0 or p + seq > self.max_seq_len:
+                raise ValueError(f"KilnCausalLM: input_pos {p} + {seq} tokens exceeds max_seq_len "
+                                 f"{self.max_seq_len}")
+        position_ids = (input_pos + torch.arange(seq, dtype=torch.int64, device=tokens.device)).unsqueeze(0)
+        out = self.model(input_ids=tokens, position_ids=position_ids, use_cache=False, logits_to_keep=1,
+                         return_dict=True, kiln_caches=self.caches(), kiln_input_pos=input_pos)
+        return out.logits[:, -1, :]
+
+
+# --------------------------------------------------------------------------------------------------
+# metadata and export preparation
+
+def _eos_ids(config, dir: str | None) -> list[int]:
+    ids: list[int] = []
+
+    def add(v):
+        if v is None:
+            return
+        for x in (v if isinstance(v, (list, tuple)) else [v]):
+            if x is not None and int(x) not in ids:
+                ids.append(int(x))
+
+    add(getattr(config, "eos_token_id", None))
+    if dir is not None:
+        gc = os.path.join(os.fspath(dir), "generation_config.json")
+        if os.path.isfile(gc):
+            with open(gc) as f:
+                add(json.load(f).get("eos_token_id"))
+    return ids
+
+
+def llm_metadata(config, max_seq_len: int, dir: str | os.PathLike | None = None) -> dict[str, str]:
+    """The ``llm.*`` string metadata of an exported program. `dir`: the checkpoint folder (its
+    generation_config.json adds eos ids and a bos id; defaults to config.name_or_path if that is a
+    folder)."""
+    if dir is None:
+        cand = getattr(config, "_name_or_path", None) or getattr(config, "name_or_path", None)
+        dir = cand if cand and os.path.isdir(cand) else None
+    bos = getattr(config, "bos_token_id", None)
+    if bos is None and dir is not None:
+        gc = os.path.join(os.fspath(dir), "generation_config.json")
+        if os.path.isfile(gc):
+            with open(gc) as f:
+                bos = json.load(f).get("bos_token_id")
+    if isinstance(bos, (list, tuple)):
+        bos = bos[0] if bos else None
+    layers, kvh, hd = int(config.num_hidden_layers), _num_kv_heads(config), _head_dim(config)
+    return {
+        "llm.arch": str(config.model_type),
+        "llm.vocab_size": str(int(config.vocab_size)),
+        "llm.bos_id": "" if bos is None else str(int(bos)),
+        "llm.eos_ids": ",".join(str(i) for i in _eos_ids(config, dir)),
+        "llm.max_seq_len": str(int(max_seq_len)),
+        "llm.cache": (f"kv:layers={layers},kv_heads={kvh},head_dim={hd},dtype=float32,"
+                      "layout=[1,kv_heads,max_seq_len,head_dim]"),
+        "llm.num_layers": str(layers),
+    }
+
+
+def prepare_llm_export(dir: str | os.PathLike, max_seq_len: int):
+    """Returns (module, example_args, dynamic_shapes, metadata) for
+    ``torch.export.export(module, example_args, dynamic_shapes=dynamic_shapes)``."""
+    max_seq_len = int(max_seq_len)
+    if max_seq_len < 2:
+        raise LLMExportError(f"max_seq_len must be >= 2 (a dynamic seq dimension of 1..1 is a constant), "
+                             f"got {max_seq_len}")
+    model, config = load_llm(dir)
+    module = KilnCausalLM(model, max_seq_len)
+    n = min(8, max_seq_len)          # >= 2: torch.export specializes example dims of size 0 and 1
+    tokens = torch.zeros((1, n), dtype=torch.int64)
+    input_pos = torch.zeros((1,), dtype=torch.int64)
+    seq = torch.export.Dim("seq", min=1, max=max_seq_len)
+    dynamic_shapes = {"tokens": {1: seq}, "input_pos": None}
+    return module, (tokens, input_pos), dynamic_shapes, llm_metadata(config, max_seq_len, dir)
