@@ -78,8 +78,8 @@ class SymExpr {
 /// min. The upper-bound sizes of a value are the maximum over these bindings.
 std::vector<std::vector<int64_t>> check_bindings(std::span<const SymbolDef> symbols);
 
-/// Sets attribute `name` of `attrs` (an int when index < 0, else element `index` of an int
-/// list) to `value`. InvalidArgument when there is no such int attribute or element.
+/// Sets attribute `name` of `attrs` (an int, or a float Scalar taking the int's value, when
+/// index < 0; else element `index` of an int list) to `value`. InvalidArgument when there is no such int attribute or element.
 Error set_int_attribute(Attributes& attrs, const std::string& name, int64_t index, int64_t value);
 
 /// The sizes of a value at the symbol values `symbols`: each expression evaluated (sym empty: the

@@ -57,13 +57,44 @@ class LoadedProgram:
             self._methods[name] = self._program.load_method(name, self._num_threads, self._portable)
         return self._methods[name]
 
-    def run(self, *inputs, method: str = "forward") -> list[np.ndarray]:
+    @property
+    def metadata(self) -> dict[str, str]:
+        """The program's string key/values (e.g. ``llm.vocab_size``)."""
+        return dict(self._program.metadata)
+
+    @property
+    def states(self) -> list[dict]:
+        """The program's state tensors: [{name, dtype, sizes, zero_initial}] (empty when stateless)."""
+        return list(self._program.states)
+
+    def method_meta(self, name: str = "forward") -> dict:
+        """{name, inputs: [{name, dtype, sizes (upper bounds), dims}], outputs, symbols: [(name, min,
+        max)], states, arena_bytes}; dims holds each dim's symbolic expression ('' when fixed)."""
+        return dict(self._program.method_meta(name))
+
+    def new_session(self):
+        """A new session (``kiln._kiln.Session``): one set of the program's states at their initial
+        values, for ``run(..., session=s)``. ``s.reset()`` restores them; ``s.state(name)`` copies one."""
+        return self._program.new_session()
+
+    @property
+    def session(self):
+        """The session ``run`` uses when given none (created on first use; shared by every method of
+        this LoadedProgram, e.g. prefill and decode over one KV cache)."""
+        if getattr(self, "_session", None) is None:
+            self._session = self._program.new_session()
+        return self._session
+
+    def run(self, *inputs, method: str = "forward", session=None) -> list[np.ndarray]:
+        """Runs `method`; a program with state runs on `session` (default: ``self.session``)."""
+        if session is None and self._program.states:
+            session = self.session
         arrays = []
         for x in inputs:
             if hasattr(x, "detach"):  # torch.Tensor without importing torch here
                 x = x.detach().cpu().contiguous().numpy()
             arrays.append(np.asarray(x, order="C"))  # keeps 0-d arrays 0-d (ascontiguousarray gives ndim >= 1)
-        return list(self.method(method).execute(arrays))
+        return list(self.method(method).execute(arrays, session))
 
 
 def load(path: str | os.PathLike, *, num_threads: int = 0, portable_kernels_only: bool = False,
@@ -91,4 +122,7 @@ def __getattr__(name: str):
     # kiln.export / kiln.export_program / kiln.ExportError live in kiln.capture (imports torch lazily).
     if name in ("export", "export_program", "ExportError"):
         return getattr(_lazy_capture(), name)
+    if name in ("export_llm", "generate"):
+        from . import llm_export
+        return getattr(llm_export, name)
     raise AttributeError(name)

@@ -165,6 +165,28 @@ class _V:
         return f"_V({self.id}, {self.dtype}, {list(self.shape)})"
 
 
+class _Sym:
+    """A symbolic int during the walk: a size of torch.export's shape environment (a sympy
+    expression over the dimension symbols declared with dynamic_shapes), e.g. ``seq`` or
+    ``seq * 64``. Attributes holding one become symbolic attributes of the Kiln node."""
+    __slots__ = ("expr",)
+
+    def __init__(self, expr):
+        self.expr = expr
+
+    def __repr__(self):
+        return f"_Sym({self.expr})"
+
+
+class _NeedState(Exception):
+    """Raised by the walk when buffers turn out to be updated in forward: the capture restarts with
+    them as state tensors (their reads cannot have been constants)."""
+
+    def __init__(self, targets):
+        super().__init__(", ".join(sorted(targets)))
+        self.targets = set(targets)
+
+
 class _FirstOnly:
     """Result of a multi-output ATen op mapped onto a single-output Kiln op: only item 0 exists."""
 
@@ -299,9 +321,10 @@ def _attr(v):
         return kiln_dtype(v, "dtype argument")
     if isinstance(v, (list, tuple)):
         return [_attr(x) for x in v]
-    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        raise ExportError("a symbolic (dynamic) shape value reached an op attribute; Kiln exports static "
-                          "shapes only: export without dynamic_shapes")
+    if isinstance(v, (torch.SymFloat, torch.SymBool)):
+        raise ExportError("a symbolic float or bool reached an op attribute; Kiln's symbolic sizes are ints")
+    if isinstance(v, torch.SymInt):
+        raise ExportError("a symbolic size reached an op attribute unconverted (a Kiln capture bug)")
     return v
 
 
@@ -312,8 +335,13 @@ class _Builder:
     """Walks one ExportedProgram (after decompositions) and builds a kiln.Graph."""
 
     def __init__(self, ep, *, strip: str = "", progress: Callable[[str], None] | None = None,
-                 collect_errors: bool = False):
+                 collect_errors: bool = False, symbol_names: Mapping | None = None,
+                 state_buffers: set | None = None):
         self.ep = ep
+        self.symbol_names = dict(symbol_names or {})  # sympy symbol name -> the user's Dim name
+        self.symbols: dict = {}                       # sympy symbol -> Kiln symbol index
+        self.state_buffers = set(state_buffers or ())  # buffers forward updates: state tensors
+        self.state_ids: dict[str, _V] = {}             # buffer name -> the state's value
         self.collect_errors = collect_errors
         self.output_errors: dict[int, ExportError] = {}  # user output index -> error (collect_errors)
         self.output_index: list[int] = []                 # user output index of each graph output
@@ -352,6 +380,79 @@ class _Builder:
         return self.error(what or "this op is not in Kiln's op set",
                           "Exclude it from the exported module (compute it outside the model) or open an "
                           f"issue asking for it; Kiln's op set is in {OP_SET_DOC}")
+
+    # --- symbolic sizes -------------------------------------------------------------------------
+    def symbol_index(self, sym) -> int:
+        """The Kiln symbol of a sympy symbol of the export's shape environment (declared on first use
+        with the range torch.export recorded)."""
+        if sym in self.symbols:
+            return self.symbols[sym]
+        name = str(sym)
+        vr = self.ep.range_constraints.get(sym)
+        if vr is None:
+            raise self.error(f"size '{name}' is data-dependent (not an input dimension)",
+                             "Kiln's symbolic sizes come from input dims declared with dynamic_shapes; "
+                             "data-dependent shapes (nonzero, boolean masks) are not supported")
+        user = self.symbol_names.get(name, name)
+        try:
+            lo, hi = int(vr.lower), int(vr.upper)
+        except (TypeError, ValueError, OverflowError):
+            raise self.error(f"dimension '{user}' has the unbounded range {vr}",
+                             f"give it an upper bound: torch.export.Dim('{user}', min=1, max=N)") from None
+        try:
+            idx = self.g.add_symbol(user, lo, hi)
+        except KilnError as e:
+            raise self.error(f"dimension '{user}': {e.args[0]}") from None
+        self.symbols[sym] = idx
+        return idx
+
+    def sym_code(self, expr) -> list:
+        """SymExpr tokens (include/kiln/symbolic.h) of a sympy size expression."""
+        import sympy
+        from torch.utils._sympy import functions as F
+        if expr.is_Integer or (expr.is_number and int(expr) == expr):
+            return [0, int(expr)]
+        if expr.is_Symbol:
+            return [1, self.symbol_index(expr)]
+        binops = [(sympy.Add, 2), (sympy.Mul, 4), (F.FloorDiv, 5), (sympy.Min, 7), (sympy.Max, 8)]
+        for mod_cls in ("PythonMod", "Mod"):
+            if hasattr(F, mod_cls):
+                binops.append((getattr(F, mod_cls), 6))
+        binops.append((sympy.Mod, 6))
+        for cls, opcode in binops:
+            if isinstance(expr, cls):
+                args = list(expr.args)
+                code = self.sym_code(args[0])
+                for a in args[1:]:
+                    code += self.sym_code(a) + [opcode]
+                return code
+        if isinstance(expr, sympy.Pow) and expr.exp.is_Integer and 1 <= int(expr.exp) <= 8:
+            base = self.sym_code(expr.base)
+            code = list(base)
+            for _ in range(int(expr.exp) - 1):
+                code += base + [4]
+            return code
+        raise self.error(f"the symbolic size {expr} uses {type(expr).__name__}, which Kiln's size expressions "
+                         "(+, -, *, //, %, min, max) cannot hold")
+
+    def size_value(self, s):
+        """A traced size as an int (fixed) or a _Sym (symbolic)."""
+        if isinstance(s, torch.SymInt):
+            expr = s.node.expr
+            if expr.is_number:
+                return int(expr)
+            return _Sym(expr)
+        return s
+
+    def sym_exprs(self, shape) -> list | None:
+        """Per-dim SymExpr tokens of a traced shape, or None when every dim is fixed."""
+        if all(isinstance(d, int) for d in shape):
+            return None
+        out = []
+        for d in shape:
+            d = self.size_value(d)
+            out.append(self.sym_code(d.expr) if isinstance(d, _Sym) else [0, int(d)])
+        return out
 
     # --- values ---------------------------------------------------------------------------------
     def schema(self, op: str) -> dict:
@@ -430,8 +531,20 @@ class _Builder:
         # debug_name: the module path; for calls in the top-level forward, the FX node's name
         # (delegation reports and require_delegation list nodes by it).
         dn = self.path or (self.node.name if self.node is not None else "")
+        attrs, sym_attrs = self._split_sym_attrs(dict(attrs or {}))
         try:
-            outs = self.g.add_node(op, ids, dict(attrs or {}), dn)
+            if self.symbols:
+                try:
+                    outs = self.g.add_node_sym(op, ids, attrs, dn, sym_attrs)
+                except KilnError as e:
+                    # Kiln could not derive an output's size expressions from the inputs: take the
+                    # ones torch.export traced for this node (checked by Kiln at every binding).
+                    traced = self._traced_exprs()
+                    if "cannot derive" not in str(e.args[0]) or traced is None:
+                        raise
+                    outs = self.g.add_node_sym(op, ids, attrs, dn, sym_attrs, traced)
+            else:
+                outs = self.g.add_node(op, ids, attrs, dn)
         except KilnError as e:
             code = e.args[1] if len(e.args) > 1 else None
             reason = str(e.args[0]) if e.args else str(e)
@@ -446,6 +559,33 @@ class _Builder:
             vt = self.g.value_type(o)
             vs.append(_V(o, _KILN_TO_TORCH[vt["dtype"]], tuple(vt["sizes"])))
         return vs
+
+    def _split_sym_attrs(self, attrs: dict):
+        """Attributes with _Sym values (or list elements) -> (attrs with 0 in their place,
+        [(name, index or -1, tokens)])."""
+        sym = []
+        for k, v in list(attrs.items()):
+            if isinstance(v, _Sym):
+                sym.append((k, -1, self.sym_code(v.expr)))
+                attrs[k] = 0
+            elif isinstance(v, (list, tuple)) and any(isinstance(x, _Sym) for x in v):
+                lst = []
+                for i, x in enumerate(v):
+                    if isinstance(x, _Sym):
+                        sym.append((k, i, self.sym_code(x.expr)))
+                        lst.append(0)
+                    else:
+                        lst.append(x)
+                attrs[k] = lst
+        return attrs, sym
+
+    def _traced_exprs(self):
+        """The size expressions torch.export traced for the current node's tensor outputs, or None."""
+        val = _meta_val(self.node) if self.node is not None else None
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        if not vals or not all(isinstance(t, torch.Tensor) for t in vals):
+            return None
+        return [self.sym_exprs(t.shape) or [[0, int(d)] for d in t.shape] for t in vals]
 
     def check_meta(self, v: _V):
         """The Kiln value must have the dtype and shape PyTorch traced (guards against silent mismatches)."""
@@ -565,15 +705,31 @@ class _Builder:
                 self.user_inputs += 1
                 val = _meta_val(n)
                 if isinstance(val, torch.Tensor):
-                    if any(not isinstance(s, int) for s in val.shape):
-                        raise self.error(f"input '{n.name}' has a dynamic shape",
-                                         "Kiln exports static shapes only: export without dynamic_shapes")
-                    vid = self.g.add_input(n.name, kiln_dtype(val.dtype, f"input '{n.name}'"), list(val.shape))
-                    self.env[n] = _V(vid, val.dtype, tuple(val.shape))
+                    exprs = self.sym_exprs(val.shape)
+                    dt = kiln_dtype(val.dtype, f"input '{n.name}'")
+                    if exprs is None:
+                        vid = self.g.add_input(n.name, dt, list(val.shape))
+                    else:
+                        try:
+                            vid = self.g.add_input_sym(n.name, dt, [0] * len(exprs), exprs)
+                        except KilnError as e:
+                            raise self.error(f"input '{n.name}': {e.args[0]}") from None
+                    vt = self.g.value_type(vid)
+                    self.env[n] = _V(vid, val.dtype, tuple(vt["sizes"]))
                     input_names.append(n.name)
                     self.input_index.append(self.user_inputs - 1)
                 else:
                     self.env[n] = val  # a specialized non-tensor input (int, float, None)
+            elif kind == InputKind.BUFFER and spec.target in self.state_buffers:
+                sd, consts = self.ep.state_dict, self.ep.constants
+                t = (sd[spec.target] if spec.target in sd else consts[spec.target]).detach().contiguous()
+                dt = kiln_dtype(t.dtype, f"state '{spec.target}'")
+                initial = None if not bool(t.any()) else _tensor_bytes(t)
+                try:
+                    vid = self.g.add_state(spec.target, dt, list(t.shape), initial)
+                except KilnError as e:
+                    raise self.error(f"state '{spec.target}': {e.args[0]}") from None
+                self.env[n] = self.state_ids[spec.target] = _V(vid, t.dtype, tuple(t.shape))
             elif kind in (InputKind.PARAMETER, InputKind.BUFFER):
                 sd, consts = self.ep.state_dict, self.ep.constants
                 t = sd[spec.target] if spec.target in sd else consts[spec.target]
@@ -596,6 +752,7 @@ class _Builder:
                 self.progress(f"[kiln]   nodes {self.done}/{calls}")
         elif n.op == "output":
             outs = []
+            new_states = set()  # buffers forward updates that were read as constants: restart
             flat = list(n.args[0]) if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
             user_index = -1
             for spec, a in zip(sig.output_specs, flat):
@@ -610,10 +767,19 @@ class _Builder:
                             raise
                         self.output_errors[user_index] = e
                 elif spec.kind == OutputKind.BUFFER_MUTATION:
-                    if self.env.get(a) is self._buffer_values.get(spec.target, ()):
+                    v = self.env.get(a) if isinstance(a, torch.fx.Node) else a
+                    if v is self._buffer_values.get(spec.target, ()):
                         continue  # written back unchanged (inference batch norm's running stats)
-                    raise self.error(f"the model updates buffer '{spec.target}' in forward",
-                                     "Kiln programs are stateless: remove the buffer update for inference")
+                    if spec.target not in self.state_ids:
+                        new_states.add(spec.target)
+                        continue
+                    state = self.state_ids[spec.target]
+                    if v is state:
+                        continue
+                    try:
+                        self.g.set_state_update(state.id, self.output_value(v, spec.target).id)
+                    except KilnError as e:
+                        raise self.error(f"state '{spec.target}': {e.args[0]}") from None
                 elif spec.kind == OutputKind.TOKEN:
                     continue
                 elif spec.kind == OutputKind.USER_INPUT_MUTATION:
@@ -621,6 +787,8 @@ class _Builder:
                                       "program does not write its inputs back")
                 else:
                     raise self.error(f"output kind {spec.kind.name} is not supported")
+            if new_states:
+                raise _NeedState(new_states)
             self.node = None
             self.path = ""
             self.g.set_outputs(outs)
@@ -652,6 +820,11 @@ class _Builder:
         _tree_any(lambda a: isinstance(a, _Failed) and not failed.append(a), (args, kwargs))
         if failed:
             return failed[0]
+        val = _meta_val(n)
+        if isinstance(val, torch.SymInt):  # a size (sym_size, size arithmetic): fixed or symbolic
+            return self.size_value(val)
+        if isinstance(val, torch.SymBool) and (packet.startswith(_ASSERTS) or not isinstance(target, torch._ops.OpOverload)):
+            return None  # a guard on sizes (checked by the runtime's symbol ranges)
         if target is operator.getitem:
             src, idx = args
             if isinstance(src, _LegitOutputs):
@@ -699,7 +872,7 @@ class _Builder:
         if packet in _EMPTY:
             val = _meta_val(n)
             return torch.zeros(tuple(val.shape), dtype=val.dtype)
-        has_value = _tree_any(lambda a: isinstance(a, (_V, _FirstOnly)), (args, kwargs))
+        has_value = _tree_any(lambda a: isinstance(a, (_V, _FirstOnly, _Sym)), (args, kwargs))
         if not has_value and (packet not in _NO_EAGER_FOLD or self.small_result(n)):
             return self.eager(target, args, kwargs)
         if packet in _SHAPE_ONLY:
@@ -805,7 +978,7 @@ def _view(b: _Builder, args, kwargs):
 def _flatten(b: _Builder, args, kwargs):
     x = b.tensor(args[0])
     out = _meta_val(b.node)
-    return b.emit("aten.view", [x], {"size": [int(s) for s in out.shape]})
+    return b.emit("aten.view", [x], {"size": [b.size_value(s) for s in out.shape]})
 
 
 def _t(b: _Builder, args, kwargs):
@@ -966,9 +1139,17 @@ def _unbind(b: _Builder, args, kwargs):
 
 
 def _sym_size(b: _Builder, args, kwargs):
+    val = _meta_val(b.node)
+    if isinstance(val, torch.SymInt):
+        return b.size_value(val)
     x = args[0]
     shape = x.shape
     return int(shape[args[1]])
+
+
+def _arange(b: _Builder, args, kwargs):
+    val = _meta_val(b.node)
+    return b.generic("aten.arange", args, kwargs, extra={"dtype": kiln_dtype(val.dtype, "arange")})
 
 
 def _softmax_int(kiln_op):
@@ -1304,6 +1485,11 @@ _HANDLERS: dict[str, Callable] = {
     "aten.split_copy.Tensor": _split, "aten.split_with_sizes_copy.default": _split,
     "aten.unbind.int": _unbind, "aten.unbind_copy.int": _unbind,
     "aten.sym_size.int": _sym_size,
+    # arange with a symbolic end (run-time length): ATen's dtype=None means int64 for integer
+    # arguments, which Kiln's op spells out (its default is float32)
+    "aten.arange.start_step": _arange, "aten.arange.start": _arange, "aten.arange.default": _arange,
+    # Kiln's attention over a KV cache (kiln/llm_ops.py: torch.ops.kiln.sdpa_kv_cache), same argument names
+    "kiln.sdpa_kv_cache": lambda b, args, kwargs: b.generic("kiln.sdpa_kv_cache", args, kwargs),
     "aten.softmax.int": _softmax_int("aten._softmax"), "aten.log_softmax.int": _softmax_int("aten._log_softmax"),
 }
 
@@ -1346,9 +1532,38 @@ def _as_tuple(example_inputs) -> tuple:
     return example_inputs
 
 
+def _symbol_names(ep, dynamic_shapes, args: tuple, target) -> dict:
+    """Maps the export's size symbols (e.g. 's27') to the names of the user's torch.export.Dim
+    objects ('seq'), by reading each user input's traced shape where dynamic_shapes put a Dim."""
+    if not dynamic_shapes:
+        return {}
+    specs = dynamic_shapes
+    if isinstance(specs, Mapping):
+        import inspect
+        params = list(inspect.signature(target.forward).parameters)
+        specs = [specs.get(p) for p in params[: len(args)]]
+    specs = list(specs)
+    from torch.export.graph_signature import InputKind
+    user = [spec.arg.name for spec in ep.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    nodes = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    names = {}
+    for i, name in enumerate(user):
+        spec = specs[i] if i < len(specs) else None
+        val = _meta_val(nodes[name]) if name in nodes else None
+        if not isinstance(val, torch.Tensor) or spec is None:
+            continue
+        items = spec.items() if isinstance(spec, Mapping) else enumerate(spec)
+        for d, dim in items:
+            size = val.shape[d] if d < val.dim() else None
+            dim_name = getattr(dim, "__name__", None)
+            if isinstance(size, torch.SymInt) and dim_name and size.node.expr.is_Symbol:
+                names[str(size.node.expr)] = dim_name
+    return names
+
+
 def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward", example_kwargs=None,
             strict: bool = False, progress: Callable[[str], None] | None = None,
-            collect_errors: bool = False) -> CaptureResult:
+            collect_errors: bool = False, dynamic_shapes=None) -> CaptureResult:
     """Captures `module.<method>` called on `example_inputs` (tensors with the exact shapes and
     dtypes the program will take) into a kiln.Graph. The module is put in eval mode for the capture
     (its previous mode is restored). Raises ExportError.
@@ -1357,7 +1572,12 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
     an output whose computation fails is left out of the graph and its ExportError recorded in
     CaptureResult.output_errors[user output index]; output_index lists, per graph output, the user
     output it is; input_index lists, per graph input, the (flattened) user input it is (an input
-    that fails, e.g. float64, is left out). torch.export failures still raise."""
+    that fails, e.g. float64, is left out). torch.export failures still raise.
+
+    dynamic_shapes: torch.export's dynamic_shapes for the inputs, e.g. ``{"tokens": {1:
+    torch.export.Dim("seq", min=1, max=512)}}``: those dims become symbols with those ranges (every
+    Dim needs a max), carried through the graph as size expressions; buffers that forward updates
+    (a KV cache written with index_put_ / slice assignment) become state tensors."""
     if not isinstance(module, torch.nn.Module):
         raise ExportError(f"expected a torch.nn.Module, got {type(module).__name__}")
     if not callable(getattr(module, method, None)):
@@ -1374,13 +1594,15 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
         log(f"[kiln] capturing {type(module).__name__}.{method} with torch.export ...")
         try:
             with torch.no_grad():
-                ep = torch.export.export(target, args, kwargs=example_kwargs or {}, strict=strict)
+                ep = torch.export.export(target, args, kwargs=example_kwargs or {}, strict=strict,
+                                         dynamic_shapes=dynamic_shapes)
         except Exception as e:  # noqa: BLE001
             raise ExportError(f"torch.export failed for {type(module).__name__}.{method}: {type(e).__name__}: "
                               f"{str(e).strip().splitlines()[0] if str(e).strip() else ''}\n"
                               "Kiln captures with torch.export; make the module exportable "
                               "(https://pytorch.org/docs/stable/export.html)") from e
-        res = capture_exported(ep, strip=strip, progress=log, collect_errors=collect_errors)
+        res = capture_exported(ep, strip=strip, progress=log, collect_errors=collect_errors,
+                               symbol_names=_symbol_names(ep, dynamic_shapes, args, target))
     finally:
         for m, training in modes:
             m.training = training
@@ -1389,7 +1611,7 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
 
 
 def capture_exported(ep, *, strip: str = "", progress: Callable[[str], None] | None = None,
-                     collect_errors: bool = False) -> CaptureResult:
+                     collect_errors: bool = False, symbol_names: Mapping | None = None) -> CaptureResult:
     """Builds a kiln.Graph from an ``torch.export.ExportedProgram`` (e.g. one read with
     ``torch.export.load`` from a .pt2 file): runs Kiln's decompositions, then maps every node. The
     program's inputs take the shapes and dtypes of its placeholders (the example inputs it was
@@ -1403,8 +1625,20 @@ def capture_exported(ep, *, strip: str = "", progress: Callable[[str], None] | N
         raise ExportError(f"torch's decompositions failed: {type(e).__name__}: {str(e).strip()[:500]}") from e
     n_calls = sum(1 for n in ep.graph.nodes if n.op == "call_function")
     log(f"[kiln] building graph from {n_calls} ATen nodes ...")
-    b = _Builder(ep, strip=strip, progress=log, collect_errors=collect_errors)
-    graph, names = b.run()
+    states: set = set()
+    while True:  # restarts once when buffers turn out to be state (updated in forward)
+        b = _Builder(ep, strip=strip, progress=log, collect_errors=collect_errors, symbol_names=symbol_names,
+                     state_buffers=states)
+        try:
+            graph, names = b.run()
+            break
+        except _NeedState as ns:
+            if ns.targets <= states:
+                raise ExportError(f"buffers {sorted(ns.targets)} are updated in forward but could not be "
+                                  "captured as state") from None
+            log(f"[kiln] {len(ns.targets)} buffer(s) updated in forward become state tensors: "
+                f"{', '.join(sorted(ns.targets)[:4])}{' ...' if len(ns.targets) > 4 else ''}")
+            states |= ns.targets
     return CaptureResult(graph, names, n_calls, b.notes, time.perf_counter() - t0, b.output_index, b.output_errors,
                          b.input_index)
 
@@ -1573,7 +1807,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
                      compute_dtype: str = "float32",
                      quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
                      scale_dtype: str = "float32", exclude: Sequence[str] = (),
-                     weights_dtype: str = "float32") -> ExportResult:
+                     weights_dtype: str = "float32", metadata: Mapping[str, str] | None = None) -> ExportResult:
     """Compiles captured methods ({name: CaptureResult}) into one program with the C++ compiler,
     writes `out` (and the report as JSON to `report_json`) when given and prints the report unless
     verbose=False. `backends`/`require_delegation`/`alternatives`: see export(). compute_dtype:
@@ -1604,6 +1838,8 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
             pb.add_method(name, cap.graph)
         except KilnError as e:
             raise ExportError(f"method '{name}': {e.args[0]}") from None
+    for key, value in (metadata or {}).items():
+        pb.set_metadata(str(key), str(value))
     log("[kiln] compiling" + (f" (delegating to {', '.join(delegates)})" if delegates else "") + " ...")
     try:
         data, report = pb.compile(fold_constants=fold_constants, backends=delegates, require_delegation=require,
@@ -1670,12 +1906,15 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
                    alternatives: Sequence[Sequence[str]] = (), compute_dtype: str = "float32",
                    quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
                    scale_dtype: str = "float32", exclude: Sequence[str] = (),
-                   weights_dtype: str = "float32") -> ExportResult:
+                   weights_dtype: str = "float32", dynamic_shapes: Mapping[str, Any] | None = None,
+                   metadata: Mapping[str, str] | None = None) -> ExportResult:
     """Exports several methods into one program: ``{"encode": (module, args), "decode": (module2,
     args2, "decode_method"), ...}`` (an optional third item names the module method; default
     "forward"). Constants with identical bytes are stored once across methods. Writes `out` when
-    given. compute_dtype: see compile_captures(). Other options as for export(). Prints progress and
-    a report unless verbose=False. Raises ExportError."""
+    given. compute_dtype: see compile_captures(). dynamic_shapes: {method name: torch.export
+    dynamic_shapes}; buffers that several methods update are one state shared by name (e.g. a
+    prefill and a decode method over one KV cache). Other options as for export(). Prints progress
+    and a report unless verbose=False. Raises ExportError."""
     backends = check_backends(backends)
     check_require_delegation(require_delegation, backends)
     if not methods:
@@ -1690,13 +1929,14 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
         mname = spec[2] if len(spec) == 3 else "forward"
         if len(methods) > 1:
             log(f"[kiln] method '{name}':")
-        captures[name] = capture(module, args, method=mname, strict=strict, progress=log)
+        captures[name] = capture(module, args, method=mname, strict=strict, progress=log,
+                                 dynamic_shapes=(dynamic_shapes or {}).get(name))
     return compile_captures(captures, out=out, backends=backends, require_delegation=require_delegation,
                             fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
                             report_json=report_json, verbose=verbose, t0=t0, alternatives=alternatives,
                             compute_dtype=compute_dtype,
                             quantize=quantize, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype,
-                            exclude=exclude, weights_dtype=weights_dtype)
+                            exclude=exclude, weights_dtype=weights_dtype, metadata=metadata)
 
 
 def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", out: str | os.PathLike | None = None,
@@ -1705,10 +1945,16 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
            verbose: bool = True, alternatives: Sequence[Sequence[str]] = (),
            quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
            scale_dtype: str = "float32", exclude: Sequence[str] = (),
-           weights_dtype: str = "float32", compute_dtype: str = "float32") -> ExportResult:
+           weights_dtype: str = "float32", compute_dtype: str = "float32", dynamic_shapes=None,
+           metadata: Mapping[str, str] | None = None) -> ExportResult:
     """Exports ``module.<method>`` (default forward) for `example_inputs` (a tensor or tuple; the
-    program takes exactly these shapes and dtypes) into a program with one method named `method`,
-    written to `out` when given.
+    program takes exactly these shapes and dtypes, except the dims `dynamic_shapes` declares) into a
+    program with one method named `method`, written to `out` when given.
+
+    dynamic_shapes: as for torch.export, e.g. ``{"tokens": {1: torch.export.Dim("seq", min=1,
+    max=512)}}``: the method then takes any size in each declared range (memory planned for the max);
+    buffers forward updates become state tensors kept in a session across calls (docs/generative.md).
+    metadata: string key/values stored in the program (``kiln inspect`` shows them).
 
     backends: delegate backends in order of preference, e.g. ("xnnpack",) (valid: "portable" plus
     ``kiln._kiln.backend_names()``); each takes the nodes it supports, the rest runs on Kiln's CPU
@@ -1737,7 +1983,9 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
                           fold_batch_norm=fold_batch_norm, strict=strict, report_json=report_json,
                           verbose=verbose, alternatives=alternatives, quantize=quantize, group_size=group_size,
                           symmetric=symmetric, scale_dtype=scale_dtype, exclude=exclude,
-                          weights_dtype=weights_dtype, compute_dtype=compute_dtype)
+                          weights_dtype=weights_dtype, compute_dtype=compute_dtype,
+                          dynamic_shapes=None if dynamic_shapes is None else {method: dynamic_shapes},
+                          metadata=metadata)
 
 
 def compile_exported_file(path: str | os.PathLike, *, method: str = "forward", out: str | os.PathLike | None = None,

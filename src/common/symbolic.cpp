@@ -162,6 +162,10 @@ Error set_int_attribute(Attributes& attrs, const std::string& name, int64_t inde
   const AttrValue* v = attrs.find(name);
   if (v == nullptr) return Error(ErrorCode::InvalidArgument, "symbolic attribute '" + name + "' is not an attribute of the op");
   if (index < 0) {
+    if (std::holds_alternative<double>(*v)) {  // a Scalar argument (aten.arange's end): the int as a float
+      attrs.set(name, static_cast<double>(value));
+      return {};
+    }
     if (!std::holds_alternative<int64_t>(*v)) {
       return Error(ErrorCode::InvalidArgument, "symbolic attribute '" + name + "' is not an int");
     }

@@ -1,0 +1,79 @@
+"""LLM export and generation (issue 18): ``kiln.export_llm`` and ``kiln.generate``.
+
+``export_llm(dir, max_seq_len, out=...)`` reads a Hugging Face checkpoint folder (config.json plus
+safetensors, as ``save_pretrained`` writes it), wraps the model with a static KV cache of
+``max_seq_len`` positions (kiln/llm.py) and exports one program with one method
+``forward(tokens: int64[1, seq], input_pos: int64[1]) -> logits: float32[1, vocab_size]`` with
+seq in 1..max_seq_len; the cache is the program's state (one session = one conversation), and the
+``llm.*`` metadata (arch, vocab_size, bos_id, eos_ids, max_seq_len, cache) is stored in the file.
+
+``generate(program, prompt_ids, max_new_tokens, ...)`` runs prefill then decode on a session with
+the C++ generation loop and sampler (include/kiln/llm.h), the same code as ``kiln generate``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Callable, Sequence
+
+import numpy as np
+
+from . import _kiln
+
+__all__ = ["export_llm", "generate", "llm_limits"]
+
+
+def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLike | None = None,
+               quantize: str | None = None, group_size: int = 128, backends: Sequence[str] = (),
+               weights_dtype: str = "float32", verbose: bool = True, report_json: str | os.PathLike | None = None):
+    """Exports the causal LM in checkpoint folder `dir` (LlamaForCausalLM, Qwen3ForCausalLM,
+    Gemma3ForCausalLM) with a KV cache of `max_seq_len` positions (>= 2). quantize: None, "w8" or
+    "w4" (weight-only, linear weights). backends: delegates to try (nodes with symbolic sizes stay on
+    Kiln's CPU kernels; each backend says why). Returns kiln.capture.ExportResult; raises
+    kiln.llm.LLMExportError for a config this path cannot export (naming the part) and
+    kiln.ExportError for a capture or compile failure."""
+    from .capture import export
+    from .llm import prepare_llm_export
+
+    module, args, dynamic_shapes, metadata = prepare_llm_export(dir, max_seq_len)
+    return export(module, args, out=out, dynamic_shapes=dynamic_shapes, metadata=metadata, quantize=quantize,
+                  group_size=group_size, backends=backends, weights_dtype=weights_dtype, verbose=verbose,
+                  report_json=report_json)
+
+
+def llm_limits(program) -> dict:
+    """The ``llm.*`` metadata a generation needs, parsed: {max_seq_len, vocab_size, eos_ids, bos_id}.
+    Raises ValueError when the program was not exported by export_llm."""
+    meta = program.metadata
+    if "llm.max_seq_len" not in meta:
+        raise ValueError("the program has no llm.* metadata (export it with kiln.export_llm / "
+                         "python -m kiln export-llm)")
+    eos = [int(x) for x in meta.get("llm.eos_ids", "").split(",") if x.strip()]
+    bos = meta.get("llm.bos_id", "")
+    return {"max_seq_len": int(meta["llm.max_seq_len"]), "vocab_size": int(meta.get("llm.vocab_size", "0")),
+            "eos_ids": eos, "bos_id": int(bos) if bos else None}
+
+
+def generate(program, prompt_ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0,
+             top_p: float = 1.0, seed: int = 0, ignore_eos: bool = False, session=None,
+             on_token: Callable[[int], None] | None = None, method: str = "forward"):
+    """Generates up to `max_new_tokens` ids after `prompt_ids` with `program` (a kiln.LoadedProgram
+    from export_llm): prefill of the whole prompt at position 0, then one decode call per token,
+    until max_new_tokens or an eos id (included; with ignore_eos eos is never chosen). Greedy when
+    temperature is 0, else sampling after temperature / top-k / top-p as transformers' warpers do,
+    seeded by `seed`. Runs on `session` (default: a new one, so every call starts from an empty
+    cache). Returns (ids, stats) with stats = {prefill_tokens_per_s, decode_tokens_per_s,
+    time_to_first_token_ms, peak_rss_mib, prefill_tokens, decode_tokens}. Raises kiln.KilnError
+    (InvalidArgument naming the limit when prompt + max_new_tokens exceeds llm.max_seq_len; the
+    session is unchanged then)."""
+    limits = llm_limits(program)
+    if session is None:
+        session = program.new_session()
+    m = program.method(method)
+
+    def step(tokens, pos):
+        out = m.execute([np.asarray(tokens, dtype=np.int64).reshape(1, -1), np.array([pos], dtype=np.int64)], session)
+        return np.ascontiguousarray(out[0].reshape(-1), dtype=np.float32)
+
+    return _kiln.generate(step, [int(t) for t in prompt_ids], int(max_new_tokens), limits["max_seq_len"],
+                          limits["eos_ids"], bool(ignore_eos), float(temperature), int(top_k), float(top_p), int(seed),
+                          on_token)
