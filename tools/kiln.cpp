@@ -3,6 +3,7 @@
 //   kiln inspect model.kiln [--json]       what is in a program file (methods, types, ops, memory)
 //   kiln run model.kiln --input x.npy --output-dir out/    run a method on .npy inputs
 //   kiln bench model.kiln --threads 2 --runs 100 [--json]   time a method (latency, load, RSS)
+//   kiln generate llm.kiln --prompt-ids 1,2,3 --max-new-tokens 16 [--json]   token ids from a language model
 //   kiln compile model.onnx --input-shape x=1x3x224x224 --backends xnnpack -o model.kiln
 //                                          import an ONNX model and compile it (when built with the
 //                                          ONNX importer: libonnx-dev, libprotobuf-dev)
@@ -15,6 +16,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
@@ -29,6 +31,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/llm.h"
 #include "kiln/runtime.h"
 #include "kiln/npy.h"
 #ifdef KILN_HAVE_ONNX
@@ -81,6 +84,48 @@ std::string json_str(const std::string& s) {
     }
   }
   return out + "\"";
+}
+
+std::string json_strings(const std::vector<std::string>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + json_str(v[i]);
+  return out + "]";
+}
+
+std::string json_sizes(const std::vector<int64_t>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
+
+/// Per tensor, per dim: the dim's symbolic expression, or null for a fixed dim.
+std::string json_dims(const std::vector<std::vector<std::string>>& dims) {
+  std::string out = "[";
+  for (size_t i = 0; i < dims.size(); ++i) {
+    out += i ? ", [" : "[";
+    for (size_t d = 0; d < dims[i].size(); ++d) out += (d ? ", " : "") + (dims[i][d].empty() ? "null" : json_str(dims[i][d]));
+    out += "]";
+  }
+  return out + "]";
+}
+
+std::string json_symbols(const std::vector<SymbolDef>& symbols) {
+  std::string out = "[";
+  for (size_t i = 0; i < symbols.size(); ++i) {
+    out += (i ? ", " : "") + std::string("{\"name\": ") + json_str(symbols[i].name) + ", \"min\": " +
+           std::to_string(symbols[i].min) + ", \"max\": " + std::to_string(symbols[i].max) + "}";
+  }
+  return out + "]";
+}
+
+/// "int64[1, seq <= 512]": a type whose symbolic dims show their expression and upper bound.
+std::string type_with_dims(const TensorType& t, const std::vector<std::string>& dims) {
+  std::string out = std::string(dtype_name(t.dtype)) + "[";
+  for (size_t d = 0; d < t.sizes.size(); ++d) {
+    out += d ? ", " : "";
+    out += d < dims.size() && !dims[d].empty() ? dims[d] + " <= " + std::to_string(t.sizes[d]) : std::to_string(t.sizes[d]);
+  }
+  return out + "]";
 }
 
 std::string json_tensors(const std::vector<std::string>& names, const std::vector<TensorType>& types) {
@@ -144,12 +189,27 @@ int cmd_inspect(const InspectArgs& a) {
   if (a.json) {
     o << "{\n  \"file\": " << json_str(a.file) << ",\n  \"format_version\": " << p.format_version()
       << ",\n  \"file_size\": " << p.file_size() << ",\n  \"constant_bytes\": " << p.constant_bytes()
-      << ",\n  \"methods\": [";
+      << ",\n  \"metadata\": {";
+    for (size_t i = 0; i < p.metadata().size(); ++i) {
+      o << (i ? ", " : "") << json_str(p.metadata()[i].first) << ": " << json_str(p.metadata()[i].second);
+    }
+    o << "},\n  \"states\": [";
+    for (size_t i = 0; i < p.states().size(); ++i) {
+      const StateInfo& st = p.states()[i];
+      o << (i ? ", " : "") << "{\"name\": " << json_str(st.name) << ", \"dtype\": " << json_str(dtype_name(st.type.dtype))
+        << ", \"sizes\": " << json_sizes(st.type.sizes) << ", \"bytes\": " << st.type.nbytes()
+        << ", \"initial\": " << json_str(st.zero_initial ? "zeros" : "constant") << "}";
+    }
+    o << "],\n  \"methods\": [";
     for (size_t k = 0; k < metas.size(); ++k) {
       const MethodMeta& m = metas[k];
       o << (k ? "," : "") << "\n    {\n      \"name\": " << json_str(m.name)
         << ",\n      \"inputs\": " << json_tensors(m.input_names, m.inputs)
         << ",\n      \"outputs\": " << json_tensors(m.output_names, m.outputs)
+        << ",\n      \"symbols\": " << json_symbols(m.symbols)
+        << ",\n      \"input_dims\": " << json_dims(m.input_dims)
+        << ",\n      \"output_dims\": " << json_dims(m.output_dims)
+        << ",\n      \"states\": " << json_strings(m.states)
         << ",\n      \"num_instructions\": " << m.num_instructions
         << ",\n      \"num_kernel_calls\": " << m.num_kernel_calls
         << ",\n      \"num_delegate_calls\": " << m.num_delegate_calls
@@ -173,18 +233,46 @@ int cmd_inspect(const InspectArgs& a) {
     << "file size       " << p.file_size() << " bytes\n"
     << "constant bytes  " << p.constant_bytes() << " bytes (stored once, shared by all methods)\n"
     << "methods         " << metas.size() << "\n";
+  if (!p.states().empty()) {
+    uint64_t total = 0;
+    for (const StateInfo& st : p.states()) total += st.type.nbytes();
+    o << "states          " << p.states().size() << " (" << total << " bytes per session)\n";
+    for (const StateInfo& st : p.states()) {
+      o << "    " << st.name << "  " << st.type.to_string() << "  initial " << (st.zero_initial ? "zeros" : "constant") << "\n";
+    }
+  }
+  if (!p.metadata().empty()) {
+    o << "metadata\n";
+    for (const auto& [k, v] : p.metadata()) o << "    " << k << " = " << v << "\n";
+  }
   for (const MethodMeta& m : metas) {
     size_t name_width = 0;
     for (size_t i = 0; i < m.inputs.size(); ++i) name_width = std::max(name_width, display_name(m.input_names, i).size());
     for (size_t i = 0; i < m.outputs.size(); ++i) name_width = std::max(name_width, display_name(m.output_names, i).size());
-    auto row = [&](const std::string& name, const TensorType& t) {
-      o << "    " << name << std::string(name_width - name.size() + 2, ' ') << t.to_string() << "\n";
+    auto row = [&](const std::string& name, const TensorType& t, const std::vector<std::string>& dims) {
+      o << "    " << name << std::string(name_width - name.size() + 2, ' ') << type_with_dims(t, dims) << "\n";
     };
-    o << "\nmethod '" << m.name << "'\n  inputs\n";
+    auto dims_of = [](const std::vector<std::vector<std::string>>& d, size_t i) {
+      return i < d.size() ? d[i] : std::vector<std::string>{};
+    };
+    o << "\nmethod '" << m.name << "'\n";
+    if (!m.symbols.empty()) {
+      o << "  symbols        ";
+      for (size_t i = 0; i < m.symbols.size(); ++i) {
+        o << (i ? ", " : " ") << m.symbols[i].name << " in [" << m.symbols[i].min << ", " << m.symbols[i].max << "]";
+      }
+      o << " (memory planned at the upper bounds)\n";
+    }
+    if (!m.states.empty()) {
+      o << "  states         ";
+      for (size_t i = 0; i < m.states.size(); ++i) o << (i ? ", " : " ") << m.states[i];
+      o << "\n";
+    }
+    o << "  inputs\n";
     if (m.inputs.empty()) o << "    (none)\n";
-    for (size_t i = 0; i < m.inputs.size(); ++i) row(display_name(m.input_names, i), m.inputs[i]);
+    for (size_t i = 0; i < m.inputs.size(); ++i) row(display_name(m.input_names, i), m.inputs[i], dims_of(m.input_dims, i));
     o << "  outputs\n";
-    for (size_t i = 0; i < m.outputs.size(); ++i) row(display_name(m.output_names, i), m.outputs[i]);
+    for (size_t i = 0; i < m.outputs.size(); ++i) row(display_name(m.output_names, i), m.outputs[i], dims_of(m.output_dims, i));
     o << "  instructions    " << m.num_instructions << " (" << m.num_kernel_calls << " kernel calls, "
       << m.num_delegate_calls << " delegate calls)\n"
       << "  kernel calls    " << m.num_kernel_calls << " (" << m.num_cpu_kernel_calls << " optimized cpu, "
@@ -339,13 +427,153 @@ Result<std::vector<npy::Array>> read_inputs(const MethodMeta& m, const std::vect
       return Error(ErrorCode::InvalidArgument,
                    what + ": dtype " + dtype_name(arr->dtype) + ", the method expects " + want.to_string());
     }
-    if (arr->shape != want.sizes) {
-      return Error(ErrorCode::InvalidArgument,
-                   what + ": shape " + sizes_to_string(arr->shape) + ", the method expects " + want.to_string());
+    // Symbolic dims take any size in their range (execute checks it and names the symbol).
+    const std::vector<std::string> dims = i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{};
+    bool same = arr->shape.size() == want.sizes.size();
+    for (size_t d = 0; same && d < want.sizes.size(); ++d) {
+      same = arr->shape[d] == want.sizes[d] || (d < dims.size() && !dims[d].empty());
+    }
+    if (!same) {
+      return Error(ErrorCode::InvalidArgument, what + ": shape " + sizes_to_string(arr->shape) +
+                                                   ", the method expects " + type_with_dims(want, dims));
     }
     arrays.push_back(std::move(arr.value()));
   }
   return arrays;
+}
+
+// ---- kiln generate ----
+
+struct GenerateArgs {
+  std::string file;
+  std::string method = "forward";
+  std::string prompt_ids;
+  int64_t max_new_tokens = 16;
+  float temperature = 0.0f;
+  int64_t top_k = 0;
+  float top_p = 1.0f;
+  uint64_t seed = 0;
+  bool ignore_eos = false;
+  bool json = false;
+  ExecOptions exec;
+};
+
+/// "1,2,3" -> {1, 2, 3}; InvalidArgument naming the bad item.
+Result<std::vector<int64_t>> parse_ids(const std::string& text) {
+  std::vector<int64_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    const auto b = item.find_first_not_of(" \t"), e = item.find_last_not_of(" \t");
+    if (b == std::string::npos) return Error(ErrorCode::InvalidArgument, "--prompt-ids: empty item in '" + text + "'");
+    item = item.substr(b, e - b + 1);
+    char* end = nullptr;
+    errno = 0;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (errno != 0 || end == item.c_str() || *end != '\0' || v < 0) {
+      return Error(ErrorCode::InvalidArgument, "--prompt-ids: '" + item + "' is not a token id (a non-negative integer)");
+    }
+    ids.push_back(v);
+  }
+  if (ids.empty()) return Error(ErrorCode::InvalidArgument, "--prompt-ids: no token ids");
+  return ids;
+}
+
+/// The llm.* metadata value `key` as an integer; NotFound / InvalidArgument naming the key.
+Result<int64_t> llm_int(const Program& p, const char* key) {
+  const std::string* v = p.metadata_value(key);
+  if (v == nullptr) {
+    return Error(ErrorCode::NotFound, std::string("the program has no '") + key +
+                                          "' metadata: export it with `python -m kiln export-llm`");
+  }
+  try {
+    return static_cast<int64_t>(std::stoll(*v));
+  } catch (...) {
+    return Error(ErrorCode::InvalidArgument, std::string("metadata '") + key + "' is '" + *v + "', not an integer");
+  }
+}
+
+int cmd_generate(const GenerateArgs& a) {
+  if (Error e = check_exec_options(a.exec); !e.ok()) return usage_fail("generate", e);
+  auto prompt = parse_ids(a.prompt_ids);
+  if (!prompt.ok()) return usage_fail("generate", prompt.error());
+  if (a.max_new_tokens < 0) {
+    return usage_fail("generate", Error(ErrorCode::InvalidArgument, "--max-new-tokens must be >= 0"));
+  }
+  auto program = Program::load(a.file);
+  if (!program.ok()) return fail("generate", program.error());
+  const Program& p = *program.value();
+  auto max_seq_len = llm_int(p, "llm.max_seq_len");
+  if (!max_seq_len.ok()) return fail("generate", max_seq_len.error());
+  auto vocab = llm_int(p, "llm.vocab_size");
+  if (!vocab.ok()) return fail("generate", vocab.error());
+  for (int64_t id : *prompt) {
+    if (id >= *vocab) {
+      return fail("generate", Error(ErrorCode::InvalidArgument, "--prompt-ids: token id " + std::to_string(id) +
+                                                                    " is outside the vocabulary of " + std::to_string(*vocab)));
+    }
+  }
+  GenerateOptions o;
+  o.max_new_tokens = a.max_new_tokens;
+  o.max_seq_len = *max_seq_len;
+  o.ignore_eos = a.ignore_eos;
+  o.sampling.temperature = a.temperature;
+  o.sampling.top_k = a.top_k;
+  o.sampling.top_p = a.top_p;
+  o.sampling.seed = a.seed;
+  if (const std::string* eos = p.metadata_value("llm.eos_ids"); eos != nullptr && !eos->empty()) {
+    auto ids = parse_ids(*eos);
+    if (!ids.ok()) return fail("generate", Error(ErrorCode::InvalidProgram, "metadata llm.eos_ids: " + ids.error().message()));
+    o.eos_ids = *ids;
+  }
+  if (Error e = o.sampling.validate(); !e.ok()) return usage_fail("generate", e);
+  auto lm = instantiate(p, a.method, a.exec);
+  if (!lm.ok()) return fail("generate", lm.error());
+  auto session = p.new_session();
+  if (!session.ok()) return fail("generate", session.error());
+  Method& method = *lm->method;
+  std::vector<int64_t> pos(1);
+  StepFn step = [&](std::span<const int64_t> tokens, int64_t input_pos) -> Result<std::span<const float>> {
+    pos[0] = input_pos;
+    const Tensor t{DType::Int64, {1, static_cast<int64_t>(tokens.size())}, const_cast<int64_t*>(tokens.data())};
+    const Tensor ps{DType::Int64, {1}, pos.data()};
+    auto out = method.execute(**session, {t, ps});
+    if (!out.ok()) return out.error();
+    const Tensor& l = (*out)[0];
+    if (l.dtype != DType::Float32 || l.sizes.empty()) {
+      return Error(ErrorCode::InvalidArgument, "the method's output 0 is " + l.type().to_string() +
+                                                   ", not float32 logits [1, vocab]");
+    }
+    return std::span<const float>(static_cast<const float*>(l.data), static_cast<size_t>(l.sizes.back()));
+  };
+  GenerateStats stats;
+  std::function<void(int64_t)> echo;
+  if (!a.json) echo = [](int64_t) {};
+  auto ids = generate(step, *prompt, o, &stats, echo);
+  if (!ids.ok()) return fail("generate", ids.error());
+  std::ostringstream out;
+  if (a.json) {
+    auto num = [](double v) {
+      std::ostringstream n;
+      n.precision(6);
+      n << std::fixed << v;
+      return n.str();
+    };
+    out << "{\"ids\": " << json_sizes(*ids) << ", \"prompt_tokens\": " << prompt->size()
+        << ", \"prefill_tokens_per_s\": " << num(stats.prefill_tokens_per_s)
+        << ", \"decode_tokens_per_s\": " << num(stats.decode_tokens_per_s)
+        << ", \"time_to_first_token_ms\": " << num(stats.time_to_first_token_ms)
+        << ", \"peak_rss_mib\": " << num(stats.peak_rss_mib) << "}\n";
+  } else {
+    for (size_t i = 0; i < ids->size(); ++i) out << (i ? "," : "") << (*ids)[i];
+    out << "\n";
+    std::fprintf(stderr, "kiln generate: %zu prompt tokens, %zu new; prefill %.1f tokens/s, decode %.1f tokens/s, "
+                         "time to first token %.2f ms, peak RSS %.1f MiB\n",
+                 prompt->size(), ids->size(), stats.prefill_tokens_per_s, stats.decode_tokens_per_s,
+                 stats.time_to_first_token_ms, stats.peak_rss_mib);
+  }
+  std::cout << out.str();
+  return 0;
 }
 
 // ---- kiln run ----
@@ -922,6 +1150,28 @@ int main(int argc, char** argv) {
   bench->footer("Example: kiln bench mv3.kiln --threads 2 --runs 100 --json\n"
                 "         kiln bench mv3.kiln --threads 1 --profile 20   (where the time goes)\n");
 
+  GenerateArgs ga;
+  CLI::App* gen = app.add_subcommand(
+      "generate", "Generate token ids with a language model exported by `python -m kiln export-llm`: prefill the "
+                  "prompt, then decode one token per call on one session (the KV cache) until --max-new-tokens or an "
+                  "eos id (llm.eos_ids). Prints the new ids (comma-separated) and, on stderr, prefill / decode speed, "
+                  "time to first token and peak RSS; with --json one object {ids, prompt_tokens, prefill_tokens_per_s, "
+                  "decode_tokens_per_s, time_to_first_token_ms, peak_rss_mib}. Token ids only: `python -m kiln "
+                  "generate --tokenizer DIR --prompt TEXT` works on text.");
+  gen->add_option("file", ga.file, "Program file (.kiln) from export-llm")->required();
+  gen->add_option("--prompt-ids", ga.prompt_ids, "Prompt token ids, comma-separated (e.g. 1,2,3)")->required();
+  gen->add_option("--max-new-tokens,-n", ga.max_new_tokens, "Tokens to generate at most")->capture_default_str();
+  gen->add_option("--temperature", ga.temperature, "0: greedy; > 0: sample from softmax(logits / T)")->capture_default_str();
+  gen->add_option("--top-k", ga.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
+  gen->add_option("--top-p", ga.top_p, "Keep the most likely tokens up to cumulative probability p (1: off)")
+      ->capture_default_str();
+  gen->add_option("--seed", ga.seed, "Seed of the sampler (same seed, same tokens)")->capture_default_str();
+  gen->add_flag("--ignore-eos", ga.ignore_eos, "Never choose an eos id (its logit set to -inf before sampling)");
+  gen->add_option("--method,-m", ga.method, "Method to run")->capture_default_str();
+  add_exec_options(gen, ga.exec);
+  gen->add_flag("--json", ga.json, "Print one JSON object instead of the ids");
+  gen->footer("Example: kiln generate llama.kiln --prompt-ids 1,15043,29892 --max-new-tokens 32 --json");
+
 #ifdef KILN_HAVE_ONNX
   CompileArgs ca;
   CLI::App* compile = app.add_subcommand(
@@ -966,6 +1216,7 @@ int main(int argc, char** argv) {
   if (inspect->parsed()) return cmd_inspect(ia);
   if (run->parsed()) return cmd_run(ra);
   if (bench->parsed()) return cmd_bench(ba);
+  if (gen->parsed()) return cmd_generate(ga);
 #ifdef KILN_HAVE_ONNX
   if (compile->parsed()) return cmd_compile(ca);
 #else

@@ -4,8 +4,11 @@
 // runs: a step runs the model on some tokens at a cache position and returns the logits of the
 // last token. With a program exported by `python -m kiln export-llm` (method
 // `forward(tokens: int64[1, seq], input_pos: int64[1]) -> logits: float32[1, vocab]`, state = the
-// KV cache of one session), a step is one `execute` of that method in one session:
+// KV cache of one session), a step is one `execute` of that method in one session
+// (tools/kiln.cpp's `kiln generate` is this, with the options from the program's llm.* metadata):
 //
+//   auto session = program->new_session().value();   // the KV cache, zeros
+//   auto method = program->load_method("forward").value();
 //   kiln::GenerateOptions opts;
 //   opts.max_new_tokens = 16;
 //   opts.max_seq_len = <llm.max_seq_len>;
@@ -17,7 +20,7 @@
 //     pos[0] = input_pos;
 //     kiln::Tensor t{kiln::DType::Int64, {1, (int64_t)tokens.size()}, (void*)tokens.data()};
 //     kiln::Tensor p{kiln::DType::Int64, {1}, pos.data()};
-//     auto out = session.execute({t, p});          // logits float32[1, vocab]
+//     auto out = method.execute(*session, {t, p});  // logits float32[1, vocab]
 //     if (!out.ok()) return out.error();
 //     const kiln::Tensor& l = (*out)[0];
 //     return std::span<const float>(static_cast<const float*>(l.data), l.sizes.back());
