@@ -38,26 +38,32 @@ bool elements_aligned(const flatbuffers::Vector<T>* v) {
   return v == nullptr || v->size() == 0 || reinterpret_cast<uintptr_t>(v->Data()) % alignof(T) == 0;
 }
 
+/// A tensor type from a file's dtype and sizes: rank <= 16, no negative size, and the product of
+/// the sizes (zero counted as 1: a zero-element [0, 2^62, 2^62] would otherwise pass, and a kernel
+/// multiplying its other sizes would overflow) times the element size within kMaxBytes.
+Result<TensorType> read_sizes(DType dtype, const flatbuffers::Vector<int64_t>* sizes, const std::string& where) {
+  TensorType type{dtype, {}};
+  if (sizes == nullptr) return type;
+  if (!elements_aligned(sizes)) return bad(where + ": misaligned sizes vector");
+  if (sizes->size() > kMaxRank) return bad(where + ": rank above 16");
+  uint64_t volume = 1;
+  for (int64_t s : *sizes) {
+    if (s < 0) return bad(where + ": negative size");
+    const uint64_t f = s == 0 ? 1 : static_cast<uint64_t>(s);
+    if (volume > kMaxBytes / f) return bad(where + ": size overflow");
+    volume *= f;
+    type.sizes.push_back(s);
+  }
+  if (volume > kMaxBytes / dtype_size(type.dtype)) return bad(where + ": size overflow");
+  return type;
+}
+
 Result<TensorType> read_type(const fb::Tensor* t, const std::string& where) {
   if (t == nullptr) return bad(where + ": missing tensor");
   if (!is_valid_dtype(static_cast<int>(t->dtype()))) return bad(where + ": invalid dtype");
-  TensorType type{static_cast<DType>(t->dtype()), {}};
-  if (t->sizes()) {
-    if (!elements_aligned(t->sizes())) return bad(where + ": misaligned sizes vector");
-    if (t->sizes()->size() > kMaxRank) return bad(where + ": rank above 16");
-    // Bound the product of the non-zero sizes too: a zero-element tensor [0, 2^62, 2^62] would
-    // otherwise pass, and a kernel multiplying its other sizes would overflow.
-    uint64_t volume = 1;
-    for (int64_t s : *t->sizes()) {
-      if (s < 0) return bad(where + ": negative size");
-      const uint64_t f = s == 0 ? 1 : static_cast<uint64_t>(s);
-      if (volume > kMaxBytes / f) return bad(where + ": size overflow");
-      volume *= f;
-      type.sizes.push_back(s);
-    }
-    if (volume > kMaxBytes / dtype_size(type.dtype)) return bad(where + ": size overflow");
-  }
-  const size_t rank = type.sizes.size();
+  auto type = read_sizes(static_cast<DType>(t->dtype()), t->sizes(), where);
+  if (!type.ok()) return type.error();
+  const size_t rank = type->sizes.size();
   if (t->dim_order()) {
     if (t->dim_order()->size() != rank) return bad(where + ": dim_order length differs from rank");
     for (size_t i = 0; i < rank; ++i) {
@@ -788,20 +794,9 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
         if (o.name == st->name()->str()) return bad(sw + " declared twice");
       }
       if (!is_valid_dtype(static_cast<int>(st->dtype()))) return bad(sw + ": invalid dtype");
-      if (st->sizes() && !elements_aligned(st->sizes())) return bad(sw + ": misaligned sizes vector");
-      // The state's type goes through the same checks as a value's.
-      TensorType type{static_cast<DType>(st->dtype()), {}};
-      if (st->sizes()) {
-        if (st->sizes()->size() > kMaxRank) return bad(sw + ": rank above 16");
-        uint64_t volume = dtype_size(type.dtype);
-        for (int64_t d : *st->sizes()) {
-          if (d < 0) return bad(sw + ": negative size");
-          const uint64_t f = d == 0 ? 1 : static_cast<uint64_t>(d);
-          if (volume > kMaxBytes / f) return bad(sw + ": size overflow");
-          volume *= f;
-          type.sizes.push_back(d);
-        }
-      }
+      auto checked = read_sizes(static_cast<DType>(st->dtype()), st->sizes(), sw);
+      if (!checked.ok()) return checked.error();
+      const TensorType type = checked.value();
       StatePlan sp{st->name()->str(), type, nullptr};
       if (st->initial() >= 0) {
         if (static_cast<size_t>(st->initial()) >= constants.size()) return bad(sw + ": initial value constant out of range");

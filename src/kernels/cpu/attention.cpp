@@ -354,38 +354,69 @@ KILN_AVX2 float softmax_update(float* s, int64_t n, float scale, float& m, float
   return alpha;
 }
 
-/// One task: query rows [q0, q0 + rows) of batch b.
-KILN_AVX2 void attention_block(const Problem& P, Scratch& W, int64_t b, int64_t q0, int64_t rows) {
-  const int64_t E = P.E, Ev = P.Ev, evp = W.ldv_pad;
-  const float* q = P.q + P.qo[static_cast<size_t>(b)] + q0 * E;
-  const float* kb = P.k + P.ko[static_cast<size_t>(b)];
-  const float* vb = P.v + P.vo[static_cast<size_t>(b)];
+/// Starts a task's online softmax: accumulators O = 0, running max -inf, running sum 0.
+KILN_AVX2 void start_rows(Scratch& W, int64_t rows) {
   std::fill(W.o, W.o + rows * W.ldo, 0.0f);
   std::fill(W.m, W.m + rows, kNegInf);
   std::fill(W.l, W.l + rows, 0.0f);
+}
+
+/// Packs keys [j0, j0 + n) (rows of E floats at kb) transposed into W.kt, and values (rows of Ev
+/// floats at vb) into W.vp when their rows are not whole vectors; computes the raw scores
+/// W.s[r][c] = q_r . k_{j0 + c} of `rows` query rows. Returns the values to multiply (*ldv: their
+/// row stride).
+KILN_AVX2 const float* block_scores(const float* q, int64_t rows, const float* kb, const float* vb, int64_t E,
+                                    int64_t Ev, int64_t j0, int64_t n, Scratch& W, int64_t* ldv) {
+  const int64_t evp = W.ldv_pad;
+  const int64_t npad = round_up(n, 16);
+  pack_kt(kb + j0 * E, E, n, npad, W.kt, W.ldk);
+  // V: used in place when its rows are whole vectors, else packed with zero padding.
+  const float* v = vb + j0 * Ev;
+  *ldv = Ev;
+  if (Ev != evp) {
+    for (int64_t c = 0; c < n; ++c) {
+      std::copy(vb + (j0 + c) * Ev, vb + (j0 + c + 1) * Ev, W.vp + c * evp);
+      std::fill(W.vp + c * evp + Ev, W.vp + (c + 1) * evp, 0.0f);
+    }
+    v = W.vp;
+    *ldv = evp;
+  }
+  for (int64_t c = 0; c < npad; c += 16) {
+    for (int64_t r = 0; r < rows; r += kMR) {
+      by_rows<QK>(std::min<int64_t>(kMR, rows - r), q + r * E, E, W.kt + c, W.ldk, E, W.s + r * W.lds + c, W.lds);
+    }
+  }
+  return v;
+}
+
+/// Multiplies row r's accumulator by alpha (the online softmax's rescale after a new maximum).
+KILN_AVX2 void rescale_row(Scratch& W, int64_t r, float alpha) {
+  if (alpha == 1.0f) return;
+  float* o = W.o + r * W.ldo;
+  const __m256 va = _mm256_set1_ps(alpha);
+  for (int64_t e = 0; e < W.ldv_pad; e += 8) _mm256_storeu_ps(o + e, _mm256_mul_ps(_mm256_loadu_ps(o + e), va));
+}
+
+/// O += P V for the block's n keys.
+KILN_AVX2 void accumulate_pv(Scratch& W, int64_t rows, const float* v, int64_t ldv, int64_t n) {
+  for (int64_t r = 0; r < rows; r += kMR) {
+    by_rows<PV>(std::min<int64_t>(kMR, rows - r), W.s + r * W.lds, W.lds, v, ldv, n, W.ldv_pad, W.o + r * W.ldo, W.ldo);
+  }
+}
+
+/// One task: query rows [q0, q0 + rows) of batch b.
+KILN_AVX2 void attention_block(const Problem& P, Scratch& W, int64_t b, int64_t q0, int64_t rows) {
+  const int64_t E = P.E, Ev = P.Ev;
+  const float* q = P.q + P.qo[static_cast<size_t>(b)] + q0 * E;
+  const float* kb = P.k + P.ko[static_cast<size_t>(b)];
+  const float* vb = P.v + P.vo[static_cast<size_t>(b)];
+  start_rows(W, rows);
   // Under is_causal, keys beyond the block's last query row are masked for every row.
   const int64_t s_end = P.causal ? std::min(P.S, q0 + rows) : P.S;
   for (int64_t j0 = 0; j0 < s_end; j0 += kBlockK) {
     const int64_t n = std::min(kBlockK, s_end - j0);
-    const int64_t npad = round_up(n, 16);
-    pack_kt(kb + j0 * E, E, n, npad, W.kt, W.ldk);
-    // V: used in place when its rows are whole vectors, else packed with zero padding.
-    const float* v = vb + j0 * Ev;
-    int64_t ldv = Ev;
-    if (Ev != evp) {
-      for (int64_t c = 0; c < n; ++c) {
-        std::copy(vb + (j0 + c) * Ev, vb + (j0 + c + 1) * Ev, W.vp + c * evp);
-        std::fill(W.vp + c * evp + Ev, W.vp + (c + 1) * evp, 0.0f);
-      }
-      v = W.vp;
-      ldv = evp;
-    }
-    // Scores.
-    for (int64_t c = 0; c < npad; c += 16) {
-      for (int64_t r = 0; r < rows; r += kMR) {
-        by_rows<QK>(std::min<int64_t>(kMR, rows - r), q + r * E, E, W.kt + c, W.ldk, E, W.s + r * W.lds + c, W.lds);
-      }
-    }
+    int64_t ldv = 0;
+    const float* v = block_scores(q, rows, kb, vb, E, Ev, j0, n, W, &ldv);
     // Softmax update and accumulator rescale, row by row. Without a mask and with a positive
     // scale, the scaling happens inside the update (one pass over the scores fewer).
     const bool plain = P.mask_f == nullptr && P.mask_b == nullptr && !P.causal && P.scale > 0.0f;
@@ -397,17 +428,9 @@ KILN_AVX2 void attention_block(const Problem& P, Scratch& W, int64_t b, int64_t 
       } else {
         mask_scores(P, b, q0 + r, j0, s, n);
       }
-      const float alpha = softmax_update(s, n, scale, W.m[r], W.l[r]);
-      if (alpha != 1.0f) {
-        float* o = W.o + r * W.ldo;
-        const __m256 va = _mm256_set1_ps(alpha);
-        for (int64_t e = 0; e < evp; e += 8) _mm256_storeu_ps(o + e, _mm256_mul_ps(_mm256_loadu_ps(o + e), va));
-      }
+      rescale_row(W, r, softmax_update(s, n, scale, W.m[r], W.l[r]));
     }
-    // O += P V.
-    for (int64_t r = 0; r < rows; r += kMR) {
-      by_rows<PV>(std::min<int64_t>(kMR, rows - r), W.s + r * W.lds, W.lds, v, ldv, n, evp, W.o + r * W.ldo, W.ldo);
-    }
+    accumulate_pv(W, rows, v, ldv, n);  // O += P V
   }
   float* out = P.out + (b * P.L + q0) * Ev;
   for (int64_t r = 0; r < rows; ++r) {
@@ -533,7 +556,7 @@ struct KvProblem {
 
 /// One task: flat query rows [row0, row0 + rows), all of one batch and one kv head.
 KILN_AVX2 void kv_cache_block(const KvProblem& P, Scratch& W, int64_t row0, int64_t rows) {
-  const int64_t D = P.D, Dv = P.Dv, evp = W.ldv_pad;
+  const int64_t D = P.D, Dv = P.Dv;
   const int64_t b = row0 / (P.T * P.Hq), h0 = (row0 / P.T) % P.Hq;
   const int64_t kvh = b * P.Hkv + h0 / P.group;
   const float* q = P.q + row0 * D;
@@ -545,28 +568,11 @@ KILN_AVX2 void kv_cache_block(const KvProblem& P, Scratch& W, int64_t row0, int6
     jbeg = std::min(jbeg, P.lo(t));
     jend = std::max(jend, P.hi(t));
   }
-  std::fill(W.o, W.o + rows * W.ldo, 0.0f);
-  std::fill(W.m, W.m + rows, kNegInf);
-  std::fill(W.l, W.l + rows, 0.0f);
+  start_rows(W, rows);
   for (int64_t j0 = jbeg; j0 < jend; j0 += kBlockK) {
     const int64_t n = std::min(kBlockK, jend - j0);
-    const int64_t npad = round_up(n, 16);
-    pack_kt(kb + j0 * D, D, n, npad, W.kt, W.ldk);
-    const float* v = vb + j0 * Dv;
-    int64_t ldv = Dv;
-    if (Dv != evp) {
-      for (int64_t c = 0; c < n; ++c) {
-        std::copy(vb + (j0 + c) * Dv, vb + (j0 + c + 1) * Dv, W.vp + c * evp);
-        std::fill(W.vp + c * evp + Dv, W.vp + (c + 1) * evp, 0.0f);
-      }
-      v = W.vp;
-      ldv = evp;
-    }
-    for (int64_t c = 0; c < npad; c += 16) {
-      for (int64_t r = 0; r < rows; r += kMR) {
-        by_rows<QK>(std::min<int64_t>(kMR, rows - r), q + r * D, D, W.kt + c, W.ldk, D, W.s + r * W.lds + c, W.lds);
-      }
-    }
+    int64_t ldv = 0;
+    const float* v = block_scores(q, rows, kb, vb, D, Dv, j0, n, W, &ldv);
     for (int64_t r = 0; r < rows; ++r) {
       // Scale the scores of keys [lo, hi) of this row, -inf for the others, then the online update.
       const int64_t t = (row0 + r) % P.T;
@@ -575,16 +581,9 @@ KILN_AVX2 void kv_cache_block(const KvProblem& P, Scratch& W, int64_t row0, int6
       std::fill(s, s + a, kNegInf);
       for (int64_t j = a; j < e; ++j) s[j] *= P.scale;
       std::fill(s + e, s + n, kNegInf);
-      const float alpha = softmax_update(s, n, 1.0f, W.m[r], W.l[r]);
-      if (alpha != 1.0f) {
-        float* o = W.o + r * W.ldo;
-        const __m256 va = _mm256_set1_ps(alpha);
-        for (int64_t c = 0; c < evp; c += 8) _mm256_storeu_ps(o + c, _mm256_mul_ps(_mm256_loadu_ps(o + c), va));
-      }
+      rescale_row(W, r, softmax_update(s, n, 1.0f, W.m[r], W.l[r]));
     }
-    for (int64_t r = 0; r < rows; r += kMR) {
-      by_rows<PV>(std::min<int64_t>(kMR, rows - r), W.s + r * W.lds, W.lds, v, ldv, n, evp, W.o + r * W.ldo, W.ldo);
-    }
+    accumulate_pv(W, rows, v, ldv, n);
   }
   float* out = P.out + row0 * Dv;
   for (int64_t r = 0; r < rows; ++r) {
