@@ -395,8 +395,10 @@ class _Builder:
                              "data-dependent shapes (nonzero, boolean masks) are not supported")
         user = self.symbol_names.get(name, name)
         try:
+            if not (vr.upper.is_finite and vr.lower.is_finite):  # sympy's int_oo for a Dim without max
+                raise ValueError
             lo, hi = int(vr.lower), int(vr.upper)
-        except (TypeError, ValueError, OverflowError):
+        except (TypeError, ValueError, OverflowError, AttributeError):
             raise self.error(f"dimension '{user}' has the unbounded range {vr}",
                              f"give it an upper bound: torch.export.Dim('{user}', min=1, max=N)") from None
         try:
