@@ -15,6 +15,7 @@ export-llm``, run by the C++ ``kiln generate`` and by ``kiln.generate`` / ``pyth
   greedy;
 - ``kiln inspect`` (text and --json) shows the states, the seq symbol, the dims and the llm.* metadata;
 - xnnpack declines the symbolic-size nodes with its reason and the program still generates the same;
+- w8 and w4 programs compute eager transformers with the dequantized weights;
 - ``python -m kiln export-llm`` (w8) and ``python -m kiln generate`` (ids and --tokenizer text), and
   their errors.
 
@@ -441,11 +442,13 @@ def test_cli_export_llm_w8_and_generate(llama, tmp_path, capsys):
     program = kiln.load(out, num_threads=1)
     assert {k: v for k, v in program.metadata.items() if k.startswith("llm.")} == llama.meta
     assert program.file_size < os.path.getsize(llama.path)
-    # runs; logits near the float32 program's (weight-only int8: not bit-exact)
+    # logits near the float32 model's (weight-only int8), and equal to eager transformers with the
+    # same int8 weights dequantized
     ref = llama.ref(7)
     session = program.new_session()
     logits = _execute(program.method(), session, ref.prompt, 0)
     assert np.isfinite(logits).all() and _rel_err(logits, ref.logits[0]) < 0.1
+    assert _rel_err(logits, _last_logits(_dequantized_eager(llama, "w8", 128), ref.prompt)) <= RTOL
 
     rc = kiln_main(["generate", str(out), "--prompt-ids", ",".join(map(str, ref.prompt)), "-n", "8",
                     "--ignore-eos", "--json"])
@@ -456,6 +459,51 @@ def test_cli_export_llm_w8_and_generate(llama, tmp_path, capsys):
     assert res["ids"] == kiln.generate(program, ref.prompt, 8, ignore_eos=True)[0]
     for k in ("prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_ms", "peak_rss_mib"):
         assert res[k] > 0, k
+
+
+@torch.no_grad()
+def _dequantized_eager(case, scheme: str, group_size: int):
+    """Eager transformers with every nn.Linear weight replaced by Kiln's quantization of
+    it, dequantized (docs/quantization.md: w8 q * s per row; w4 symmetric (u - 8) * s per group,
+    low nibble first)."""
+    hf, _ = llm.load_llm(case.dir)
+    for mod in hf.modules():
+        if isinstance(mod, torch.nn.Linear):
+            w = mod.weight.numpy().astype(np.float32)
+            n, k = w.shape
+            packed, scales, _ = kiln._kiln.quantize_matrix(w, scheme, group_size, True, "float32")
+            s = scales.view(np.float32).reshape(n, -1)
+            if scheme == "w8":
+                dq = packed.view(np.int8).reshape(n, k).astype(np.float32) * s
+            else:
+                b = packed.reshape(n, -1)
+                u = np.empty((n, 2 * b.shape[1]), np.float32)
+                u[:, 0::2], u[:, 1::2] = b & 15, b >> 4
+                dq = (u[:, :k] - 8) * np.repeat(s, group_size, axis=1)[:, :k]
+            mod.weight.copy_(torch.from_numpy(dq))
+    return hf
+
+
+@torch.no_grad()
+def _last_logits(hf, ids) -> np.ndarray:
+    return hf(torch.tensor([ids]), use_cache=False).logits[0, -1].numpy()
+
+
+def test_w4_matches_dequantized_eager(llama, tmp_path):
+    """w4 (groups of 32) on random weights moves the logits a lot, but the program computes exactly
+    eager transformers with the dequantized weights, over every step of a generation."""
+    out = tmp_path / "llama_w4.kiln"
+    kiln.export_llm(llama.dir, MAX_SEQ, out=out, quantize="w4", group_size=32, verbose=False)
+    program = kiln.load(out, num_threads=1)
+    ref = llama.ref(7)
+    ids, _ = kiln.generate(program, ref.prompt, 6, ignore_eos=True)
+    hf = _dequantized_eager(llama, "w4", 32)
+    session = program.new_session()
+    logits = _execute(program.method(), session, ref.prompt, 0)
+    for step, tok in enumerate(ids):
+        want = _last_logits(hf, ref.prompt + ids[:step])
+        assert _rel_err(logits, want) <= RTOL, f"w4 step {step}"
+        logits = _execute(program.method(), session, [tok], 7 + step)
 
 
 def test_cli_generate_ids(llama, capsys):
