@@ -1,13 +1,16 @@
-"""Command line of the Python side of Kiln: ``python -m kiln export|compile|ops ...``.
+"""Command line of the Python side of Kiln: ``python -m kiln export|compile|export-llm|generate|ops ...``.
 
     python -m kiln export mobilenet_v3_small --input-shape 1x3x224x224 -o mv3.kiln
     python -m kiln export resnet18 --weights resnet18.pt --backends xnnpack \
         --require-delegation xnnpack --report-json r18.json -o r18.kiln
     python -m kiln compile model.pt2 -o model.kiln --backends xnnpack   # torch.export.save output
+    python -m kiln export-llm ./tiny_llama --max-seq-len 256 --quantize w8 -o llama.kiln  # HF checkpoint folder
+    python -m kiln generate llama.kiln --prompt-ids 1,2,3 --max-new-tokens 16 --json
+    python -m kiln generate llama.kiln --tokenizer ./tiny_llama --prompt "Hello" --max-new-tokens 16
     python -m kiln ops            # list Kiln's op set (this build)
 
-Exit status: 0 on success, 1 when the export failed (the error is printed in one paragraph),
-2 for bad command-line arguments.
+Exit status: 0 on success, 1 when the export (or generation) failed (the error is printed in one
+paragraph), 2 for bad command-line arguments.
 """
 from __future__ import annotations
 
@@ -222,6 +225,173 @@ def _add_delegation_args(p, built: str):
     p.add_argument("-q", "--quiet", action="store_true", help="print only the written path")
 
 
+def cmd_export_llm(args) -> int:
+    from .capture import ExportError, check_backends
+    from .llm import LLMExportError
+
+    d = args.dir
+    if not os.path.exists(d):
+        print(f"error: no such folder: {d} (give a Hugging Face checkpoint folder written by save_pretrained: "
+              "config.json + safetensors)", file=sys.stderr)
+        return 2
+    if not os.path.isdir(d):
+        print(f"error: {d} is not a folder (give a Hugging Face checkpoint folder written by save_pretrained)",
+              file=sys.stderr)
+        return 2
+    if args.max_seq_len < 2:
+        print(f"error: --max-seq-len must be >= 2, got {args.max_seq_len}", file=sys.stderr)
+        return 2
+    try:
+        backends = check_backends(tuple(args.backends))
+    except ExportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not _check_output(args.output):
+        return 2
+    from .llm_export import export_llm
+    try:
+        result = export_llm(d, args.max_seq_len, out=args.output, quantize=args.quantize, group_size=args.group_size,
+                            backends=backends, weights_dtype=args.weights_dtype, verbose=not args.quiet,
+                            report_json=args.report_json)
+    except LLMExportError as e:
+        print(f"error: export-llm of {d} failed: {e}", file=sys.stderr)
+        return 1
+    except ExportError as e:
+        print(f"error: export-llm of {d} failed: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:  # unreadable weights, a folder transformers cannot load
+        print(f"error: export-llm of {d} failed: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    if args.quiet:
+        print(result.path)
+    return 0
+
+
+def _parse_ids(text: str) -> list[int]:
+    ids = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            raise ValueError(f"--prompt-ids: empty item in '{text}'")
+        try:
+            v = int(item)
+        except ValueError:
+            raise ValueError(f"--prompt-ids: '{item}' is not a token id (a non-negative integer)") from None
+        if v < 0:
+            raise ValueError(f"--prompt-ids: '{item}' is not a token id (a non-negative integer)")
+        ids.append(v)
+    return ids
+
+
+def _load_tokenizer(d: str):
+    """tokenizers.Tokenizer from DIR/tokenizer.json (or the file itself); ValueError when unreadable."""
+    path = os.path.join(d, "tokenizer.json") if os.path.isdir(d) else d
+    if not os.path.isfile(path):
+        raise ValueError(f"--tokenizer {d}: no tokenizer.json there")
+    try:
+        from tokenizers import Tokenizer
+    except ImportError:
+        raise ValueError("--tokenizer needs the `tokenizers` package (pip install tokenizers)") from None
+    try:
+        return Tokenizer.from_file(path)
+    except Exception as ex:  # noqa: BLE001 (tokenizers raises its own Exception type)
+        raise ValueError(f"--tokenizer {path}: cannot read it ({type(ex).__name__}: {ex})") from None
+
+
+def encode_prompt(tokenizer, text: str, bos_id: int | None) -> list[int]:
+    """The prompt's ids: the tokenizer's own encoding (with its special tokens), with `bos_id`
+    prepended when the tokenizer did not put it first."""
+    ids = list(tokenizer.encode(text, add_special_tokens=True).ids)
+    if bos_id is not None and (not ids or ids[0] != bos_id):
+        ids.insert(0, bos_id)
+    return ids
+
+
+def cmd_generate(args) -> int:
+    import json
+
+    from . import KilnError, load
+    from .llm_export import generate, llm_limits
+
+    if (args.prompt_ids is None) == (args.prompt is None):
+        print("error: give the prompt either as --prompt-ids 1,2,3 or as --tokenizer DIR --prompt TEXT",
+              file=sys.stderr)
+        return 2
+    if args.prompt is not None and args.tokenizer is None:
+        print("error: --prompt TEXT needs --tokenizer DIR (a folder with tokenizer.json)", file=sys.stderr)
+        return 2
+    if args.max_new_tokens < 0:
+        print("error: --max-new-tokens must be >= 0", file=sys.stderr)
+        return 2
+    if args.threads < 0:
+        print("error: --threads must be >= 0", file=sys.stderr)
+        return 2
+    if args.seed < 0:
+        print("error: --seed must be >= 0", file=sys.stderr)
+        return 2
+    try:  # the sampler's own checks (temperature >= 0, top_k >= 0, top_p in (0, 1])
+        from ._kiln import Sampler
+        Sampler(args.temperature, args.top_k, args.top_p, args.seed)
+    except KilnError as e:
+        print(f"error: {e.args[0]}", file=sys.stderr)
+        return 2
+    if os.path.isdir(args.file):
+        print(f"error: {args.file} is a directory, not a .kiln program", file=sys.stderr)
+        return 2
+    if not os.path.isfile(args.file):
+        print(f"error: no such file: {args.file}", file=sys.stderr)
+        return 2
+    tokenizer = None
+    try:
+        if args.tokenizer is not None:
+            tokenizer = _load_tokenizer(args.tokenizer)
+        prompt_ids = _parse_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        program = load(args.file, num_threads=args.threads, portable_kernels_only=args.kernels == "portable")
+        limits = llm_limits(program)
+    except KilnError as e:
+        print(f"error: cannot load {args.file}: {e.args[0]}", file=sys.stderr)
+        return 1
+    except ValueError as e:
+        print(f"error: {args.file}: {e}", file=sys.stderr)
+        return 1
+    if prompt_ids is None:
+        prompt_ids = encode_prompt(tokenizer, args.prompt, limits["bos_id"])
+        if not prompt_ids:
+            print("error: --prompt encodes to no tokens", file=sys.stderr)
+            return 2
+    vocab = limits["vocab_size"]
+    bad = [i for i in prompt_ids if vocab and i >= vocab]
+    if bad:
+        print(f"error: prompt token id {bad[0]} is outside the vocabulary of {vocab}", file=sys.stderr)
+        return 1
+    try:
+        ids, stats = generate(program, prompt_ids, args.max_new_tokens, temperature=args.temperature,
+                              top_k=args.top_k, top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+    except KilnError as e:
+        print(f"error: generate failed: {e.args[0]}", file=sys.stderr)
+        return 1
+    text = tokenizer.decode(list(ids), skip_special_tokens=True) if tokenizer is not None else None
+    if args.json:
+        out = {"ids": list(ids), "prompt_tokens": len(prompt_ids)}
+        if text is not None:
+            out["text"] = text
+            out["prompt_ids"] = list(prompt_ids)
+        for k in ("prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_ms", "peak_rss_mib"):
+            out[k] = stats[k]
+        print(json.dumps(out))
+    else:
+        print(text if text is not None else ",".join(str(i) for i in ids))
+        print(f"kiln generate: {len(prompt_ids)} prompt tokens, {len(ids)} new; prefill "
+              f"{stats['prefill_tokens_per_s']:.1f} tokens/s, decode {stats['decode_tokens_per_s']:.1f} tokens/s, "
+              f"time to first token {stats['time_to_first_token_ms']:.2f} ms, peak RSS "
+              f"{stats['peak_rss_mib']:.1f} MiB", file=sys.stderr)
+    return 0
+
+
 def cmd_ops(args) -> int:
     from . import op_names
     try:
@@ -293,6 +463,79 @@ def main(argv=None) -> int:
     c.add_argument("--method", default="forward", help="name of the program's method (default forward)")
     _add_delegation_args(c, built)
     c.set_defaults(func=cmd_compile)
+
+    x = sub.add_parser(
+        "export-llm", help="export a Hugging Face causal LM checkpoint folder to a .kiln program with a KV cache",
+        description="Reads a checkpoint folder (config.json plus safetensors, as save_pretrained writes it: "
+                    "LlamaForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM), wraps the model with a static KV "
+                    "cache of --max-seq-len positions and writes one program with one method forward(tokens: "
+                    "int64[1, seq], input_pos: int64[1]) -> logits float32[1, vocab], seq in 1..max-seq-len. The "
+                    "cache is the program's state (one session per conversation); the llm.* metadata (arch, "
+                    "vocab_size, bos_id, eos_ids, max_seq_len, cache) is stored in the file (kiln inspect shows it). "
+                    "Run it with `kiln generate` (C++) or `python -m kiln generate`.",
+        epilog="examples:\n"
+               "  python -m kiln export-llm ./llama_ckpt --max-seq-len 512 -o llama.kiln\n"
+               "  python -m kiln export-llm ./qwen3_ckpt --max-seq-len 1024 --quantize w4 --group-size 32 \\\n"
+               "      --weights-dtype float16 --report-json qwen3.json -o qwen3_w4.kiln\n\n"
+               "exit status: 0 written, 1 export failed (e.g. an unsupported config, the error names the part), "
+               "2 bad arguments or missing folder",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    x.add_argument("dir", metavar="DIR",
+                   help="checkpoint folder written by save_pretrained (config.json + safetensors)")
+    x.add_argument("--max-seq-len", type=int, required=True, metavar="N",
+                   help="positions of the KV cache: prompt + generated tokens of one session at most (>= 2)")
+    x.add_argument("--quantize", choices=("w8", "w4"),
+                   help="weight-only quantization of the linear weights: w8 = int8 per output channel, w4 = int4 "
+                        "in groups (docs/quantization.md)")
+    x.add_argument("--group-size", type=int, default=128, choices=(32, 64, 128),
+                   help="w4: weights per group (default 128)")
+    x.add_argument("--backends", nargs="+", default=[], metavar="NAME",
+                   help=f"delegate backends to try (built here: {built}); nodes with symbolic sizes stay on "
+                        "Kiln's CPU kernels where a backend cannot run them (the report says why)")
+    x.add_argument("--weights-dtype", choices=("float32", "float16"), default="float32",
+                   help="storage of the float32 weights not quantized: float16 halves them in the file (widened "
+                        "to float32 at load)")
+    x.add_argument("--report-json", metavar="PATH", help="also write the compile report as JSON")
+    x.add_argument("-o", "--output", required=True, metavar="OUT.kiln", help="program file to write")
+    x.add_argument("-q", "--quiet", action="store_true", help="print only the written path")
+    x.set_defaults(func=cmd_export_llm)
+
+    g = sub.add_parser(
+        "generate", help="generate tokens (or text, with --tokenizer) with a program from export-llm",
+        description="Prefill the prompt, then decode one token per call on one session (the KV cache) until "
+                    "--max-new-tokens or an eos id (llm.eos_ids); the same loop and sampler as the C++ `kiln "
+                    "generate`. Greedy when --temperature is 0 (the default). With --tokenizer DIR (its "
+                    "tokenizer.json, read by the `tokenizers` package) the prompt is --prompt TEXT (llm.bos_id is "
+                    "prepended unless the tokenizer puts it first) and the output is text. Prints the new ids or "
+                    "text, and speed on stderr; --json prints one object {ids, text (with --tokenizer), "
+                    "prompt_tokens, prefill_tokens_per_s, decode_tokens_per_s, time_to_first_token_ms, peak_rss_mib}.",
+        epilog="examples:\n"
+               "  python -m kiln generate llama.kiln --prompt-ids 1,15043,29892 --max-new-tokens 32\n"
+               "  python -m kiln generate llama.kiln --tokenizer ./llama_ckpt \\\n"
+               "      --prompt \"The capital of France is\" \\\n"
+               "      --max-new-tokens 16 --temperature 0.7 --top-p 0.9 --seed 1 --json\n\n"
+               "exit status: 0 generated, 1 the program cannot be loaded or the generation failed (e.g. prompt + "
+               "--max-new-tokens past llm.max_seq_len: the message names the limit), 2 bad arguments",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    g.add_argument("file", metavar="MODEL.kiln", help="program written by export-llm")
+    g.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma-separated (e.g. 1,2,3)")
+    g.add_argument("--tokenizer", metavar="DIR", help="folder with tokenizer.json (e.g. the checkpoint folder)")
+    g.add_argument("--prompt", metavar="TEXT", help="prompt text (needs --tokenizer)")
+    g.add_argument("-n", "--max-new-tokens", type=int, default=16, metavar="N",
+                   help="tokens to generate at most (default 16)")
+    g.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default); > 0: sample")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0: off, the default)")
+    g.add_argument("--top-p", type=float, default=1.0,
+                   help="keep the most likely tokens up to cumulative probability p (1: off, the default)")
+    g.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same tokens; default 0)")
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="never choose an eos id (its logit set to -inf before sampling)")
+    g.add_argument("--threads", type=int, default=0, metavar="N",
+                   help="threads of the method's pool (0: the process-wide pool, KILN_NUM_THREADS or the core count)")
+    g.add_argument("--kernels", choices=("cpu", "portable"), default="cpu",
+                   help="cpu: optimized kernels where they apply (default); portable: the reference kernels only")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.set_defaults(func=cmd_generate)
 
     o = sub.add_parser("ops", help="list Kiln's op set (ops built into this Kiln)")
     o.set_defaults(func=cmd_ops)

@@ -97,7 +97,7 @@ def test_inspect_json(cli, programs):
     p = kiln_cmd(cli, "inspect", d / "model.kiln", "--json")
     assert p.returncode == 0, p.stderr
     info = json.loads(p.stdout)
-    assert info["format_version"] == 1
+    assert info["format_version"] == 2  # format 2 (issue 18: states, symbols, metadata); format-1 files still load
     assert info["file_size"] == os.path.getsize(d / "model.kiln")
     assert info["constant_bytes"] == C.nbytes  # one constant, shared by both methods, stored once
     methods = {m["name"]: m for m in info["methods"]}
@@ -122,7 +122,7 @@ def test_inspect_text(cli, programs):
     p = kiln_cmd(cli, "inspect", d / "model.kiln")
     assert p.returncode == 0, p.stderr
     out = p.stdout
-    assert re.search(r"^format version\s+1$", out, re.M)
+    assert re.search(r"^format version\s+2$", out, re.M)
     assert re.search(rf"^file size\s+{os.path.getsize(d / 'model.kiln')} bytes$", out, re.M)
     assert re.search(rf"^constant bytes\s+{C.nbytes} bytes", out, re.M)
     assert re.search(r"^methods\s+2$", out, re.M)
