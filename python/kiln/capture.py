@@ -1492,6 +1492,7 @@ _HANDLERS: dict[str, Callable] = {
     "aten.arange.start_step": _arange, "aten.arange.start": _arange, "aten.arange.default": _arange,
     # Kiln's attention over a KV cache (kiln/llm_ops.py: torch.ops.kiln.sdpa_kv_cache), same argument names
     "kiln.sdpa_kv_cache": lambda b, args, kwargs: b.generic("kiln.sdpa_kv_cache", args, kwargs),
+    "kiln.check_range": lambda b, args, kwargs: b.generic("kiln.check_range", args, kwargs),
     "aten.softmax.int": _softmax_int("aten._softmax"), "aten.log_softmax.int": _softmax_int("aten._log_softmax"),
 }
 

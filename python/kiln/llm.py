@@ -191,6 +191,11 @@ class KilnCausalLM(torch.nn.Module):
             if p < 0 or p + seq > self.max_seq_len:
                 raise ValueError(f"KilnCausalLM: input_pos {p} + {seq} tokens exceeds max_seq_len "
                                  f"{self.max_seq_len}")
+        # In the exported program this check is the first instruction that reads input_pos, so a
+        # position outside the cache fails before any cache write (the session's state unchanged).
+        input_pos = torch.ops.kiln.check_range(input_pos, 0, self.max_seq_len - seq,
+                                               "input_pos (the cache position of the first token; "
+                                               f"input_pos + seq must be <= max_seq_len {self.max_seq_len})")
         position_ids = (input_pos + torch.arange(seq, dtype=torch.int64, device=tokens.device)).unsqueeze(0)
         out = self.model(input_ids=tokens, position_ids=position_ids, use_cache=False, logits_to_keep=1,
                          return_dict=True, kiln_caches=self.caches(), kiln_input_pos=input_pos)

@@ -79,3 +79,21 @@ def sdpa_kv_cache_reference(query: torch.Tensor, key_cache: torch.Tensor, value_
 def _(query, key_cache, value_cache, input_pos, scale=None, sliding_window=0):
     b, hq, t, _ = query.shape
     return query.new_empty((b, hq, t, value_cache.shape[-1]))
+
+
+@torch.library.custom_op("kiln::check_range", mutates_args=())
+def check_range(x: torch.Tensor, lo: int, hi: int, what: str = "") -> torch.Tensor:
+    """Returns a copy of `x` (int64) after checking lo <= x <= hi elementwise; raises ValueError
+    naming `what` otherwise. The export wrapper routes input_pos through it first, so that a
+    position outside the cache fails before any cache write (Kiln's op kiln.check_range; a failed
+    call then leaves the session's state unchanged). lo / hi may be symbolic (max_seq_len - seq)."""
+    bad = (x < lo) | (x > hi)
+    if bool(bad.any()):
+        v = int(x.reshape(-1)[bad.reshape(-1).nonzero()[0, 0]].item())
+        raise ValueError(f"{what or 'value'} is {v}, outside [{lo}, {hi}]")
+    return x.clone()
+
+
+@check_range.register_fake
+def _(x, lo, hi, what=""):
+    return torch.empty_like(x)

@@ -138,6 +138,8 @@ struct Method::Impl {
   // values; the symbols' values of the current call.
   std::vector<Attributes> call_attrs;
   std::vector<int64_t> symbol_values;
+  std::vector<int64_t> bound_symbols;  // the symbol values the values' sizes were last computed for
+  bool bound_valid = false;
   // execute(inputs) of a stateful method: the session this Method owns.
   std::unique_ptr<Session> own_session;
 
@@ -482,6 +484,10 @@ Error Method::bind_sizes(std::span<const Tensor> inputs) {
       }
     }
   }
+  // The same symbol values as the last call that bound successfully (every decode step of a
+  // language model): the sizes, attributes and re-typing of that call still hold.
+  if (im.bound_valid && im.symbol_values == im.bound_symbols) return {};
+  im.bound_valid = false;
   for (int32_t v : plan.dynamic_values) {
     Tensor& t = im.values[static_cast<size_t>(v)];
     if (Error e = eval_sizes(plan.value_sym[static_cast<size_t>(v)], im.symbol_values, &t.sizes); !e.ok()) {
@@ -528,6 +534,8 @@ Error Method::bind_sizes(std::span<const Tensor> inputs) {
                                                   (inferred.ok() ? "" : ": " + inferred.error().message()));
     }
   }
+  im.bound_symbols = im.symbol_values;
+  im.bound_valid = true;
   return {};
 }
 

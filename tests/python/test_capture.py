@@ -280,7 +280,9 @@ def test_unsupported_dtype_input_rejected():
         kiln.export(AddRelu(), (torch.ones(3, 4, dtype=torch.int16), torch.randn(4)), verbose=False)
 
 
-def test_buffer_update_rejected():
+def test_buffer_update_becomes_state():
+    """A buffer forward updates is a state tensor of the program (kept in a session across calls;
+    test_state_capture.py covers every update form), not an error as before issue 18."""
     class Counter(nn.Module):
         def __init__(self):
             super().__init__()
@@ -290,8 +292,11 @@ def test_buffer_update_rejected():
             self.n.add_(1)
             return x + self.n
 
-    with pytest.raises(ExportError, match="updates buffer 'n'"):
-        kiln.export(Counter(), (torch.randn(3),), verbose=False)
+    r = kiln.export(Counter(), (torch.randn(3),), verbose=False)
+    p = kiln.load_bytes(r.data)
+    assert [s["name"] for s in p.states] == ["n"]
+    x = np.zeros(3, np.float32)
+    assert p.run(x)[0][0] == 1.0 and p.run(x)[0][0] == 2.0
 
 
 def test_random_in_forward_rejected():

@@ -258,9 +258,9 @@ def test_max_seq_len_prompt_and_limits(llama):
     # longer than the bound: the input check, before anything runs
     refused(_prompt(MAX_SEQ + 1, seed=6), 0, r"'tokens' dim 1 is 49, outside symbol 'seq' in \[1, 48\]")
     refused([], 0, r"'tokens' dim 1 is 0, outside symbol 'seq' in \[1, 48\]")
-    # positions past the cache: index_put's index check fails before it writes
-    refused(_prompt(10, seed=7), MAX_SEQ - 9, "index 48 is out of range")
-    refused([5], MAX_SEQ, "index 48 is out of range")
+    # positions past the cache: kiln.check_range refuses input_pos before any cache write
+    refused(_prompt(10, seed=7), MAX_SEQ - 9, r"input_pos .* is 39, outside \[0, 38\]")
+    refused([5], MAX_SEQ, r"input_pos .* is 48, outside \[0, 47\]")
     # the session still works, from where it was
     logits = _execute(method, session, prompt[10:11], 10)
     with torch.no_grad():
@@ -283,20 +283,23 @@ def test_max_seq_len_prompt_and_limits(llama):
         assert "max_seq_len of 48" in r.stderr, r.stderr
 
 
-def test_negative_input_pos_marks_session_failed(llama):
-    """input_pos -1: index_put takes -1 as the last position (ATen's negative index) and writes it,
-    then sdpa_kv_cache refuses p < 0; the session is marked failed and refuses calls until reset()."""
+def test_negative_input_pos_leaves_state_unchanged(llama):
+    """input_pos -1 (index_put alone would take it as the last position, ATen's negative index): the
+    export routes input_pos through kiln.check_range first, so the call fails before any cache
+    write; the state is unchanged and the session goes on."""
     program = llama.program("cpu")
     method = program.method()
     session = program.new_session()
-    with pytest.raises(kiln.KilnError, match="input_pos p=-1"):
-        _execute(method, session, [5], -1)
-    assert session.failed
-    with pytest.raises(kiln.KilnError, match="call reset"):
-        _execute(method, session, [5], 0)
-    session.reset()
-    assert not session.failed
     ref = llama.ref(7)
+    _execute(method, session, ref.prompt, 0)
+    before = {s["name"]: session.state(s["name"]) for s in program.states}
+    for pos, n in ((-1, 1), (-5, 3), (48, 1), (46, 3)):
+        with pytest.raises(kiln.KilnError, match=r"input_pos .* outside \[0, "):
+            _execute(method, session, [5] * n, pos)
+    assert not session.failed
+    for name, v in before.items():
+        np.testing.assert_array_equal(session.state(name), v)
+    session.reset()
     assert _greedy(method, session, ref.prompt, 4, llama.eos) == ref.want[:4]
 
 

@@ -74,9 +74,26 @@ Result<Types> infer_sdpa_kv_cache(InputTypes in, const Attributes& attrs) {
   return Types{{DType::Float32, {B, Hq, T, v.sizes[3]}}};
 }
 
+Result<Types> infer_check_range(InputTypes in, const Attributes& attrs) {
+  const TensorType& x = *in[0];
+  if (x.dtype != DType::Int64 && x.dtype != DType::Int32) {
+    return invalid(std::string("x must be int64 or int32, got ") + dtype_name(x.dtype));
+  }
+  (void)attrs;  // lo > hi is legal: then every value is out of range (a run-time error)
+  return Types{x};
+}
+
 }  // namespace
 
 void register_llm_ops(OpRegistry& r) {
+  r.add({"kiln.check_range",
+         {{"x"}},
+         {{"lo", AttrKind::Int, AttrValue{}, true}, {"hi", AttrKind::Int, AttrValue{}, true},
+          {"what", AttrKind::String, std::string()}},
+         1, infer_check_range,
+         "out = x, after checking lo <= x <= hi elementwise (InvalidArgument naming `what` otherwise): a guard that "
+         "runs before the instructions that use x (e.g. a KV cache position before its cache writes) "
+         "(torch.ops.kiln.check_range)"});
   const AttrValue none{};
   r.add({"kiln.sdpa_kv_cache",
          {{"query"}, {"key_cache"}, {"value_cache"}, {"input_pos"}},

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <string>
@@ -117,6 +118,29 @@ Error sdpa_kv_cache(const KernelArgs& a) {
 
 }  // namespace
 
-void register_portable_llm(KernelRegistry& r) { r.add("kiln.sdpa_kv_cache", sdpa_kv_cache); }
+/// kiln.check_range: out = x after checking lo <= x[i] <= hi for every element (int64 or int32);
+/// InvalidArgument naming `what`, the element and the range otherwise, before anything is written.
+Error check_range(const KernelArgs& a) {
+  const Tensor& x = *a.inputs[0];
+  Tensor& out = *a.outputs[0];
+  const int64_t lo = a.attrs.get_int("lo"), hi = a.attrs.get_int("hi");
+  const std::string what = a.attrs.get_string("what");
+  const int64_t n = x.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t v = x.dtype == DType::Int64 ? x.data_as<const int64_t>()[i] : x.data_as<const int32_t>()[i];
+    if (v < lo || v > hi) {
+      return Error(ErrorCode::InvalidArgument, (what.empty() ? std::string("value") : what) + " is " + std::to_string(v) +
+                                                   (n > 1 ? " (element " + std::to_string(i) + ")" : "") +
+                                                   ", outside [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+  }
+  if (out.data != x.data && x.nbytes() > 0) std::memcpy(out.data, x.data, x.nbytes());
+  return {};
+}
+
+void register_portable_llm(KernelRegistry& r) {
+  r.add("kiln.sdpa_kv_cache", sdpa_kv_cache);
+  r.add("kiln.check_range", check_range);
+}
 
 }  // namespace kiln
