@@ -734,26 +734,6 @@ double quantile(const std::vector<double>& sorted, double q) {
   return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
 }
 
-/// Peak resident set size of this process so far, in MiB: VmHWM of /proc/self/status where it
-/// exists (the high-water mark of this program's own address space), else getrusage ru_maxrss
-/// (KiB on Linux). ru_maxrss alone is not enough: Linux carries it over fork and exec, so a
-/// `kiln bench` started by a large parent (a Python script holding torch) would report the
-/// parent's size.
-double peak_rss_mib() {
-  if (FILE* f = std::fopen("/proc/self/status", "r")) {
-    char line[256];
-    long kib = -1;
-    while (std::fgets(line, sizeof(line), f)) {
-      if (std::strncmp(line, "VmHWM:", 6) == 0) kib = std::strtol(line + 6, nullptr, 10);
-    }
-    std::fclose(f);
-    if (kib > 0) return static_cast<double>(kib) / 1024.0;
-  }
-  struct rusage ru {};
-  getrusage(RUSAGE_SELF, &ru);
-  return static_cast<double>(ru.ru_maxrss) / 1024.0;
-}
-
 int cmd_bench(const BenchArgs& a) {
   using Clock = std::chrono::steady_clock;
   auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };

@@ -144,7 +144,7 @@ struct GenerateStats {
   double prefill_tokens_per_s = 0;    ///< prompt tokens / time_to_first_token
   double decode_tokens_per_s = 0;     ///< decode steps / their total time (0 without any)
   double time_to_first_token_ms = 0;  ///< prefill step + sampling the first new token
-  double peak_rss_mib = 0;            ///< the process's peak resident set (getrusage), MiB
+  double peak_rss_mib = 0;            ///< the process's peak resident set (peak_rss_mib()), MiB
   int64_t prefill_tokens = 0;         ///< = prompt size
   int64_t decode_tokens = 0;          ///< steps after the prefill (= new tokens - 1, or 0)
 };
@@ -173,7 +173,9 @@ Result<std::vector<int64_t>> generate(const StepFn& step, std::span<const int64_
                                       const GenerateOptions& options, GenerateStats* stats = nullptr,
                                       const std::function<void(int64_t)>& on_token = {});
 
-/// The process's peak resident set size in MiB (getrusage RUSAGE_SELF), 0 where unavailable.
+/// The process's peak resident set size in MiB: VmHWM of /proc/self/status (this program's own
+/// high-water mark), else getrusage's ru_maxrss (which Linux carries over fork and exec); 0 where
+/// neither is available. Used by kiln generate and kiln bench.
 double peak_rss_mib();
 
 }  // namespace kiln

@@ -1,5 +1,8 @@
 // The generation loop over an abstract step function: prefill, then one step per new token.
 // Contract: include/kiln/llm.h.
+#include <cstdlib>
+#include <cstring>
+#include <cstdio>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -24,6 +27,17 @@ Error with_context(const Error& e, const std::string& where) {
 }  // namespace
 
 double peak_rss_mib() {
+  // VmHWM first: ru_maxrss alone is not enough, Linux carries it over fork and exec, so a runner
+  // started by a large parent (a Python script holding torch) would report the parent's size.
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    long kib = -1;
+    while (std::fgets(line, sizeof(line), f)) {
+      if (std::strncmp(line, "VmHWM:", 6) == 0) kib = std::strtol(line + 6, nullptr, 10);
+    }
+    std::fclose(f);
+    if (kib > 0) return static_cast<double>(kib) / 1024.0;
+  }
   struct rusage usage {};
   if (getrusage(RUSAGE_SELF, &usage) != 0) return 0.0;
 #if defined(__APPLE__)
