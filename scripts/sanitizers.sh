@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds and runs the C++ tests under sanitizers; exits non-zero on any failure.
 #   build-asan: -DKILN_SANITIZE="address;undefined", the whole C++ test suite (tests/kiln_tests)
-#   build-tsan: -DKILN_SANITIZE=thread, the concurrency tests (Concurrency.*)
+#   build-tsan: -DKILN_SANITIZE=thread, the concurrency tests (Concurrency.*: methods of one program
+#               in parallel, thread pools, and two sessions of a program with state run from two
+#               threads, tests/cpp/symbolic_state_test.cpp)
 # Usage: scripts/sanitizers.sh [asan|tsan|all]   (default all)
 # Environment: KILN_JOBS (build parallelism, default 2), CC/CXX (compiler; default the system's),
 #   KILN_TSAN_FILTER (gtest filter for the thread-sanitizer run, default 'Concurrency.*').

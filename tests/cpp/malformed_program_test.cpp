@@ -529,3 +529,510 @@ TEST(MalformedProgram, MisalignedVectorIsRejected) {
 
 }  // namespace
 }  // namespace kiln
+
+// ---------------------------------------------------------------- format version 2: symbols and state
+//
+// The KV-cache program of kv_cache_program.h (a symbol `seq`, a zero-initialized cache written in
+// place by aten.index_put and a counter with a constant initial value copied at the end), unpacked
+// into plain structs, edited, and written back with the generated builders (fields at their default
+// value are absent from a FlatBuffer, so most of these edits cannot be made in place). Every edit
+// must give InvalidProgram at load, never a crash.
+
+#include <optional>
+#include <tuple>
+
+#include "kv_cache_program.h"
+
+namespace kiln {
+namespace {
+
+template <typename T>
+std::vector<T> vec(const flatbuffers::Vector<T>* v) {
+  return v ? std::vector<T>(v->begin(), v->end()) : std::vector<T>{};
+}
+template <typename T>
+std::optional<std::vector<T>> opt_vec(const flatbuffers::Vector<T>* v) {
+  if (!v) return std::nullopt;
+  return std::vector<T>(v->begin(), v->end());
+}
+std::optional<std::string> opt_str(const flatbuffers::String* s) {
+  if (!s) return std::nullopt;
+  return s->str();
+}
+
+struct PTensor {
+  fb::DType dtype = fb::DType::Float32;
+  std::optional<std::vector<int64_t>> sizes;
+  std::optional<std::vector<uint8_t>> dim_order;
+  int32_t constant = -1;
+  int64_t arena_offset = -1;
+  std::optional<std::string> name;
+  bool stored_as_float16 = false;
+  std::vector<std::vector<int64_t>> sym;  // empty: fixed sizes
+  int32_t state = -1;
+};
+struct PAttr {
+  std::string name;
+  fb::AttrKind kind = fb::AttrKind::None;
+  int64_t i = 0;
+  double f = 0;
+  std::optional<std::string> s;
+  std::optional<std::vector<int64_t>> ints;
+  std::optional<std::vector<double>> floats;
+};
+struct PSymAttr {
+  std::string name;
+  int64_t index = -1;
+  std::vector<int64_t> code;
+};
+struct PCall {
+  std::string op;
+  std::vector<int32_t> args, outputs;
+  std::vector<PAttr> attrs;
+  std::optional<std::string> debug_name;
+  std::vector<PSymAttr> sym_attrs;
+};
+struct PSymbol {
+  std::string name;
+  int64_t min = 0, max = 0;
+};
+struct PMethod {
+  std::string name;
+  std::vector<PTensor> values;
+  std::vector<int32_t> inputs, outputs;
+  std::vector<PCall> calls;
+  uint64_t arena_size = 0;
+  std::vector<PSymbol> symbols;
+  std::vector<std::pair<uint32_t, int32_t>> updates;  // (state, value)
+  // Value indices of the KV-cache program, found by structure (unpack).
+  int cache_read = -1, cache_write = -1, counter_read = -1, counter_write = -1, x = -1, h = -1, hg = -1, weight = -1;
+  int index_put = -1, view = -1;
+};
+struct PState {
+  std::string name;
+  fb::DType dtype = fb::DType::Float32;
+  std::optional<std::vector<int64_t>> sizes;
+  int32_t initial = -1;
+};
+struct PProgram {
+  uint32_t version = 0;
+  std::vector<PMethod> methods;
+  std::vector<std::tuple<uint32_t, uint64_t, uint64_t>> constants;  // segment, offset, nbytes
+  std::vector<std::tuple<uint64_t, uint64_t, uint8_t>> segments;    // offset, size, kind
+  std::vector<PState> states;
+  std::vector<std::pair<std::string, std::string>> metadata;
+};
+
+PProgram unpack(const std::vector<uint8_t>& bytes) {
+  const fb::Program* p = fb::GetProgram(bytes.data() + header_of(bytes).flatbuffer_offset);
+  PProgram out;
+  out.version = p->version();
+  for (const fb::ConstantRef* c : *p->constants()) out.constants.emplace_back(c->segment(), c->offset(), c->nbytes());
+  for (const fb::Segment* s : *p->segments()) out.segments.emplace_back(s->offset(), s->size(), s->kind());
+  if (p->states()) {
+    for (const fb::State* s : *p->states()) out.states.push_back({s->name()->str(), s->dtype(), opt_vec(s->sizes()), s->initial()});
+  }
+  if (p->metadata()) {
+    for (const fb::KeyValue* kv : *p->metadata()) out.metadata.emplace_back(kv->key()->str(), kv->value() ? kv->value()->str() : "");
+  }
+  for (const fb::Method* m : *p->methods()) {
+    PMethod pm;
+    pm.name = m->name()->str();
+    for (const fb::Tensor* t : *m->values()) {
+      PTensor pt{t->dtype(), opt_vec(t->sizes()), opt_vec(t->dim_order()), t->constant(), t->arena_offset(),
+                 opt_str(t->name()), t->stored_as_float16(), {}, t->state()};
+      if (t->sym_sizes()) {
+        for (const fb::SizeExpr* e : *t->sym_sizes()) pt.sym.push_back(vec(e->code()));
+      }
+      pm.values.push_back(std::move(pt));
+    }
+    pm.inputs = vec(m->inputs());
+    pm.outputs = vec(m->outputs());
+    for (const fb::InstructionEntry* e : *m->instructions()) {
+      const fb::KernelCall* k = e->instr_as_KernelCall();
+      EXPECT_NE(k, nullptr) << "unpack: only kernel calls";
+      if (!k) continue;
+      PCall c{k->op()->str(), vec(k->args()), vec(k->outputs()), {}, opt_str(k->debug_name()), {}};
+      if (k->attributes()) {
+        for (const fb::Attribute* a : *k->attributes()) {
+          c.attrs.push_back({a->name()->str(), a->kind(), a->i(), a->f(), opt_str(a->s()), opt_vec(a->ints()), opt_vec(a->floats())});
+        }
+      }
+      if (k->sym_attributes()) {
+        for (const fb::SymAttribute* s : *k->sym_attributes()) c.sym_attrs.push_back({s->name()->str(), s->index(), vec(s->expr()->code())});
+      }
+      pm.calls.push_back(std::move(c));
+    }
+    pm.arena_size = m->arena_size();
+    if (m->symbols()) {
+      for (const fb::Symbol* s : *m->symbols()) pm.symbols.push_back({s->name()->str(), s->min(), s->max()});
+    }
+    if (m->state_updates()) {
+      for (const fb::StateUpdate* u : *m->state_updates()) pm.updates.emplace_back(u->state(), u->value());
+    }
+    for (size_t k = 0; k < pm.calls.size(); ++k) {
+      const PCall& c = pm.calls[k];
+      if (c.op == "aten.index_put") {
+        pm.index_put = static_cast<int>(k);
+        pm.cache_read = c.args[0];
+        pm.cache_write = c.outputs[0];
+      }
+      if (c.op == "aten.view") pm.view = static_cast<int>(k);
+      if (c.op == "aten.linear") {
+        pm.x = c.args[0];
+        pm.weight = c.args[1];
+        pm.h = c.outputs[0];
+      }
+      if (c.op == "aten.mul") pm.hg = c.outputs[0];
+      if (c.op == "aten.add" && pm.values[static_cast<size_t>(c.args[0])].state == 1) {
+        pm.counter_read = c.args[0];
+        pm.counter_write = c.outputs[0];
+      }
+    }
+    out.methods.push_back(std::move(pm));
+  }
+  return out;
+}
+
+// Writes `p` as a file whose segments are `orig`'s (moved to follow the new FlatBuffer).
+std::vector<uint8_t> pack(const PProgram& p, const std::vector<uint8_t>& orig) {
+  const FileHeader oh = header_of(orig);
+  const uint64_t old_seg = oh.segments_offset;
+  const bool has_segments = !p.segments.empty();
+  int64_t delta = 0;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    flatbuffers::FlatBufferBuilder b;
+    std::vector<flatbuffers::Offset<fb::Method>> methods;
+    for (const PMethod& m : p.methods) {
+      std::vector<flatbuffers::Offset<fb::Tensor>> values;
+      for (const PTensor& t : m.values) {
+        std::vector<flatbuffers::Offset<fb::SizeExpr>> sym;
+        for (const auto& code : t.sym) sym.push_back(fb::CreateSizeExprDirect(b, &code));
+        values.push_back(fb::CreateTensor(b, t.dtype, t.sizes ? b.CreateVector(*t.sizes) : 0,
+                                          t.dim_order ? b.CreateVector(*t.dim_order) : 0, t.constant, t.arena_offset,
+                                          t.name ? b.CreateString(*t.name) : 0, t.stored_as_float16,
+                                          sym.empty() ? 0 : b.CreateVector(sym), t.state));
+      }
+      std::vector<flatbuffers::Offset<fb::InstructionEntry>> instrs;
+      for (const PCall& c : m.calls) {
+        std::vector<flatbuffers::Offset<fb::Attribute>> attrs;
+        for (const PAttr& a : c.attrs) {
+          attrs.push_back(fb::CreateAttribute(b, b.CreateString(a.name), a.kind, a.i, a.f, a.s ? b.CreateString(*a.s) : 0,
+                                              a.ints ? b.CreateVector(*a.ints) : 0, a.floats ? b.CreateVector(*a.floats) : 0));
+        }
+        std::vector<flatbuffers::Offset<fb::SymAttribute>> sattrs;
+        for (const PSymAttr& s : c.sym_attrs) {
+          sattrs.push_back(fb::CreateSymAttribute(b, b.CreateString(s.name), s.index, fb::CreateSizeExprDirect(b, &s.code)));
+        }
+        auto call = fb::CreateKernelCall(b, b.CreateString(c.op), b.CreateVector(c.args), b.CreateVector(c.outputs),
+                                         b.CreateVector(attrs), c.debug_name ? b.CreateString(*c.debug_name) : 0,
+                                         sattrs.empty() ? 0 : b.CreateVector(sattrs));
+        instrs.push_back(fb::CreateInstructionEntry(b, fb::Instruction::KernelCall, call.Union()));
+      }
+      std::vector<flatbuffers::Offset<fb::Symbol>> syms;
+      for (const PSymbol& s : m.symbols) syms.push_back(fb::CreateSymbol(b, b.CreateString(s.name), s.min, s.max));
+      std::vector<flatbuffers::Offset<fb::StateUpdate>> ups;
+      for (const auto& [st, v] : m.updates) ups.push_back(fb::CreateStateUpdate(b, st, v));
+      methods.push_back(fb::CreateMethod(b, b.CreateString(m.name), b.CreateVector(values), b.CreateVector(m.inputs),
+                                         b.CreateVector(m.outputs), b.CreateVector(instrs), m.arena_size,
+                                         syms.empty() ? 0 : b.CreateVector(syms), ups.empty() ? 0 : b.CreateVector(ups)));
+    }
+    std::vector<flatbuffers::Offset<fb::ConstantRef>> consts;
+    for (const auto& [seg, off, n] : p.constants) consts.push_back(fb::CreateConstantRef(b, seg, off, n));
+    std::vector<flatbuffers::Offset<fb::Segment>> segs;
+    for (const auto& [off, size, kind] : p.segments) {
+      segs.push_back(fb::CreateSegment(b, static_cast<uint64_t>(static_cast<int64_t>(off) + delta), size, kind));
+    }
+    std::vector<flatbuffers::Offset<fb::State>> states;
+    for (const PState& s : p.states) {
+      states.push_back(fb::CreateState(b, b.CreateString(s.name), s.dtype, s.sizes ? b.CreateVector(*s.sizes) : 0, s.initial));
+    }
+    std::vector<flatbuffers::Offset<fb::KeyValue>> kvs;
+    for (const auto& [k, v] : p.metadata) kvs.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+    fb::FinishProgramBuffer(b, fb::CreateProgram(b, p.version, b.CreateVector(methods), b.CreateVector(consts),
+                                                 b.CreateVector(segs), states.empty() ? 0 : b.CreateVector(states),
+                                                 kvs.empty() ? 0 : b.CreateVector(kvs)));
+    const uint64_t fb_end = sizeof(FileHeader) + b.GetSize();
+    const uint64_t seg_start = has_segments ? (fb_end + kSegmentAlignment - 1) / kSegmentAlignment * kSegmentAlignment : fb_end;
+    const int64_t want_delta = has_segments ? static_cast<int64_t>(seg_start) - static_cast<int64_t>(old_seg) : 0;
+    if (want_delta != delta) {
+      delta = want_delta;
+      continue;
+    }
+    std::vector<uint8_t> file(seg_start, 0);
+    FileHeader h = oh;
+    h.flatbuffer_offset = sizeof(FileHeader);
+    h.flatbuffer_size = b.GetSize();
+    std::memcpy(file.data() + sizeof(FileHeader), b.GetBufferPointer(), b.GetSize());
+    if (has_segments) file.insert(file.end(), orig.begin() + static_cast<std::ptrdiff_t>(old_seg), orig.end());
+    h.segments_offset = has_segments ? seg_start : file.size();
+    h.file_size = file.size();
+    set_header(file, h);
+    return file;
+  }
+  ADD_FAILURE() << "pack: segment offsets do not settle";
+  return {};
+}
+
+class MalformedStateProgram : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto bytes = testing::compile_kv_cache_program();
+    ASSERT_TRUE(bytes.ok()) << bytes.error().to_string();
+    bytes_ = std::move(bytes.value());
+    base_ = unpack(bytes_);
+    ASSERT_EQ(base_.methods.size(), 1u);
+    const PMethod& m = base_.methods[0];
+    ASSERT_GE(m.cache_read, 0);
+    ASSERT_GE(m.cache_write, 0);
+    ASSERT_GE(m.counter_read, 0);
+    ASSERT_GE(m.counter_write, 0);
+    ASSERT_GE(m.x, 0);
+    ASSERT_GE(m.h, 0);
+    ASSERT_GE(m.hg, 0);
+    ASSERT_GE(m.weight, 0);
+    ASSERT_GE(m.view, 0);
+    ASSERT_EQ(m.values[static_cast<size_t>(m.cache_write)].state, 0) << "the cache update is not in place";
+    ASSERT_EQ(base_.states.size(), 2u);
+    ASSERT_EQ(m.symbols.size(), 1u);
+  }
+
+  // Packs an edited copy of the program and checks that loading gives InvalidProgram with a
+  // message containing `needle` (and that the load-and-run path does not crash either).
+  template <typename Edit>
+  void expect_invalid(const char* what, Edit edit, const std::string& needle) {
+    SCOPED_TRACE(what);
+    PProgram p = base_;
+    edit(p, p.methods[0]);
+    const std::vector<uint8_t> file = pack(p, bytes_);
+    ASSERT_FALSE(file.empty());
+    auto prog = Program::load_from_buffer(file);
+    ASSERT_FALSE(prog.ok()) << "loaded";
+    EXPECT_EQ(prog.error().code(), ErrorCode::InvalidProgram) << prog.error().to_string();
+    EXPECT_NE(prog.error().message().find(needle), std::string::npos) << prog.error().message();
+    EXPECT_FALSE(load_and_run(file).ok());
+  }
+
+  std::vector<uint8_t> bytes_;
+  PProgram base_;
+};
+
+TEST_F(MalformedStateProgram, TheRepackedProgramLoadsAndRuns) {
+  const std::vector<uint8_t> file = pack(base_, bytes_);
+  KILN_ASSERT_OK_AND_ASSIGN(program, Program::load_from_buffer(file));
+  KILN_ASSERT_OK_AND_ASSIGN(method, program->load_method("forward"));
+  KILN_ASSERT_OK_AND_ASSIGN(session, program->new_session());
+  testing::KvReference ref;
+  for (int64_t seq : {5, 1, 3}) {
+    std::vector<float> x = pattern(static_cast<size_t>(seq * testing::kKvDim), static_cast<uint32_t>(seq));
+    std::vector<float> gate(static_cast<size_t>(seq), 0.5f);
+    const int64_t at = static_cast<int64_t>(ref.counter - testing::kCounterInitial) * 5;
+    std::vector<int64_t> pos = {at};
+    KILN_ASSERT_OK_AND_ASSIGN(outs, method.execute(*session, {Tensor{DType::Float32, {1, seq, testing::kKvDim}, x.data()},
+                                                              Tensor{DType::Float32, {1, seq, 1}, gate.data()},
+                                                              Tensor{DType::Int64, {1}, pos.data()}}));
+    const auto want = ref.step(x, gate, at);
+    ASSERT_EQ(outs[0].sizes, (std::vector<int64_t>{1, seq, testing::kKvDim}));
+    for (size_t i = 0; i < want.total.size(); ++i) EXPECT_NEAR(outs[1].data_as<float>()[i], want.total[i], 1e-4f) << i;
+    EXPECT_EQ(outs[2].data_as<float>()[0], want.counter);
+  }
+  EXPECT_TRUE(load_and_run(file).ok());
+}
+
+TEST_F(MalformedStateProgram, SymbolsOutOfRange) {
+  expect_invalid("min > max", [](PProgram&, PMethod& m) { m.symbols[0].min = 40; }, "invalid range [40, 32]");
+  expect_invalid("max > 2^40", [](PProgram&, PMethod& m) { m.symbols[0].max = kMaxSymbolValue + 1; }, "invalid range");
+  expect_invalid("max = int64 max", [](PProgram&, PMethod& m) { m.symbols[0].max = std::numeric_limits<int64_t>::max(); },
+                 "invalid range");
+  expect_invalid("negative min", [](PProgram&, PMethod& m) { m.symbols[0].min = -1; }, "invalid range");
+  expect_invalid("empty name", [](PProgram&, PMethod& m) { m.symbols[0].name = ""; }, "invalid range");
+  expect_invalid("declared twice", [](PProgram&, PMethod& m) { m.symbols.push_back(m.symbols[0]); }, "declared twice");
+  expect_invalid("17 symbols",
+                 [](PProgram&, PMethod& m) {
+                   for (int i = 0; i < 16; ++i) m.symbols.push_back({"s" + std::to_string(i), 1, 2});
+                 },
+                 "more than 16 symbols");
+  expect_invalid("a symbol bound by no input", [](PProgram&, PMethod& m) { m.symbols.push_back({"extra", 1, 4}); },
+                 "symbol 'extra' is bound by no input dimension");
+  // An expression over seq raised so that every binding is out of the planned bound.
+  expect_invalid("the bound lowered below the symbol's max",
+                 [](PProgram&, PMethod& m) { (*m.values[static_cast<size_t>(m.x)].sizes)[1] = 16; }, "exceeds its planned bound 16");
+}
+
+TEST_F(MalformedStateProgram, SizeExpressionsMalformedOrDisagreeing) {
+  using E = SymExpr;
+  expect_invalid("missing symbol", [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.h)].sym[1] = {E::Sym, 1}; },
+                 "symbol index 1 out of range");
+  expect_invalid("operator without operands", [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.h)].sym[1] = {E::Add}; },
+                 "without operands");
+  expect_invalid("empty expression", [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.h)].sym[1] = {}; }, "0 tokens");
+  expect_invalid("unknown opcode", [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.x)].sym[1] = {42, 0}; },
+                 "unknown opcode 42");
+  expect_invalid("wrong count", [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.x)].sym.pop_back(); },
+                 "differ in number from the rank");
+  expect_invalid("symbolic constant",
+                 [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.weight)].sym = {{E::Sym, 0}, {E::Const, 8}}; },
+                 "cannot have symbolic sizes");
+  expect_invalid("symbolic state",
+                 [](PProgram&, PMethod& m) {
+                   m.values[static_cast<size_t>(m.cache_read)].sym = {{E::Const, 1}, {E::Sym, 0}, {E::Const, 8}};
+                 },
+                 "cannot have symbolic sizes");
+  // seq * 2 exceeds the planned [1, 32, 8] at seq = 32.
+  expect_invalid("symbolic size beyond the bound",
+                 [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.h)].sym[1] = {E::Sym, 0, E::Const, 2, E::Mul}; },
+                 "exceeds its planned bound 32");
+  // seq - 1 fits the bound, but the linear's inference gives seq.
+  expect_invalid("shapes disagree with the symbols",
+                 [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.h)].sym[1] = {E::Sym, 0, E::Const, 1, E::Sub}; },
+                 "shapes disagree with the symbols");
+  // An expression that is negative at some binding.
+  expect_invalid("negative size",
+                 [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.h)].sym[1] = {E::Sym, 0, E::Const, 2, E::Sub}; },
+                 "negative size");
+  // Division by zero at every binding.
+  expect_invalid("division by zero",
+                 [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.h)].sym[1] = {E::Sym, 0, E::Const, 0, E::FloorDiv}; },
+                 "division by zero");
+  // Symbolic attributes.
+  expect_invalid("symbolic attribute with a missing symbol",
+                 [](PProgram&, PMethod& m) { m.calls[static_cast<size_t>(m.view)].sym_attrs[0].code = {E::Sym, 3}; },
+                 "symbol index 3 out of range");
+  expect_invalid("symbolic attribute not of the op",
+                 [](PProgram&, PMethod& m) { m.calls[static_cast<size_t>(m.view)].sym_attrs[0].name = "nope"; },
+                 "not an attribute of the op");
+  expect_invalid("symbolic attribute element out of the list",
+                 [](PProgram&, PMethod& m) { m.calls[static_cast<size_t>(m.view)].sym_attrs[0].index = 7; },
+                 "not an element of an int list");
+  expect_invalid("symbolic attribute disagreeing with the output",
+                 [](PProgram&, PMethod& m) {
+                   m.calls[static_cast<size_t>(m.view)].sym_attrs[0].code = {E::Sym, 0, E::Const, 2, E::Max};
+                 },
+                 "numel mismatch");
+  expect_invalid("symbolic attribute disagreeing with the output's expression",
+                 [](PProgram&, PMethod& m) {
+                   for (PCall& c : m.calls) {
+                     if (c.op == "aten.arange") c.sym_attrs[0].code = {E::Sym, 0, E::Const, 1, E::Add};
+                   }
+                 },
+                 "shapes disagree with the symbols");
+}
+
+TEST_F(MalformedStateProgram, StatesAndTheirValues) {
+  expect_invalid("state value with an arena offset (overlapping the arena)",
+                 [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.cache_read)].arena_offset = 0; }, "arena offset");
+  expect_invalid("in-place update with an arena offset",
+                 [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.cache_write)].arena_offset = 0; }, "arena offset");
+  expect_invalid("state index out of range", [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.cache_read)].state = 2; },
+                 "state index out of range");
+  expect_invalid("state index negative", [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.cache_read)].state = -3; },
+                 "state index out of range");
+  expect_invalid("a state that is a constant",
+                 [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.cache_read)].constant = 0; }, "cannot be a constant");
+  expect_invalid("initial value constant out of range", [](PProgram& p, PMethod&) { p.states[1].initial = 99; },
+                 "initial value constant out of range");
+  expect_invalid("invalid initial value index", [](PProgram& p, PMethod&) { p.states[1].initial = -2; }, "invalid initial value index");
+  expect_invalid("initial value of the wrong byte count (missing initial value)",
+                 [](PProgram& p, PMethod& m) { p.states[0].initial = m.values[static_cast<size_t>(m.weight)].constant; },
+                 "initial value of 256 bytes, type needs 1024");
+  expect_invalid("value type differs from its state's (sizes)",
+                 [](PProgram&, PMethod& m) { (*m.values[static_cast<size_t>(m.cache_read)].sizes)[1] = 31; }, "differs from state 'cache'");
+  expect_invalid("value type differs from its state's (dtype)",
+                 [](PProgram&, PMethod& m) { m.values[static_cast<size_t>(m.counter_read)].dtype = fb::DType::Int32; },
+                 "differs from state 'counter'");
+  expect_invalid("state sizes differ from its values'", [](PProgram& p, PMethod&) { (*p.states[0].sizes)[1] = 16; },
+                 "differs from state 'cache'");
+  expect_invalid("state declared twice", [](PProgram& p, PMethod&) { p.states[1].name = "cache"; }, "declared twice");
+  expect_invalid("state of an invalid dtype", [](PProgram& p, PMethod&) { p.states[0].dtype = static_cast<fb::DType>(99); },
+                 "invalid dtype");
+  expect_invalid("state with a negative size", [](PProgram& p, PMethod&) { (*p.states[0].sizes)[1] = -1; }, "negative size");
+  expect_invalid("state of 2^60 bytes", [](PProgram& p, PMethod&) { p.states[0].sizes = std::vector<int64_t>{1 << 20, 1 << 20, 1 << 20}; },
+                 "size overflow");
+  expect_invalid("an input that is a state",
+                 [](PProgram&, PMethod& m) { m.inputs.push_back(m.cache_read); }, "an input is a state");
+}
+
+TEST_F(MalformedStateProgram, StateUpdates) {
+  expect_invalid("updated twice", [](PProgram&, PMethod& m) { m.updates.push_back(m.updates[0]); }, "updated twice");
+  expect_invalid("update of a missing state", [](PProgram&, PMethod& m) { m.updates[0].first = 2; }, "state update out of range");
+  expect_invalid("update from a missing value", [](PProgram&, PMethod& m) { m.updates[1].second = 1000; }, "state update out of range");
+  expect_invalid("update from a negative value", [](PProgram&, PMethod& m) { m.updates[1].second = -1; }, "state update out of range");
+  expect_invalid("update with a value of another type",
+                 [](PProgram&, PMethod& m) {
+                   for (auto& u : m.updates) {
+                     if (u.first == 1) u.second = m.hg;
+                   }
+                 },
+                 "another type");
+  expect_invalid("update from another state's bytes",
+                 [](PProgram&, PMethod& m) {
+                   for (auto& u : m.updates) {
+                     if (u.first == 1) u.second = m.cache_write;
+                   }
+                 },
+                 "");
+  expect_invalid("in place but not declared updated",
+                 [](PProgram&, PMethod& m) {
+                   std::erase_if(m.updates, [](const auto& u) { return u.first == 0; });
+                 },
+                 "written in place but not declared updated");
+  expect_invalid("update from the state's unchanged value",
+                 [](PProgram&, PMethod& m) {
+                   for (auto& u : m.updates) {
+                     if (u.first == 1) u.second = m.counter_read;
+                   }
+                 },
+                 "unchanged value");
+  // An in-place write of a state by an op that is not index_put / slice_scatter / index_copy: the
+  // counter's aten.add given the counter's bytes as its output.
+  expect_invalid("in-place write by aten.add",
+                 [](PProgram&, PMethod& m) {
+                   PTensor& t = m.values[static_cast<size_t>(m.counter_write)];
+                   t.state = 1;
+                   t.arena_offset = -1;
+                 },
+                 "only an index_put, slice_scatter or index_copy");
+  // The index_put writing into the counter's bytes while reading the cache.
+  expect_invalid("in-place write into another state",
+                 [](PProgram&, PMethod& m) {
+                   PTensor& t = m.values[static_cast<size_t>(m.cache_write)];
+                   t.state = 1;
+                   t.sizes = std::vector<int64_t>{1};
+                 },
+                 "");
+  // Reading the cache's old value after the in-place write.
+  expect_invalid("reads the old value after the write",
+                 [](PProgram&, PMethod& m) {
+                   for (PCall& c : m.calls) {
+                     if (c.op == "aten.sum") c.args[0] = m.cache_read;
+                   }
+                 },
+                 "after it was written in place");
+}
+
+TEST_F(MalformedStateProgram, RandomByteFlipsNeverCrash) {
+  std::mt19937_64 rng(20261202);
+  const uint64_t fb_end = header_of(bytes_).flatbuffer_offset + header_of(bytes_).flatbuffer_size;
+  int loaded = 0, rejected = 0;
+  for (int iter = 0; iter < 1500; ++iter) {
+    std::vector<uint8_t> b = bytes_;
+    const int flips = 1 + static_cast<int>(rng() % 3);
+    for (int f = 0; f < flips; ++f) {
+      const size_t pos = static_cast<size_t>(rng() % fb_end);
+      b[pos] ^= static_cast<uint8_t>(1u << (rng() % 8));
+    }
+    const Error err = load_and_run(b);
+    if (err.ok()) {
+      ++loaded;
+    } else {
+      ++rejected;
+      EXPECT_NE(err.code(), ErrorCode::Internal) << iter << ": " << err.to_string();
+    }
+  }
+  EXPECT_GT(rejected, 0);
+  EXPECT_GT(loaded, 0);
+  std::printf("[          ] byte flips of a program with state: %d loaded, %d rejected\n", loaded, rejected);
+}
+
+}  // namespace
+}  // namespace kiln

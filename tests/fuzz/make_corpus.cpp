@@ -5,7 +5,8 @@
 //                                <dir>/npy/*.npy             (kiln_npy_fuzzer; NumPy-written seeds
 //                                                             are added by scripts/fuzz.sh)
 // Loader seeds: aten.add/aten.relu programs (constants, broadcasting, two methods sharing a
-// constant, zero-sized and unused inputs), plus one single-node program for every registered op
+// constant, zero-sized and unused inputs), a program with a symbolic dim and state (alone and as
+// two methods sharing the state), plus one single-node program for every registered op
 // whose attributes all have defaults and whose inference accepts float32[2, 3, 4, 5] inputs, so the
 // fuzzer starts from every kernel it can reach without hand-written attributes.
 // Delegate seeds: small programs (a CNN, norms, pooling, broadcasting arithmetic, softmax, pad,
@@ -21,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "../cpp/kv_cache_program.h"
 #include "delegate_case.h"
 #include "ir/op_registry.h"
 #include "kiln/compiler.h"
@@ -122,6 +124,28 @@ void odd_shapes(const std::string& dir) {
   ProgramBuilder pb;
   OR_SKIP(pb.add_method("forward", std::move(g)));
   emit(dir, "odd-shapes", pb);
+}
+
+// Format version 2: a symbol (seq in 1..32), a zero-initialized KV-cache-like state written in
+// place by aten.index_put and a counter state with a constant initial value
+// (tests/cpp/kv_cache_program.h); once alone and once as two methods sharing the states (the
+// prefill/decode layout of an exported LLM).
+void kv_cache(const std::string& dir) {
+  {
+    auto g = testing::kv_cache_graph();
+    OR_SKIP(g);
+    ProgramBuilder pb;
+    OR_SKIP(pb.add_method("forward", std::move(g.value())));
+    pb.set_metadata("llm.max_seq_len", "32");
+    emit(dir, "kv-cache", pb);
+  }
+  ProgramBuilder pb;
+  for (const char* name : {"prefill", "decode"}) {
+    auto g = testing::kv_cache_graph();
+    OR_SKIP(g);
+    OR_SKIP(pb.add_method(name, std::move(g.value())));
+  }
+  emit(dir, "kv-cache-two-methods", pb);
 }
 
 // One single-node graph per registered op whose attributes all have defaults and whose inference
@@ -382,6 +406,7 @@ int main(int argc, char** argv) {
   add_relu(load);
   two_methods(load);
   odd_shapes(load);
+  kv_cache(load);
   every_simple_op({DType::Float32, {2, 3, 4, 5}}, [&](const std::string& op, Graph g) {
     ProgramBuilder pb;
     if (pb.add_method("forward", std::move(g)).ok()) emit(load, "op-" + op, pb);
