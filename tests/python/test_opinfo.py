@@ -130,6 +130,11 @@ SAMPLE_DTYPE: dict[str, torch.dtype] = {
 }
 # Kiln ops that no OpInfo exercises, with the reason (listed in docs/op-coverage.md).
 NO_OPINFO: dict[str, str] = {
+    "kiln.sdpa_kv_cache": "Kiln's attention over a KV cache (no ATen OpInfo); tests/cpp/sdpa_kv_cache_test.cpp checks "
+                          "both kernels against a float64 reference, tests/python/test_llm_export.py whole models "
+                          "against transformers",
+    "kiln.check_range": "Kiln's range guard (no ATen OpInfo); tests/python/test_llm_export.py checks it through the "
+                        "LLM export (positions outside the cache refused, state unchanged)",
     "kiln.weight_quantized_linear": "Kiln's weight-only quantized op (no ATen OpInfo); tests/python/test_quant.py "
                                     "checks it against NumPy/PyTorch dequantization references",
     "kiln.weight_quantized_convolution": "as kiln.weight_quantized_linear (tests/python/test_quant.py)",
