@@ -408,7 +408,8 @@ Result<std::vector<npy::Array>> read_inputs(const MethodMeta& m, const std::vect
   if (files.size() != m.inputs.size()) {
     std::string want;
     for (size_t i = 0; i < m.inputs.size(); ++i) {
-      want += (i ? ", " : "") + display_name(m.input_names, i) + ": " + m.inputs[i].to_string();
+      want += (i ? ", " : "") + display_name(m.input_names, i) + ": " +
+              type_with_dims(m.inputs[i], i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{});
     }
     return Error(ErrorCode::InvalidArgument, "method '" + m.name + "' takes " + std::to_string(m.inputs.size()) +
                                                  " input(s) (" + want + "), got " + std::to_string(files.size()) +
@@ -425,7 +426,8 @@ Result<std::vector<npy::Array>> read_inputs(const MethodMeta& m, const std::vect
     if (want.dtype == DType::BFloat16 && arr->dtype == DType::Float32) float32_to_bfloat16(arr.value());
     if (arr->dtype != want.dtype) {
       return Error(ErrorCode::InvalidArgument,
-                   what + ": dtype " + dtype_name(arr->dtype) + ", the method expects " + want.to_string());
+                   what + ": dtype " + dtype_name(arr->dtype) + ", the method expects " +
+                       type_with_dims(want, i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{}));
     }
     // Symbolic dims take any size in their range (execute checks it and names the symbol).
     const std::vector<std::string> dims = i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{};
@@ -461,6 +463,9 @@ struct GenerateArgs {
 /// "1,2,3" -> {1, 2, 3}; InvalidArgument naming the bad item.
 Result<std::vector<int64_t>> parse_ids(const std::string& text) {
   std::vector<int64_t> ids;
+  if (!text.empty() && text.back() == ',') {
+    return Error(ErrorCode::InvalidArgument, "--prompt-ids: empty item at the end of '" + text + "'");
+  }
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
@@ -761,11 +766,29 @@ int cmd_bench(const BenchArgs& a) {
     arrays = std::move(read.value());
   } else {
     std::mt19937_64 rng(a.seed);
-    for (const TensorType& t : m.inputs) {
+    for (size_t i = 0; i < m.inputs.size(); ++i) {
+      const TensorType& t = m.inputs[i];
       npy::Array arr;
       arr.dtype = t.dtype;
       arr.shape = t.sizes;
+      // A symbolic dim takes its symbol's minimum (for a language model: one token, a decode step);
+      // other sizes need --input files.
+      const std::vector<std::string> dims = i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{};
+      for (size_t d = 0; d < dims.size() && d < arr.shape.size(); ++d) {
+        if (dims[d].empty()) continue;
+        auto sym = std::find_if(m.symbols.begin(), m.symbols.end(), [&](const SymbolDef& s) { return s.name == dims[d]; });
+        if (sym == m.symbols.end()) {
+          return usage_fail("bench", Error(ErrorCode::InvalidArgument,
+                                           "input '" + display_name(m.input_names, i) + "' dim " + std::to_string(d) +
+                                               " is " + dims[d] + ": give the inputs with --input files"));
+        }
+        arr.shape[d] = sym->min;
+      }
       fill_random(arr, rng);
+      if (!m.symbols.empty() && (t.dtype == DType::Int64 || t.dtype == DType::Int32)) {
+        // Integer inputs of a symbolic method are often positions or token ids (0 is always valid).
+        std::fill(arr.data.begin(), arr.data.end(), uint8_t{0});
+      }
       arrays.push_back(std::move(arr));
     }
   }
@@ -1111,7 +1134,8 @@ int main(int argc, char** argv) {
   add_exec_options(bench, ba.exec);
   bench->add_option("--input,--input-npy,-i", ba.inputs,
                     "Input .npy file, once per method input in order (as for 'kiln run'); without any, inputs are "
-                    "seeded random data of the method's input types (floats N(0,1), integers in [0, 3])");
+                    "seeded random data of the method's input types (floats N(0,1), integers in [0, 3]; with symbolic dims: "
+                    "each at its symbol's minimum and integer inputs 0, e.g. one decode step of a language model)");
   bench->add_option("--seed", ba.seed, "Seed of the random inputs (0 to 2^64-1)")
       ->check(CLI::Validator(
           [](std::string& v) { return v.find('-') != std::string::npos ? std::string("must be >= 0") : std::string(); },
@@ -1145,7 +1169,11 @@ int main(int argc, char** argv) {
   gen->add_option("--top-k", ga.top_k, "Keep the k most likely tokens (0: off)")->capture_default_str();
   gen->add_option("--top-p", ga.top_p, "Keep the most likely tokens up to cumulative probability p (1: off)")
       ->capture_default_str();
-  gen->add_option("--seed", ga.seed, "Seed of the sampler (same seed, same tokens)")->capture_default_str();
+  gen->add_option("--seed", ga.seed, "Seed of the sampler (0 to 2^64-1; same seed, same tokens)")
+      ->check(CLI::Validator(
+          [](std::string& v) { return v.find('-') != std::string::npos ? std::string("must be >= 0") : std::string(); },
+          "", "non-negative"))
+      ->capture_default_str();
   gen->add_flag("--ignore-eos", ga.ignore_eos, "Never choose an eos id (its logit set to -inf before sampling)");
   gen->add_option("--method,-m", ga.method, "Method to run")->capture_default_str();
   add_exec_options(gen, ga.exec);

@@ -178,6 +178,23 @@ class _Sym:
         return f"_Sym({self.expr})"
 
 
+def _eval_code(code: list, symbols: list) -> int:
+    """Evaluates SymExpr tokens (include/kiln/symbolic.h) in Python, for the capture's checks."""
+    st = []
+    i = 0
+    while i < len(code):
+        op = code[i]
+        if op in (0, 1):
+            st.append(code[i + 1] if op == 0 else symbols[code[i + 1]])
+            i += 2
+            continue
+        b, a = st.pop(), st.pop()
+        st.append({2: a + b, 3: a - b, 4: a * b, 5: a // b if b else 0, 6: a % b if b else 0, 7: min(a, b),
+                   8: max(a, b)}[op])
+        i += 1
+    return st[0]
+
+
 class _NeedState(Exception):
     """Raised by the walk when buffers turn out to be updated in forward: the capture restarts with
     them as state tensors (their reads cannot have been constants)."""
@@ -502,6 +519,9 @@ class _Builder:
             return self.const(torch.tensor(v, dtype=dt))
         if isinstance(v, _FirstOnly):
             return self.tensor(v.value)
+        if isinstance(v, _Sym):  # a symbolic size used as a number: a 0-d tensor computed at run time
+            dt = scalar_dtype if scalar_dtype is not None and not scalar_dtype.is_floating_point else torch.int64
+            return self.emit("aten.scalar_tensor", [], {"s": v, "dtype": kiln_dtype(dt, "size")})
         raise self.error(f"expected a tensor argument, got {type(v).__name__} {v!r}")
 
     def scalar_dtype(self, values: Iterable) -> torch.dtype | None:
@@ -590,12 +610,56 @@ class _Builder:
         return [self.sym_exprs(t.shape) or [[0, int(d)] for d in t.shape] for t in vals]
 
     def check_meta(self, v: _V):
-        """The Kiln value must have the dtype and shape PyTorch traced (guards against silent mismatches)."""
+        """The Kiln value must have the dtype and shape PyTorch traced (guards against silent mismatches);
+        with symbolic sizes, the same size expressions too (compared at sample values of the symbols)."""
         val = _meta_val(self.node)
         if isinstance(val, torch.Tensor) and isinstance(v, _V):
             if not _same_shape(val.shape, v.shape) or val.dtype != v.dtype:
                 raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {val.dtype} "
                                  f"{list(val.shape)}", "This is a bug in Kiln's capture: please open an issue")
+            self.check_symbolic(v, val)
+        return v
+
+    def check_symbolic(self, v: _V, traced: torch.Tensor):
+        """Kiln's size expressions of `v` must equal the traced ones at sample values of the symbols
+        (each at its min, max and midpoint): a handler that computed a size from the upper bound (or
+        the example) instead of the symbol would otherwise give a fixed, wrong size at run time."""
+        if not self.symbols:
+            return
+        want = self.sym_exprs(traced.shape)
+        pre = getattr(self, "_traced", None)
+        if pre is not None:  # read before the mapping ran (see call())
+            vals = _meta_val(self.node)
+            vals = vals if isinstance(vals, (list, tuple)) else [vals]
+            for i, t in enumerate(vals):
+                if t is traced and i < len(pre):
+                    want = pre[i]
+        have = self.g.value_exprs(v.id)
+        if want is None and not have:
+            return
+        ranges = self.g_symbol_ranges()
+        samples = [[lo for lo, _ in ranges], [hi for _, hi in ranges], [(lo + hi) // 2 for lo, hi in ranges]]
+        for b in samples:
+            w = [_eval_code(c, b) for c in want] if want is not None else [int(d) for d in traced.shape]
+            h = [_eval_code(c, b) for c in have] if have else list(v.shape)
+            if w != h:
+                names = ", ".join(f"{n}={x}" for n, x in zip(self.symbol_names_in_order(), b))
+                raise self.error(f"Kiln's sizes {h} differ from the traced sizes {w} at {names}: this op's mapping "
+                                 "does not carry symbolic sizes",
+                                 "Export without dynamic_shapes for this part, or open an issue naming the op")
+
+    def g_symbol_ranges(self) -> list:
+        out = [None] * len(self.symbols)
+        for sym, idx in self.symbols.items():
+            vr = self.ep.range_constraints[sym]
+            out[idx] = (int(vr.lower), int(vr.upper))
+        return out
+
+    def symbol_names_in_order(self) -> list:
+        out = [None] * len(self.symbols)
+        for sym, idx in self.symbols.items():
+            out[idx] = self.symbol_names.get(str(sym), str(sym))
+        return out
 
     def check_meta_first(self, v: _V):
         """check_meta for ops whose ATen form returns several tensors (Kiln keeps the first)."""
@@ -604,6 +668,7 @@ class _Builder:
             if not _same_shape(val[0].shape, v.shape) or val[0].dtype != v.dtype:
                 raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {val[0].dtype} "
                                  f"{list(val[0].shape)}", "This is a bug in Kiln's capture: please open an issue")
+            self.check_symbolic(v, val[0])
 
     # --- generic mapping ------------------------------------------------------------------------
     def bind(self, target, args, kwargs) -> dict:
@@ -672,6 +737,8 @@ class _Builder:
             if isinstance(t, torch.Tensor) and (not _same_shape(t.shape, v.shape) or t.dtype != v.dtype):
                 raise self.error(f"Kiln inferred {v.dtype} {list(v.shape)} but PyTorch traced {t.dtype} "
                                  f"{list(t.shape)}", "This is a bug in Kiln's capture: please open an issue")
+            if isinstance(t, torch.Tensor):
+                self.check_symbolic(v, t)
 
     # --- the walk -------------------------------------------------------------------------------
     def run(self) -> tuple:
@@ -727,8 +794,11 @@ class _Builder:
                 t = (sd[spec.target] if spec.target in sd else consts[spec.target]).detach().contiguous()
                 dt = kiln_dtype(t.dtype, f"state '{spec.target}'")
                 initial = None if not bool(t.any()) else _tensor_bytes(t)
+                state_name = spec.target
+                if self.strip and state_name.startswith(self.strip + "."):  # kiln_inner.c -> c (module.<method>)
+                    state_name = state_name[len(self.strip) + 1:]
                 try:
-                    vid = self.g.add_state(spec.target, dt, list(t.shape), initial)
+                    vid = self.g.add_state(state_name, dt, list(t.shape), initial)
                 except KilnError as e:
                     raise self.error(f"state '{spec.target}': {e.args[0]}") from None
                 self.env[n] = self.state_ids[spec.target] = _V(vid, t.dtype, tuple(t.shape))
@@ -813,6 +883,7 @@ class _Builder:
         return _tree_map(lambda a: self.env[a] if isinstance(a, torch.fx.Node) else a, x)
 
     def call(self, n):
+        self._traced = None  # set below, before a mapping runs (check_symbolic)
         target = n.target
         args = self.resolve(n.args)
         kwargs = self.resolve(dict(n.kwargs))
@@ -871,14 +942,23 @@ class _Builder:
             raise self.error("random number generation inside the model is not supported",
                              "Kiln programs are deterministic: pass random tensors as inputs")
         handler = _HANDLERS.get(name) or _HANDLERS.get(packet)
+        val = _meta_val(n)
+        if (packet in _EMPTY or packet in _SHAPE_ONLY) and isinstance(val, torch.Tensor) and \
+                self.sym_exprs(val.shape) is not None:
+            return self.check_meta(self._symbolic_fill(packet, target, args, kwargs, val))
         if packet in _EMPTY:
-            val = _meta_val(n)
             return torch.zeros(tuple(val.shape), dtype=val.dtype)
         has_value = _tree_any(lambda a: isinstance(a, (_V, _FirstOnly, _Sym)), (args, kwargs))
         if not has_value and (packet not in _NO_EAGER_FOLD or self.small_result(n)):
             return self.eager(target, args, kwargs)
         if packet in _SHAPE_ONLY:
             return self.eager(target, self.placeholders(args), self.placeholders(kwargs))
+        # The traced size expressions, read before the mapping runs: a mapping that calls int() on a
+        # symbolic size makes torch specialize the symbol (the later meta then looks fixed).
+        self._traced = None
+        if self.symbols:
+            vals = val if isinstance(val, (list, tuple)) else [val]
+            self._traced = [self.sym_exprs(t.shape) if isinstance(t, torch.Tensor) else None for t in vals]
         if handler is not None:
             v = handler(self, args, kwargs)
         elif "aten." + packet.split(".", 1)[-1] in self._kiln_ops and packet.startswith("aten."):
@@ -887,6 +967,23 @@ class _Builder:
             raise self.unsupported()
         if isinstance(v, _V):
             self.check_meta(v)
+        return v
+
+    def _symbolic_fill(self, packet, target, args, kwargs, val) -> _V:
+        """zeros_like / ones_like / full_like / empty* / new_* whose traced shape is symbolic: an
+        aten.full of the traced (symbolic) sizes, computed at run time (empty: zeros, as for fixed
+        shapes). Evaluating them at export time would fix the upper-bound shape."""
+        bound = self.bind(target, args, kwargs)
+        if packet in _EMPTY or packet.endswith("zeros") or packet.endswith("zeros_like"):
+            value = 0
+        elif packet.endswith("ones") or packet.endswith("ones_like"):
+            value = 1
+        else:
+            value = bound.get("fill_value", bound.get("s"))
+        if not _is_number(value):
+            raise self.unsupported(f"a fill value {value!r} that is not a number, with a symbolic shape")
+        size = [self.size_value(d) for d in val.shape]
+        v = self.emit("aten.full", [], {"size": size, "fill_value": value, "dtype": kiln_dtype(val.dtype, "fill")})
         return v
 
     @staticmethod
@@ -1523,6 +1620,8 @@ class CaptureResult:
     output_index: list = field(default_factory=list)
     output_errors: dict = field(default_factory=dict)
     input_index: list = field(default_factory=list)
+    state_names: list = field(default_factory=list)   # buffers captured as state tensors
+    buffer_names: list = field(default_factory=list)  # every buffer the method reads
 
 
 def _as_tuple(example_inputs) -> tuple:
@@ -1558,15 +1657,16 @@ def _symbol_names(ep, dynamic_shapes, args: tuple, target) -> dict:
         items = spec.items() if isinstance(spec, Mapping) else enumerate(spec)
         for d, dim in items:
             size = val.shape[d] if d < val.dim() else None
-            dim_name = getattr(dim, "__name__", None)
-            if isinstance(size, torch.SymInt) and dim_name and size.node.expr.is_Symbol:
-                names[str(size.node.expr)] = dim_name
+            root = getattr(dim, "root", dim)  # a derived Dim (2 * e) names its root's symbol
+            dim_name = getattr(root, "__name__", None)
+            if isinstance(size, torch.SymInt) and dim_name and len(size.node.expr.free_symbols) == 1:
+                names[str(next(iter(size.node.expr.free_symbols)))] = dim_name
     return names
 
 
 def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward", example_kwargs=None,
             strict: bool = False, progress: Callable[[str], None] | None = None,
-            collect_errors: bool = False, dynamic_shapes=None) -> CaptureResult:
+            collect_errors: bool = False, dynamic_shapes=None, state_buffers=()) -> CaptureResult:
     """Captures `module.<method>` called on `example_inputs` (tensors with the exact shapes and
     dtypes the program will take) into a kiln.Graph. The module is put in eval mode for the capture
     (its previous mode is restored). Raises ExportError.
@@ -1605,7 +1705,8 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
                               "Kiln captures with torch.export; make the module exportable "
                               "(https://pytorch.org/docs/stable/export.html)") from e
         res = capture_exported(ep, strip=strip, progress=log, collect_errors=collect_errors,
-                               symbol_names=_symbol_names(ep, dynamic_shapes, args, target))
+                               symbol_names=_symbol_names(ep, dynamic_shapes, args, target),
+                               state_buffers=state_buffers)
     finally:
         for m, training in modes:
             m.training = training
@@ -1614,7 +1715,8 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
 
 
 def capture_exported(ep, *, strip: str = "", progress: Callable[[str], None] | None = None,
-                     collect_errors: bool = False, symbol_names: Mapping | None = None) -> CaptureResult:
+                     collect_errors: bool = False, symbol_names: Mapping | None = None,
+                     state_buffers=()) -> CaptureResult:
     """Builds a kiln.Graph from an ``torch.export.ExportedProgram`` (e.g. one read with
     ``torch.export.load`` from a .pt2 file): runs Kiln's decompositions, then maps every node. The
     program's inputs take the shapes and dtypes of its placeholders (the example inputs it was
@@ -1628,7 +1730,14 @@ def capture_exported(ep, *, strip: str = "", progress: Callable[[str], None] | N
         raise ExportError(f"torch's decompositions failed: {type(e).__name__}: {str(e).strip()[:500]}") from e
     n_calls = sum(1 for n in ep.graph.nodes if n.op == "call_function")
     log(f"[kiln] building graph from {n_calls} ATen nodes ...")
-    states: set = set()
+    from torch.export.graph_signature import InputKind
+
+    def short(target: str) -> str:  # a buffer's name without the method wrapper's prefix
+        return target[len(strip) + 1:] if strip and target.startswith(strip + ".") else target
+
+    buffers = [spec.target for spec in ep.graph_signature.input_specs if spec.kind == InputKind.BUFFER]
+    # Buffers another method of the program updates are state here too, even if only read.
+    states: set = {t for t in buffers if short(t) in set(state_buffers or ())}
     while True:  # restarts once when buffers turn out to be state (updated in forward)
         b = _Builder(ep, strip=strip, progress=log, collect_errors=collect_errors, symbol_names=symbol_names,
                      state_buffers=states)
@@ -1643,7 +1752,7 @@ def capture_exported(ep, *, strip: str = "", progress: Callable[[str], None] | N
                 f"{', '.join(sorted(ns.targets)[:4])}{' ...' if len(ns.targets) > 4 else ''}")
             states |= ns.targets
     return CaptureResult(graph, names, n_calls, b.notes, time.perf_counter() - t0, b.output_index, b.output_errors,
-                         b.input_index)
+                         b.input_index, sorted(short(t) for t in states), sorted(short(t) for t in buffers))
 
 
 @dataclass
@@ -1934,6 +2043,18 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
             log(f"[kiln] method '{name}':")
         captures[name] = capture(module, args, method=mname, strict=strict, progress=log,
                                  dynamic_shapes=(dynamic_shapes or {}).get(name))
+    # A state one method updates is state in every method that reads that buffer (by name): a
+    # method that only reads it was captured with it as a constant, so capture it again.
+    shared = set().union(*(set(c.state_names) for c in captures.values()))
+    for name, spec in methods.items():
+        cap = captures[name]
+        missing = (shared & set(cap.buffer_names)) - set(cap.state_names)
+        if missing:
+            log(f"[kiln] method '{name}' reads state {', '.join(sorted(missing))} that another method updates: "
+                "capturing it again with it as state")
+            captures[name] = capture(spec[0], spec[1], method=spec[2] if len(spec) == 3 else "forward", strict=strict,
+                                     progress=log, dynamic_shapes=(dynamic_shapes or {}).get(name),
+                                     state_buffers=shared)
     return compile_captures(captures, out=out, backends=backends, require_delegation=require_delegation,
                             fold_constants=fold_constants, fold_batch_norm=fold_batch_norm,
                             report_json=report_json, verbose=verbose, t0=t0, alternatives=alternatives,

@@ -62,10 +62,20 @@ def generate(program, prompt_ids: Sequence[int], max_new_tokens: int, *, tempera
     temperature is 0, else sampling after temperature / top-k / top-p as transformers' warpers do,
     seeded by `seed`. Runs on `session` (default: a new one, so every call starts from an empty
     cache). Returns (ids, stats) with stats = {prefill_tokens_per_s, decode_tokens_per_s,
-    time_to_first_token_ms, peak_rss_mib, prefill_tokens, decode_tokens}. Raises kiln.KilnError
+    time_to_first_token_ms, peak_rss_mib, prefill_tokens, decode_tokens}. Raises ValueError for a
+    prompt id that is not an integer in the vocabulary or a seed outside [0, 2^64), kiln.KilnError
     (InvalidArgument naming the limit when prompt + max_new_tokens exceeds llm.max_seq_len; the
     session is unchanged then)."""
     limits = llm_limits(program)
+    ids = []
+    for t in prompt_ids:
+        if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+            raise ValueError(f"prompt_ids must be integer token ids, got {t!r}")
+        if not 0 <= int(t) < limits["vocab_size"]:
+            raise ValueError(f"token id {int(t)} is outside the vocabulary of {limits['vocab_size']}")
+        ids.append(int(t))
+    if not 0 <= int(seed) < 2 ** 64:
+        raise ValueError(f"seed must be in [0, 2^64), got {seed}")
     if session is None:
         session = program.new_session()
     m = program.method(method)
@@ -74,6 +84,6 @@ def generate(program, prompt_ids: Sequence[int], max_new_tokens: int, *, tempera
         out = m.execute([np.asarray(tokens, dtype=np.int64).reshape(1, -1), np.array([pos], dtype=np.int64)], session)
         return np.ascontiguousarray(out[0].reshape(-1), dtype=np.float32)
 
-    return _kiln.generate(step, [int(t) for t in prompt_ids], int(max_new_tokens), limits["max_seq_len"],
+    return _kiln.generate(step, ids, int(max_new_tokens), limits["max_seq_len"],
                           limits["eos_ids"], bool(ignore_eos), float(temperature), int(top_k), float(top_p), int(seed),
                           on_token)

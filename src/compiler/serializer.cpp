@@ -94,6 +94,25 @@ Error check_format_limits(const Graph& g, const std::string& method) {
   return {};
 }
 
+// InvalidArgument unless every symbol of the graph is exactly some input's dim: that is where
+// execute binds it (the loader refuses the file otherwise; say so at compile time).
+Error check_symbols_bound(const Graph& g, const std::string& method) {
+  for (size_t s = 0; s < g.symbols().size(); ++s) {
+    bool bound = false;
+    for (ValueId id : g.inputs()) {
+      for (const SymExpr& e : g.value(id).sym_sizes) bound = bound || e.as_symbol() == static_cast<int32_t>(s);
+    }
+    if (!bound) {
+      return Error(ErrorCode::InvalidArgument,
+                   "method '" + method + "': symbol '" + g.symbols()[s].name +
+                       "' is bound by no input dimension: execute binds a symbol from an input dim that is exactly "
+                       "that symbol (a dim such as 2 * " + g.symbols()[s].name + " alone cannot bind it); make some "
+                       "input dim exactly '" + g.symbols()[s].name + "'");
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 Error ProgramBuilder::add_method(std::string name, Graph graph) {
@@ -102,6 +121,7 @@ Error ProgramBuilder::add_method(std::string name, Graph graph) {
     if (n == name) return Error(ErrorCode::InvalidArgument, "duplicate method '" + name + "'");
   }
   if (graph.outputs().empty()) return Error(ErrorCode::InvalidArgument, "method '" + name + "' has no outputs");
+  KILN_RETURN_IF_ERROR(check_symbols_bound(graph, name));
   methods_.emplace_back(std::move(name), std::move(graph));
   return {};
 }

@@ -172,3 +172,112 @@ def test_unbounded_dim_is_refused(tmp_path):
     with pytest.raises(kiln.ExportError, match="upper bound|unbounded"):
         kiln.export(M(), (torch.ones(4, 2),), out=tmp_path / "u.kiln",
                     dynamic_shapes={"x": {0: torch.export.Dim("n", min=1)}}, verbose=False)
+
+
+# --------------------------------------------------------------------------------------------------
+# found by a tester: each was a silent wrong answer or a file that did not load
+
+class _KV(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("c", torch.zeros(1, 8, 4), persistent=False)
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x, pos):
+        self.c[:, pos + torch.arange(x.shape[1])] = self.lin(x)
+        return self.c.sum(1)
+
+    def decode(self, x, pos):
+        self.c[:, pos] = self.lin(x)[:, 0] * 2
+        return self.c.mean(1)
+
+
+def test_named_method_shares_state_with_forward(tmp_path):
+    """export_program's (module, args, "decode") form: the state keeps its buffer's name (not the
+    method wrapper's kiln_inner.c), so prefill and decode share one cache."""
+    torch.manual_seed(0)
+    m = _KV().eval()
+    ref = copy.deepcopy(m)
+    path = tmp_path / "kv.kiln"
+    kiln.export_program({"prefill": (m, (torch.randn(1, 3, 4), torch.tensor([0]))),
+                         "decode": (m, (torch.randn(1, 1, 4), torch.tensor([3])), "decode")},
+                        out=path, dynamic_shapes={"prefill": {"x": {1: SEQ}, "pos": None}}, verbose=False)
+    p = kiln.load(path)
+    assert [s["name"] for s in p.states] == ["c"]
+    x1, x2 = torch.randn(1, 3, 4), torch.randn(1, 1, 4)
+    got1 = p.run(x1.numpy(), np.array([0]), method="prefill")[0]
+    got2 = p.run(x2.numpy(), np.array([3]), method="decode")[0]
+    with torch.no_grad():
+        want1, want2 = ref(x1, torch.tensor([0])), ref.decode(x2, torch.tensor([3]))
+    np.testing.assert_allclose(got1, want1.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got2, want2.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_method_reading_a_state_another_updates_sees_it(tmp_path):
+    class A(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("c", torch.zeros(4, 2))
+
+        def forward(self, x):
+            self.c.add_(x)
+            return self.c * 1
+
+    class R(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("c", torch.zeros(4, 2))
+
+        def forward(self, x):
+            return self.c + x
+
+    path = tmp_path / "shared.kiln"
+    kiln.export_program({"a": (A(), (torch.ones(4, 2),)), "b": (R(), (torch.ones(4, 2),))}, out=path, verbose=False)
+    p = kiln.load(path)
+    assert p.method_meta("b")["states"] == ["c"]
+    one = np.ones((4, 2), np.float32)
+    p.run(one, method="a")
+    p.run(one, method="a")
+    np.testing.assert_array_equal(p.run(one, method="b")[0], np.full((4, 2), 3.0, np.float32))
+
+
+@pytest.mark.parametrize("fn", [lambda x: torch.full_like(x, 2.0), lambda x: torch.zeros_like(x) * 3 + x,
+                                lambda x: torch.ones_like(x) + x, lambda x: x * x.shape[0],
+                                lambda x: x / x.shape[0]],
+                         ids=["full_like", "zeros_like", "ones_like", "mul_size", "div_size"])
+def test_symbolic_fills_and_sizes_as_numbers(tmp_path, fn):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    s = torch.export.Dim("s", min=2, max=16)
+    path = tmp_path / "f.kiln"
+    kiln.export(M(), (torch.randn(6, 4),), out=path, dynamic_shapes={"x": {0: s}}, verbose=False)
+    p = kiln.load(path)
+    for n in (2, 5, 16):
+        x = torch.randn(n, 4)
+        got = p.run(x.numpy())[0]
+        np.testing.assert_allclose(got, fn(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_mapping_without_symbolic_sizes_is_refused_not_wrong(tmp_path):
+    """An op whose mapping fixes a size that torch traced as symbolic (upsampling by a scale along a
+    symbolic dim) is refused at export, never compiled to a fixed wrong size."""
+
+    class Up(torch.nn.Module):
+        def forward(self, x):
+            return torch.nn.functional.interpolate(x.t().unsqueeze(0), scale_factor=2, mode="nearest")
+
+    s = torch.export.Dim("s", min=2, max=16)
+    with pytest.raises(kiln.ExportError, match="differ from the traced sizes|symbolic"):
+        kiln.export(Up(), (torch.randn(6, 4),), out=tmp_path / "u.kiln", dynamic_shapes={"x": {0: s}}, verbose=False)
+
+
+def test_symbol_bound_only_by_a_derived_dim_is_refused_at_export(tmp_path):
+    class V(torch.nn.Module):
+        def forward(self, x):
+            return x.view(2, x.shape[0] // 2, 3).sum(0)
+
+    e = torch.export.Dim("e", min=1, max=8)
+    with pytest.raises(kiln.ExportError, match="symbol 'e' is bound by no input dimension"):
+        kiln.export(V(), (torch.randn(8, 3),), out=tmp_path / "v.kiln", dynamic_shapes={"x": {0: 2 * e}}, verbose=False)
