@@ -10,6 +10,26 @@ namespace kiln {
 
 namespace {
 
+/// A Value with every member initialized (no -Wmissing-field-initializers on aggregate init).
+Value make_value(TensorType type, std::string name, ConstantBytes constant, bool is_input) {
+  Value v;
+  v.type = std::move(type);
+  v.name = std::move(name);
+  v.constant = std::move(constant);
+  v.is_input = is_input;
+  return v;
+}
+
+/// A kernel-call Node (no delegate, no symbolic attributes yet).
+Node make_node(const std::string& op, std::vector<ValueId> inputs, Attributes attrs, std::string debug_name) {
+  Node n;
+  n.op = op;
+  n.inputs = std::move(inputs);
+  n.attrs = std::move(attrs);
+  n.debug_name = std::move(debug_name);
+  return n;
+}
+
 // No value beyond what a program file may hold (file_format.h): then every numel of the graph
 // fits in int64, whatever sizes the attributes asked for (an ONNX Tile's repeats, ...).
 Error check_value_limits(const std::string& op, const TensorType& t, const std::string& where) {
@@ -31,7 +51,7 @@ Error check_value_limits(const std::string& op, const TensorType& t, const std::
 }  // namespace
 
 ValueId Graph::add_input(std::string name, TensorType type) {
-  values_.push_back(Value{std::move(type), std::move(name), nullptr, true});
+  values_.push_back(make_value(std::move(type), std::move(name), nullptr, true));
   const auto id = static_cast<ValueId>(values_.size() - 1);
   inputs_.push_back(id);
   return id;
@@ -43,7 +63,7 @@ Result<ValueId> Graph::add_constant(std::string name, TensorType type, ConstantB
                  "constant '" + name + "' of type " + type.to_string() + " needs " + std::to_string(type.nbytes()) +
                      " bytes, got " + std::to_string(bytes ? bytes->size() : 0));
   }
-  values_.push_back(Value{std::move(type), std::move(name), std::move(bytes), false});
+  values_.push_back(make_value(std::move(type), std::move(name), std::move(bytes), false));
   return static_cast<ValueId>(values_.size() - 1);
 }
 
@@ -73,9 +93,9 @@ Result<std::vector<ValueId>> Graph::add_node(const std::string& op, std::vector<
   auto out_types = def->infer_types(types, norm.value());
   if (!out_types.ok()) return Error(out_types.error().code(), out_types.error().message() + where);
   for (const TensorType& t : out_types.value()) KILN_RETURN_IF_ERROR(check_value_limits(op, t, where));
-  Node node{op, std::move(inputs), {}, std::move(norm.value()), std::move(debug_name)};
+  Node node = make_node(op, std::move(inputs), std::move(norm.value()), std::move(debug_name));
   for (auto& t : out_types.value()) {
-    values_.push_back(Value{std::move(t), {}, nullptr, false});
+    values_.push_back(make_value(std::move(t), {}, nullptr, false));
     node.outputs.push_back(static_cast<ValueId>(values_.size() - 1));
   }
   nodes_.push_back(std::move(node));
@@ -142,7 +162,7 @@ Result<ValueId> Graph::add_state(std::string name, TensorType type, ConstantByte
                                                  std::to_string(type.nbytes()) + " bytes of initial value, got " +
                                                  std::to_string(initial->size()));
   }
-  values_.push_back(Value{type, name, nullptr, false});
+  values_.push_back(make_value(type, name, nullptr, false));
   const auto id = static_cast<ValueId>(values_.size() - 1);
   values_.back().state = static_cast<int32_t>(states_.size());
   states_.push_back(StateDef{std::move(name), std::move(type), std::move(initial), id, kNoValue});
@@ -294,10 +314,10 @@ Result<std::vector<ValueId>> Graph::add_node(const std::string& op, std::vector<
     auto v = a.expr.eval(top);
     if (v.ok()) KILN_RETURN_IF_ERROR(set_int_attribute(norm.value(), a.name, a.index, v.value()));
   }
-  Node node{op, std::move(inputs), {}, std::move(norm.value()), std::move(debug_name)};
+  Node node = make_node(op, std::move(inputs), std::move(norm.value()), std::move(debug_name));
   node.sym_attrs = std::move(sym_attrs);
   for (size_t o = 0; o < nout; ++o) {
-    values_.push_back(Value{std::move(out_types[o]), {}, nullptr, false});
+    values_.push_back(make_value(std::move(out_types[o]), {}, nullptr, false));
     drop_if_static(out_sym_sizes[o]);
     values_.back().sym_sizes = std::move(out_sym_sizes[o]);
     node.outputs.push_back(static_cast<ValueId>(values_.size() - 1));
