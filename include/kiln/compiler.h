@@ -360,7 +360,7 @@ struct MemoryPlan {
 MemoryPlan plan_memory(const Graph& graph);
 
 /// Writes state updates in place where it is safe: when a state's update is the output of an
-/// aten.index_put / aten.slice_scatter / aten.index_copy kernel call whose `self` is the state's
+/// aten.index_put / aten.slice_scatter kernel call (updates_state_in_place) whose `self` is the state's
 /// value, nothing after that call reads the state's value, and the update is not a method output,
 /// the update becomes a value of the state (Value::state): the kernel writes into the session's
 /// bytes (only the updated slices: work proportional to the update, not the state) and no copy

@@ -74,6 +74,17 @@ def _check_delegation_args(args):
     return backends, require
 
 
+def _check_input_file(path: str, what: str) -> bool:
+    """False (after printing the error) unless `path` is an existing file; `what` names the kind."""
+    if os.path.isdir(path):
+        print(f"error: {path} is a directory, not {what}", file=sys.stderr)
+        return False
+    if not os.path.isfile(path):
+        print(f"error: no such file: {path}", file=sys.stderr)
+        return False
+    return True
+
+
 def _check_output(path: str) -> bool:
     if os.path.isdir(path):
         print(f"error: -o {path} is a directory; give the path of the .kiln file to write", file=sys.stderr)
@@ -127,11 +138,7 @@ def cmd_compile(args) -> int:
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if os.path.isdir(args.file):
-        print(f"error: {args.file} is a directory, not a model file", file=sys.stderr)
-        return 2
-    if not os.path.isfile(args.file):
-        print(f"error: no such file: {args.file}", file=sys.stderr)
+    if not _check_input_file(args.file, "a model file"):
         return 2
     if not _check_output(args.output):
         return 2
@@ -335,11 +342,7 @@ def cmd_generate(args) -> int:
     except KilnError as e:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
-    if os.path.isdir(args.file):
-        print(f"error: {args.file} is a directory, not a .kiln program", file=sys.stderr)
-        return 2
-    if not os.path.isfile(args.file):
-        print(f"error: no such file: {args.file}", file=sys.stderr)
+    if not _check_input_file(args.file, "a .kiln program"):
         return 2
     tokenizer = None
     try:
@@ -363,14 +366,12 @@ def cmd_generate(args) -> int:
         if not prompt_ids:
             print("error: --prompt encodes to no tokens", file=sys.stderr)
             return 2
-    vocab = limits["vocab_size"]
-    bad = [i for i in prompt_ids if vocab and i >= vocab]
-    if bad:
-        print(f"error: prompt token id {bad[0]} is outside the vocabulary of {vocab}", file=sys.stderr)
-        return 1
-    try:
+    try:  # kiln.generate checks the ids (integers in llm.vocab_size) and the limits
         ids, stats = generate(program, prompt_ids, args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
+    except ValueError as e:
+        print(f"error: prompt: {e}", file=sys.stderr)
+        return 1
     except KilnError as e:
         print(f"error: generate failed: {e.args[0]}", file=sys.stderr)
         return 1

@@ -216,6 +216,8 @@ bool runs_in_place(std::string_view op) {
          op == "aten.clamp" || op == "aten.sigmoid" || op == "aten.silu";
 }
 
+bool updates_state_in_place(std::string_view op) { return op == "aten.index_put" || op == "aten.slice_scatter"; }
+
 bool is_byte_view(std::string_view op) { return op == "aten.view" || op == "aten.squeeze" || op == "aten.unsqueeze"; }
 
 }  // namespace kiln

@@ -78,6 +78,12 @@ bool runs_in_place(std::string_view op);
 /// them (same byte range, same dtype and byte size).
 bool is_byte_view(std::string_view op);
 
+/// True for the ops that may update a state tensor in place (plan_state_updates, the loader's
+/// state checks): aten.index_put and aten.slice_scatter, whose kernels (portable; the loader gives
+/// such a call no optimized kernel) check every index before writing and skip copying self when
+/// the output is self's bytes, so they write only the updated elements.
+bool updates_state_in_place(std::string_view op);
+
 /// Registry of all ops. Built once on first use (explicit registration functions, no static
 /// initializers), read-only afterwards, safe to use from many threads.
 class OpRegistry {

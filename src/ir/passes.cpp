@@ -4,6 +4,7 @@
 #include <cstring>
 #include <vector>
 
+#include "ir/op_registry.h"
 #include "kernels/kernel.h"
 #include "kiln/compiler.h"
 
@@ -513,8 +514,7 @@ size_t plan_state_updates(Graph& graph) {
     }
     if (writer == nodes.size()) continue;
     const Node& n = nodes[writer];
-    const bool scatter = n.op == "aten.index_put" || n.op == "aten.slice_scatter" || n.op == "aten.index_copy";
-    if (!scatter || n.delegate || n.outputs.size() != 1 || n.inputs.empty() || n.inputs[0] != st.value) continue;
+    if (!updates_state_in_place(n.op) || n.delegate || n.outputs.size() != 1 || n.inputs.empty() || n.inputs[0] != st.value) continue;
     bool read_later = false;  // the old value must be dead once the new one is written over it
     for (size_t i = 0; i < nodes.size(); ++i) {
       for (size_t k = 0; k < nodes[i].inputs.size(); ++k) {

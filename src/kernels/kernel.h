@@ -107,7 +107,9 @@ class KernelRegistry {
   /// The portable kernel of `op`, or null.
   KernelFn find(std::string_view op) const;
   /// The kernel that runs a call of `op` with `sig` under `set`, or null when `op` has none.
-  KernelFn select(std::string_view op, const KernelSignature& sig, KernelSet set) const;
+  /// `symbolic`: the call has symbolic sizes (sig holds their upper bounds; each call's actual
+  /// sizes may be smaller), so only an optimized kernel registered with sizes_at_call may take it.
+  KernelFn select(std::string_view op, const KernelSignature& sig, KernelSet set, bool symbolic = false) const;
   /// Name of the set the kernel select() returns belongs to: "cpu" or "portable".
   const char* set_name(KernelFn fn) const;
   /// The prepare function registered with optimized kernel `fn`, or null.
@@ -115,7 +117,11 @@ class KernelRegistry {
   void add(std::string op, KernelFn fn);  ///< portable kernel; used only while building
   /// Optimized kernel, tried in registration order, with an optional per-instruction prepare;
   /// used only while building.
-  void add_optimized(std::string op, KernelFn fn, KernelAccepts accepts, KernelPrepare prepare = nullptr);
+  /// sizes_at_call: the kernel reads every activation size from the tensors of the call and neither
+  /// its accepts() nor its prepare depends on them, so it may run calls with symbolic sizes (false:
+  /// such calls run the portable kernel).
+  void add_optimized(std::string op, KernelFn fn, KernelAccepts accepts, KernelPrepare prepare = nullptr,
+                     bool sizes_at_call = true);
   std::vector<std::string> ops() const;
   /// Ops with at least one optimized kernel.
   std::vector<std::string> optimized_ops() const;
@@ -126,6 +132,7 @@ class KernelRegistry {
     KernelFn fn;
     KernelAccepts accepts;
     KernelPrepare prepare;
+    bool sizes_at_call;
   };
   std::vector<std::pair<std::string, KernelFn>> kernels_;
   std::vector<Optimized> optimized_;

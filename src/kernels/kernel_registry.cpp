@@ -45,8 +45,9 @@ void KernelRegistry::add(std::string op, KernelFn fn) {
   kernels_.emplace_back(std::move(op), fn);
 }
 
-void KernelRegistry::add_optimized(std::string op, KernelFn fn, KernelAccepts accepts, KernelPrepare prepare) {
-  optimized_.push_back(Optimized{std::move(op), fn, accepts, prepare});
+void KernelRegistry::add_optimized(std::string op, KernelFn fn, KernelAccepts accepts, KernelPrepare prepare,
+                                   bool sizes_at_call) {
+  optimized_.push_back(Optimized{std::move(op), fn, accepts, prepare, sizes_at_call});
 }
 
 KernelPrepare KernelRegistry::prepare_of(KernelFn fn) const {
@@ -56,10 +57,10 @@ KernelPrepare KernelRegistry::prepare_of(KernelFn fn) const {
   return nullptr;
 }
 
-KernelFn KernelRegistry::select(std::string_view op, const KernelSignature& sig, KernelSet set) const {
+KernelFn KernelRegistry::select(std::string_view op, const KernelSignature& sig, KernelSet set, bool symbolic) const {
   if (set == KernelSet::Optimized) {
     for (const auto& k : optimized_) {
-      if (k.op == op && (k.accepts == nullptr || k.accepts(sig))) return k.fn;
+      if (k.op == op && (!symbolic || k.sizes_at_call) && (k.accepts == nullptr || k.accepts(sig))) return k.fn;
     }
   }
   return find(op);

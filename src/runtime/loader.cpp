@@ -336,19 +336,6 @@ Result<SymExpr> read_expr(const fb::SizeExpr* e, size_t num_symbols, const std::
   return x;
 }
 
-/// Ops whose kernels may write a state's bytes in place (out aliasing self): their kernels check
-/// every index before writing and skip the copy of self when out is self.
-bool writes_state_in_place(std::string_view op) {
-  return op == "aten.index_put" || op == "aten.slice_scatter" || op == "aten.index_copy";
-}
-
-/// Optimized kernels whose prepare depends on activation sizes: a call with symbolic sizes runs
-/// the portable kernel instead (every other optimized kernel reads all sizes at call time).
-bool prepare_is_size_specific(std::string_view op) {
-  return op == "aten.convolution" || op == "kiln.weight_quantized_convolution" || op == "aten.max_pool2d" ||
-         op == "aten.adaptive_avg_pool2d";
-}
-
 Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpan>& segments,
                                const std::vector<ConstantSpan>& constants, bool defer_backend_errors,
                                const BackendSettings& settings, std::map<int32_t, std::shared_ptr<float>>& widened,
@@ -551,7 +538,7 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     pi.dynamic = !pi.sym_attrs.empty();
     for (int32_t a : pi.args) pi.dynamic = pi.dynamic || (a >= 0 && !plan.value_sym[static_cast<size_t>(a)].empty());
     for (int32_t o : pi.outputs) pi.dynamic = pi.dynamic || !plan.value_sym[static_cast<size_t>(o)].empty();
-    // State: an output that is a state's bytes is an in-place update (writes_state_in_place) of
+    // State: an output that is a state's bytes is an in-place update (updates_state_in_place) of
     // that state's read value, given as self (args[0]), once; nothing reads the old value after it.
     for (size_t k2 = 0; k2 < pi.args.size(); ++k2) {
       const int32_t a = pi.args[k2];
@@ -562,10 +549,10 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     for (int32_t o : pi.outputs) {
       const int32_t st = plan.value_state[static_cast<size_t>(o)];
       if (st < 0) continue;
-      if (!writes_state_in_place(pi.op) || pi.outputs.size() != 1 || pi.args.empty() || pi.args[0] != state_read[static_cast<size_t>(st)] ||
+      if (!updates_state_in_place(pi.op) || pi.outputs.size() != 1 || pi.args.empty() || pi.args[0] != state_read[static_cast<size_t>(st)] ||
           state_written_at[static_cast<size_t>(st)] >= 0) {
-        return bad(iw + ": writes state " + std::to_string(st) + " in place, which only an index_put, slice_scatter or "
-                   "index_copy of the state's value (as self), once per method, may");
+        return bad(iw + ": writes state " + std::to_string(st) + " in place, which only an index_put or slice_scatter "
+                   "of the state's value (as self), once per method, may");
       }
       for (size_t k2 = 1; k2 < pi.args.size(); ++k2) {
         if (pi.args[k2] >= 0 && plan.value_state[static_cast<size_t>(pi.args[k2])] == st) {
@@ -600,8 +587,10 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
       std::vector<const TensorType*> out_types;
       for (int32_t o : pi.outputs) out_types.push_back(&plan.value_types[static_cast<size_t>(o)]);
       const KernelSignature sig{types, out_types, pi.attrs};
-      const bool portable_only = (pi.dynamic && prepare_is_size_specific(pi.op)) || pi.writes_state;
-      pi.kernel = KernelRegistry::get().select(pi.op, sig, portable_only ? KernelSet::Portable : KernelSet::Optimized);
+      // An in-place state update runs the portable kernel (updates_state_in_place); a call with
+      // symbolic sizes the optimized kernels registered with sizes_at_call (KernelRegistry::select).
+      pi.kernel = KernelRegistry::get().select(pi.op, sig, pi.writes_state ? KernelSet::Portable : KernelSet::Optimized,
+                                               pi.dynamic);
     }
     KILN_RETURN_IF_ERROR(check_no_aliasing(plan, pi, iw));
     plan.instructions.push_back(std::move(pi));

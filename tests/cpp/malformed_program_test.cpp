@@ -983,7 +983,7 @@ TEST_F(MalformedStateProgram, StateUpdates) {
                    }
                  },
                  "unchanged value");
-  // An in-place write of a state by an op that is not index_put / slice_scatter / index_copy: the
+  // An in-place write of a state by an op that is not index_put / slice_scatter: the
   // counter's aten.add given the counter's bytes as its output.
   expect_invalid("in-place write by aten.add",
                  [](PProgram&, PMethod& m) {
@@ -991,7 +991,7 @@ TEST_F(MalformedStateProgram, StateUpdates) {
                    t.state = 1;
                    t.arena_offset = -1;
                  },
-                 "only an index_put, slice_scatter or index_copy");
+                 "only an index_put or slice_scatter");
   // The index_put writing into the counter's bytes while reading the cache.
   expect_invalid("in-place write into another state",
                  [](PProgram&, PMethod& m) {

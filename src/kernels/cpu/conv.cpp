@@ -1229,7 +1229,8 @@ Result<std::unique_ptr<KernelState>> conv_prepare(const KernelPrepareArgs& p) {
 }  // namespace
 
 void register_cpu_conv(KernelRegistry& r) {
-  r.add_optimized("aten.convolution", convolution, conv_accepts, conv_prepare);
+  // conv_prepare chooses the path (and packs or transforms the weights) for the call's spatial sizes.
+  r.add_optimized("aten.convolution", convolution, conv_accepts, conv_prepare, /*sizes_at_call=*/false);
 }
 
 }  // namespace kiln

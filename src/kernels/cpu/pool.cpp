@@ -176,8 +176,9 @@ bool max_pool2d_accepts(const KernelSignature& s) {
 
 void register_cpu_pool(KernelRegistry& r) {
 #if defined(__x86_64__)
-  r.add_optimized("aten.adaptive_avg_pool2d", global_avg_pool, global_avg_pool_accepts);
-  r.add_optimized("aten.max_pool2d", max_pool2d, max_pool2d_accepts);
+  // Their accepts() decide on the input's spatial sizes (a global pool, the window layout).
+  r.add_optimized("aten.adaptive_avg_pool2d", global_avg_pool, global_avg_pool_accepts, nullptr, /*sizes_at_call=*/false);
+  r.add_optimized("aten.max_pool2d", max_pool2d, max_pool2d_accepts, nullptr, /*sizes_at_call=*/false);
 #else
   (void)r;
 #endif

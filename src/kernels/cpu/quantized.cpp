@@ -251,7 +251,8 @@ bool accepts(const KernelSignature& sig) {
 
 void register_cpu_quantized(KernelRegistry& r) {
   r.add_optimized("kiln.weight_quantized_linear", linear, accepts);
-  r.add_optimized("kiln.weight_quantized_convolution", convolution, accepts);
+  // As aten.convolution: the convolution path depends on the spatial sizes.
+  r.add_optimized("kiln.weight_quantized_convolution", convolution, accepts, nullptr, /*sizes_at_call=*/false);
 }
 
 }  // namespace kiln
