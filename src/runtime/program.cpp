@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "ir/op_registry.h"
+#include "kiln/cpu_target.h"
 #include "runtime/program_data.h"
 
 namespace kiln {
@@ -15,6 +16,8 @@ Program::Program() = default;
 Program::~Program() = default;
 
 Result<std::shared_ptr<Program>> Program::load(const std::string& path, const LoadOptions& options) {
+  // A KILN_CPU_TARGET that cannot be honoured is refused before anything runs at another target.
+  if (Error target = cpu_target_status(); !target.ok()) return target;
   auto bytes = detail::FileBytes::map(path, options.use_mmap);
   if (!bytes.ok()) return bytes.error();
   auto data = detail::verify_and_plan(std::move(bytes.value()), options.defer_backend_errors, options.backend_settings);
@@ -25,6 +28,8 @@ Result<std::shared_ptr<Program>> Program::load(const std::string& path, const Lo
 }
 
 Result<std::shared_ptr<Program>> Program::load_from_buffer(std::span<const uint8_t> buffer, const LoadOptions& options) {
+  // A KILN_CPU_TARGET that cannot be honoured is refused before anything runs at another target.
+  if (Error target = cpu_target_status(); !target.ok()) return target;
   auto bytes = detail::FileBytes::copy(buffer);
   if (!bytes.ok()) return bytes.error();
   auto data = detail::verify_and_plan(std::move(bytes.value()), options.defer_backend_errors, options.backend_settings);

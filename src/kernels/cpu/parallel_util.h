@@ -1,4 +1,5 @@
-// Dynamic task scheduling on Kiln's ThreadPool for the cpu kernels.
+// Work splitting on Kiln's ThreadPool for the cpu kernels: contiguous ranges (parallel_range) and
+// dynamically claimed tasks (parallel_tasks).
 #pragma once
 
 #include <algorithm>
@@ -27,6 +28,19 @@ void parallel_tasks(ThreadPool* pool, int64_t ntasks, const Fn& fn) {
       fn(t);
     }
   });
+}
+
+/// Runs fn(begin, end) over [0, n): on `pool` in at most num_threads() contiguous chunks when
+/// there are at least 2 * min_chunk items, else inline in one call (small tensors stay on the
+/// calling thread: waking the pool costs more than they take). pool may be null.
+template <class F>
+void parallel_range(ThreadPool* pool, int64_t n, int64_t min_chunk, F&& fn) {
+  if (n <= 0) return;
+  if (pool == nullptr || pool->num_threads() <= 1 || n < 2 * min_chunk) {
+    fn(int64_t{0}, n);
+    return;
+  }
+  pool->parallel_for(n, min_chunk, fn);
 }
 
 }  // namespace kiln::cpu

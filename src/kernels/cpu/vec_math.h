@@ -20,7 +20,7 @@
 
 #include <cstdint>
 
-#include "kiln/thread_pool.h"
+#include "kernels/cpu/parallel_util.h"
 
 #if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
 #define KILN_CPU_AVX2_KERNELS 1
@@ -30,19 +30,6 @@
 #endif
 
 namespace kiln::cpu {
-
-/// Runs fn(begin, end) over [0, n): on `pool` in at most num_threads() contiguous chunks when
-/// there are at least 2 * min_chunk items, else inline in one call (small tensors stay on the
-/// calling thread: waking the pool costs more than they take). pool may be null.
-template <class F>
-void parallel_range(ThreadPool* pool, int64_t n, int64_t min_chunk, F&& fn) {
-  if (n <= 0) return;
-  if (pool == nullptr || pool->num_threads() <= 1 || n < 2 * min_chunk) {
-    fn(int64_t{0}, n);
-    return;
-  }
-  pool->parallel_for(n, min_chunk, fn);
-}
 
 /// True when this CPU executes AVX2 and FMA (checked once; GCC/Clang cpu builtins).
 inline bool cpu_has_avx2_fma() {
