@@ -1,0 +1,32 @@
+// Names the cpu kernel target at the start of every kiln_tests run ("kiln cpu target: avx2"), so
+// a log says which instruction set the cpu-kernel tests covered, and exits with CTest's skip code
+// (77) when KILN_CPU_TARGET asks for a target that cannot run here (not compiled into this build,
+// or not supported by this CPU): the per-target reruns (tests/CMakeLists.txt) then show as
+// skipped on a machine without that target, never as passed.
+#include <cstdio>
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+#include "kiln/cpu_target.h"
+
+namespace {
+
+class CpuTargetEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    const kiln::Error status = kiln::cpu_target_status();
+    if (!status.ok()) {
+      std::printf("kiln cpu target: unavailable: %s\n", status.message().c_str());
+      std::fflush(stdout);
+      std::exit(77);
+    }
+    std::string available;
+    for (const std::string& t : kiln::available_cpu_targets()) available += (available.empty() ? "" : ", ") + t;
+    std::printf("kiln cpu target: %s (available: %s)\n", kiln::cpu_target().c_str(), available.c_str());
+  }
+};
+
+const ::testing::Environment* const kEnvironment = ::testing::AddGlobalTestEnvironment(new CpuTargetEnvironment);
+
+}  // namespace
