@@ -4,6 +4,7 @@
 #   2. build       CMake (Ninja, Release) into build/, with the venv's Python for the binding
 #   3. ctest       the C++ tests (GoogleTest)
 #   4. pytest      tests/python with PYTHONPATH=python (numerics against PyTorch eager, CLI, ...)
+#   4b. targets    the cpu-kernel Python tests again at the avx2 and scalar SIMD targets
 #   5. install     cmake --install build --prefix build/install, then builds examples/app and
 #                  examples/mv3 (classify) out of tree against it (find_package(kiln)), checks
 #                  the app's output and classifies photos with mv3_portable.kiln vs PyTorch eager
@@ -83,6 +84,27 @@ section_done
 
 section pytest "Python tests (pytest tests/python)"
 PYTHONPATH=python "$python" -m pytest -q tests/python
+section_done
+
+section targets "cpu-kernel Python tests at the other SIMD targets this CPU has"
+# pytest above ran the cpu kernels at the best target this machine has (AVX-512 on Zen 4); the
+# numerics of the cpu-kernel test files run again at the others that matter on other machines:
+# avx2 (an AVX2-only CPU) and scalar (any other CPU). ctest already reran the C++ cpu-kernel tests
+# at every target (cpu_kernels_at_*). A target this CPU lacks is skipped, and said so.
+# shellcheck disable=SC2207  # one word per target
+available=($(PYTHONPATH=python "$python" -c 'import kiln; print(" ".join(kiln.available_cpu_targets()))'))
+best=${available[0]}
+echo "cpu targets available: ${available[*]} (pytest ran at $best)"
+for t in avx2 scalar; do
+  if [ "$t" = "$best" ]; then continue; fi
+  case " ${available[*]} " in
+    *" $t "*)
+      echo "--- cpu-kernel tests at KILN_CPU_TARGET=$t"
+      KILN_CPU_TARGET=$t PYTHONPATH=python "$python" -m pytest -q -p no:cacheprovider \
+        tests/python/test_cpu_*.py tests/python/test_winograd.py ;;
+    *) echo "--- $t: not available on this CPU, skipped" ;;
+  esac
+done
 section_done
 
 section install "install into build/install, build examples/app against it"

@@ -7,6 +7,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Eager references independent of the machine's core count: PyTorch splits reductions and
 # matmuls by thread, which changes their summation order (and last bits) with the number of cores.
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
@@ -17,3 +18,16 @@ torch.set_num_threads(1)
 # it off.
 from load_check import (_load_after_compile, pytest_configure, pytest_runtest_makereport,  # noqa: E402,F401
                         pytest_terminal_summary)
+
+
+def pytest_report_header(config):
+    """Names the SIMD target of the cpu kernels in this run (include/kiln/cpu_target.h), and stops
+    the run when KILN_CPU_TARGET asks for one that is not the one in use: a per-target rerun
+    (scripts/test.sh, section targets) must never pass at another target than the one it names."""
+    import kiln
+
+    wanted = os.environ.get("KILN_CPU_TARGET", "")
+    actual = kiln.cpu_target()
+    if wanted and wanted != actual:
+        raise pytest.UsageError(f"KILN_CPU_TARGET={wanted!r} but the cpu kernels run at {actual!r}")
+    return f"kiln cpu target: {actual} (available: {', '.join(kiln.available_cpu_targets())})"
