@@ -60,9 +60,9 @@ def family(op: str) -> str:
     return "other"
 
 
-def kiln_profile(cli: str, kiln_file: Path, threads: int, runs: int, env: dict) -> tuple[dict, float, str]:
+def kiln_profile(cli: str, kiln_file: Path, x_path: Path, threads: int, runs: int, env: dict) -> tuple[dict, float, str]:
     """ms per run by op family, the wall ms per run, and the cpu target, from `kiln bench --profile`."""
-    cmd = [cli, "bench", str(kiln_file), "--threads", str(threads), "--runs", str(runs), "--warmup", "5",
+    cmd = [cli, "bench", str(kiln_file), "--input", str(x_path), "--threads", str(threads), "--runs", str(runs), "--warmup", "5",
            "--profile", "10", "--json"]
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode != 0:
@@ -128,7 +128,7 @@ def main() -> None:
     for model in args.models.split(","):
         for threads in (int(t) for t in args.threads.split(",")):
             kf = work / model / args.kiln_file
-            kfam, kwall, target = kiln_profile(args.kiln_cli, kf, threads, args.runs, env)
+            kfam, kwall, target = kiln_profile(args.kiln_cli, kf, work / model / "x.npy", threads, args.runs, env)
             ofam, otypes = ort_profile(onnx_path(work, model), work / model / "x.npy", threads, args.runs, work)
             print(f"\n{model}, {threads} thread(s), Kiln cpu kernels at {target or '?'} ({kf.name}); ms per run")
             print(f"  {'family':<15} {'Kiln':>8} {'ORT':>8} {'ratio':>6}")
