@@ -366,7 +366,7 @@ def write_report(path: str, results, a):
                         f"{r['peak_rss_mib']:.0f} | {wa} | {'-' if err is None else f'{err:.1e}'} |")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cpus = list(dict.fromkeys(machine.cpu_summary(r["cpu"]) for r in results if r.get("cpu")))
-    where = ("; machine: " + " | ".join(cpus)) if cpus else ""
+    where = (". Machine: " + " | ".join(cpus)) if cpus else ""
     b, e = (f"<!-- diffusion-bench{':' + a.tag if a.tag else ''} -->",
             f"<!-- /diffusion-bench{':' + a.tag if a.tag else ''} -->")
     body = (f"{b}\n`python bench/diffusion.py` (table written {when}; {a.threads} threads; "
@@ -375,7 +375,7 @@ def write_report(path: str, results, a):
                "[min-max] of the rounds' ratios" if any(r.get("round_medians") for r in results) else "")
             + "; weights: the fp32 parameters of the method's model; "
             "arena: the method's planned arena from `kiln inspect`; error: max abs difference from eager's "
-            f"output / max |eager output|{where}):\n\n"
+            f"output / max |eager output|){where}:\n\n"
             + "\n".join(rows) + f"\n{e}")
     text = open(path).read() if os.path.exists(path) else "# Diffusion pipeline\n"
     if b in text and e in text:

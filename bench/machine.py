@@ -50,7 +50,8 @@ def kiln_cpu_target() -> dict:
         out["kiln_cpu_targets_available"] = kiln.available_cpu_targets()
         out["kiln_cpu_target"] = kiln.cpu_target()
     except Exception as e:  # noqa: BLE001 - recorded, the caller decides
-        out["kiln_cpu_target_error"] = f"{type(e).__name__}: {e}"
+        # KilnError's args are (message, code name); the message starts with the code
+        out["kiln_cpu_target_error"] = str(e.args[0]) if e.args else f"{type(e).__name__}: {e}"
     return out
 
 

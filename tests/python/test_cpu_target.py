@@ -304,3 +304,24 @@ def test_run_py_report_has_machine_and_target_columns(tmp_path):
     pp_hdr = next(ln for ln in text.splitlines() if ln.startswith("| model | input | threads |"))
     assert "| Kiln cpu [avx2] |" in pp_hdr and "| Kiln cpu [avx2] / ORT |" in pp_hdr
     assert "Kiln cpu kernels: avx3_dl (available: avx3_dl, avx3, avx2, scalar); *Kiln cpu [T]*" in text
+
+
+def test_diffusion_report_records_the_machine(tmp_path):
+    """bench/diffusion.py --report-only on made-up results: the report names the CPU and the target
+    (bench/machine.py's line, as docs/benchmarks.md), and a Kiln row the target it ran at."""
+    machine = bench_module("machine")
+    cpu = machine.cpu_description()
+    np.save(tmp_path / "y.npy", np.ones((1, 4), np.float32))
+    res = [dict(engine=e, method="encode", label=e, median_ms=v, times_ms=[v], peak_rss_mib=50.0,
+                output=str(tmp_path / "y.npy"), cpu=cpu) for e, v in (("eager", 10.0), ("ort", 8.0), ("kiln", 6.0))]
+    res[2].update(file=str(tmp_path / "none.kiln"), kernels="cpu", cpu_target="avx2")
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "diffusion.py"), "--report-only", "--work",
+                        str(tmp_path), "--report", str(tmp_path / "d.md")], capture_output=True, text=True,
+                       timeout=300, env=env)
+    assert p.returncode == 0, p.stderr
+    text = (tmp_path / "d.md").read_text()
+    assert f"Machine: {machine.cpu_summary(cpu)}:" in text, text
+    assert "Kiln cpu kernels: " + machine.target_summary(cpu) in text
+    assert re.search(r"^\| encode \| Kiln cpu kernels .*\[cpu target avx2\] \| 6\.0 \(1\) \| 0\.75x", text, re.M), text
