@@ -22,7 +22,9 @@ method run R times in turn (paired rounds: each engine's figure is the median of
 its ratio to ONNX Runtime the median of the R per-round ratios, which a shared machine's changing
 load affects far less than one run per engine); every engine's output is
 compared with eager's (max abs error / max |eager|). Results: a JSON file in --work and, with
---report, a Markdown section in that file between <!-- diffusion-bench --> markers.
+--report, a Markdown section in that file between <!-- diffusion-bench --> markers. Both record the
+CPU model, its SIMD features and the cpu kernel target Kiln chose (bench/machine.py, as bench/run.py;
+KILN_CPU_TARGET in the environment forces one), and each Kiln row the target `kiln bench` ran at.
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, HERE)
+import machine  # noqa: E402  (bench/machine.py: the CPU and Kiln's cpu kernel target)
 
 
 def load_models():
@@ -238,6 +242,8 @@ def main(argv=None) -> int:
         subprocess.run([sys.executable, __file__, "--prepare", "--work", a.work, "--seed", str(a.seed), "--methods",
                         *a.methods], check=True, env=env)
     # Results of earlier runs for other methods/engines are kept (re-run a part with --methods/--engines).
+    cpu = machine.cpu_description()
+    print(f"[bench] cpu: {machine.cpu_summary(cpu)}", file=sys.stderr, flush=True)
     results = []
     if os.path.exists(res_path):
         with open(res_path) as f:
@@ -269,6 +275,7 @@ def main(argv=None) -> int:
                   (f"median {r['median_ms']:.1f} ms, peak RSS {r['peak_rss_mib']:.0f} MiB" if "error" not in r
                    else f"FAILED {r['error'][-300:]}") + f" ({time.perf_counter() - t0:.0f} s)",
                   file=sys.stderr, flush=True)
+            r["cpu"] = cpu
             rounds.setdefault((e, spec), []).append(r)
         for rs in rounds.values():
             results.append(merge_rounds(rs))
@@ -353,9 +360,13 @@ def write_report(path: str, results, a):
             err = r.get("rel_error")
             if r["engine"] == "kiln":
                 r["label"] = kiln_label(r["file"], r.get("kernels", "cpu"))
+                if r.get("cpu_target") and r.get("kernels", "cpu") == "cpu":
+                    r["label"] += f" [cpu target {r['cpu_target']}]"
             rows.append(f"| {m} | {r['label']} | {r['median_ms']:.1f} ({len(r['times_ms'])}) | {ratio('ort')} | {ratio('eager')} | "
                         f"{r['peak_rss_mib']:.0f} | {wa} | {'-' if err is None else f'{err:.1e}'} |")
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    cpus = list(dict.fromkeys(machine.cpu_summary(r["cpu"]) for r in results if r.get("cpu")))
+    where = (". Machine: " + " | ".join(cpus)) if cpus else ""
     b, e = (f"<!-- diffusion-bench{':' + a.tag if a.tag else ''} -->",
             f"<!-- /diffusion-bench{':' + a.tag if a.tag else ''} -->")
     body = (f"{b}\n`python bench/diffusion.py` (table written {when}; {a.threads} threads; "
@@ -364,7 +375,7 @@ def write_report(path: str, results, a):
                "[min-max] of the rounds' ratios" if any(r.get("round_medians") for r in results) else "")
             + "; weights: the fp32 parameters of the method's model; "
             "arena: the method's planned arena from `kiln inspect`; error: max abs difference from eager's "
-            "output / max |eager output|):\n\n"
+            f"output / max |eager output|){where}:\n\n"
             + "\n".join(rows) + f"\n{e}")
     text = open(path).read() if os.path.exists(path) else "# Diffusion pipeline\n"
     if b in text and e in text:

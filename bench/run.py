@@ -18,6 +18,8 @@ Engines (each measurement in its own subprocess, so no thread setting leaks):
   kiln-portable  `kiln bench --kernels portable` on a program compiled without delegates
   kiln-cpu       `kiln bench --kernels cpu` (optimized cpu kernels where they accept a call)
   kiln-xnnpack   `kiln bench` on a program compiled with backends=("xnnpack",)
+  kiln-cpu@T     with --kiln-target T (repeatable): kiln-cpu again with KILN_CPU_TARGET=T (the cpu
+                 kernels at instruction set T, e.g. avx2 on an AVX-512 machine), "Kiln cpu [T]"
   ort            onnxruntime (Kiln's venv), torch.onnx.export (TorchScript exporter, opset 17),
                  ORT_ENABLE_ALL, intra_op_num_threads=N, inter_op_num_threads=1, sequential
   executorch     ExecuTorch's own venv: to_edge_transform_and_lower + XnnpackPartitioner -> .pte,
@@ -31,6 +33,10 @@ a time budget), in --rounds interleaved rounds (every configuration once per rou
 configuration's figure is the lowest of its round medians. Before each measurement the script waits
 (up to --idle-wait-s) for the other processes on the box to use less than --idle-threshold of the
 CPU and records what it saw. Outputs are checked: max |logits - eager logits| per engine.
+
+The report names the CPU model, its SIMD features (as scripts/test.sh prints them) and the cpu
+kernel target Kiln chose (bench/machine.py); every Kiln measurement records the target `kiln bench`
+ran at, and a kiln-cpu@T one that did not run at T is an error.
 """
 from __future__ import annotations
 
@@ -47,6 +53,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+import machine  # noqa: E402  (bench/machine.py: the CPU and Kiln's cpu kernel target)
 
 MODELS = ["mobilenet_v3_small", "mobilenet_v3_large", "resnet18"]
 SHAPE = (1, 3, 224, 224)
@@ -58,9 +67,42 @@ PPOCR = {"ppocr_det": ("DET", (1, 3, 480, 640), 20), "ppocr_cls": ("CLS", (1, 3,
 PPOCR_NA = "n/a: ONNX model (no PyTorch model to lower or run)"
 SECTION_BEGIN, SECTION_END = "<!-- ppocr:begin -->", "<!-- ppocr:end -->"
 ENGINES = ["kiln-portable", "kiln-cpu", "kiln-xnnpack", "ort", "executorch", "torch"]
-KILN_ENGINES = ENGINES[:3]
+KILN_ENGINES = ENGINES[:3]  # the configurations Kiln-best is taken over (at the target Kiln chose)
 LABEL = {"kiln-portable": "Kiln portable", "kiln-cpu": "Kiln cpu", "kiln-xnnpack": "Kiln xnnpack",
          "ort": "ONNX Runtime", "executorch": "ExecuTorch+XNNPACK", "torch": "PyTorch eager"}
+# Names KILN_CPU_TARGET takes (include/kiln/cpu_target.h); which of them run here, Kiln says.
+CPU_TARGETS = ["avx3_dl", "avx3", "avx2", "sve2", "sve", "neon", "scalar"]
+
+
+def engine_list(kiln_targets: list) -> list:
+    """ENGINES with "kiln-cpu@T" after "kiln-cpu" for every forced target T (--kiln-target)."""
+    i = ENGINES.index("kiln-cpu") + 1
+    return ENGINES[:i] + [f"kiln-cpu@{t}" for t in kiln_targets] + ENGINES[i:]
+
+
+def forced_target(engine: str) -> str | None:
+    """T for "kiln-cpu@T", else None."""
+    return engine.partition("@")[2] or None
+
+
+def base_engine(engine: str) -> str:
+    """"kiln-cpu" for "kiln-cpu@T"; any other engine itself."""
+    return engine.partition("@")[0]
+
+
+def is_kiln(engine: str) -> bool:
+    return base_engine(engine) in KILN_ENGINES
+
+
+def label(engine: str) -> str:
+    """The table's name of an engine: LABEL's, or "Kiln cpu [avx2]" for kiln-cpu@avx2."""
+    t = forced_target(engine)
+    return f"{LABEL[base_engine(engine)]} [{t}]" if t else LABEL[engine]
+
+
+def cpu_engines(args) -> list:
+    """kiln-cpu and its forced-target variants: the "Kiln cpu / ORT" ratio columns."""
+    return ["kiln-cpu"] + [f"kiln-cpu@{t}" for t in args.kiln_target]
 
 
 def log(msg: str) -> None:
@@ -95,15 +137,16 @@ def wait_idle(threshold: float, max_wait_s: float) -> float:
 
 
 def machine_info() -> dict:
-    info = {"platform": platform.platform(), "cores": os.cpu_count()}
+    """The machine: bench/machine.py's cpu_description() (model, cores, SIMD features, Kiln's cpu
+    kernel target) plus lscpu's vCPU / thread / cache figures and the memory size."""
+    info = {"platform": platform.platform()}
+    info.update(machine.cpu_description())
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
         for line in out.splitlines():
             k, _, v = line.partition(":")
-            if k.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "L2 cache", "L3 cache", "Flags"):
+            if k.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "L2 cache", "L3 cache"):
                 info[k.strip()] = v.strip()
-        flags = info.pop("Flags", "").split()
-        info["simd"] = " ".join(f for f in ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16") if f in flags)
     except OSError:
         pass
     with open("/proc/meminfo") as f:
@@ -307,6 +350,15 @@ def kiln_file(p: dict, engine: str) -> Path:
     return p["dir"] / ("model_xnnpack.kiln" if engine == "kiln-xnnpack" else "model.kiln")
 
 
+def kiln_env(engine: str, env: dict | None = None) -> dict:
+    """The environment of a Kiln process: `env` (default os.environ) with KILN_CPU_TARGET=T for
+    kiln-cpu@T."""
+    env = dict(os.environ if env is None else env)
+    if forced_target(engine):
+        env["KILN_CPU_TARGET"] = forced_target(engine)
+    return env
+
+
 def check_outputs(args, p: dict, engine: str, threads: int) -> tuple[float | None, float | None]:
     """Kiln: `kiln run` once; returns (max abs diff vs eager, execute ms of that run)."""
     import numpy as np
@@ -314,7 +366,7 @@ def check_outputs(args, p: dict, engine: str, threads: int) -> tuple[float | Non
     shutil.rmtree(out, ignore_errors=True)
     r = subprocess.run([args.kiln_cli, "run", str(kiln_file(p, engine)), "-i", str(p["dir"] / "x.npy"), "-o", str(out),
                         "--threads", str(threads), "--kernels", kiln_kernels(engine)],
-                       capture_output=True, text=True, timeout=3600)
+                       capture_output=True, text=True, timeout=3600, env=kiln_env(engine))
     if r.returncode != 0:
         raise RuntimeError(r.stderr.strip())
     exec_ms = None
@@ -329,7 +381,8 @@ def measure(args, p: dict, name: str, engine: str, threads: int, runs: int, warm
     """One measurement in a fresh subprocess; returns the engine's JSON."""
     env = dict(os.environ, OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
     d = p["dir"]
-    if engine in KILN_ENGINES:
+    if is_kiln(engine):
+        env = kiln_env(engine, env)
         cmd = [args.kiln_cli, "bench", str(kiln_file(p, engine)), "--json", "--threads", str(threads),
                "--kernels", kiln_kernels(engine), "--runs", str(runs), "--warmup", str(warmup),
                "--input", str(d / "x.npy")]
@@ -348,10 +401,10 @@ def measure(args, p: dict, name: str, engine: str, threads: int, runs: int, warm
 def run_all(args, preps: dict, et_python: str | None) -> dict:
     import numpy as np
     res: dict = {}
-    configs = [(m, t, e) for m in args.models for t in args.threads for e in ENGINES]
+    configs = [(m, t, e) for m in args.models for t in args.threads for e in engine_list(args.kiln_target)]
     for m, t, e in configs:
-        r = res.setdefault(f"{m}|{e}|{t}", {"rounds": [], "busy": [], "error": preps[m]["errors"].get(e)})
-        if r["error"] or e not in KILN_ENGINES:
+        r = res.setdefault(f"{m}|{e}|{t}", {"rounds": [], "busy": [], "error": preps[m]["errors"].get(base_engine(e))})
+        if r["error"] or not is_kiln(e):
             continue
         try:  # Kiln: correctness (and, for portable kernels, a first time estimate) with `kiln run`
             r["max_abs_diff"], r["run_ms"] = check_outputs(args, preps[m], e, t)
@@ -365,7 +418,7 @@ def run_all(args, preps: dict, et_python: str | None) -> dict:
                 continue
             runs, warmup = args.runs.get(m, 50), args.warmup
             est = r.get("run_ms") or 0.0
-            if e in ("kiln-portable", "kiln-cpu") and est * runs > args.portable_budget_s * 1e3:
+            if base_engine(e) in ("kiln-portable", "kiln-cpu") and est * runs > args.portable_budget_s * 1e3:
                 # reference kernels (where no optimized kernel took the call): ~0.5 s per run; cap
                 # the runs by a time budget (never for the delegate configuration, whose first
                 # run -- the estimate -- can be slow on a busy box)
@@ -377,12 +430,20 @@ def run_all(args, preps: dict, et_python: str | None) -> dict:
                 r["error"] = f"{ex}"
                 log(f"{m} {e} {t}T: FAILED: {ex}")
                 continue
+            if is_kiln(e):
+                # the target `kiln bench` says it ran at (a kiln-cpu@T that ran elsewhere is no figure for T)
+                r["cpu_target"] = out.get("cpu_target")
+                if forced_target(e) and r["cpu_target"] != forced_target(e):
+                    r["error"] = f"kiln bench ran at cpu target {r['cpu_target']!r}, not {forced_target(e)!r}"
+                    log(f"{m} {e} {t}T: FAILED: {r['error']}")
+                    continue
             r["rounds"].append(out)
             r["busy"].append(busy)
-            if e not in KILN_ENGINES and "max_abs_diff" not in r:
+            if not is_kiln(e) and "max_abs_diff" not in r:
                 y = np.load(preps[m]["dir"] / f"out-{e}-{t}.npy")
                 r["max_abs_diff"] = float(np.max(np.abs(y - np.load(preps[m]["dir"] / "eager.npy"))))
-            log(f"{m} {LABEL[e]} {t}T: median {out['median_ms']:.3f} ms ({runs} runs, box busy {busy:.0%} before)")
+            ran = f", cpu target {r['cpu_target']}" if is_kiln(e) and e != "kiln-portable" else ""
+            log(f"{m} {label(e)} {t}T: median {out['median_ms']:.3f} ms ({runs} runs{ran}, box busy {busy:.0%} before)")
     for r in res.values():
         if r["rounds"]:
             best = min(r["rounds"], key=lambda o: o["median_ms"])
@@ -406,6 +467,27 @@ def fmt(v, digits=2) -> str:
     if v >= 100:
         return f"{v:.0f}"
     return f"{v:.{digits}f}"
+
+
+def cpu_model(info: dict) -> str:
+    """The CPU model of machine_info() (or of an older results.json: lscpu's "Model name")."""
+    return info.get("model") or info.get("Model name") or "?"
+
+
+def target_options(args) -> str:
+    """" --kiln-target avx2 ..." for the command line the report names ("" without forced targets)."""
+    return "".join(f" --kiln-target {t}" for t in args.kiln_target)
+
+
+def forced_note(args) -> str:
+    return f"; *Kiln cpu [T]*: KILN_CPU_TARGET=T for T in {', '.join(args.kiln_target)}" if args.kiln_target else ""
+
+
+def cpu_ratio(res: dict, m: str, engine: str, other: str, t: int) -> str:
+    """engine's median / other's, as a table cell ("–" without both figures)."""
+    a = res.get(f"{m}|{engine}|{t}", {}).get("median_ms")
+    b = res.get(f"{m}|{other}|{t}", {}).get("median_ms")
+    return f"{a / b:.2f}" if a and b else "–"
 
 
 def write_markdown(args, res: dict, preps: dict, info: dict, versions: dict, started: float, path: Path,
@@ -437,9 +519,11 @@ def ppocr_markdown(args, models: list, res: dict, preps: dict, info: dict, versi
     """The PP-OCR section: Kiln (portable / cpu / xnnpack) vs ONNX Runtime on the shipped models."""
     L = [SECTION_BEGIN, "## PP-OCR (real pretrained ONNX models): Kiln vs ONNX Runtime\n"]
     cmd = "bash bench/run.sh" + ("" if len(models) != len(args.models) else f" --models {','.join(models)}")
+    cmd += target_options(args)
     L.append(f"Measured by `{cmd}` on {finished} UTC (Kiln {versions.get('Kiln')}; "
-             f"onnxruntime {versions.get('onnxruntime')}; CPU {info.get('Model name', '?')}, "
-             f"{info.get('CPU(s)', info.get('cores'))} vCPU). The models are the files shipped in the PyPI package "
+             f"onnxruntime {versions.get('onnxruntime')}; CPU {cpu_model(info)}, "
+             f"{info.get('CPU(s)', info.get('cores'))} vCPU, SIMD: {info.get('simd', '?')}; Kiln cpu kernels: "
+             f"{machine.target_summary(info)}{forced_note(args)}). The models are the files shipped in the PyPI package "
              "rapidocr-onnxruntime 1.4.4 (`requirements-models.txt`): PP-OCRv4 detection (ppocr_det) and recognition "
              "(ppocr_rec), PP-OCR mobile v2.0 direction classifier (ppocr_cls). ONNX Runtime runs each file as shipped "
              "(dynamic shapes; `ORT_ENABLE_ALL`, `intra_op_num_threads=N`, `inter_op_num_threads=1`, sequential); "
@@ -451,15 +535,16 @@ def ppocr_markdown(args, models: list, res: dict, preps: dict, info: dict, versi
              f"({', '.join(f'{m} {args.runs.get(m, PPOCR[m][2])}' for m in models)}), {args.rounds} interleaved "
              "round(s), lowest round median; each measurement in its own process. Kiln-best = the fastest Kiln "
              "configuration; ratios < 1.0 mean Kiln is faster (the issue's target: <= 1.0).\n")
-    busy = [b for m in models for e in ENGINES for t in args.threads for b in res.get(f"{m}|{e}|{t}", {}).get("busy", [])]
+    busy = [b for m in models for e in engine_list(args.kiln_target) for t in args.threads
+            for b in res.get(f"{m}|{e}|{t}", {}).get("busy", [])]
     if busy:
         L.append(f"Shared box: before each of these measurements the other processes kept the CPU busy "
                  f"{min(busy):.0%}–{max(busy):.0%} (median {sorted(busy)[len(busy) // 2]:.0%}); the script waited up to "
                  f"{args.idle_wait_s:.0f} s for < {args.idle_threshold:.0%}. On a busy box the figures are slow and noisy "
                  "(compare 1 vs 2 threads of one engine), so the ratios are indicative only.\n")
-    cols = ["kiln-portable", "kiln-cpu", "kiln-xnnpack", "ort"]
-    hdr = ["model", "input", "threads"] + [LABEL[e] for e in cols] + ["Kiln-best", "Kiln-best / ORT",
-                                                                     "max abs diff vs ORT (/ max abs ORT)"]
+    cols = engine_list(args.kiln_target)[:-2]  # Kiln's configurations and ORT (no ExecuTorch / eager here)
+    hdr = ["model", "input", "threads"] + [label(e) for e in cols] + ["Kiln-best", "Kiln-best / ORT"] + \
+        [f"{label(e)} / ORT" for e in cpu_engines(args)] + ["max abs diff vs ORT (/ max abs ORT)"]
     L.append("| " + " | ".join(hdr) + " |")
     L.append("|" + "---|" * len(hdr))
     errors: dict = {}
@@ -472,8 +557,8 @@ def ppocr_markdown(args, models: list, res: dict, preps: dict, info: dict, versi
                 r = res.get(f"{m}|{e}|{t}", {})
                 if r.get("median_ms") is not None:
                     row.append(fmt(r["median_ms"]))
-                    if e in KILN_ENGINES:
-                        if kb is None or r["median_ms"] < kb[0]:
+                    if is_kiln(e):
+                        if e in KILN_ENGINES and (kb is None or r["median_ms"] < kb[0]):
                             kb = (r["median_ms"], LABEL[e].split()[1])
                         if r.get("max_abs_diff") is not None:
                             diffs.append(r["max_abs_diff"])
@@ -483,6 +568,7 @@ def ppocr_markdown(args, models: list, res: dict, preps: dict, info: dict, versi
             o = res.get(f"{m}|ort|{t}", {}).get("median_ms")
             row.append(f"{fmt(kb[0])} ({kb[1]})" if kb else "–")
             row.append(f"**{kb[0] / o:.2f}**" if kb and o else "–")
+            row += [cpu_ratio(res, m, e, "ort", t) for e in cpu_engines(args)]
             scale = preps[m].get("ref_max") or 1.0
             row.append(f"{max(diffs):.1e} ({max(diffs) / scale:.1e})" if diffs else "–")
             L.append("| " + " | ".join(row) + " |")
@@ -519,13 +605,15 @@ def main_markdown(args, res: dict, preps: dict, info: dict, versions: dict, star
     elapsed = time.time() - started
     L = []
     L.append("# Benchmarks: Kiln vs ONNX Runtime vs ExecuTorch vs PyTorch (CPU, fp32)\n")
-    L.append(f"Generated by `bash bench/run.sh` on {finished} UTC "
+    L.append(f"Generated by `bash bench/run.sh{target_options(args)}` on {finished} UTC "
              f"(one run: {elapsed / 60:.1f} min). Regenerate with the same command; figures, not assertions "
              "(CI does not run it). Raw numbers: `build/bench/results.json`.\n")
     L.append("## Machine and versions\n")
-    L.append(f"- CPU: {info.get('Model name', '?')}, {info.get('CPU(s)', info.get('cores'))} vCPU "
+    L.append(f"- CPU: {cpu_model(info)}, {info.get('CPU(s)', info.get('cores'))} vCPU "
              f"({info.get('Thread(s) per core', '?')} thread/core), L2 {info.get('L2 cache', '?')}, "
              f"L3 {info.get('L3 cache', '?')}, {info.get('memory_gib')} GiB; SIMD: {info.get('simd', '?')}")
+    L.append(f"- Kiln cpu kernels: {machine.target_summary(info)}: the target of *Kiln cpu* and of the cpu kernels "
+             f"in *Kiln xnnpack*{forced_note(args)}")
     L.append(f"- OS: {info['platform']}")
     busy = [b for r in res.values() for b in r["busy"]]
     if busy:
@@ -556,10 +644,18 @@ def main_markdown(args, res: dict, preps: dict, info: dict, versions: dict, star
              f"when R runs would take over {args.portable_budget_s:.0f} s (reference kernels): as many as fit, at least 3). {args.rounds} interleaved rounds (every "
              "configuration once per round); the figure is the lowest round median. Python engines time their run "
              "call with `time.perf_counter` (binding overhead of a few µs included).")
-    L.append("- Kiln-best = the fastest of the three Kiln configurations. Ratios < 1.0 mean Kiln is faster.\n")
+    if args.kiln_target:
+        L.append(f"- Kiln cpu [T] (`--kiln-target T`): *Kiln cpu* again, in the same rounds, with `KILN_CPU_TARGET=T`: "
+                 "the same program's cpu kernels at instruction set T (each such `kiln bench` reports the target it "
+                 "ran at, checked to be T). It shows what a machine with only T gets from Kiln's cpu kernels; "
+                 "XNNPACK, ONNX Runtime and ExecuTorch keep their own dispatch, so Kiln-best does not use these "
+                 "columns.")
+    L.append("- Kiln-best = the fastest of the three Kiln configurations (at the target Kiln chose). Kiln cpu / ORT = "
+             "the cpu kernels alone against ONNX Runtime. Ratios < 1.0 mean Kiln is faster.\n")
 
     L.append("## Median latency (ms)\n")
-    hdr = ["model", "threads"] + [LABEL[e] for e in ENGINES] + ["Kiln-best", "Kiln-best / ORT", "Kiln-best / ExecuTorch"]
+    hdr = ["model", "threads"] + [label(e) for e in engine_list(args.kiln_target)] + \
+        ["Kiln-best", "Kiln-best / ORT", "Kiln-best / ExecuTorch"] + [f"{label(e)} / ORT" for e in cpu_engines(args)]
     L.append("| " + " | ".join(hdr) + " |")
     L.append("|" + "---|" * len(hdr))
     errors = {}
@@ -567,7 +663,7 @@ def main_markdown(args, res: dict, preps: dict, info: dict, versions: dict, star
         for t in args.threads:
             row = [m, str(t)]
             kb = None
-            for e in ENGINES:
+            for e in engine_list(args.kiln_target):
                 r = res[f"{m}|{e}|{t}"]
                 if r.get("median_ms") is not None:
                     row.append(fmt(r["median_ms"]))
@@ -581,6 +677,7 @@ def main_markdown(args, res: dict, preps: dict, info: dict, versions: dict, star
             for other in ("ort", "executorch"):
                 o = res[f"{m}|{other}|{t}"].get("median_ms")
                 row.append(f"**{kb[0] / o:.2f}**" if kb and o else "–")
+            row += [cpu_ratio(res, m, e, "ort", t) for e in cpu_engines(args)]
             L.append("| " + " | ".join(row) + " |")
     L.append("")
     if errors:
@@ -601,16 +698,19 @@ def main_markdown(args, res: dict, preps: dict, info: dict, versions: dict, star
     L.append("| " + " | ".join(hdr) + " |")
     L.append("|" + "---|" * len(hdr))
     for m in args.models:
-        for e in ENGINES:
+        for e in engine_list(args.kiln_target):
             for t in args.threads:
                 r = res[f"{m}|{e}|{t}"]
                 if r.get("median_ms") is None:
                     continue
-                added = r["peak_rss_mib"] - r["base_rss_mib"] if e not in KILN_ENGINES else None
+                added = r["peak_rss_mib"] - r["base_rss_mib"] if not is_kiln(e) else None
                 diff = r.get("max_abs_diff")
                 scale = preps[m].get("ref_max")
                 said = r.get("threads_reported")
-                L.append("| " + " | ".join([m, LABEL[e], f"{t} ({'?' if said is None else said})", fmt(r["min_ms"]), fmt(r["median_ms"]), fmt(r["p90_ms"]),
+                name = label(e)
+                if e in ("kiln-cpu", "kiln-xnnpack") and r.get("cpu_target"):
+                    name += f" (ran at {r['cpu_target']})"
+                L.append("| " + " | ".join([m, name, f"{t} ({'?' if said is None else said})", fmt(r["min_ms"]), fmt(r["median_ms"]), fmt(r["p90_ms"]),
                                             fmt(r["load_ms"], 1), fmt(r.get("init_ms"), 1), fmt(r["peak_rss_mib"], 0),
                                             fmt(added, 0),
                                             "–" if diff is None else f"{diff:.1e} ({diff / scale:.1e})"]) + " |")
@@ -650,8 +750,8 @@ def main_markdown(args, res: dict, preps: dict, info: dict, versions: dict, star
                     L.append(f"- {m}, {t} thread(s), vs {LABEL[other]}: no figure")
     if len(args.threads) > 1:
         lo, hi = min(args.threads), max(args.threads)
-        slower = [f"{LABEL[e]} on {m} ({fmt(res[f'{m}|{e}|{lo}']['median_ms'])} -> {fmt(res[f'{m}|{e}|{hi}']['median_ms'])} ms)"
-                  for m in args.models for e in ENGINES
+        slower = [f"{label(e)} on {m} ({fmt(res[f'{m}|{e}|{lo}']['median_ms'])} -> {fmt(res[f'{m}|{e}|{hi}']['median_ms'])} ms)"
+                  for m in args.models for e in engine_list(args.kiln_target)
                   if res[f"{m}|{e}|{lo}"].get("median_ms") and res[f"{m}|{e}|{hi}"].get("median_ms")
                   and res[f"{m}|{e}|{hi}"]["median_ms"] > 1.1 * res[f"{m}|{e}|{lo}"]["median_ms"]]
         if slower:
@@ -662,7 +762,10 @@ def main_markdown(args, res: dict, preps: dict, info: dict, versions: dict, star
     return L
 
 
-def main() -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line: --models, --threads and --kiln-target become lists (--kiln-target: names
+    checked against CPU_TARGETS, commas and repeats allowed, duplicates dropped; whether this CPU can
+    run them is checked in main, which has Kiln's list), --runs a dict per model."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--kiln-cli", default=str(ROOT / "build" / "tools" / "kiln"))
     ap.add_argument("--et-python", help="python of the ExecuTorch venv (bench/setup_executorch.sh)")
@@ -678,9 +781,21 @@ def main() -> int:
     ap.add_argument("--idle-wait-s", type=float, default=5.0)
     ap.add_argument("--work", default=str(ROOT / "build" / "bench"))
     ap.add_argument("--out", default=str(ROOT / "docs" / "benchmarks.md"))
+    ap.add_argument("--kiln-target", action="append", default=[], metavar="T",
+                    help="also time the Kiln cpu kernels with KILN_CPU_TARGET=T in the same rounds (columns "
+                         "'Kiln cpu [T]'), e.g. --kiln-target avx2 on an AVX-512 machine; repeatable or comma-separated; "
+                         f"T in {', '.join(CPU_TARGETS)} (those this CPU supports: `build/tools/kiln --version`)")
     ap.add_argument("--report-only", action="store_true",
                     help="rewrite --out from <work>/results.json of an earlier run (no measuring)")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    targets = []
+    for t in (x.strip() for v in args.kiln_target for x in v.split(",")):
+        if t and t not in targets:
+            targets.append(t)
+    bad = [t for t in targets if t not in CPU_TARGETS]
+    if bad:
+        ap.error(f"--kiln-target {', '.join(bad)}: not a cpu kernel target (targets: {', '.join(CPU_TARGETS)})")
+    args.kiln_target = targets
     args.models = [m for m in args.models.split(",") if m]
     args.threads = [int(t) for t in args.threads.split(",") if t]
     unknown = [m for m in args.models if m not in MODELS and m not in PPOCR]
@@ -688,10 +803,16 @@ def main() -> int:
         ap.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS + list(PPOCR))}")
     args.runs = {m: args.runs for m in args.models} if args.runs else dict(
         {"mobilenet_v3_small": 50, "mobilenet_v3_large": 50, "resnet18": 30}, **{m: v[2] for m, v in PPOCR.items()})
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     started = time.time()
     work = Path(args.work)
     if args.report_only:
         saved = json.loads((work / "results.json").read_text())
+        args.kiln_target = []  # a run before --kiln-target existed
         for k, v in saved["args"].items():
             if k not in ("out", "work"):
                 setattr(args, k, v)
@@ -722,6 +843,15 @@ def main() -> int:
     else:
         versions["ExecuTorch"] = f"not available: {args.et_error or 'no --et-python'}"
     info = machine_info()
+    log(f"cpu: {machine.cpu_summary(info)}")
+    if info.get("kiln_cpu_target") is None:
+        log(f"Kiln has no cpu kernel target here: {info.get('kiln_cpu_target_error')}")
+        return 1
+    unavailable = [t for t in args.kiln_target if t not in info["kiln_cpu_targets_available"]]
+    if unavailable:
+        log(f"--kiln-target {', '.join(unavailable)}: not available on this machine (Kiln's cpu kernel targets "
+            f"here: {', '.join(info['kiln_cpu_targets_available'])})")
+        return 2
     work.mkdir(parents=True, exist_ok=True)
     preps = {}
     for m in args.models:

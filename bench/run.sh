@@ -2,6 +2,8 @@
 # One command for the whole benchmark: sets up what it needs and writes docs/benchmarks.md.
 #   bash bench/run.sh                   # all models, 1 and 2 threads, 2 rounds
 #   bash bench/run.sh --models resnet18 --rounds 1      # extra arguments go to bench/run.py
+#   bash bench/run.sh --kiln-target avx2                # + Kiln cpu kernels at KILN_CPU_TARGET=avx2
+# The report starts with the CPU model, its SIMD features and the cpu kernel target Kiln chose.
 # Steps: Kiln's system packages + virtualenv (scripts/setup.sh), a Release build of Kiln in
 # build/ (kiln CLI + Python binding), ExecuTorch's own virtualenv (bench/setup_executorch.sh;
 # if it cannot be set up, the table says why), then bench/run.py.

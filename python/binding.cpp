@@ -14,6 +14,7 @@
 #include "ir/op_registry.h"
 #include "kernels/kernel.h"
 #include "kiln/compiler.h"
+#include "kiln/cpu_target.h"
 #include "kiln/runtime.h"
 #ifdef KILN_HAVE_ONNX
 #include "kiln/onnx.h"
@@ -446,6 +447,18 @@ PYBIND11_MODULE(_kiln, m) {
       "Raises KilnError (NotFound, InvalidArgument) naming the path and the system's reason.");
   m.def("backend_names", [] { return BackendRegistry::get().names(); },
         "Delegate backends compiled into this build (e.g. ['xnnpack']).");
+  m.def("cpu_target", [] {
+        check(cpu_target_status());
+        return cpu_target();
+      },
+      "The SIMD target the optimized cpu kernels run at in this process (e.g. 'avx3_dl', 'avx2', "
+      "'neon', 'scalar'): the best one this CPU supports, or the environment's KILN_CPU_TARGET (read "
+      "once, at the first program load or call). Raises KilnError (InvalidArgument) when "
+      "KILN_CPU_TARGET names a target that is unknown, not compiled or not supported here.");
+  m.def("available_cpu_targets", [] { return available_cpu_targets(); },
+        "The cpu kernel targets compiled into this build that this CPU supports, best first (ends with 'scalar').");
+  m.def("compiled_cpu_targets", [] { return compiled_cpu_targets(); },
+        "Every cpu kernel target compiled into this build, best first, whether this CPU supports it or not.");
 
   py::class_<PySession>(m, "Session", "One set of a program's state tensors (a conversation's KV cache).")
       .def("reset", [](PySession& s) {

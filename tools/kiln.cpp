@@ -8,6 +8,9 @@
 //                                          import an ONNX model and compile it (when built with the
 //                                          ONNX importer: libonnx-dev, libprotobuf-dev)
 //
+// inspect, run, bench and --version name the SIMD target of the optimized cpu kernels (the best
+// one this CPU supports, or KILN_CPU_TARGET's; include/kiln/cpu_target.h).
+//
 // The tool never parses program files itself: everything it shows comes from the runtime's
 // verified loader (kiln::Program::load and MethodMeta). Errors go to stderr as
 // "kiln <command>: <ErrorCode>: <message>"; exit status 0 on success, 1 when Kiln reports an
@@ -31,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/cpu_target.h"
 #include "kiln/llm.h"
 #include "kiln/runtime.h"
 #include "kiln/npy.h"
@@ -90,6 +94,32 @@ std::string json_strings(const std::vector<std::string>& v) {
   std::string out = "[";
   for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + json_str(v[i]);
   return out + "]";
+}
+
+// ---- the cpu kernel target (include/kiln/cpu_target.h) ----
+
+/// The value of KILN_CPU_TARGET, or "" when it is unset or empty.
+std::string cpu_target_env() {
+  const char* env = std::getenv("KILN_CPU_TARGET");
+  return env != nullptr ? std::string(env) : std::string();
+}
+
+/// One line for the text outputs: "avx3_dl (available: avx3_dl, avx3, avx2, scalar)", plus
+/// "; set by KILN_CPU_TARGET" when the environment chose it; "none: <why>" when KILN_CPU_TARGET is
+/// refused (no program loads then, so only `kiln --version` gets to print that).
+std::string cpu_target_summary() {
+  if (Error st = cpu_target_status(); !st.ok()) return "none: " + st.message() + "; no program loads with it";
+  std::string available;
+  for (const std::string& t : available_cpu_targets()) available += (available.empty() ? "" : ", ") + t;
+  return cpu_target() + " (available: " + available + (cpu_target_env().empty() ? ")" : "; set by KILN_CPU_TARGET)");
+}
+
+/// The JSON members (no braces) for the same: "cpu_target": name, "cpu_targets_available": [...],
+/// "cpu_target_env": KILN_CPU_TARGET's value or null.
+std::string cpu_target_json_members() {
+  const std::string env = cpu_target_env();
+  return "\"cpu_target\": " + json_str(cpu_target()) + ", \"cpu_targets_available\": " +
+         json_strings(available_cpu_targets()) + ", \"cpu_target_env\": " + (env.empty() ? std::string("null") : json_str(env));
 }
 
 std::string json_sizes(const std::vector<int64_t>& v) {
@@ -189,6 +219,7 @@ int cmd_inspect(const InspectArgs& a) {
   if (a.json) {
     o << "{\n  \"file\": " << json_str(a.file) << ",\n  \"format_version\": " << p.format_version()
       << ",\n  \"file_size\": " << p.file_size() << ",\n  \"constant_bytes\": " << p.constant_bytes()
+      << ",\n  " << cpu_target_json_members() << ",\n  \"cpu_targets_compiled\": " << json_strings(compiled_cpu_targets())
       << ",\n  \"metadata\": {";
     for (size_t i = 0; i < p.metadata().size(); ++i) {
       o << (i ? ", " : "") << json_str(p.metadata()[i].first) << ": " << json_str(p.metadata()[i].second);
@@ -232,7 +263,8 @@ int cmd_inspect(const InspectArgs& a) {
     << "format version  " << p.format_version() << "\n"
     << "file size       " << p.file_size() << " bytes\n"
     << "constant bytes  " << p.constant_bytes() << " bytes (stored once, shared by all methods)\n"
-    << "methods         " << metas.size() << "\n";
+    << "methods         " << metas.size() << "\n"
+    << "cpu target      " << cpu_target_summary() << "\n";
   if (!p.states().empty()) {
     uint64_t total = 0;
     for (const StateInfo& st : p.states()) total += st.type.nbytes();
@@ -644,6 +676,8 @@ int cmd_run(const RunArgs& a) {
     std::printf("%s\n", line.c_str());
   }
   std::printf("load: %.3f ms\nexecute: %.3f ms\n", ms(t1 - t0), ms(t3 - t2));
+  std::printf("cpu target: %s%s\n", cpu_target_summary().c_str(),
+              a.exec.kernels == "portable" ? " (unused: --kernels portable)" : "");
   return 0;
 }
 
@@ -846,7 +880,8 @@ int cmd_bench(const BenchArgs& a) {
   };
   if (a.json) {
     o << "{\"file\": " << json_str(a.file) << ", \"method\": " << json_str(m.name) << ", \"threads\": " << threads
-      << ", \"kernels\": " << json_str(a.exec.kernels) << ", \"runs\": " << a.runs << ", \"warmup\": " << a.warmup
+      << ", \"kernels\": " << json_str(a.exec.kernels) << ", " << cpu_target_json_members()
+      << ", \"runs\": " << a.runs << ", \"warmup\": " << a.warmup
       << ", \"inputs\": " << json_str(a.inputs.empty() ? "random(seed=" + std::to_string(a.seed) + ")" : "npy")
       << ", \"load_ms\": " << num(ms(t1 - t0)) << ", \"init_ms\": " << num(ms(t3 - t2))
       << ", \"min_ms\": " << num(sorted.front()) << ", \"median_ms\": " << num(quantile(sorted, 0.5))
@@ -887,6 +922,8 @@ int cmd_bench(const BenchArgs& a) {
     << "threads         " << threads << "\n"
     << "kernels         " << a.exec.kernels << " (" << cpu_calls << " optimized cpu, " << m.num_kernel_calls - cpu_calls
     << " portable kernel calls)\n"
+    << "cpu target      " << cpu_target_summary()
+    << (a.exec.kernels == "portable" ? " (unused: --kernels portable)" : "") << "\n"
     << "delegates       " << delegate_summary(m) << "\n"
     << "inputs          " << (a.inputs.empty() ? "random (seed " + std::to_string(a.seed) + ")" : "from .npy files") << "\n"
     << "load            " << num(ms(t1 - t0)) << " ms\n"
@@ -1087,10 +1124,19 @@ int main(int argc, char** argv) {
   CLI::App app{"kiln " KILN_VERSION ": inspect, run and benchmark Kiln program files (.kiln).\n"
                "Every file is verified by the runtime's loader before anything is shown or run.",
                "kiln"};
-  app.set_version_flag("--version", KILN_VERSION);
+  // --version also names the cpu kernel target this process would run at (and why a KILN_CPU_TARGET
+  // value is refused): the one place that says it without a program file.
+  app.set_version_flag("--version", [] {
+    std::string compiled;
+    for (const std::string& t : compiled_cpu_targets()) compiled += (compiled.empty() ? "" : ", ") + t;
+    return std::string("kiln " KILN_VERSION "\ncpu kernels: ") + cpu_target_summary() + "\ncompiled targets: " + compiled;
+  });
   app.require_subcommand(1);
   app.footer("Exit status: 0 success, 1 Kiln reported an error (printed as '<ErrorCode>: <message>'),\n"
              "2 command-line usage error.\n"
+             "Environment: KILN_CPU_TARGET=avx3_dl|avx3|avx2|sve2|sve|neon|scalar runs the optimized cpu kernels at that\n"
+             "instruction set instead of the best one this CPU supports (inspect, run, bench and --version show the\n"
+             "target); a value this build or CPU cannot run makes every program load fail (InvalidArgument, exit 1).\n"
              "Run 'kiln <command> --help' for a command's options.");
 
   InspectArgs ia;
@@ -1100,7 +1146,8 @@ int main(int argc, char** argv) {
                  "segments per backend and planned arena.");
   inspect->add_option("file", ia.file, "Program file (.kiln)")->required();
   inspect->add_flag("--json", ia.json, "Print JSON instead of text (keys: file, format_version, file_size, "
-                                       "constant_bytes, methods[name, inputs, outputs, num_instructions, "
+                                       "constant_bytes, cpu_target, cpu_targets_available, cpu_target_env, "
+                                       "cpu_targets_compiled, methods[name, inputs, outputs, num_instructions, "
                                        "num_kernel_calls, num_delegate_calls, num_cpu_kernel_calls, "
                                        "num_portable_kernel_calls, arena_bytes, op_counts, cpu_op_counts, "
                                        "delegate_segments, constant_bytes_by_dtype, constant_bytes_by_scheme])");
@@ -1147,7 +1194,8 @@ int main(int argc, char** argv) {
                     "and the top N rows by op and argument shapes (with --json: key 'profile'). 0: off")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
-  bench->add_flag("--json", ba.json, "Print one JSON object (keys: file, method, threads, kernels, runs, warmup, "
+  bench->add_flag("--json", ba.json, "Print one JSON object (keys: file, method, threads, kernels, cpu_target, "
+                                     "cpu_targets_available, cpu_target_env, runs, warmup, "
                                      "inputs, load_ms, init_ms, min_ms, median_ms, p90_ms, max_ms, mean_ms, "
                                      "peak_rss_mib, kernel_calls, cpu_kernel_calls, portable_kernel_calls, "
                                      "fused_instructions, prepared_mib, delegate_segments, times_ms; profile with --profile)");

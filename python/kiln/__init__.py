@@ -14,12 +14,44 @@ import numpy as np
 from . import _kiln
 from ._kiln import Graph, KilnError, ProgramBuilder
 
-__all__ = ["Graph", "KilnError", "ProgramBuilder", "LoadedProgram", "load", "load_bytes", "op_names"]
+__all__ = ["Graph", "KilnError", "ProgramBuilder", "LoadedProgram", "load", "load_bytes", "op_names",
+           "cpu_target", "available_cpu_targets", "compiled_cpu_targets"]
 
 
 def op_names() -> list[str]:
     """Names of every op in Kiln's op set (ATen names such as ``aten.convolution``)."""
     return list(_kiln.op_names())
+
+
+def cpu_target() -> str:
+    """The SIMD instruction set Kiln's optimized cpu kernels run at in this process: one of
+    ``"avx3_dl"`` (AVX-512 with VNNI/VBMI2), ``"avx3"`` (AVX-512), ``"avx2"`` (AVX2 + FMA),
+    ``"sve2"``, ``"sve"``, ``"neon"`` (Arm) or ``"scalar"`` (the same kernel code on one lane).
+
+    It is the best target this build compiled and this CPU supports, unless the environment
+    variable ``KILN_CPU_TARGET`` names another one (for tests and per-instruction-set benchmarks).
+    The choice is made once per process, at the first program load or the first call of this
+    function, so setting ``KILN_CPU_TARGET`` afterwards has no effect: set it before starting
+    Python (or in a subprocess's environment).
+
+    Raises ``KilnError`` (code ``"InvalidArgument"``) when ``KILN_CPU_TARGET`` names a target that is
+    unknown, not compiled into this build or not supported by this CPU; programs do not load then
+    either (no program runs at a target other than the one asked for).
+    """
+    return str(_kiln.cpu_target())
+
+
+def available_cpu_targets() -> list[str]:
+    """The cpu kernel targets that can run here (compiled into this build and supported by this
+    CPU), best first; the list always ends with ``"scalar"``. Any of them is a valid
+    ``KILN_CPU_TARGET``. Does not raise, whatever ``KILN_CPU_TARGET`` holds."""
+    return list(_kiln.available_cpu_targets())
+
+
+def compiled_cpu_targets() -> list[str]:
+    """Every cpu kernel target compiled into this build, best first, whether or not this CPU
+    supports it (x86-64: avx3_dl, avx3, avx2, scalar; aarch64: sve2, sve, neon, scalar)."""
+    return list(_kiln.compiled_cpu_targets())
 
 
 class LoadedProgram:
