@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include "kernels/cpu/target.h"
 #include "kiln/cpu_target.h"
 
 namespace {
@@ -24,6 +25,14 @@ class CpuTargetEnvironment : public ::testing::Environment {
     std::string available;
     for (const std::string& t : kiln::available_cpu_targets()) available += (available.empty() ? "" : ", ") + t;
     std::printf("kiln cpu target: %s (available: %s)\n", kiln::cpu_target().c_str(), available.c_str());
+    // The code Highway dispatches to must be the chosen target's, also after the listing above
+    // (Highway 1.0.3's SupportedTargets() resets the dispatch target: see target.cpp).
+    const int64_t dispatched = kiln::cpu::dispatched_target();
+    if (dispatched != kiln::cpu::select_target()) {
+      std::printf("kiln cpu target: dispatch runs %s, not the chosen %s\n", kiln::cpu::target_name(dispatched),
+                  kiln::cpu_target().c_str());
+      std::exit(1);
+    }
   }
 };
 

@@ -29,13 +29,6 @@ constexpr NamedTarget kNames[] = {
     {HWY_EMU128, "scalar"},   {HWY_SCALAR, "scalar"},
 };
 
-const char* name_of(int64_t bit) {
-  for (const NamedTarget& t : kNames) {
-    if (t.bit == bit) return t.name;
-  }
-  return "unknown";
-}
-
 std::vector<std::string> names_in(int64_t mask) {
   std::vector<std::string> out;
   for (const NamedTarget& t : kNames) {
@@ -51,14 +44,18 @@ std::string join(const std::vector<std::string>& v) {
 }
 
 struct Selection {
-  int64_t bit = 0;
+  int64_t bit = 0;        ///< the chosen target
+  int64_t available = 0;  ///< compiled and supported by this CPU
   Error status;
 };
 
 const Selection& selection() {
   static const Selection s = [] {
     Selection out;
+    // hwy::SupportedTargets() is called here only: in Highway 1.0.3 every call also resets the
+    // dispatch target to the best one, which would silently undo a KILN_CPU_TARGET choice.
     const int64_t available = hwy::SupportedTargets() & HWY_TARGETS;
+    out.available = available;
     out.bit = available & -available;  // the lowest bit: the best target
     if (const char* env = std::getenv("KILN_CPU_TARGET"); env != nullptr && *env != '\0') {
       const std::string want(env);
@@ -90,15 +87,20 @@ const Selection& selection() {
 
 }  // namespace
 
+const char* target_name(int64_t bit) {
+  for (const NamedTarget& t : kNames) {
+    if (t.bit == bit) return t.name;
+  }
+  return "unknown";
+}
+
 int64_t select_target() { return selection().bit; }
 
 }  // namespace cpu
 
-std::string cpu_target() { return cpu::name_of(cpu::select_target()); }
+std::string cpu_target() { return cpu::target_name(cpu::select_target()); }
 
-std::vector<std::string> available_cpu_targets() {
-  return cpu::names_in(hwy::SupportedTargets() & HWY_TARGETS);
-}
+std::vector<std::string> available_cpu_targets() { return cpu::names_in(cpu::selection().available); }
 
 std::vector<std::string> compiled_cpu_targets() { return cpu::names_in(HWY_TARGETS); }
 

@@ -11,4 +11,11 @@ namespace kiln::cpu {
 /// that calls per-target functions directly (tests) calls it first.
 int64_t select_target();
 
+/// The Highway target bit of the code that HWY_DYNAMIC_DISPATCH calls now (after select_target()):
+/// equal to select_target() unless something reset Highway's dispatch state.
+int64_t dispatched_target();
+
+/// The name ("avx2", ...) of a Highway target bit.
+const char* target_name(int64_t bit);
+
 }  // namespace kiln::cpu
