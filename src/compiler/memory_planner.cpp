@@ -5,13 +5,14 @@
 // decreasing size order, each at the lowest-waste gap among already-placed values whose
 // lifetimes overlap it.
 //
-// In-place activations: when node i is a convolution or a linear whose output v (not a method
-// output) is read only by node i + 1, an activation that may run in place (runs_in_place: the ones the runtime
-// may fuse into the convolution, see fusable_next in src/runtime/program.cpp and cpu::post_op_of),
+// In-place activations: when node i is a producer that takes an epilogue (the fusion table,
+// src/ir/fusion.h: a convolution or a linear) whose output v (not a method output) is read only
+// by node i + 1, an activation that may run in place (runs_in_place: the table's epilogue ops,
+// the ones the runtime may fuse into the producer, see fusion_offer in src/runtime/program.cpp),
 // of the same type, the activation's output w takes exactly v's bytes: one slot living from node
-// i to w's last use. Fused, the convolution writes the activated values there directly; unfused,
-// the activation runs in place. Either way w never shares bytes with the convolution's inputs,
-// and the pair needs one buffer instead of two. (Residual adds after a convolution: see below.)
+// i to w's last use. Fused, the producer writes the activated values there directly; unfused,
+// the activation runs in place. Either way w never shares bytes with the producer's inputs,
+// and the pair needs one buffer instead of two. (Residual adds after a producer: see below.)
 //
 // Zero-copy views: the output of a view (is_byte_view: aten.view, squeeze, unsqueeze; same
 // elements in the same order) takes exactly its input's bytes when the input is a planned value
@@ -22,6 +23,7 @@
 #include <algorithm>
 #include <string_view>
 
+#include "ir/fusion.h"
 #include "ir/op_registry.h"
 #include "kiln/compiler.h"
 
@@ -62,19 +64,22 @@ MemoryPlan plan_memory(const Graph& graph) {
   }
   std::vector<bool> is_output(values.size(), false);
   for (ValueId o : graph.outputs()) is_output[static_cast<size_t>(o)] = true;
-  // Residual adds: when node i is a convolution whose output v (not a method output) is read
-  // only by node i + 1, an aten.add of v and another value of v's type, the convolution's inputs
-  // stay live through node i + 1, so that the add's output never shares their bytes and the
-  // runtime may fuse the add into the convolution (fusable_next in src/runtime/program.cpp),
-  // which writes the sum while it still reads its inputs. (Before the in-place aliasing below,
-  // which extends a slot to the last use of the activation output it holds.) An in-place
-  // activation right after such an add (resnet's relu) then takes the add's bytes (below), so the
-  // runtime may fuse it too (FusionCandidate::then): it shares no bytes with the inputs either.
-  std::vector<bool> residual_add(static_cast<size_t>(end), false);
+  // Residual adds: when node i is a producer that takes a residual add (the fusion table,
+  // src/ir/fusion.h: a convolution) whose output v (not a method output) is read only by node
+  // i + 1, a residual add (is_residual_add: aten.add, alpha 1) of v and another value of v's type,
+  // the producer's inputs stay live through node i + 1, so that the add's output never shares
+  // their bytes and the runtime may fuse the add into the producer (fusion_offer in
+  // src/runtime/program.cpp), which writes the sum while it still reads its inputs. (Before the
+  // in-place aliasing below, which extends a slot to the last use of the activation output it
+  // holds.) When the producer also takes an epilogue after the add (epilogue_after_add), an
+  // in-place activation right after such an add (resnet's relu) then takes the add's bytes
+  // (below), so the runtime may fuse it too (FusionCandidate::then): it shares no bytes with the
+  // inputs either.
+  std::vector<bool> epilogue_after(static_cast<size_t>(end), false);  // node i: such an add
   for (int64_t i = 0; i + 1 < end; ++i) {
     const auto& a = nodes[static_cast<size_t>(i)];
     const auto& b = nodes[static_cast<size_t>(i + 1)];
-    if (a.op != "aten.convolution" || b.op != "aten.add" || a.outputs.size() != 1 || b.inputs.size() != 2 ||
+    if (fold_as(a.op, b.op, b.attrs) != FoldAs::ResidualAdd || a.outputs.size() != 1 || b.inputs.size() != 2 ||
         (b.inputs[0] == a.outputs[0]) == (b.inputs[1] == a.outputs[0])) {
       continue;
     }
@@ -86,14 +91,15 @@ MemoryPlan plan_memory(const Graph& graph) {
         last[static_cast<size_t>(in)] = std::max(last[static_cast<size_t>(in)], i + 1);
       }
     }
-    residual_add[static_cast<size_t>(i + 1)] = true;
+    epilogue_after[static_cast<size_t>(i + 1)] = find_fusion_producer(a.op)->epilogue_after_add;
   }
   // In-place activations (see the top of this file): alias[w] = v.
   std::vector<ValueId> alias(values.size(), kNoValue);
   for (int64_t i = 0; i + 1 < end; ++i) {
     const auto& a = nodes[static_cast<size_t>(i)];
     const auto& b = nodes[static_cast<size_t>(i + 1)];
-    if ((a.op != "aten.convolution" && a.op != "aten.linear" && !residual_add[static_cast<size_t>(i)]) ||
+    const FusionProducer* producer = find_fusion_producer(a.op);
+    if (!((producer != nullptr && producer->epilogue) || epilogue_after[static_cast<size_t>(i)]) ||
         !runs_in_place(b.op) || a.outputs.size() != 1 || b.outputs.size() != 1 ||
         b.inputs.empty() || b.inputs[0] != a.outputs[0]) {
       continue;

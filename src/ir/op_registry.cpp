@@ -211,11 +211,6 @@ DType result_type(const TensorType& a, const TensorType& b) {
   return category(zero) > category(dim) ? promote_types(dim, zero) : dim;
 }
 
-bool runs_in_place(std::string_view op) {
-  return op == "aten.relu" || op == "aten.hardswish" || op == "aten.hardsigmoid" || op == "aten.hardtanh" ||
-         op == "aten.clamp" || op == "aten.sigmoid" || op == "aten.silu";
-}
-
 bool updates_state_in_place(std::string_view op) { return op == "aten.index_put" || op == "aten.slice_scatter"; }
 
 bool is_byte_view(std::string_view op) { return op == "aten.view" || op == "aten.squeeze" || op == "aten.unsqueeze"; }

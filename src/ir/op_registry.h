@@ -63,13 +63,7 @@ struct OpDef {
   Result<std::vector<TensorType>> infer_types(InputTypes inputs, const Attributes& normalized) const;
 };
 
-/// True for the activations the memory planner may compute in place, writing their output over
-/// exactly the bytes of their input 0 (when they are its only reader): aten.relu, hardswish,
-/// hardsigmoid, hardtanh, clamp, sigmoid, silu, the ones a convolution can fuse into its stores
-/// (cpu::post_op_of). Every kernel of these ops (portable and cpu) computes out[i] from in[i]
-/// alone, reading each element before writing it. The loader accepts that exact aliasing for them
-/// and no other overlap of an instruction's output with its inputs.
-bool runs_in_place(std::string_view op);
+// runs_in_place (the activations that may run in place, and fuse): src/ir/fusion.h.
 
 /// True for the ops whose output is their input's bytes unchanged under new sizes: aten.view,
 /// aten.squeeze, aten.unsqueeze (Kiln tensors are contiguous, so these reinterpret the same

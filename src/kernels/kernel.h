@@ -58,10 +58,11 @@ struct KernelSignature {
 /// accepts a call must run it correctly for every tensor of those types.
 using KernelAccepts = bool (*)(const KernelSignature&);
 
-/// The instruction right after a kernel call, offered to the kernel's prepare for fusion: a
-/// single-input op (e.g. aten.relu) whose only tensor input is the call's only output, or an
-/// aten.add of that output and one other tensor of the same type (e.g. a residual connection),
-/// where nothing else reads the call's output. If the kernel fuses it (KernelState::fused_next),
+/// The instruction right after a kernel call, offered to the kernel's prepare for fusion only
+/// when the fusion table (src/ir/fusion.h, fold_as) lets it fold into the call's op: an epilogue
+/// op (e.g. aten.relu; epilogue_of gives its Epilogue, cpu::post_op_of) whose only tensor input is
+/// the call's only output, or a residual add (aten.add, alpha 1) of that output and one other
+/// tensor of the same type, where nothing else reads the call's output. A kernel may decline it. If the kernel fuses it (KernelState::fused_next),
 /// each call must write exactly what the two instructions would have written (`op` applied to
 /// the call's result, in the same float operations: bit-identical), into the call's outputs[0],
 /// which the runtime then points at the follow-on instruction's output. For the two-input case

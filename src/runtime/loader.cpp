@@ -13,6 +13,7 @@
 #include <string_view>
 #include <set>
 
+#include "ir/fusion.h"
 #include "ir/op_registry.h"
 #include "program_generated.h"
 #include "runtime/file_format.h"
@@ -198,9 +199,10 @@ Error check_no_aliasing(const MethodPlan& plan, const PlannedInstruction& pi, co
   auto overlap = [](std::pair<uint64_t, uint64_t> a, std::pair<uint64_t, uint64_t> b) {
     return a.first < a.second && b.first < b.second && a.first < b.second && b.first < a.second;
   };
-  // The one exception: an in-place activation (runs_in_place) whose single output occupies
-  // exactly the bytes of its input 0, a value of the same type (the planner's conv + activation
-  // pairs); its kernels read each element before writing it.
+  // The one exception: an in-place activation (runs_in_place: the fusion table's epilogue ops,
+  // src/ir/fusion.h) whose single output occupies exactly the bytes of its input 0, a value of the
+  // same type (the planner's producer + activation pairs); its kernels read each element before
+  // writing it.
   const bool in_place = pi.outputs.size() == 1 && !pi.args.empty() && pi.args[0] >= 0 &&
                         pi.args[0] != pi.outputs[0] && runs_in_place(pi.op) &&
                         plan.arena_offsets[static_cast<size_t>(pi.args[0])] >= 0 &&

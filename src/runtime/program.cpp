@@ -6,6 +6,7 @@
 #include <cstring>
 #include <optional>
 
+#include "ir/fusion.h"
 #include "ir/op_registry.h"
 #include "kiln/cpu_target.h"
 #include "runtime/program_data.h"
@@ -212,14 +213,14 @@ std::pair<uint64_t, uint64_t> arena_range(const detail::MethodPlan& plan, int32_
   return {lo, lo + plan.value_types[i].nbytes()};
 }
 
-/// The instruction after kernel call k, when the kernel may fuse it (KernelPrepareArgs::next):
-/// k has one output v; instruction k + 1 is a kernel call whose only tensor input is v, or an
-/// aten.add of v and one other value r (*other = r, else -1) of v's type, and whose one output w
-/// has v's type; nothing else reads v and v is not a method output; and w's arena bytes overlap
-/// no arena input of k and not r (the kernel writes w while reading those inputs; values other
-/// than k's inputs and r that are live at k are still live at k + 1, so the arena plan already
-/// keeps them apart from w).
-bool fusable_next(const detail::MethodPlan& plan, size_t k, const std::vector<int>& readers, int32_t* other) {
+/// The data flow that lets kernel call k compute instruction k + 1 (the op is the fusion
+/// table's business, fusion_offer): k has one output v; instruction k + 1 is a kernel call whose
+/// only tensor input is v, or one with two tensor inputs, v and one other value r (*other = r,
+/// else -1) of v's type, and whose one output w has v's type; nothing else reads v and v is not a
+/// method output; and w's arena bytes overlap no arena input of k and not r (the kernel writes w
+/// while reading those inputs; values other than k's inputs and r that are live at k are still
+/// live at k + 1, so the arena plan already keeps them apart from w).
+bool adjacent_fusable(const detail::MethodPlan& plan, size_t k, const std::vector<int>& readers, int32_t* other) {
   *other = -1;
   if (k + 1 >= plan.instructions.size()) return false;
   const auto& a = plan.instructions[k];
@@ -229,7 +230,7 @@ bool fusable_next(const detail::MethodPlan& plan, size_t k, const std::vector<in
   int tensor_args = 0;
   for (int32_t x : b.args) tensor_args += x >= 0;
   int32_t r = -1;
-  if (tensor_args == 2 && b.op == "aten.add" && b.args.size() == 2 && (b.args[0] == v) != (b.args[1] == v)) {
+  if (tensor_args == 2 && b.args.size() == 2 && (b.args[0] == v) != (b.args[1] == v)) {
     r = b.args[0] == v ? b.args[1] : b.args[0];
     if (r < 0 || plan.value_types[static_cast<size_t>(r)] != plan.value_types[static_cast<size_t>(v)]) return false;
   } else if (tensor_args != 1 || b.args.empty() || b.args[0] != v) {
@@ -259,6 +260,39 @@ bool fusable_next(const detail::MethodPlan& plan, size_t k, const std::vector<in
 }
 
 }  // namespace
+
+namespace detail {
+
+FusionOffer fusion_offer(const MethodPlan& plan, size_t k, const std::vector<int>& readers) {
+  FusionOffer offer;
+  int32_t other = -1;
+  if (!adjacent_fusable(plan, k, readers, &other)) return offer;
+  const auto& a = plan.instructions[k];
+  const auto& b = plan.instructions[k + 1];
+  const FoldAs as = fold_as(a.op, b.op, b.attrs);
+  if (as == FoldAs::None || (as == FoldAs::ResidualAdd) != (other >= 0)) return offer;
+  offer.next = true;
+  offer.other = other;
+  // After a residual add: the epilogue op on its output (FusionCandidate::then), whose output
+  // overlaps none of k's arena inputs and not the add's other input.
+  int32_t other2 = -1;
+  if (as == FoldAs::ResidualAdd && adjacent_fusable(plan, k + 1, readers, &other2) && other2 < 0 &&
+      epilogue_after_add(a.op, plan.instructions[k + 2].op, plan.instructions[k + 2].attrs)) {
+    const auto w2 = arena_range(plan, plan.instructions[k + 2].outputs[0]);
+    bool apart = true;
+    std::vector<int32_t> read(a.args);
+    read.push_back(other);
+    for (int32_t x : read) {
+      if (x < 0) continue;
+      const auto [lo, hi] = arena_range(plan, x);
+      apart = apart && !(lo < hi && w2.first < hi && lo < w2.second);
+    }
+    offer.then = apart;
+  }
+  return offer;
+}
+
+}  // namespace detail
 
 Result<Method> Program::load_method(const std::string& name, const MethodOptions& options) const {
   const detail::MethodPlan* plan = nullptr;
@@ -344,22 +378,10 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
       for (int32_t v : ins.outputs) out_types.push_back(&plan->value_types[static_cast<size_t>(v)]);
       const KernelSignature sig{in_types, out_types, ins.attrs};
       std::optional<FusionCandidate> next, then;
-      int32_t other = -1, other2 = -1;
-      if (fusable_next(*plan, k, readers, &other)) {
-        // After a fusable aten.add: the single-input op on its output (FusionCandidate::then),
-        // whose output overlaps none of k's arena inputs and not the add's other input.
-        if (other >= 0 && fusable_next(*plan, k + 1, readers, &other2) && other2 < 0) {
-          const auto w2 = arena_range(*plan, plan->instructions[k + 2].outputs[0]);
-          bool apart = true;
-          std::vector<int32_t> read(ins.args);
-          read.push_back(other);
-          for (int32_t x : read) {
-            if (x < 0) continue;
-            const auto [lo, hi] = arena_range(*plan, x);
-            apart = apart && !(lo < hi && w2.first < hi && lo < w2.second);
-          }
-          if (apart) then.emplace(FusionCandidate{plan->instructions[k + 2].op, plan->instructions[k + 2].attrs});
-        }
+      const detail::FusionOffer offer = detail::fusion_offer(*plan, k, readers);
+      const int32_t other = offer.other;
+      if (offer.next) {
+        if (offer.then) then.emplace(FusionCandidate{plan->instructions[k + 2].op, plan->instructions[k + 2].attrs});
         next.emplace(FusionCandidate{plan->instructions[k + 1].op, plan->instructions[k + 1].attrs,
                                      other >= 0 ? &plan->value_types[static_cast<size_t>(other)] : nullptr,
                                      then ? &*then : nullptr});

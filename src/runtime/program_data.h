@@ -104,6 +104,22 @@ struct ProgramData {
   std::map<int32_t, std::shared_ptr<float>> widened;
 };
 
+/// What the runtime offers kernel call k's prepare to fuse (KernelPrepareArgs::next).
+struct FusionOffer {
+  bool next = false;   ///< instruction k + 1 (FusionCandidate): an epilogue op or a residual add
+  int32_t other = -1;  ///< for a residual add: its other input (FusionCandidate::other), else -1
+  bool then = false;   ///< after a residual add: instruction k + 2, an epilogue op (FusionCandidate::then)
+};
+
+/// The fusion the runtime offers kernel call k of `plan` (src/runtime/program.cpp): instruction
+/// k + 1 when the fusion table (src/ir/fusion.h, fold_as) lets it fold into instruction k's op and
+/// the data flow allows it: it reads k's only output, which nothing else reads (readers[v]: the
+/// number of instruction arguments that are value v) and which is no method output; same types and
+/// symbolic sizes, no state; its output's arena bytes overlap neither k's inputs nor the add's
+/// other input. For a residual add, also instruction k + 2 when the table allows an epilogue after
+/// the add (epilogue_after_add) and the same holds for it.
+FusionOffer fusion_offer(const MethodPlan& plan, size_t k, const std::vector<int>& readers);
+
 /// Verifies `bytes` and builds the method plans (the loader: src/runtime/loader.cpp).
 /// `defer_backend_errors`: a missing or unavailable delegate backend is recorded in the plan
 /// (PlannedInstruction::backend_error) instead of failing; load_method then returns it.

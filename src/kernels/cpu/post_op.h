@@ -9,49 +9,27 @@
 
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <string_view>
 
+#include "ir/fusion.h"
 #include "kernels/cpu/vec_math.h"
 #include "kiln/attributes.h"
 
 namespace kiln::cpu {
 
-/// An activation applied to each output value: none, relu, clamp [lo, hi] (aten.clamp,
-/// aten.hardtanh; an absent bound is -inf / +inf), hardswish, hardsigmoid, sigmoid, silu.
-struct PostOp {
-  enum class Kind { None, Relu, Clamp, Hardswish, Hardsigmoid, Sigmoid, Silu };
-  Kind kind = Kind::None;
-  float lo = -std::numeric_limits<float>::infinity();
-  float hi = std::numeric_limits<float>::infinity();
-};
+/// An activation applied to each output value: the fusion table's Epilogue (src/ir/fusion.h):
+/// none, relu, clamp [lo, hi] (aten.clamp, aten.hardtanh; an absent bound is -inf / +inf),
+/// hardswish, hardsigmoid, sigmoid, silu.
+using PostOp = Epilogue;
 
 /// The PostOp computing aten op `op` with (normalized) `attrs`, when it is one of the fusable
-/// activations; false otherwise (also for NaN clamp bounds, which the portable kernel handles).
+/// activations of the epilogue table (epilogue_of, src/ir/fusion.h); false otherwise (also for
+/// NaN clamp bounds, which the portable kernel handles).
 inline bool post_op_of(std::string_view op, const Attributes& attrs, PostOp* out) {
-  PostOp p;
-  if (op == "aten.relu") {
-    p.kind = PostOp::Kind::Relu;
-  } else if (op == "aten.hardswish") {
-    p.kind = PostOp::Kind::Hardswish;
-  } else if (op == "aten.hardsigmoid") {
-    p.kind = PostOp::Kind::Hardsigmoid;
-  } else if (op == "aten.sigmoid") {
-    p.kind = PostOp::Kind::Sigmoid;
-  } else if (op == "aten.silu") {
-    p.kind = PostOp::Kind::Silu;
-  } else if (op == "aten.hardtanh") {
-    p.kind = PostOp::Kind::Clamp;
-    p.lo = static_cast<float>(attrs.get_float("min_val", -1.0));
-    p.hi = static_cast<float>(attrs.get_float("max_val", 1.0));
-  } else if (op == "aten.clamp") {
-    p.kind = PostOp::Kind::Clamp;
-    if (!attrs.is_none("min")) p.lo = static_cast<float>(attrs.get_float("min"));
-    if (!attrs.is_none("max")) p.hi = static_cast<float>(attrs.get_float("max"));
-  } else {
-    return false;
-  }
-  if (std::isnan(p.lo) || std::isnan(p.hi)) return false;
-  *out = p;
+  const std::optional<Epilogue> e = epilogue_of(op, attrs);
+  if (!e) return false;
+  *out = *e;
   return true;
 }
 
