@@ -273,6 +273,7 @@ HWY_INLINE void QkTile(const float* HWY_RESTRICT q, int64_t ldq, const float* HW
 #define KILN_ATT_DECL(r) VF c##r##0 = hn::Zero(d), c##r##1 = hn::Zero(d);
   KILN_ATT_ROWS(KILN_ATT_DECL)
 #undef KILN_ATT_DECL
+  HWY_UNROLL(4)
   for (int64_t e = 0; e < E; ++e) {
     const VF k0 = hn::LoadU(d, kt + e * ldk);
     const VF k1 = hn::LoadU(d, kt + e * ldk + N);
@@ -308,6 +309,7 @@ HWY_INLINE void PvTile(const float* HWY_RESTRICT p, int64_t ldp, const float* HW
   }
   KILN_ATT_ROWS(KILN_ATT_DECL)
 #undef KILN_ATT_DECL
+  HWY_UNROLL(4)
   for (int64_t j = 0; j < n; ++j) {
     const VF v0 = hn::LoadU(d, v + j * ldv);
     const VF v1 = NV > 1 ? hn::LoadU(d, v + j * ldv + N) : v0;
