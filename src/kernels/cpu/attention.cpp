@@ -11,7 +11,7 @@
 // and as the portable kernel (src/kernels/portable/norm.cpp) does.
 //
 // Written once over Highway for every SIMD target (kernels/cpu/vec-inl.h). q.k^T and p.V run as
-// register-tiled micro-kernels (kMR = 6 rows x 2 vectors of columns: 6 x 16 on AVX2, 6 x 32 on
+// register-tiled micro-kernels (kMR rows x 2 vectors of columns: 6 x 16 on AVX2, 8 x 32 on
 // AVX-512, 6 x 2 on the scalar target) on a packed K^T block (transposed in kTB x kTB register
 // blocks) and a packed, zero-padded V block when Ev is not a multiple of the lane count; scores
 // and sums are float32 (the portable kernel uses double), e^(s - m) is ExpNonpos. Scratch is
@@ -180,7 +180,14 @@ namespace attention_detail {
 
 using namespace ::kiln::cpu::attention;  // NOLINT: the shared types and constants above
 
-constexpr int kMR = 6;  ///< micro-kernel rows
+/// Micro-kernel rows: 8 where the target has 32 vector registers (AVX-512, AArch64 NEON / SVE:
+/// 16 accumulators, 2 key vectors and a broadcast), else 6 (AVX2 and the scalar target: 16
+/// registers, 12 accumulators).
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR)
+constexpr int kMR = 8;
+#else
+constexpr int kMR = 6;
+#endif
 
 /// Side of the square blocks that pack_kt transposes in registers: 8 (256-bit vectors) on x86,
 /// 4 (128-bit) on the other SIMD targets, 1 (a copy) on the scalar target.
@@ -260,8 +267,8 @@ HWY_INLINE void PackKt(const float* k, int64_t E, int64_t n, int64_t npad, float
 
 // The micro-kernels keep their accumulators in named variables (c<row><vector>), not arrays:
 // SVE vectors are sizeless and cannot be array elements. Rows >= MR are never touched.
-#define KILN_ATT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
-static_assert(kMR == 6, "KILN_ATT_ROWS lists kMR rows");
+#define KILN_ATT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+static_assert(kMR <= 8, "KILN_ATT_ROWS lists 8 rows");
 
 /// s[r][c] = sum_e q[r][e] * kt[e][c] for r < MR, c < 2 * Lanes (kt: packed K^T block, row stride
 /// ldk).
@@ -346,6 +353,8 @@ HWY_INLINE void PvRows(const float* p, int64_t ldp, const float* v, int64_t ldv,
 HWY_INLINE void QkRows(int64_t rows, const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t E, float* s,
                        int64_t lds) {
   switch (rows) {
+    case 8: return QkTile<8>(q, ldq, kt, ldk, E, s, lds);
+    case 7: return QkTile<7>(q, ldq, kt, ldk, E, s, lds);
     case 6: return QkTile<6>(q, ldq, kt, ldk, E, s, lds);
     case 5: return QkTile<5>(q, ldq, kt, ldk, E, s, lds);
     case 4: return QkTile<4>(q, ldq, kt, ldk, E, s, lds);
@@ -359,6 +368,8 @@ HWY_INLINE void QkRows(int64_t rows, const float* q, int64_t ldq, const float* k
 HWY_INLINE void PvRowsN(int64_t rows, const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, int64_t evp,
                         float* o, int64_t ldo) {
   switch (rows) {
+    case 8: return PvRows<8>(p, ldp, v, ldv, n, evp, o, ldo);
+    case 7: return PvRows<7>(p, ldp, v, ldv, n, evp, o, ldo);
     case 6: return PvRows<6>(p, ldp, v, ldv, n, evp, o, ldo);
     case 5: return PvRows<5>(p, ldp, v, ldv, n, evp, o, ldo);
     case 4: return PvRows<4>(p, ldp, v, ldv, n, evp, o, ldo);
