@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -197,6 +198,7 @@ TEST(VecMath, ExpRelativeError) {
   // Normal results: relative error against double exp.
   const double e = max_rel_error(test::VecFn::Exp, [](double x) { return std::exp(x); }, test_points(-87.3f, 88.7f, 200001), 0.0);
   EXPECT_LE(e, 2e-7) << "target " << cpu_target();
+  std::printf("Exp max relative error at %s: %.3g\n", cpu_target().c_str(), e);
   // Overflow, underflow, denormals (absolute error below the smallest normal), NaN.
   const std::vector<float> xs = {89.0f, 1e30f, std::numeric_limits<float>::infinity(), -104.5f, -1e30f,
                                  -std::numeric_limits<float>::infinity(), -100.0f, std::nanf("")};
@@ -212,6 +214,7 @@ TEST(VecMath, ExpRelativeError) {
 TEST(VecMath, ExpNonPositiveRelativeError) {
   const double e = max_rel_error(test::VecFn::ExpNonpos, [](double x) { return std::exp(x); }, test_points(-87.33f, 0.0f, 200001), 0.0);
   EXPECT_LE(e, 2e-7) << "target " << cpu_target();
+  std::printf("ExpNonpos max relative error at %s: %.3g\n", cpu_target().c_str(), e);
   // Below -87.33 (-inf included): exactly 0; NaN stays NaN; 0 and -0 give 1.
   const std::vector<float> xs = {-87.34f, -100.0f, -std::numeric_limits<float>::infinity(), -1e30f,
                                  std::nanf(""), 0.0f, -0.0f, -87.32f};
@@ -230,6 +233,7 @@ TEST(VecMath, ExpNonPositiveRelativeError) {
 TEST(VecMath, TanhRelativeError) {
   const double e = max_rel_error(test::VecFn::Tanh, [](double x) { return std::tanh(x); }, test_points(-12.0f, 12.0f, 200001), 0.0);
   EXPECT_LE(e, 2e-7) << "target " << cpu_target();
+  std::printf("Tanh max relative error at %s: %.3g\n", cpu_target().c_str(), e);
   const std::vector<float> xs = {100.0f, -100.0f, std::numeric_limits<float>::infinity(),
                                  -std::numeric_limits<float>::infinity(), std::nanf(""), 1e-20f, -1e-20f, 0.0f};
   const std::vector<float> out = apply(test::VecFn::Tanh, xs);
@@ -247,6 +251,7 @@ TEST(VecMath, ErfcRelativeError) {
   // Relative error over the whole normal range of erfc (erfc(9.1) ~ 1e-37), the tail included.
   const double e = max_rel_error(test::VecFn::Erfc, [](double x) { return std::erfc(x); }, test_points(0.0f, 9.1f, 200001), 0.0);
   EXPECT_LE(e, 5e-7) << "target " << cpu_target();
+  std::printf("Erfc max relative error at %s: %.3g\n", cpu_target().c_str(), e);
   const std::vector<float> xs = {std::numeric_limits<float>::infinity(), std::nanf(""), 10.5f, 0.0f, 1e-30f, 30.0f, 5.0f, 1.0f};
   const std::vector<float> out = apply(test::VecFn::Erfc, xs);
   EXPECT_EQ(out[0], 0.0f);
