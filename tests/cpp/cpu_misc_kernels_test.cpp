@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <optional>
@@ -14,8 +15,9 @@
 #include <vector>
 
 #include "ir/op_registry.h"
-#include "kernels/cpu/vec_math.h"
+#include "cpu_vec_shim.h"
 #include "kernels/kernel.h"
+#include "kiln/cpu_target.h"
 #include "kiln/thread_pool.h"
 
 namespace kiln {
@@ -88,7 +90,7 @@ void check(const std::string& op, std::vector<std::optional<Buf>> in, const Attr
   KernelFn fast = reg.select(op, sig, KernelSet::Optimized);
   KernelFn ref = reg.find(op);
   ASSERT_NE(ref, nullptr);
-  if (!expect_cpu || !cpu::cpu_has_avx2_fma()) {  // no AVX2/FMA: every call must stay portable
+  if (!expect_cpu) {  // a call that the cpu kernels decline stays portable
     EXPECT_EQ(fast, ref) << "expected the portable kernel";
     return;
   }
@@ -144,34 +146,40 @@ void check(const std::string& op, std::vector<std::optional<Buf>> in, const Attr
 }
 
 // ------------------------------------------------------------------------------ vec_math
+// The per-target math of src/kernels/cpu/vec-inl.h at the process's cpu target (KILN_CPU_TARGET
+// picks it: run these at every target), through tests/cpp/cpu_vec_shim.cpp.
 
-#if KILN_CPU_AVX2_KERNELS
+/// fn applied to xs (whole vectors and a tail, as the kernels call it).
+std::vector<float> apply(test::VecFn fn, const std::vector<float>& xs) {
+  std::vector<float> out(xs.size());
+  test::vec_math(fn, xs.data(), out.data(), xs.size());
+  return out;
+}
 
-/// Max relative error of f8 against ref over xs (results with |ref| < floor use absolute error).
-template <class F8, class Ref>
-double max_rel_error(F8 f8, Ref ref, const std::vector<float>& xs, double floor) {
+/// Max relative error of fn against ref over xs (results with |ref| < floor use absolute error).
+template <class Ref>
+double max_rel_error(test::VecFn fn, Ref ref, const std::vector<float>& xs, double floor) {
+  const std::vector<float> out = apply(fn, xs);
   double worst = 0.0;
-  for (size_t i = 0; i + 8 <= xs.size(); i += 8) {
-    alignas(32) float out[8];
-    f8(xs.data() + i, out);
-    for (int k = 0; k < 8; ++k) {
-      const double e = ref(static_cast<double>(xs[i + k]));
-      const double g = out[k];
-      if (std::isnan(e)) {
-        EXPECT_TRUE(std::isnan(g)) << xs[i + k];
-        continue;
-      }
-      if (std::isinf(e) || std::fabs(e) > 3.4028234663852886e38) {
-        EXPECT_TRUE(std::isinf(g) && (g > 0) == (e > 0)) << "x=" << xs[i + k] << " got " << g;
-        continue;
-      }
-      const double err = std::fabs(g - e) / std::max(std::fabs(e), floor);
-      worst = std::max(worst, err);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    const double e = ref(static_cast<double>(xs[i]));
+    const double g = out[i];
+    if (std::isnan(e)) {
+      EXPECT_TRUE(std::isnan(g)) << xs[i];
+      continue;
     }
+    if (std::isinf(e) || std::fabs(e) > 3.4028234663852886e38) {
+      EXPECT_TRUE(std::isinf(g) && (g > 0) == (e > 0)) << "x=" << xs[i] << " got " << g;
+      continue;
+    }
+    const double err = std::fabs(g - e) / std::max(std::fabs(e), floor);
+    worst = std::max(worst, err);
   }
   return worst;
 }
 
+/// A grid and as many random points over [lo, hi], plus the special values inside it; the count
+/// is odd, so the shim's tail path runs too.
 std::vector<float> test_points(float lo, float hi, int n) {
   std::vector<float> xs;
   for (int i = 0; i < n; ++i) xs.push_back(lo + (hi - lo) * static_cast<float>(i) / static_cast<float>(n - 1));
@@ -182,25 +190,19 @@ std::vector<float> test_points(float lo, float hi, int n) {
   for (float s : specials) {
     if (s >= lo && s <= hi) xs.push_back(s);
   }
-  while (xs.size() % 8) xs.push_back(0.5f);
+  if (xs.size() % 2 == 0) xs.push_back(0.5f);
   return xs;
 }
 
-KILN_AVX2 void exp_vec(const float* x, float* y) { _mm256_store_ps(y, cpu::exp8(_mm256_loadu_ps(x))); }
-KILN_AVX2 void exp_nonpos_vec(const float* x, float* y) { _mm256_store_ps(y, cpu::exp8_nonpos(_mm256_loadu_ps(x))); }
-KILN_AVX2 void tanh_vec(const float* x, float* y) { _mm256_store_ps(y, cpu::tanh8(_mm256_loadu_ps(x))); }
-KILN_AVX2 void erfc_vec(const float* x, float* y) { _mm256_store_ps(y, cpu::erfc8(_mm256_loadu_ps(x))); }
-
 TEST(VecMath, ExpRelativeError) {
-  if (!cpu::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA";
   // Normal results: relative error against double exp.
-  const double e = max_rel_error(exp_vec, [](double x) { return std::exp(x); }, test_points(-87.3f, 88.7f, 200001), 0.0);
-  EXPECT_LE(e, 2e-7);
+  const double e = max_rel_error(test::VecFn::Exp, [](double x) { return std::exp(x); }, test_points(-87.3f, 88.7f, 200001), 0.0);
+  EXPECT_LE(e, 2e-7) << "target " << cpu_target();
+  std::printf("Exp max relative error at %s: %.3g\n", cpu_target().c_str(), e);
   // Overflow, underflow, denormals (absolute error below the smallest normal), NaN.
   const std::vector<float> xs = {89.0f, 1e30f, std::numeric_limits<float>::infinity(), -104.5f, -1e30f,
                                  -std::numeric_limits<float>::infinity(), -100.0f, std::nanf("")};
-  alignas(32) float out[8];
-  exp_vec(xs.data(), out);
+  const std::vector<float> out = apply(test::VecFn::Exp, xs);
   EXPECT_TRUE(std::isinf(out[0]) && std::isinf(out[1]) && std::isinf(out[2]));
   EXPECT_EQ(out[3], 0.0f);
   EXPECT_EQ(out[4], 0.0f);
@@ -210,14 +212,13 @@ TEST(VecMath, ExpRelativeError) {
 }
 
 TEST(VecMath, ExpNonPositiveRelativeError) {
-  if (!cpu::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA";
-  const double e = max_rel_error(exp_nonpos_vec, [](double x) { return std::exp(x); }, test_points(-87.33f, 0.0f, 200001), 0.0);
-  EXPECT_LE(e, 2e-7);
+  const double e = max_rel_error(test::VecFn::ExpNonpos, [](double x) { return std::exp(x); }, test_points(-87.33f, 0.0f, 200001), 0.0);
+  EXPECT_LE(e, 2e-7) << "target " << cpu_target();
+  std::printf("ExpNonpos max relative error at %s: %.3g\n", cpu_target().c_str(), e);
   // Below -87.33 (-inf included): exactly 0; NaN stays NaN; 0 and -0 give 1.
   const std::vector<float> xs = {-87.34f, -100.0f, -std::numeric_limits<float>::infinity(), -1e30f,
                                  std::nanf(""), 0.0f, -0.0f, -87.32f};
-  alignas(32) float out[8];
-  exp_nonpos_vec(xs.data(), out);
+  const std::vector<float> out = apply(test::VecFn::ExpNonpos, xs);
   EXPECT_EQ(out[0], 0.0f);
   EXPECT_EQ(out[1], 0.0f);
   EXPECT_EQ(out[2], 0.0f);
@@ -230,13 +231,12 @@ TEST(VecMath, ExpNonPositiveRelativeError) {
 }
 
 TEST(VecMath, TanhRelativeError) {
-  if (!cpu::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA";
-  const double e = max_rel_error(tanh_vec, [](double x) { return std::tanh(x); }, test_points(-12.0f, 12.0f, 200001), 0.0);
-  EXPECT_LE(e, 2e-7);
+  const double e = max_rel_error(test::VecFn::Tanh, [](double x) { return std::tanh(x); }, test_points(-12.0f, 12.0f, 200001), 0.0);
+  EXPECT_LE(e, 2e-7) << "target " << cpu_target();
+  std::printf("Tanh max relative error at %s: %.3g\n", cpu_target().c_str(), e);
   const std::vector<float> xs = {100.0f, -100.0f, std::numeric_limits<float>::infinity(),
                                  -std::numeric_limits<float>::infinity(), std::nanf(""), 1e-20f, -1e-20f, 0.0f};
-  alignas(32) float out[8];
-  tanh_vec(xs.data(), out);
+  const std::vector<float> out = apply(test::VecFn::Tanh, xs);
   EXPECT_EQ(out[0], 1.0f);
   EXPECT_EQ(out[1], -1.0f);
   EXPECT_EQ(out[2], 1.0f);
@@ -248,13 +248,12 @@ TEST(VecMath, TanhRelativeError) {
 }
 
 TEST(VecMath, ErfcRelativeError) {
-  if (!cpu::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA";
   // Relative error over the whole normal range of erfc (erfc(9.1) ~ 1e-37), the tail included.
-  const double e = max_rel_error(erfc_vec, [](double x) { return std::erfc(x); }, test_points(0.0f, 9.1f, 200001), 0.0);
-  EXPECT_LE(e, 5e-7);
+  const double e = max_rel_error(test::VecFn::Erfc, [](double x) { return std::erfc(x); }, test_points(0.0f, 9.1f, 200001), 0.0);
+  EXPECT_LE(e, 5e-7) << "target " << cpu_target();
+  std::printf("Erfc max relative error at %s: %.3g\n", cpu_target().c_str(), e);
   const std::vector<float> xs = {std::numeric_limits<float>::infinity(), std::nanf(""), 10.5f, 0.0f, 1e-30f, 30.0f, 5.0f, 1.0f};
-  alignas(32) float out[8];
-  erfc_vec(xs.data(), out);
+  const std::vector<float> out = apply(test::VecFn::Erfc, xs);
   EXPECT_EQ(out[0], 0.0f);
   EXPECT_TRUE(std::isnan(out[1]));
   EXPECT_EQ(out[2], 0.0f);
@@ -262,8 +261,6 @@ TEST(VecMath, ErfcRelativeError) {
   EXPECT_NEAR(out[4], 1.0f, 2e-7);
   EXPECT_EQ(out[5], 0.0f);
 }
-
-#endif  // KILN_CPU_AVX2_KERNELS
 
 // ------------------------------------------------------------------------------ elementwise
 
@@ -325,7 +322,6 @@ std::vector<float> run_cpu(const char* op, const Attributes& given, const std::v
 }
 
 TEST(CpuElementwise, GeluNegativeTailIsAccurate) {
-  if (!cpu::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA";
   // Per-element relative error against double, x in [-9, 0): gelu(x) spans 1e-18 .. 0.17 there.
   std::vector<float> x;
   for (int i = 1; i <= 90000; ++i) x.push_back(-9.0f * static_cast<float>(i) / 90000.0f);
@@ -556,7 +552,6 @@ TEST(CpuAttention, LongSequenceTiling) {
 }
 
 TEST(CpuAttention, FullyMaskedRowsGiveZero) {
-  if (!cpu::cpu_has_avx2_fma()) GTEST_SKIP() << "no AVX2/FMA: the portable kernel runs";
   std::mt19937 rng(11);
   const int64_t L = 70, S = 150;
   Buf mask = rand_bool(rng, {L, S}, 0.5);

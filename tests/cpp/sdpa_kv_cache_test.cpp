@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "ir/op_registry.h"
-#include "kernels/cpu/vec_math.h"
 #include "kernels/kernel.h"
 #include "kiln/thread_pool.h"
 
@@ -116,7 +115,7 @@ Error run(KernelFn fn, const Case& c, Inputs& in, const Attributes& at, ThreadPo
   return fn(KernelArgs{ins, outs, at, pool});
 }
 
-/// The cpu kernel select() picks for the call's types (the portable one without AVX2/FMA).
+/// The cpu kernel select() picks for the call's types (it runs at every cpu target).
 KernelFn select_cpu(const Case& c, const Attributes& at) {
   const TensorType q{DType::Float32, {c.B, c.Hq, c.T, c.D}}, k{DType::Float32, {c.B, c.Hkv, c.S, c.D}},
       v{DType::Float32, {c.B, c.Hkv, c.S, c.Dv}}, pos{DType::Int64, {1}};
@@ -128,12 +127,8 @@ KernelFn select_cpu(const Case& c, const Attributes& at) {
   const TensorType* outs[] = {&(*out)[0]};
   const KernelRegistry& reg = KernelRegistry::get();
   KernelFn fn = reg.select(kOp, KernelSignature{ins, outs, at}, KernelSet::Optimized);
-  if (cpu::cpu_has_avx2_fma()) {
-    EXPECT_STREQ(reg.set_name(fn), "cpu");
-    EXPECT_EQ(reg.prepare_of(fn), nullptr);  // nothing size-dependent is prepared at load
-  } else {
-    EXPECT_EQ(fn, reg.find(kOp));
-  }
+  EXPECT_STREQ(reg.set_name(fn), "cpu");
+  EXPECT_EQ(reg.prepare_of(fn), nullptr);  // nothing size-dependent is prepared at load
   return fn;
 }
 

@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 import kiln
-from oprunner import has_avx2_fma, one_node_graph
+from oprunner import one_node_graph
 import reference
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -530,10 +530,14 @@ class Backend:
 
 
 def cpu_targets() -> list[str]:
-    """The instruction-set targets of Kiln's optimized cpu kernels that this build and CPU run.
-    Today one: AVX2 + FMA (src/kernels/cpu, selected at run time by cpu_has_avx2_fma()); on a CPU
-    without it the "cpu" kernels are the portable ones and no cpu target is listed."""
-    return ["avx2"] if has_avx2_fma() else []
+    """The instruction-set targets of Kiln's optimized cpu kernels that the harness runs.
+    The kernels (src/kernels/cpu) are written once over Google Highway and compiled for several
+    targets (x86: avx3_dl, avx3, avx2; Arm: sve2, sve, neon; and "scalar" everywhere); a process
+    runs one of them, chosen once (include/kiln/cpu_target.h): the best one this CPU supports, or
+    the one named by the environment variable KILN_CPU_TARGET. So the "cpu" kernels run on every
+    CPU, and the harness runs the one target of its process (set KILN_CPU_TARGET to check
+    another)."""
+    return [os.environ.get("KILN_CPU_TARGET") or "best"]
 
 
 def backends() -> list[Backend]:

@@ -10,11 +10,14 @@
 // A row whose scores are all -inf (fully masked) gives 0, as PyTorch eager does (_safe_softmax),
 // and as the portable kernel (src/kernels/portable/norm.cpp) does.
 //
-// q.k^T and p.V run as register-tiled AVX2/FMA micro-kernels (6 rows x 16 columns) on a packed
-// K^T block (and a packed, zero-padded V block when Ev is not a multiple of 8); scores and sums
-// are float32 (the portable kernel uses double), e^x is cpu::exp8. Scratch is thread_local,
-// (E + Ev') * kBlockK + kBlockQ * (kBlockK + Ev') floats (Ev' = Ev rounded up to 8), so bounded by
-// the block sizes and head dims (never by L or S), and reused across calls.
+// Written once over Highway for every SIMD target (kernels/cpu/vec-inl.h). q.k^T and p.V run as
+// register-tiled micro-kernels (kMR rows x 2 vectors of columns: 6 x 16 on AVX2, 8 x 32 on
+// AVX-512, 6 x 2 on the scalar target) on a packed K^T block (transposed in kTB x kTB register
+// blocks) and a packed, zero-padded V block when Ev is not a multiple of the lane count; scores
+// and sums are float32 (the portable kernel uses double), e^(s - m) is ExpNonpos. Scratch is
+// thread_local, (E + Ev') * K' + kBlockQ * (K' + Ev') floats (Ev' = Ev rounded up to the lane
+// count, K' = kBlockK rounded up to two vectors), so bounded by the block sizes and head dims
+// (never by L or S), and reused across calls.
 // Tasks (batch*heads x query blocks) are handed out dynamically to the pool's threads, so causal
 // attention (later query blocks see more keys) stays balanced.
 //
@@ -30,30 +33,29 @@
 #include <vector>
 
 #include "kernels/cpu/parallel_util.h"
-#include "kernels/cpu/vec_math.h"
 #include "kernels/kernel.h"
 #include "kernels/portable/llm.h"
 
-namespace kiln {
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/attention.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/cpu/vec-inl.h"
 
-#if KILN_CPU_AVX2_KERNELS
-namespace {
+#ifndef KILN_CPU_ATTENTION_SHARED_
+#define KILN_CPU_ATTENTION_SHARED_
+namespace kiln::cpu::attention {
 
-using cpu::exp8;
-using cpu::load_tail;
-using cpu::store_tail;
-
-constexpr int64_t kBlockQ = 128;   ///< query rows per task
+constexpr int64_t kBlockQ = 128;  ///< query rows per task
 constexpr int64_t kBlockK = 128;  ///< keys per streamed block
-constexpr int kMR = 6;            ///< micro-kernel rows
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 /// Element offset of operand `sizes` ([batch..., rows, cols]) for every flat index over the
 /// output batch dims `out_batch`: broadcast dims (size 1) repeat; with gqa the head dim (last
 /// batch dim) is indexed by out_head / (out_heads / heads) (repeat_interleave).
-std::vector<int64_t> batch_offsets(const std::vector<int64_t>& sizes, const std::vector<int64_t>& out_batch, bool gqa) {
+inline std::vector<int64_t> batch_offsets(const std::vector<int64_t>& sizes, const std::vector<int64_t>& out_batch, bool gqa) {
   const size_t ob = out_batch.size();
   const size_t rank = sizes.size() - 2;
   std::vector<int64_t> stride(ob, 0), div(ob, 1);
@@ -85,7 +87,7 @@ struct MaskLayout {
   int64_t si = 0, sj = 0;
 };
 
-MaskLayout mask_layout(const std::vector<int64_t>& msizes, const std::vector<int64_t>& out_batch) {
+inline MaskLayout mask_layout(const std::vector<int64_t>& msizes, const std::vector<int64_t>& out_batch) {
   const size_t R = out_batch.size() + 2, mr = msizes.size();
   std::vector<int64_t> stride(R, 0);
   int64_t s = 1;
@@ -110,130 +112,6 @@ MaskLayout mask_layout(const std::vector<int64_t>& msizes, const std::vector<int
   return m;
 }
 
-/// s[r][c] = sum_e q[r][e] * kt[e][c] for r < MR, c < 16 (kt: packed K^T block, row stride ldk).
-template <int MR>
-KILN_AVX2 void qk_tile(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t E, float* s, int64_t lds) {
-  __m256 acc[MR][2];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-#pragma GCC unroll 4
-  for (int64_t e = 0; e < E; ++e) {
-    const __m256 k0 = _mm256_loadu_ps(kt + e * ldk);
-    const __m256 k1 = _mm256_loadu_ps(kt + e * ldk + 8);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m256 qb = _mm256_broadcast_ss(q + r * ldq + e);
-      acc[r][0] = _mm256_fmadd_ps(qb, k0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(qb, k1, acc[r][1]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    _mm256_storeu_ps(s + r * lds, acc[r][0]);
-    _mm256_storeu_ps(s + r * lds + 8, acc[r][1]);
-  }
-}
-
-/// o[r][c] += sum_j p[r][j] * v[j][c] for r < MR, c < 8 * NV, j < n.
-template <int MR, int NV>
-KILN_AVX2 void pv_tile(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, float* o, int64_t ldo) {
-  __m256 acc[MR][NV];
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 2
-    for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_loadu_ps(o + r * ldo + 8 * c);
-  }
-#pragma GCC unroll 4
-  for (int64_t j = 0; j < n; ++j) {
-    __m256 vv[NV];
-#pragma GCC unroll 2
-    for (int c = 0; c < NV; ++c) vv[c] = _mm256_loadu_ps(v + j * ldv + 8 * c);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const __m256 pb = _mm256_broadcast_ss(p + r * ldp + j);
-#pragma GCC unroll 2
-      for (int c = 0; c < NV; ++c) acc[r][c] = _mm256_fmadd_ps(pb, vv[c], acc[r][c]);
-    }
-  }
-#pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-#pragma GCC unroll 2
-    for (int c = 0; c < NV; ++c) _mm256_storeu_ps(o + r * ldo + 8 * c, acc[r][c]);
-  }
-}
-
-template <int MR>
-KILN_AVX2 void pv_rows(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, int64_t evp, float* o,
-                       int64_t ldo) {
-  int64_t c = 0;
-  for (; c + 16 <= evp; c += 16) pv_tile<MR, 2>(p, ldp, v + c, ldv, n, o + c, ldo);
-  if (c < evp) pv_tile<MR, 1>(p, ldp, v + c, ldv, n, o + c, ldo);
-}
-
-/// Dispatches a tile of `rows` (1..kMR) rows to the micro-kernel instantiated for it.
-template <template <int> class F, class... Args>
-KILN_AVX2 void by_rows(int64_t rows, Args... args) {
-  switch (rows) {
-    case 6: F<6>::run(args...); break;
-    case 5: F<5>::run(args...); break;
-    case 4: F<4>::run(args...); break;
-    case 3: F<3>::run(args...); break;
-    case 2: F<2>::run(args...); break;
-    default: F<1>::run(args...); break;
-  }
-}
-template <int MR>
-struct QK {
-  KILN_AVX2 static void run(const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t E, float* s, int64_t lds) {
-    qk_tile<MR>(q, ldq, kt, ldk, E, s, lds);
-  }
-};
-template <int MR>
-struct PV {
-  KILN_AVX2 static void run(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, int64_t evp, float* o,
-                            int64_t ldo) {
-    pv_rows<MR>(p, ldp, v, ldv, n, evp, o, ldo);
-  }
-};
-
-/// kt[e][c] = k[c][e] for c < n, e < E (k: n rows of E floats), zero for n <= c < npad.
-/// Full 8 x 8 tiles are transposed in registers (unpack / shuffle / permute2f128).
-KILN_AVX2 void pack_kt(const float* k, int64_t E, int64_t n, int64_t npad, float* kt, int64_t ldk) {
-  const int64_t n8 = n / 8 * 8, e8 = E / 8 * 8;
-  for (int64_t c = 0; c < n8; c += 8) {
-    for (int64_t e = 0; e < e8; e += 8) {
-      const float* src = k + c * E + e;
-      const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + E), r2 = _mm256_loadu_ps(src + 2 * E),
-                   r3 = _mm256_loadu_ps(src + 3 * E), r4 = _mm256_loadu_ps(src + 4 * E), r5 = _mm256_loadu_ps(src + 5 * E),
-                   r6 = _mm256_loadu_ps(src + 6 * E), r7 = _mm256_loadu_ps(src + 7 * E);
-      const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);
-      const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
-      const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
-      const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-      const __m256 s0 = _mm256_shuffle_ps(t0, t2, 0x44), s1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-      const __m256 s2 = _mm256_shuffle_ps(t1, t3, 0x44), s3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-      const __m256 s4 = _mm256_shuffle_ps(t4, t6, 0x44), s5 = _mm256_shuffle_ps(t4, t6, 0xEE);
-      const __m256 s6 = _mm256_shuffle_ps(t5, t7, 0x44), s7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-      float* dst = kt + e * ldk + c;
-      _mm256_storeu_ps(dst, _mm256_permute2f128_ps(s0, s4, 0x20));
-      _mm256_storeu_ps(dst + ldk, _mm256_permute2f128_ps(s1, s5, 0x20));
-      _mm256_storeu_ps(dst + 2 * ldk, _mm256_permute2f128_ps(s2, s6, 0x20));
-      _mm256_storeu_ps(dst + 3 * ldk, _mm256_permute2f128_ps(s3, s7, 0x20));
-      _mm256_storeu_ps(dst + 4 * ldk, _mm256_permute2f128_ps(s0, s4, 0x31));
-      _mm256_storeu_ps(dst + 5 * ldk, _mm256_permute2f128_ps(s1, s5, 0x31));
-      _mm256_storeu_ps(dst + 6 * ldk, _mm256_permute2f128_ps(s2, s6, 0x31));
-      _mm256_storeu_ps(dst + 7 * ldk, _mm256_permute2f128_ps(s3, s7, 0x31));
-    }
-    for (int64_t e = e8; e < E; ++e) {
-      for (int64_t r = 0; r < 8; ++r) kt[e * ldk + c + r] = k[(c + r) * E + e];
-    }
-  }
-  for (int64_t c = n8; c < n; ++c) {
-    for (int64_t e = 0; e < E; ++e) kt[e * ldk + c] = k[c * E + e];
-  }
-  for (int64_t e = 0; e < E; ++e) std::fill(kt + e * ldk + n, kt + e * ldk + npad, 0.0f);
-}
-
 /// Everything one call needs, shared read-only by the tasks.
 struct Problem {
   const float *q, *k, *v;
@@ -252,13 +130,14 @@ struct Scratch {
   std::vector<float> buf;
   float *kt, *vp, *s, *o, *m, *l;
   int64_t ldk, ldv_pad, lds, ldo;
-  bool prepare(const Problem& P) { return prepare(P.E, P.Ev); }
-  bool prepare(int64_t E, int64_t Ev) {
-    ldk = kBlockK;              // K^T row stride (columns padded with zeros)
-    ldv_pad = round_up(Ev, 8);  // packed V / O row stride
-    lds = kBlockK;
+  /// Points the buffers at storage for head dims E (q, k) and Ev (v) with `lanes` floats per
+  /// vector; false when the allocation fails.
+  bool prepare(int64_t E, int64_t Ev, int64_t lanes) {
+    ldk = round_up(kBlockK, 2 * lanes);  // K^T row stride (columns padded with zeros)
+    ldv_pad = round_up(Ev, lanes);       // packed V / O row stride
+    lds = ldk;
     ldo = ldv_pad;
-    const size_t need = static_cast<size_t>(E * ldk + kBlockK * ldv_pad + kBlockQ * lds + kBlockQ * ldo + 2 * kBlockQ);
+    const size_t need = static_cast<size_t>(E * ldk + ldk * ldv_pad + kBlockQ * lds + kBlockQ * ldo + 2 * kBlockQ);
     try {
       if (buf.size() < need) buf.resize(need);
     } catch (const std::bad_alloc&) {
@@ -266,7 +145,7 @@ struct Scratch {
     }
     kt = buf.data();
     vp = kt + E * ldk;
-    s = vp + kBlockK * ldv_pad;
+    s = vp + ldk * ldv_pad;
     o = s + kBlockQ * lds;
     m = o + kBlockQ * ldo;
     l = m + kBlockQ;
@@ -274,8 +153,234 @@ struct Scratch {
   }
 };
 
+/// One call of kiln.sdpa_kv_cache, shared read-only by the tasks.
+struct KvProblem {
+  const float *q, *k, *v;
+  float* out;
+  int64_t Hq, T, D, Hkv, S, Dv, group, p, window;
+  float scale;
+  /// The keys query row t sees: [lo, hi).
+  int64_t lo(int64_t t) const { return window > 0 ? std::max<int64_t>(0, p + t - window + 1) : 0; }
+  int64_t hi(int64_t t) const { return p + t + 1; }
+};
+
+/// The calling thread's scratch (one per thread, reused across calls and targets).
+inline thread_local Scratch tls_scratch;
+
+}  // namespace kiln::cpu::attention
+#endif  // KILN_CPU_ATTENTION_SHARED_
+
+HWY_BEFORE_NAMESPACE();
+namespace kiln {
+namespace cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace attention_detail {
+
+using namespace ::kiln::cpu::attention;  // NOLINT: the shared types and constants above
+
+/// Micro-kernel rows: 8 where the target has 32 vector registers (AVX-512, AArch64 NEON / SVE:
+/// 16 accumulators, 2 key vectors and a broadcast), else 6 (AVX2 and the scalar target: 16
+/// registers, 12 accumulators).
+#if (HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3) || (HWY_ARCH_ARM_A64 && HWY_TARGET != HWY_SCALAR)
+constexpr int kMR = 8;
+#else
+constexpr int kMR = 6;
+#endif
+
+/// Side of the square blocks that pack_kt transposes in registers: 8 (256-bit vectors) on x86,
+/// 4 (128-bit) on the other SIMD targets, 1 (a copy) on the scalar target.
+#if HWY_TARGET == HWY_SCALAR
+constexpr size_t kTB = 1;
+#elif HWY_ARCH_X86
+constexpr size_t kTB = 8;
+#else
+constexpr size_t kTB = 4;
+#endif
+
+/// dst[j * ldd + i] = src[i * lds + j] for i, j < B (B = 1, 4 or 8): a B x B transpose through
+/// two rounds of interleaves within 128-bit blocks (32-bit, then 64-bit lanes) and, for B = 8,
+/// one exchange of 128-bit halves (the classic unpack / shuffle / permute2f128 sequence).
+/// (The scalar target, which lacks the interleave ops, only copies: B = 1.)
+#if HWY_TARGET == HWY_SCALAR
+template <size_t B>
+HWY_INLINE void TransposeBlock(const float* HWY_RESTRICT src, int64_t, float* HWY_RESTRICT dst, int64_t) {
+  static_assert(B == 1, "the scalar target transposes 1 x 1 blocks");
+  dst[0] = src[0];
+}
+#else
+template <size_t B>
+HWY_INLINE void TransposeBlock(const float* HWY_RESTRICT src, int64_t lds, float* HWY_RESTRICT dst, int64_t ldd) {
+  {
+    const hn::CappedTag<float, B> d;
+    const hn::Repartition<uint64_t, decltype(d)> d64;
+    using V = hn::Vec<decltype(d)>;
+    auto il = [&](V a, V b) { return hn::BitCast(d, hn::InterleaveLower(d64, hn::BitCast(d64, a), hn::BitCast(d64, b))); };
+    auto iu = [&](V a, V b) { return hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, a), hn::BitCast(d64, b))); };
+    const V r0 = hn::LoadU(d, src), r1 = hn::LoadU(d, src + lds), r2 = hn::LoadU(d, src + 2 * lds),
+            r3 = hn::LoadU(d, src + 3 * lds);
+    const V t0 = hn::InterleaveLower(d, r0, r1), t1 = hn::InterleaveUpper(d, r0, r1);
+    const V t2 = hn::InterleaveLower(d, r2, r3), t3 = hn::InterleaveUpper(d, r2, r3);
+    const V s0 = il(t0, t2), s1 = iu(t0, t2), s2 = il(t1, t3), s3 = iu(t1, t3);
+    if constexpr (B == 4) {
+      hn::StoreU(s0, d, dst);
+      hn::StoreU(s1, d, dst + ldd);
+      hn::StoreU(s2, d, dst + 2 * ldd);
+      hn::StoreU(s3, d, dst + 3 * ldd);
+    } else {
+      static_assert(B == 8, "transpose blocks of 1, 4 or 8");
+      const V r4 = hn::LoadU(d, src + 4 * lds), r5 = hn::LoadU(d, src + 5 * lds), r6 = hn::LoadU(d, src + 6 * lds),
+              r7 = hn::LoadU(d, src + 7 * lds);
+      const V t4 = hn::InterleaveLower(d, r4, r5), t5 = hn::InterleaveUpper(d, r4, r5);
+      const V t6 = hn::InterleaveLower(d, r6, r7), t7 = hn::InterleaveUpper(d, r6, r7);
+      const V s4 = il(t4, t6), s5 = iu(t4, t6), s6 = il(t5, t7), s7 = iu(t5, t7);
+      hn::StoreU(hn::ConcatLowerLower(d, s4, s0), d, dst);
+      hn::StoreU(hn::ConcatLowerLower(d, s5, s1), d, dst + ldd);
+      hn::StoreU(hn::ConcatLowerLower(d, s6, s2), d, dst + 2 * ldd);
+      hn::StoreU(hn::ConcatLowerLower(d, s7, s3), d, dst + 3 * ldd);
+      hn::StoreU(hn::ConcatUpperUpper(d, s4, s0), d, dst + 4 * ldd);
+      hn::StoreU(hn::ConcatUpperUpper(d, s5, s1), d, dst + 5 * ldd);
+      hn::StoreU(hn::ConcatUpperUpper(d, s6, s2), d, dst + 6 * ldd);
+      hn::StoreU(hn::ConcatUpperUpper(d, s7, s3), d, dst + 7 * ldd);
+    }
+  }
+}
+#endif  // HWY_TARGET == HWY_SCALAR
+
+/// kt[e][c] = k[c][e] for c < n, e < E (k: n rows of E floats), zero for n <= c < npad.
+/// Whole kTB x kTB tiles are transposed in registers.
+HWY_INLINE void PackKt(const float* k, int64_t E, int64_t n, int64_t npad, float* kt, int64_t ldk) {
+  constexpr int64_t B = static_cast<int64_t>(kTB);
+  const int64_t nb = n / B * B, eb = E / B * B;
+  for (int64_t c = 0; c < nb; c += B) {
+    for (int64_t e = 0; e < eb; e += B) TransposeBlock<kTB>(k + c * E + e, E, kt + e * ldk + c, ldk);
+    for (int64_t e = eb; e < E; ++e) {
+      for (int64_t r = 0; r < B; ++r) kt[e * ldk + c + r] = k[(c + r) * E + e];
+    }
+  }
+  for (int64_t c = nb; c < n; ++c) {
+    for (int64_t e = 0; e < E; ++e) kt[e * ldk + c] = k[c * E + e];
+  }
+  for (int64_t e = 0; e < E; ++e) std::fill(kt + e * ldk + n, kt + e * ldk + npad, 0.0f);
+}
+
+// The micro-kernels keep their accumulators in named variables (c<row><vector>), not arrays:
+// SVE vectors are sizeless and cannot be array elements. Rows >= MR are never touched.
+#define KILN_ATT_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+static_assert(kMR <= 8, "KILN_ATT_ROWS lists 8 rows");
+
+/// s[r][c] = sum_e q[r][e] * kt[e][c] for r < MR, c < 2 * Lanes (kt: packed K^T block, row stride
+/// ldk).
+template <int MR>
+HWY_INLINE void QkTile(const float* HWY_RESTRICT q, int64_t ldq, const float* HWY_RESTRICT kt, int64_t ldk, int64_t E,
+                       float* HWY_RESTRICT s, int64_t lds) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+#define KILN_ATT_DECL(r) VF c##r##0 = hn::Zero(d), c##r##1 = hn::Zero(d);
+  KILN_ATT_ROWS(KILN_ATT_DECL)
+#undef KILN_ATT_DECL
+  HWY_UNROLL(4)
+  for (int64_t e = 0; e < E; ++e) {
+    const VF k0 = hn::LoadU(d, kt + e * ldk);
+    const VF k1 = hn::LoadU(d, kt + e * ldk + N);
+#define KILN_ATT_FMA(r)                                  \
+  if constexpr (MR > r) {                                \
+    const VF qb = hn::Set(d, q[r * ldq + e]);            \
+    c##r##0 = hn::MulAdd(qb, k0, c##r##0);               \
+    c##r##1 = hn::MulAdd(qb, k1, c##r##1);               \
+  }
+    KILN_ATT_ROWS(KILN_ATT_FMA)
+#undef KILN_ATT_FMA
+  }
+#define KILN_ATT_STORE(r)                        \
+  if constexpr (MR > r) {                        \
+    hn::StoreU(c##r##0, d, s + r * lds);         \
+    hn::StoreU(c##r##1, d, s + r * lds + N);     \
+  }
+  KILN_ATT_ROWS(KILN_ATT_STORE)
+#undef KILN_ATT_STORE
+}
+
+/// o[r][c] += sum_j p[r][j] * v[j][c] for r < MR, c < NV * Lanes (NV = 1 or 2), j < n.
+template <int MR, int NV>
+HWY_INLINE void PvTile(const float* HWY_RESTRICT p, int64_t ldp, const float* HWY_RESTRICT v, int64_t ldv, int64_t n,
+                       float* HWY_RESTRICT o, int64_t ldo) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+#define KILN_ATT_DECL(r)                                                                 \
+  VF c##r##0 = hn::Zero(d), c##r##1 = hn::Zero(d);                                       \
+  if constexpr (MR > r) {                                                                \
+    c##r##0 = hn::LoadU(d, o + r * ldo);                                                 \
+    if constexpr (NV > 1) c##r##1 = hn::LoadU(d, o + r * ldo + N);                       \
+  }
+  KILN_ATT_ROWS(KILN_ATT_DECL)
+#undef KILN_ATT_DECL
+  HWY_UNROLL(4)
+  for (int64_t j = 0; j < n; ++j) {
+    const VF v0 = hn::LoadU(d, v + j * ldv);
+    const VF v1 = NV > 1 ? hn::LoadU(d, v + j * ldv + N) : v0;
+#define KILN_ATT_FMA(r)                                          \
+  if constexpr (MR > r) {                                        \
+    const VF pb = hn::Set(d, p[r * ldp + j]);                    \
+    c##r##0 = hn::MulAdd(pb, v0, c##r##0);                       \
+    if constexpr (NV > 1) c##r##1 = hn::MulAdd(pb, v1, c##r##1); \
+  }
+    KILN_ATT_ROWS(KILN_ATT_FMA)
+#undef KILN_ATT_FMA
+  }
+#define KILN_ATT_STORE(r)                                              \
+  if constexpr (MR > r) {                                              \
+    hn::StoreU(c##r##0, d, o + r * ldo);                               \
+    if constexpr (NV > 1) hn::StoreU(c##r##1, d, o + r * ldo + N);     \
+  }
+  KILN_ATT_ROWS(KILN_ATT_STORE)
+#undef KILN_ATT_STORE
+}
+#undef KILN_ATT_ROWS
+
+/// PvTile over the evp (a multiple of Lanes) output columns.
+template <int MR>
+HWY_INLINE void PvRows(const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, int64_t evp, float* o,
+                       int64_t ldo) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  int64_t c = 0;
+  for (; c + 2 * N <= evp; c += 2 * N) PvTile<MR, 2>(p, ldp, v + c, ldv, n, o + c, ldo);
+  if (c < evp) PvTile<MR, 1>(p, ldp, v + c, ldv, n, o + c, ldo);
+}
+
+/// QkTile for a tile of `rows` (1..kMR) rows.
+HWY_INLINE void QkRows(int64_t rows, const float* q, int64_t ldq, const float* kt, int64_t ldk, int64_t E, float* s,
+                       int64_t lds) {
+  switch (rows) {
+    case 8: return QkTile<8>(q, ldq, kt, ldk, E, s, lds);
+    case 7: return QkTile<7>(q, ldq, kt, ldk, E, s, lds);
+    case 6: return QkTile<6>(q, ldq, kt, ldk, E, s, lds);
+    case 5: return QkTile<5>(q, ldq, kt, ldk, E, s, lds);
+    case 4: return QkTile<4>(q, ldq, kt, ldk, E, s, lds);
+    case 3: return QkTile<3>(q, ldq, kt, ldk, E, s, lds);
+    case 2: return QkTile<2>(q, ldq, kt, ldk, E, s, lds);
+    default: return QkTile<1>(q, ldq, kt, ldk, E, s, lds);
+  }
+}
+
+/// PvRows for a tile of `rows` (1..kMR) rows.
+HWY_INLINE void PvRowsN(int64_t rows, const float* p, int64_t ldp, const float* v, int64_t ldv, int64_t n, int64_t evp,
+                        float* o, int64_t ldo) {
+  switch (rows) {
+    case 8: return PvRows<8>(p, ldp, v, ldv, n, evp, o, ldo);
+    case 7: return PvRows<7>(p, ldp, v, ldv, n, evp, o, ldo);
+    case 6: return PvRows<6>(p, ldp, v, ldv, n, evp, o, ldo);
+    case 5: return PvRows<5>(p, ldp, v, ldv, n, evp, o, ldo);
+    case 4: return PvRows<4>(p, ldp, v, ldv, n, evp, o, ldo);
+    case 3: return PvRows<3>(p, ldp, v, ldv, n, evp, o, ldo);
+    case 2: return PvRows<2>(p, ldp, v, ldv, n, evp, o, ldo);
+    default: return PvRows<1>(p, ldp, v, ldv, n, evp, o, ldo);
+  }
+}
+
 /// Scales row `i`'s raw scores s[0..n) (keys j0..j0+n) and applies the mask / causal limit.
-KILN_AVX2 void mask_scores(const Problem& P, int64_t b, int64_t i, int64_t j0, float* s, int64_t n) {
+HWY_INLINE void MaskScores(const Problem& P, int64_t b, int64_t i, int64_t j0, float* s, int64_t n) {
   const float scale = P.scale;
   if (P.mask_f != nullptr) {
     const float* mrow = P.mask_f + P.mask.base[static_cast<size_t>(b)] + i * P.mask.si + j0 * P.mask.sj;
@@ -297,65 +402,67 @@ KILN_AVX2 void mask_scores(const Problem& P, int64_t b, int64_t i, int64_t j0, f
   }
 }
 
-/// Online-softmax update of one row: turns scores s[0..n) times `scale` into p = e^(scale s - m'),
-/// updates m and l, and returns the factor e^(m - m') the row's accumulator must be scaled by.
-/// scale > 0 (scores not yet scaled: scaling is monotonic, so the maximum of the scaled scores
-/// is the scaled maximum, and the scaling rides in the exponent's FMA) or exactly 1 (mask_scores
-/// already scaled them).
-KILN_AVX2 float softmax_update(float* s, int64_t n, float scale, float& m, float& l) {
+/// Online-softmax update of one row: scales the scores s[0..n) by `scale` (kScale; else they are
+/// already scaled), turns them into p = e^(s - m') and updates m and l; returns the factor
+/// e^(m - m') the row's accumulator must be scaled by. The scaled scores are stored before m' is
+/// subtracted (so each is rounded on its own, as m' = max of them is, and as eager scales before
+/// its softmax): the row's maximum gives exactly e^0 = 1 and no difference is positive, which
+/// ExpNonpos needs. (One fused multiply-subtract would be off by up to half an ulp of m', 128 at
+/// 2.7e9: enough to push a whole row below exp's range.)
+template <bool kScale>
+HWY_INLINE float SoftmaxUpdate(float* HWY_RESTRICT s, int64_t n, float scale, float& m, float& l) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   // The maximum, NaN-aware: a NaN score makes the row's maximum NaN, so that the row's output is
-  // NaN as in eager (max_ps alone drops NaN, and an all-NaN row would look fully masked).
-  __m256 mx = _mm256_set1_ps(kNegInf), nan = _mm256_setzero_ps();
+  // NaN as in eager (Max alone may drop NaN, and an all-NaN row would look fully masked).
+  const VF vs = hn::Set(d, scale);
+  VF mx = hn::Set(d, kNegInf);
+  auto nan = hn::Lt(mx, mx);  // all false
   int64_t j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 v = _mm256_loadu_ps(s + j);
-    mx = _mm256_max_ps(mx, v);
-    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  for (; j + N <= n; j += N) {
+    VF v = hn::LoadU(d, s + j);
+    if constexpr (kScale) {
+      v = hn::Mul(v, vs);
+      hn::StoreU(v, d, s + j);
+    }
+    mx = hn::Max(mx, v);
+    nan = hn::Or(nan, hn::IsNaN(v));
   }
-  float bm = cpu::hmax(mx);
-  bool has_nan = _mm256_movemask_ps(nan) != 0;
+  float bm = ReduceMax(d, mx);
+  bool has_nan = !hn::AllFalse(d, nan);
   for (; j < n; ++j) {
+    if constexpr (kScale) s[j] *= scale;
     bm = std::max(bm, s[j]);
     has_nan = has_nan || std::isnan(s[j]);
   }
   // Once NaN, the row's maximum stays NaN over later blocks (std::max would drop it).
-  const float m_new = has_nan || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, bm * scale);
+  const float m_new = has_nan || std::isnan(m) ? std::numeric_limits<float>::quiet_NaN() : std::max(m, bm);
   if (m_new == kNegInf) {  // every score so far is -inf: nothing to add
     std::fill(s, s + n, 0.0f);
     return 1.0f;
   }
-  // Scaled scores minus their maximum, for exp8_nonpos: the scaled score is rounded on its own
-  // (as m' = scale * max s was, and as eager scales before its softmax), then m' subtracted, so the
-  // row's maximum gives exactly 0 and no difference is positive (rounding is monotonic). One FMA
-  // would be off by up to half an ulp of m' (128 at 2.7e9): enough to push a whole row below
-  // exp's range. scaled() keeps the compiler from contracting the two into an FMA.
-  const __m256 vm = _mm256_set1_ps(m_new), vs = _mm256_set1_ps(scale);
-  auto scaled = [&](__m256 v) KILN_AVX2 {
-    __m256 t = _mm256_mul_ps(v, vs);
-    asm("" : "+x"(t));  // opaque: no mul + sub -> fmsub contraction (-ffp-contract=fast)
-    return _mm256_sub_ps(t, vm);
-  };
-  __m256 sum = _mm256_setzero_ps();
+  const VF vm = hn::Set(d, m_new);
+  VF sum = hn::Zero(d);
   j = 0;
-  for (; j + 8 <= n; j += 8) {
-    const __m256 p = cpu::exp8_nonpos(scaled(_mm256_loadu_ps(s + j)));
-    _mm256_storeu_ps(s + j, p);
-    sum = _mm256_add_ps(sum, p);
+  for (; j + N <= n; j += N) {
+    const VF p = ExpNonpos(d, hn::Sub(hn::LoadU(d, s + j), vm));
+    hn::StoreU(p, d, s + j);
+    sum = hn::Add(sum, p);
   }
   if (j < n) {
-    const __m256 p = _mm256_and_ps(cpu::exp8_nonpos(scaled(load_tail(s + j, n - j))),
-                                   _mm256_castsi256_ps(cpu::tail_mask(n - j)));
-    store_tail(s + j, n - j, p);
-    sum = _mm256_add_ps(sum, p);
+    const size_t r = static_cast<size_t>(n - j);
+    const VF p = hn::IfThenElseZero(hn::FirstN(d, r), ExpNonpos(d, hn::Sub(LoadTail(d, s + j, r), vm)));
+    StoreTail(d, p, s + j, r);
+    sum = hn::Add(sum, p);
   }
   const float alpha = m == kNegInf ? 0.0f : std::exp(m - m_new);
-  l = l * alpha + cpu::hsum(sum);
+  l = l * alpha + ReduceSum(d, sum);
   m = m_new;
   return alpha;
 }
 
 /// Starts a task's online softmax: accumulators O = 0, running max -inf, running sum 0.
-KILN_AVX2 void start_rows(Scratch& W, int64_t rows) {
+HWY_INLINE void StartRows(Scratch& W, int64_t rows) {
   std::fill(W.o, W.o + rows * W.ldo, 0.0f);
   std::fill(W.m, W.m + rows, kNegInf);
   std::fill(W.l, W.l + rows, 0.0f);
@@ -365,11 +472,12 @@ KILN_AVX2 void start_rows(Scratch& W, int64_t rows) {
 /// floats at vb) into W.vp when their rows are not whole vectors; computes the raw scores
 /// W.s[r][c] = q_r . k_{j0 + c} of `rows` query rows. Returns the values to multiply (*ldv: their
 /// row stride).
-KILN_AVX2 const float* block_scores(const float* q, int64_t rows, const float* kb, const float* vb, int64_t E,
+HWY_INLINE const float* BlockScores(const float* q, int64_t rows, const float* kb, const float* vb, int64_t E,
                                     int64_t Ev, int64_t j0, int64_t n, Scratch& W, int64_t* ldv) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
   const int64_t evp = W.ldv_pad;
-  const int64_t npad = round_up(n, 16);
-  pack_kt(kb + j0 * E, E, n, npad, W.kt, W.ldk);
+  const int64_t npad = round_up(n, 2 * N);
+  PackKt(kb + j0 * E, E, n, npad, W.kt, W.ldk);
   // V: used in place when its rows are whole vectors, else packed with zero padding.
   const float* v = vb + j0 * Ev;
   *ldv = Ev;
@@ -381,76 +489,145 @@ KILN_AVX2 const float* block_scores(const float* q, int64_t rows, const float* k
     v = W.vp;
     *ldv = evp;
   }
-  for (int64_t c = 0; c < npad; c += 16) {
+  for (int64_t c = 0; c < npad; c += 2 * N) {
     for (int64_t r = 0; r < rows; r += kMR) {
-      by_rows<QK>(std::min<int64_t>(kMR, rows - r), q + r * E, E, W.kt + c, W.ldk, E, W.s + r * W.lds + c, W.lds);
+      QkRows(std::min<int64_t>(kMR, rows - r), q + r * E, E, W.kt + c, W.ldk, E, W.s + r * W.lds + c, W.lds);
     }
   }
   return v;
 }
 
 /// Multiplies row r's accumulator by alpha (the online softmax's rescale after a new maximum).
-KILN_AVX2 void rescale_row(Scratch& W, int64_t r, float alpha) {
+HWY_INLINE void RescaleRow(Scratch& W, int64_t r, float alpha) {
   if (alpha == 1.0f) return;
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   float* o = W.o + r * W.ldo;
-  const __m256 va = _mm256_set1_ps(alpha);
-  for (int64_t e = 0; e < W.ldv_pad; e += 8) _mm256_storeu_ps(o + e, _mm256_mul_ps(_mm256_loadu_ps(o + e), va));
+  const VF va = hn::Set(d, alpha);
+  for (int64_t e = 0; e < W.ldv_pad; e += N) hn::StoreU(hn::Mul(hn::LoadU(d, o + e), va), d, o + e);
 }
 
 /// O += P V for the block's n keys.
-KILN_AVX2 void accumulate_pv(Scratch& W, int64_t rows, const float* v, int64_t ldv, int64_t n) {
+HWY_INLINE void AccumulatePv(Scratch& W, int64_t rows, const float* v, int64_t ldv, int64_t n) {
   for (int64_t r = 0; r < rows; r += kMR) {
-    by_rows<PV>(std::min<int64_t>(kMR, rows - r), W.s + r * W.lds, W.lds, v, ldv, n, W.ldv_pad, W.o + r * W.ldo, W.ldo);
+    PvRowsN(std::min<int64_t>(kMR, rows - r), W.s + r * W.lds, W.lds, v, ldv, n, W.ldv_pad, W.o + r * W.ldo, W.ldo);
   }
 }
 
-/// One task: query rows [q0, q0 + rows) of batch b.
-KILN_AVX2 void attention_block(const Problem& P, Scratch& W, int64_t b, int64_t q0, int64_t rows) {
+/// out rows [0, rows) (row stride Ev) = O / l, 0 for a row without keys (l == 0).
+HWY_INLINE void FinishRows(const Scratch& W, int64_t rows, int64_t Ev, float* out) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float l = W.l[r];
+    float* dst = out + r * Ev;
+    if (l == 0.0f) {
+      std::fill(dst, dst + Ev, 0.0f);
+      continue;
+    }
+    const VF vi = hn::Set(d, 1.0f / l);
+    const float* o = W.o + r * W.ldo;  // ldo = Ev rounded up to Lanes: whole vectors readable
+    int64_t e = 0;
+    for (; e + N <= Ev; e += N) hn::StoreU(hn::Mul(hn::LoadU(d, o + e), vi), d, dst + e);
+    if (e < Ev) StoreTail(d, hn::Mul(hn::LoadU(d, o + e), vi), dst + e, static_cast<size_t>(Ev - e));
+  }
+}
+
+}  // namespace attention_detail
+
+/// One aten.scaled_dot_product_attention task: query rows [q0, q0 + rows) of batch b, on the
+/// calling thread's scratch. False when the scratch cannot be allocated.
+bool AttentionTask(const attention::Problem& P, int64_t b, int64_t q0, int64_t rows) {
+  using namespace attention_detail;  // NOLINT
+  Scratch& W = tls_scratch;
+  if (!W.prepare(P.E, P.Ev, static_cast<int64_t>(hn::Lanes(DF())))) return false;
   const int64_t E = P.E, Ev = P.Ev;
   const float* q = P.q + P.qo[static_cast<size_t>(b)] + q0 * E;
   const float* kb = P.k + P.ko[static_cast<size_t>(b)];
   const float* vb = P.v + P.vo[static_cast<size_t>(b)];
-  start_rows(W, rows);
+  StartRows(W, rows);
   // Under is_causal, keys beyond the block's last query row are masked for every row.
   const int64_t s_end = P.causal ? std::min(P.S, q0 + rows) : P.S;
+  // Without a mask the scaling happens inside the softmax update (one pass over the scores fewer).
+  const bool plain = P.mask_f == nullptr && P.mask_b == nullptr && !P.causal;
   for (int64_t j0 = 0; j0 < s_end; j0 += kBlockK) {
     const int64_t n = std::min(kBlockK, s_end - j0);
     int64_t ldv = 0;
-    const float* v = block_scores(q, rows, kb, vb, E, Ev, j0, n, W, &ldv);
-    // Softmax update and accumulator rescale, row by row. Without a mask and with a positive
-    // scale, the scaling happens inside the update (one pass over the scores fewer).
-    const bool plain = P.mask_f == nullptr && P.mask_b == nullptr && !P.causal && P.scale > 0.0f;
+    const float* v = BlockScores(q, rows, kb, vb, E, Ev, j0, n, W, &ldv);
     for (int64_t r = 0; r < rows; ++r) {
       float* s = W.s + r * W.lds;
-      float scale = 1.0f;
+      float alpha;
       if (plain) {
-        scale = P.scale;  // applied inside softmax_update
+        alpha = SoftmaxUpdate<true>(s, n, P.scale, W.m[r], W.l[r]);
       } else {
-        mask_scores(P, b, q0 + r, j0, s, n);
+        MaskScores(P, b, q0 + r, j0, s, n);
+        alpha = SoftmaxUpdate<false>(s, n, 1.0f, W.m[r], W.l[r]);
       }
-      rescale_row(W, r, softmax_update(s, n, scale, W.m[r], W.l[r]));
+      RescaleRow(W, r, alpha);
     }
-    accumulate_pv(W, rows, v, ldv, n);  // O += P V
+    AccumulatePv(W, rows, v, ldv, n);  // O += P V
   }
-  float* out = P.out + (b * P.L + q0) * Ev;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float l = W.l[r];
-    float* dst = out + r * Ev;
-    if (l == 0.0f) {  // fully masked row -> 0
-      std::fill(dst, dst + Ev, 0.0f);
-      continue;
-    }
-    const float inv = 1.0f / l;
-    const float* o = W.o + r * W.ldo;
-    const __m256 vi = _mm256_set1_ps(inv);
-    int64_t e = 0;
-    for (; e + 8 <= Ev; e += 8) _mm256_storeu_ps(dst + e, _mm256_mul_ps(_mm256_loadu_ps(o + e), vi));
-    if (e < Ev) store_tail(dst + e, Ev - e, _mm256_mul_ps(_mm256_loadu_ps(o + e), vi));
-  }
+  FinishRows(W, rows, Ev, P.out + (b * P.L + q0) * Ev);  // a fully masked row gives 0
+  return true;
 }
 
+/// One kiln.sdpa_kv_cache task: flat query rows [row0, row0 + rows), all of one batch and one kv
+/// head, on the calling thread's scratch. False when the scratch cannot be allocated.
+bool KvCacheTask(const attention::KvProblem& P, int64_t row0, int64_t rows) {
+  using namespace attention_detail;  // NOLINT
+  Scratch& W = tls_scratch;
+  if (!W.prepare(P.D, P.Dv, static_cast<int64_t>(hn::Lanes(DF())))) return false;
+  const int64_t D = P.D, Dv = P.Dv;
+  const int64_t b = row0 / (P.T * P.Hq), h0 = (row0 / P.T) % P.Hq;
+  const int64_t kvh = b * P.Hkv + h0 / P.group;
+  const float* q = P.q + row0 * D;
+  const float* kb = P.k + kvh * P.S * D;
+  const float* vb = P.v + kvh * P.S * Dv;
+  int64_t jbeg = P.S, jend = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = (row0 + r) % P.T;
+    jbeg = std::min(jbeg, P.lo(t));
+    jend = std::max(jend, P.hi(t));
+  }
+  StartRows(W, rows);
+  for (int64_t j0 = jbeg; j0 < jend; j0 += kBlockK) {
+    const int64_t n = std::min(kBlockK, jend - j0);
+    int64_t ldv = 0;
+    const float* v = BlockScores(q, rows, kb, vb, D, Dv, j0, n, W, &ldv);
+    for (int64_t r = 0; r < rows; ++r) {
+      // Scale the scores of keys [lo, hi) of this row, -inf for the others, then the online update.
+      const int64_t t = (row0 + r) % P.T;
+      const int64_t a = std::clamp<int64_t>(P.lo(t) - j0, 0, n), e = std::clamp<int64_t>(P.hi(t) - j0, 0, n);
+      float* s = W.s + r * W.lds;
+      std::fill(s, s + a, kNegInf);
+      for (int64_t j = a; j < e; ++j) s[j] *= P.scale;
+      std::fill(s + e, s + n, kNegInf);
+      RescaleRow(W, r, SoftmaxUpdate<false>(s, n, 1.0f, W.m[r], W.l[r]));
+    }
+    AccumulatePv(W, rows, v, ldv, n);
+  }
+  FinishRows(W, rows, Dv, P.out + row0 * Dv);  // l == 0 cannot happen: a row sees its own position
+  return true;
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace kiln
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kiln {
+namespace cpu {
+HWY_EXPORT(AttentionTask);
+HWY_EXPORT(KvCacheTask);
+}  // namespace cpu
+
+namespace {
+
+using namespace cpu::attention;  // NOLINT
+
 bool sdpa_accepts(const KernelSignature& s) {
-  if (!cpu::cpu_has_avx2_fma() || s.inputs.size() != 4 || s.outputs.size() != 1) return false;
+  if (s.inputs.size() != 4 || s.outputs.size() != 1) return false;
   for (int i = 0; i < 3; ++i) {
     if (s.inputs[i] == nullptr || s.inputs[i]->dtype != DType::Float32 || s.inputs[i]->dim() < 3) return false;
   }
@@ -460,8 +637,6 @@ bool sdpa_accepts(const KernelSignature& s) {
   }
   return s.outputs[0]->dtype == DType::Float32 && s.attrs.get_float("dropout_p") == 0.0;
 }
-
-thread_local Scratch tls_scratch;
 
 Error sdpa(const KernelArgs& a) {
   const Tensor& q = *a.inputs[0];
@@ -506,15 +681,13 @@ Error sdpa(const KernelArgs& a) {
   std::atomic<int64_t> next{0};
   std::atomic<bool> failed{false};
   auto worker = [&](int64_t, int64_t) {
-    Scratch& W = tls_scratch;
-    if (!W.prepare(P)) {
-      failed = true;
-      return;
-    }
     for (int64_t t = next.fetch_add(1); t < tasks; t = next.fetch_add(1)) {
       const int64_t b = t / P.nqb, qb = t % P.nqb;
       const int64_t q0 = qb * kBlockQ;
-      attention_block(P, W, b, q0, std::min(kBlockQ, P.L - q0));
+      if (!HWY_DYNAMIC_DISPATCH(cpu::AttentionTask)(P, b, q0, std::min(kBlockQ, P.L - q0))) {
+        failed = true;
+        return;
+      }
     }
   };
   const double flops = 2.0 * static_cast<double>(P.nb) * P.L * P.S * static_cast<double>(P.E + P.Ev);
@@ -543,67 +716,9 @@ Error sdpa(const KernelArgs& a) {
 // checked (sdpa_kv_cache_position) before anything is written.
 // ---------------------------------------------------------------------------------------------
 
-/// One call of kiln.sdpa_kv_cache, shared read-only by the tasks.
-struct KvProblem {
-  const float *q, *k, *v;
-  float* out;
-  int64_t Hq, T, D, Hkv, S, Dv, group, p, window;
-  float scale;
-  /// The keys query row t sees: [lo, hi).
-  int64_t lo(int64_t t) const { return window > 0 ? std::max<int64_t>(0, p + t - window + 1) : 0; }
-  int64_t hi(int64_t t) const { return p + t + 1; }
-};
-
-/// One task: flat query rows [row0, row0 + rows), all of one batch and one kv head.
-KILN_AVX2 void kv_cache_block(const KvProblem& P, Scratch& W, int64_t row0, int64_t rows) {
-  const int64_t D = P.D, Dv = P.Dv;
-  const int64_t b = row0 / (P.T * P.Hq), h0 = (row0 / P.T) % P.Hq;
-  const int64_t kvh = b * P.Hkv + h0 / P.group;
-  const float* q = P.q + row0 * D;
-  const float* kb = P.k + kvh * P.S * D;
-  const float* vb = P.v + kvh * P.S * Dv;
-  int64_t jbeg = P.S, jend = 0;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t t = (row0 + r) % P.T;
-    jbeg = std::min(jbeg, P.lo(t));
-    jend = std::max(jend, P.hi(t));
-  }
-  start_rows(W, rows);
-  for (int64_t j0 = jbeg; j0 < jend; j0 += kBlockK) {
-    const int64_t n = std::min(kBlockK, jend - j0);
-    int64_t ldv = 0;
-    const float* v = block_scores(q, rows, kb, vb, D, Dv, j0, n, W, &ldv);
-    for (int64_t r = 0; r < rows; ++r) {
-      // Scale the scores of keys [lo, hi) of this row, -inf for the others, then the online update.
-      const int64_t t = (row0 + r) % P.T;
-      const int64_t a = std::clamp<int64_t>(P.lo(t) - j0, 0, n), e = std::clamp<int64_t>(P.hi(t) - j0, 0, n);
-      float* s = W.s + r * W.lds;
-      std::fill(s, s + a, kNegInf);
-      for (int64_t j = a; j < e; ++j) s[j] *= P.scale;
-      std::fill(s + e, s + n, kNegInf);
-      rescale_row(W, r, softmax_update(s, n, 1.0f, W.m[r], W.l[r]));
-    }
-    accumulate_pv(W, rows, v, ldv, n);
-  }
-  float* out = P.out + row0 * Dv;
-  for (int64_t r = 0; r < rows; ++r) {
-    const float l = W.l[r];
-    float* dst = out + r * Dv;
-    if (l == 0.0f) {  // no key (cannot happen: a row always sees its own position)
-      std::fill(dst, dst + Dv, 0.0f);
-      continue;
-    }
-    const __m256 vi = _mm256_set1_ps(1.0f / l);
-    const float* o = W.o + r * W.ldo;
-    int64_t e = 0;
-    for (; e + 8 <= Dv; e += 8) _mm256_storeu_ps(dst + e, _mm256_mul_ps(_mm256_loadu_ps(o + e), vi));
-    if (e < Dv) store_tail(dst + e, Dv - e, _mm256_mul_ps(_mm256_loadu_ps(o + e), vi));
-  }
-}
-
 /// float32 query / caches / output of rank 4 and an int64 input_pos (Kiln tensors are contiguous).
 bool sdpa_kv_cache_accepts(const KernelSignature& s) {
-  if (!cpu::cpu_has_avx2_fma() || s.inputs.size() != 4 || s.outputs.size() != 1) return false;
+  if (s.inputs.size() != 4 || s.outputs.size() != 1) return false;
   for (int i = 0; i < 3; ++i) {
     if (s.inputs[i] == nullptr || s.inputs[i]->dtype != DType::Float32 || s.inputs[i]->dim() != 4) return false;
   }
@@ -649,17 +764,14 @@ Error sdpa_kv_cache(const KernelArgs& a) {
   const int64_t tasks = whole_group ? B * P.Hkv : B * P.Hq * nqb;
   std::atomic<bool> failed{false};
   auto task = [&](int64_t t) {
-    Scratch& W = tls_scratch;
-    if (!W.prepare(P.D, P.Dv)) {
-      failed = true;
-      return;
-    }
+    bool ok;
     if (whole_group) {
-      kv_cache_block(P, W, t * P.group * P.T, P.group * P.T);
+      ok = HWY_DYNAMIC_DISPATCH(cpu::KvCacheTask)(P, t * P.group * P.T, P.group * P.T);
     } else {
       const int64_t bh = t / nqb, t0 = t % nqb * kBlockQ;
-      kv_cache_block(P, W, bh * P.T + t0, std::min(kBlockQ, P.T - t0));
+      ok = HWY_DYNAMIC_DISPATCH(cpu::KvCacheTask)(P, bh * P.T + t0, std::min(kBlockQ, P.T - t0));
     }
+    if (!ok) failed = true;
   };
   const int64_t keys = P.window > 0 ? std::min<int64_t>(P.window + P.T, P.p + P.T) : P.p + P.T;
   const double flops = 2.0 * static_cast<double>(rows_total) * static_cast<double>(keys) * static_cast<double>(P.D + P.Dv);
@@ -675,10 +787,5 @@ void register_cpu_attention(KernelRegistry& r) {
   r.add_optimized("kiln.sdpa_kv_cache", sdpa_kv_cache, sdpa_kv_cache_accepts);
 }
 
-#else
-
-void register_cpu_attention(KernelRegistry&) {}  // no AVX2 kernels on this target
-
-#endif  // KILN_CPU_AVX2_KERNELS
-
 }  // namespace kiln
+#endif  // HWY_ONCE

@@ -1,5 +1,6 @@
 // Optimized cpu kernels for the float32 binary arithmetic ops aten.add / aten.sub (alpha
-// honoured), aten.mul and aten.div (rounding_mode None): AVX2 over runs of the output.
+// honoured), aten.mul and aten.div (rounding_mode None) over runs of the output, written once over
+// Highway for every SIMD target.
 //
 // Broadcasting: the two operand shapes are coalesced against the output (size-1 output dims
 // dropped, neighbouring dims merged where both operands either span or broadcast them, as the
@@ -16,19 +17,18 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/parallel_util.h"
 #include "kernels/kernel.h"
 
-namespace kiln {
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/elementwise.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/cpu/vec-inl.h"
 
-#if KILN_CPU_AVX2_KERNELS
-namespace {
-
-using cpu::load_tail;
-using cpu::store_tail;
-
-constexpr int64_t kMinRun = 16;         ///< shortest innermost run accepted
-constexpr int64_t kParallelGrain = 1 << 15;  ///< output elements per thread, at least (memory-bound)
+#ifndef KILN_CPU_ELEMENTWISE_SHARED_
+#define KILN_CPU_ELEMENTWISE_SHARED_
+namespace kiln::cpu {
 
 /// The output as coalesced dims; sa/sb are each operand's element strides (0 = broadcast).
 struct BinaryPlan {
@@ -36,7 +36,7 @@ struct BinaryPlan {
 };
 
 /// Coalesces `a` and `b` (each broadcastable to `out`, checked by inference) against `out`.
-BinaryPlan make_plan(const std::vector<int64_t>& out, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
+inline BinaryPlan make_plan(const std::vector<int64_t>& out, const std::vector<int64_t>& a, const std::vector<int64_t>& b) {
   BinaryPlan p;
   std::vector<std::pair<bool, bool>> flags;  // per coalesced dim: a broadcasts, b broadcasts
   const size_t r = out.size();
@@ -69,60 +69,77 @@ BinaryPlan make_plan(const std::vector<int64_t>& out, const std::vector<int64_t>
   return p;
 }
 
-enum class Kind { Add, Sub, Mul, Div };
+/// The binary ops of this file.
+enum class BinaryKind { Add, Sub, Mul, Div };
 
-/// One op: alpha is used by Add/Sub only (self +- alpha * other).
-template <Kind K>
+}  // namespace kiln::cpu
+#endif  // KILN_CPU_ELEMENTWISE_SHARED_
+
+HWY_BEFORE_NAMESPACE();
+namespace kiln {
+namespace cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace elementwise_detail {
+
+/// One op on one vector: alpha is used by Add/Sub only (self +- alpha * other).
+template <BinaryKind K>
 struct BinOp {
   float alpha = 1.0f;
-  KILN_AVX2 __m256 operator()(__m256 x, __m256 y) const {
-    if constexpr (K == Kind::Add) return _mm256_add_ps(x, alpha == 1.0f ? y : _mm256_mul_ps(_mm256_set1_ps(alpha), y));
-    if constexpr (K == Kind::Sub) return _mm256_sub_ps(x, alpha == 1.0f ? y : _mm256_mul_ps(_mm256_set1_ps(alpha), y));
-    if constexpr (K == Kind::Mul) return _mm256_mul_ps(x, y);
-    return _mm256_div_ps(x, y);
+  template <class D, class V>
+  HWY_INLINE V operator()(D d, V x, V y) const {
+    if constexpr (K == BinaryKind::Add) return hn::Add(x, alpha == 1.0f ? y : hn::Mul(hn::Set(d, alpha), y));
+    if constexpr (K == BinaryKind::Sub) return hn::Sub(x, alpha == 1.0f ? y : hn::Mul(hn::Set(d, alpha), y));
+    if constexpr (K == BinaryKind::Mul) return hn::Mul(x, y);
+    return hn::Div(x, y);
   }
 };
 
 /// o[j] = op(a[j * sa], b[j * sb]) for j < n, sa and sb in {0, 1}.
 template <class Op>
-KILN_AVX2 void run_binary(const Op& op, const float* a, int64_t sa, const float* b, int64_t sb, float* o, int64_t n) {
-  int64_t j = 0;
+HWY_INLINE void RunBinary(const Op& op, const float* HWY_RESTRICT a, int64_t sa, const float* HWY_RESTRICT b,
+                          int64_t sb, float* HWY_RESTRICT o, int64_t n) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  // x(j) / y(j): operand vectors at element j (a broadcast operand is one vector throughout).
+  auto run = [&](auto x, auto y) {
+    int64_t j = 0;
+    for (; j + 2 * N <= n; j += 2 * N) {
+      hn::StoreU(op(d, x(j), y(j)), d, o + j);
+      hn::StoreU(op(d, x(j + N), y(j + N)), d, o + j + N);
+    }
+    for (; j + N <= n; j += N) hn::StoreU(op(d, x(j), y(j)), d, o + j);
+    if (j < n) {
+      const size_t r = static_cast<size_t>(n - j);
+      // Tail operands through LoadTail (never reads past the run).
+      const VF xv = sa != 0 ? LoadTail(d, a + j, r) : hn::Set(d, *a);
+      const VF yv = sb != 0 ? LoadTail(d, b + j, r) : hn::Set(d, *b);
+      StoreTail(d, op(d, xv, yv), o + j, r);
+    }
+  };
   if (sa != 0 && sb != 0) {
-    for (; j + 16 <= n; j += 16) {
-      _mm256_storeu_ps(o + j, op(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j)));
-      _mm256_storeu_ps(o + j + 8, op(_mm256_loadu_ps(a + j + 8), _mm256_loadu_ps(b + j + 8)));
-    }
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(o + j, op(_mm256_loadu_ps(a + j), _mm256_loadu_ps(b + j)));
-    if (j < n) store_tail(o + j, n - j, op(load_tail(a + j, n - j), load_tail(b + j, n - j)));
+    run([&](int64_t j) { return hn::LoadU(d, a + j); }, [&](int64_t j) { return hn::LoadU(d, b + j); });
   } else if (sa != 0) {
-    const __m256 vb = _mm256_set1_ps(*b);
-    for (; j + 16 <= n; j += 16) {
-      _mm256_storeu_ps(o + j, op(_mm256_loadu_ps(a + j), vb));
-      _mm256_storeu_ps(o + j + 8, op(_mm256_loadu_ps(a + j + 8), vb));
-    }
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(o + j, op(_mm256_loadu_ps(a + j), vb));
-    if (j < n) store_tail(o + j, n - j, op(load_tail(a + j, n - j), vb));
+    const VF vb = hn::Set(d, *b);
+    run([&](int64_t j) { return hn::LoadU(d, a + j); }, [&](int64_t) { return vb; });
   } else if (sb != 0) {
-    const __m256 va = _mm256_set1_ps(*a);
-    for (; j + 16 <= n; j += 16) {
-      _mm256_storeu_ps(o + j, op(va, _mm256_loadu_ps(b + j)));
-      _mm256_storeu_ps(o + j + 8, op(va, _mm256_loadu_ps(b + j + 8)));
-    }
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(o + j, op(va, _mm256_loadu_ps(b + j)));
-    if (j < n) store_tail(o + j, n - j, op(va, load_tail(b + j, n - j)));
+    const VF va = hn::Set(d, *a);
+    run([&](int64_t) { return va; }, [&](int64_t j) { return hn::LoadU(d, b + j); });
   } else {
-    const __m256 v = op(_mm256_set1_ps(*a), _mm256_set1_ps(*b));
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(o + j, v);
-    if (j < n) store_tail(o + j, n - j, v);
+    const VF v = op(d, hn::Set(d, *a), hn::Set(d, *b));
+    int64_t j = 0;
+    for (; j + N <= n; j += N) hn::StoreU(v, d, o + j);
+    if (j < n) StoreTail(d, v, o + j, static_cast<size_t>(n - j));
   }
 }
 
 /// Computes output elements [begin, end) of the plan, run by run.
 template <class Op>
-KILN_AVX2 void run_range(const Op& op, const BinaryPlan& p, const float* a, const float* b, float* o, int64_t begin,
+HWY_INLINE void RunRange(const Op& op, const BinaryPlan& p, const float* a, const float* b, float* o, int64_t begin,
                          int64_t end) {
   const size_t r = p.sizes.size();
-  int64_t idx[16] = {};  // coalesced rank <= output rank <= kMaxRank (16); checked by accepts()
+  int64_t idx[16] = {};  // coalesced rank <= output rank <= 16; checked by accepts()
   int64_t oa = 0, ob = 0, rem = begin;
   for (size_t d = r; d-- > 0;) {
     idx[d] = rem % p.sizes[d];
@@ -134,7 +151,7 @@ KILN_AVX2 void run_range(const Op& op, const BinaryPlan& p, const float* a, cons
   int64_t pos = begin;
   while (pos < end) {
     const int64_t len = std::min(inner - idx[r - 1], end - pos);
-    run_binary(op, a + oa, sa, b + ob, sb, o + pos, len);
+    RunBinary(op, a + oa, sa, b + ob, sb, o + pos, len);
     pos += len;
     idx[r - 1] += len;
     oa += len * sa;
@@ -148,9 +165,43 @@ KILN_AVX2 void run_range(const Op& op, const BinaryPlan& p, const float* a, cons
   }
 }
 
+}  // namespace elementwise_detail
+
+/// Output elements [begin, end) of `kind` over the plan (alpha: Add/Sub only).
+void BinaryRange(BinaryKind kind, float alpha, const BinaryPlan& p, const float* a, const float* b, float* o,
+                 int64_t begin, int64_t end) {
+  using elementwise_detail::BinOp;
+  using elementwise_detail::RunRange;
+  switch (kind) {
+    case BinaryKind::Add: return RunRange(BinOp<BinaryKind::Add>{alpha}, p, a, b, o, begin, end);
+    case BinaryKind::Sub: return RunRange(BinOp<BinaryKind::Sub>{alpha}, p, a, b, o, begin, end);
+    case BinaryKind::Mul: return RunRange(BinOp<BinaryKind::Mul>{alpha}, p, a, b, o, begin, end);
+    case BinaryKind::Div: return RunRange(BinOp<BinaryKind::Div>{alpha}, p, a, b, o, begin, end);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace kiln
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kiln {
+namespace cpu {
+HWY_EXPORT(BinaryRange);
+}  // namespace cpu
+
+namespace {
+
+using cpu::BinaryPlan;
+using cpu::make_plan;
+using Kind = cpu::BinaryKind;
+
+constexpr int64_t kMinRun = 16;         ///< shortest innermost run accepted
+constexpr int64_t kParallelGrain = 1 << 15;  ///< output elements per thread, at least (memory-bound)
+
 template <Kind K>
 bool binary_accepts(const KernelSignature& s) {
-  if (!cpu::cpu_has_avx2_fma()) return false;
   if (s.inputs.size() != 2 || s.outputs.size() != 1 || !s.inputs[0] || !s.inputs[1]) return false;
   const TensorType& x = *s.inputs[0];
   const TensorType& y = *s.inputs[1];
@@ -172,15 +223,17 @@ Error binary_kernel(const KernelArgs& a) {
   if (x.dtype != DType::Float32 || y.dtype != DType::Float32 || out.dtype != DType::Float32 || out.sizes.size() > 16) {
     return Error(ErrorCode::NotSupported, "cpu binary kernel: float32 operands of rank <= 16 only");
   }
-  BinOp<K> op;
-  if constexpr (K == Kind::Add || K == Kind::Sub) op.alpha = static_cast<float>(a.attrs.get_float("alpha", 1.0));
+  float alpha = 1.0f;
+  if constexpr (K == Kind::Add || K == Kind::Sub) alpha = static_cast<float>(a.attrs.get_float("alpha", 1.0));
   const int64_t n = out.numel();
   if (n == 0) return {};
   const BinaryPlan p = make_plan(out.sizes, x.sizes, y.sizes);
   const float* px = x.data_as<const float>();
   const float* py = y.data_as<const float>();
   float* po = out.data_as<float>();
-  cpu::parallel_range(a.pool, n, kParallelGrain, [&](int64_t b, int64_t e) { run_range(op, p, px, py, po, b, e); });
+  cpu::parallel_range(a.pool, n, kParallelGrain, [&](int64_t b, int64_t e) {
+    HWY_DYNAMIC_DISPATCH(cpu::BinaryRange)(K, alpha, p, px, py, po, b, e);
+  });
   return {};
 }
 
@@ -193,10 +246,5 @@ void register_cpu_elementwise(KernelRegistry& r) {
   r.add_optimized("aten.div", binary_kernel<Kind::Div>, binary_accepts<Kind::Div>);
 }
 
-#else
-
-void register_cpu_elementwise(KernelRegistry&) {}  // no AVX2 kernels on this target
-
-#endif  // KILN_CPU_AVX2_KERNELS
-
 }  // namespace kiln
+#endif  // HWY_ONCE

@@ -1,6 +1,6 @@
 // Optimized cpu kernels for the float32 norms: aten.native_layer_norm, aten.native_group_norm,
-// aten.native_batch_norm (inference) and aten.rms_norm. AVX2, parallel over rows / groups /
-// channels.
+// aten.native_batch_norm (inference) and aten.rms_norm. Written once over Highway for every SIMD
+// target (kernels/cpu/vec-inl.h), parallel over rows / groups / channels.
 //
 // Statistics are two-pass (mean, then the mean of squared deviations: no cancellation) on data
 // shifted by its first element c ("shifted data" variance, Chan, Golub & LeVeque 1983, "Algorithms
@@ -17,48 +17,19 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/parallel_util.h"
 #include "kernels/kernel.h"
 #include "kernels/portable/util.h"  // data_or_null, check_f32
 
-namespace kiln {
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/norm.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/cpu/vec-inl.h"
 
-#if KILN_CPU_AVX2_KERNELS
-namespace {
-
-using cpu::load_tail;
-using cpu::store_tail;
-
-constexpr int64_t kFlush = 1024;  ///< elements per float partial sum before it goes to double
-
-/// sum_i (x[i] - c) (kind 0), sum_i ((x[i] - c) - md)^2 (kind 1) over i < n.
-template <int kKind>
-KILN_AVX2 double reduce(const float* x, int64_t n, float c, float md) {
-  const __m256 vc = _mm256_set1_ps(c), vmd = _mm256_set1_ps(md);
-  double total = 0.0;
-  for (int64_t b = 0; b < n; b += kFlush) {
-    const int64_t e = std::min(n, b + kFlush);
-    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-    int64_t i = b;
-    auto term = [&](__m256 v) KILN_AVX2 {
-      const __m256 d = _mm256_sub_ps(v, vc);
-      if constexpr (kKind == 0) return d;
-      const __m256 e = _mm256_sub_ps(d, vmd);
-      return _mm256_mul_ps(e, e);
-    };
-    for (; i + 16 <= e; i += 16) {
-      s0 = _mm256_add_ps(s0, term(_mm256_loadu_ps(x + i)));
-      s1 = _mm256_add_ps(s1, term(_mm256_loadu_ps(x + i + 8)));
-    }
-    for (; i + 8 <= e; i += 8) s0 = _mm256_add_ps(s0, term(_mm256_loadu_ps(x + i)));
-    if (i < e) {
-      const __m256 keep = _mm256_castsi256_ps(cpu::tail_mask(e - i));
-      s1 = _mm256_add_ps(s1, _mm256_and_ps(keep, term(load_tail(x + i, e - i))));
-    }
-    total += cpu::hsum_pd(_mm256_add_ps(s0, s1));
-  }
-  return total;
-}
+#ifndef KILN_CPU_NORM_SHARED_
+#define KILN_CPU_NORM_SHARED_
+namespace kiln::cpu {
 
 /// Statistics of x[0..n), n > 0: the shift c = x[0], mean_d = mean - c, rstd = 1 / sqrt(biased
 /// variance + eps).
@@ -69,7 +40,7 @@ struct Moments {
 /// Two-pass statistics in double, one element at a time, unshifted (c = 0): the fallback for data
 /// whose float partial sums overflow (a spread that large needs no shift for accuracy, and x - 0
 /// cannot overflow in the float normalization).
-Moments moments_double(const float* x, int64_t n, double eps) {
+inline Moments moments_double(const float* x, int64_t n, double eps) {
   const float c = 0.0f;
   double s = 0.0;
   for (int64_t i = 0; i < n; ++i) s += static_cast<double>(x[i]) - c;
@@ -82,12 +53,56 @@ Moments moments_double(const float* x, int64_t n, double eps) {
   return {c, static_cast<float>(md), static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(n) + eps))};
 }
 
-KILN_AVX2 Moments moments(const float* x, int64_t n, double eps) {
+}  // namespace kiln::cpu
+#endif  // KILN_CPU_NORM_SHARED_
+
+HWY_BEFORE_NAMESPACE();
+namespace kiln {
+namespace cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+namespace norm_detail {
+
+constexpr int64_t kFlush = 1024;  ///< elements per float partial sum before it goes to double
+
+/// sum_i (x[i] - c) (kind 0), sum_i ((x[i] - c) - md)^2 (kind 1) over i < n.
+template <int kKind>
+HWY_INLINE double Reduce(const float* HWY_RESTRICT x, int64_t n, float c, float md) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vc = hn::Set(d, c), vmd = hn::Set(d, md);
+  auto term = [&](VF v) {
+    const VF t = hn::Sub(v, vc);
+    if constexpr (kKind == 0) return t;
+    const VF e = hn::Sub(t, vmd);
+    return hn::Mul(e, e);
+  };
+  double total = 0.0;
+  for (int64_t b = 0; b < n; b += kFlush) {
+    const int64_t e = std::min(n, b + kFlush);
+    VF s0 = hn::Zero(d), s1 = hn::Zero(d);
+    int64_t i = b;
+    for (; i + 2 * N <= e; i += 2 * N) {
+      s0 = hn::Add(s0, term(hn::LoadU(d, x + i)));
+      s1 = hn::Add(s1, term(hn::LoadU(d, x + i + N)));
+    }
+    for (; i + N <= e; i += N) s0 = hn::Add(s0, term(hn::LoadU(d, x + i)));
+    if (i < e) {
+      const size_t r = static_cast<size_t>(e - i);
+      s1 = hn::Add(s1, hn::IfThenElseZero(hn::FirstN(d, r), term(LoadTail(d, x + i, r))));
+    }
+    total += ReduceSumDouble(d, hn::Add(s0, s1));
+  }
+  return total;
+}
+
+HWY_INLINE Moments MomentsOf(const float* x, int64_t n, double eps) {
   Moments m;
   m.c = std::isfinite(x[0]) ? x[0] : 0.0f;
-  const double sd = reduce<0>(x, n, m.c, 0.0f);
+  const double sd = Reduce<0>(x, n, m.c, 0.0f);
   m.md = static_cast<float>(sd / static_cast<double>(n));
-  const double var = reduce<1>(x, n, m.c, m.md) / static_cast<double>(n);
+  const double var = Reduce<1>(x, n, m.c, m.md) / static_cast<double>(n);
   // Float squares overflow once the spread passes ~1.8e19 (float partial sums of the deviations
   // once they pass FLT_MAX): the variance is then inf or NaN although the row's statistics are
   // representable. Recompute such rows in double (a row holding inf or NaN gives NaN either way).
@@ -97,54 +112,127 @@ KILN_AVX2 Moments moments(const float* x, int64_t n, double eps) {
 }
 
 /// y[i] = ((x[i] - c) - md) * scale + shift, one scale/shift for the whole range.
-KILN_AVX2 void affine_uniform(const float* x, float* y, int64_t n, float c, float md, float scale, float shift) {
-  const __m256 vc = _mm256_set1_ps(c), vm = _mm256_set1_ps(md), vs = _mm256_set1_ps(scale), vb = _mm256_set1_ps(shift);
+HWY_INLINE void AffineUniform(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t n, float c, float md,
+                              float scale, float shift) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vc = hn::Set(d, c), vm = hn::Set(d, md), vs = hn::Set(d, scale), vb = hn::Set(d, shift);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 d = _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(x + i), vc), vm);
-    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(d, vs, vb));
-  }
+  for (; i + N <= n; i += N) hn::StoreU(hn::MulAdd(hn::Sub(hn::Sub(hn::LoadU(d, x + i), vc), vm), vs, vb), d, y + i);
   if (i < n) {
-    const __m256 d = _mm256_sub_ps(_mm256_sub_ps(load_tail(x + i, n - i), vc), vm);
-    store_tail(y + i, n - i, _mm256_fmadd_ps(d, vs, vb));
+    const size_t r = static_cast<size_t>(n - i);
+    StoreTail(d, hn::MulAdd(hn::Sub(hn::Sub(LoadTail(d, x + i, r), vc), vm), vs, vb), y + i, r);
   }
 }
 
 /// y[i] = (((x[i] - c) - md) * rstd) * w[i] + b[i]; w, b may be null (1, 0).
-KILN_AVX2 void affine_elementwise(const float* x, float* y, int64_t n, const Moments& m, const float* w,
-                                  const float* b) {
-  const __m256 vc = _mm256_set1_ps(m.c), vm = _mm256_set1_ps(m.md), vr = _mm256_set1_ps(m.rstd);
-  auto one = [&](int64_t i, int64_t len) KILN_AVX2 {
-    const bool full = len == 8;
-    const __m256 xv = full ? _mm256_loadu_ps(x + i) : load_tail(x + i, len);
-    __m256 t = _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(xv, vc), vm), vr);
-    if (w && b) t = _mm256_fmadd_ps(t, full ? _mm256_loadu_ps(w + i) : load_tail(w + i, len),
-                                    full ? _mm256_loadu_ps(b + i) : load_tail(b + i, len));
-    else if (w) t = _mm256_mul_ps(t, full ? _mm256_loadu_ps(w + i) : load_tail(w + i, len));
-    else if (b) t = _mm256_add_ps(t, full ? _mm256_loadu_ps(b + i) : load_tail(b + i, len));
-    if (full) _mm256_storeu_ps(y + i, t);
-    else store_tail(y + i, len, t);
+HWY_INLINE void AffineElementwise(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t n, const Moments& m,
+                                  const float* HWY_RESTRICT w, const float* HWY_RESTRICT b) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vc = hn::Set(d, m.c), vm = hn::Set(d, m.md), vr = hn::Set(d, m.rstd);
+  auto one = [&](int64_t i, size_t len) {
+    const bool full = len == static_cast<size_t>(N);
+    auto ld = [&](const float* p) { return full ? hn::LoadU(d, p + i) : LoadTail(d, p + i, len); };
+    VF t = hn::Mul(hn::Sub(hn::Sub(ld(x), vc), vm), vr);
+    if (w && b) t = hn::MulAdd(t, ld(w), ld(b));
+    else if (w) t = hn::Mul(t, ld(w));
+    else if (b) t = hn::Add(t, ld(b));
+    if (full) hn::StoreU(t, d, y + i);
+    else StoreTail(d, t, y + i, len);
   };
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) one(i, 8);
-  if (i < n) one(i, n - i);
+  for (; i + N <= n; i += N) one(i, static_cast<size_t>(N));
+  if (i < n) one(i, static_cast<size_t>(n - i));
 }
 
 /// y[i] = (x[i] * rstd) * w[i]; w may be null.
-KILN_AVX2 void scale_elementwise(const float* x, float* y, int64_t n, float rstd, const float* w) {
-  const __m256 vr = _mm256_set1_ps(rstd);
+HWY_INLINE void ScaleElementwise(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t n, float rstd,
+                                 const float* HWY_RESTRICT w) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const VF vr = hn::Set(d, rstd);
   int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 t = _mm256_mul_ps(_mm256_loadu_ps(x + i), vr);
-    if (w) t = _mm256_mul_ps(t, _mm256_loadu_ps(w + i));
-    _mm256_storeu_ps(y + i, t);
+  for (; i + N <= n; i += N) {
+    VF t = hn::Mul(hn::LoadU(d, x + i), vr);
+    if (w) t = hn::Mul(t, hn::LoadU(d, w + i));
+    hn::StoreU(t, d, y + i);
   }
   if (i < n) {
-    __m256 t = _mm256_mul_ps(load_tail(x + i, n - i), vr);
-    if (w) t = _mm256_mul_ps(t, load_tail(w + i, n - i));
-    store_tail(y + i, n - i, t);
+    const size_t r = static_cast<size_t>(n - i);
+    VF t = hn::Mul(LoadTail(d, x + i, r), vr);
+    if (w) t = hn::Mul(t, LoadTail(d, w + i, r));
+    StoreTail(d, t, y + i, r);
   }
 }
+
+}  // namespace norm_detail
+
+/// Layer norm of rows [r0, r1) of k floats (x, y: whole tensors; w, b: [k] or null).
+void LayerNormRows(const float* x, float* y, int64_t k, int64_t r0, int64_t r1, double eps, const float* w,
+                   const float* b) {
+  for (int64_t r = r0; r < r1; ++r) {
+    norm_detail::AffineElementwise(x + r * k, y + r * k, k, norm_detail::MomentsOf(x + r * k, k, eps), w, b);
+  }
+}
+
+/// Group norm of (batch, group) rows [r0, r1): each row is cpg channels of hxw floats; w, b: [C]
+/// or null.
+void GroupNormRows(const float* x, float* y, int64_t groups, int64_t cpg, int64_t hxw, int64_t r0, int64_t r1,
+                   double eps, const float* w, const float* b) {
+  const int64_t size = cpg * hxw;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t g = r % groups;
+    const float* xi = x + r * size;
+    float* yo = y + r * size;
+    const Moments m = norm_detail::MomentsOf(xi, size, eps);
+    for (int64_t ci = 0; ci < cpg; ++ci) {
+      const int64_t ch = g * cpg + ci;
+      const float scale = m.rstd * (w ? w[ch] : 1.0f);
+      norm_detail::AffineUniform(xi + ci * hxw, yo + ci * hxw, hxw, m.c, m.md, scale, b ? b[ch] : 0.0f);
+    }
+  }
+}
+
+/// Inference batch norm of (n, channel) planes [r0, r1) of `inner` floats.
+void BatchNormPlanes(const float* x, float* y, int64_t c, int64_t inner, int64_t r0, int64_t r1, double eps,
+                     const float* w, const float* b, const float* mean, const float* var) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t ch = r % c;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(var[ch]) + eps) * (w ? w[ch] : 1.0);
+    norm_detail::AffineUniform(x + r * inner, y + r * inner, inner, mean[ch], 0.0f, static_cast<float>(scale),
+                               b ? b[ch] : 0.0f);
+  }
+}
+
+/// RMS norm of rows [r0, r1) of k floats; w: [k] or null.
+void RmsNormRows(const float* x, float* y, int64_t k, int64_t r0, int64_t r1, double eps, const float* w) {
+  for (int64_t r = r0; r < r1; ++r) {
+    double sq = norm_detail::Reduce<1>(x + r * k, k, 0.0f, 0.0f);
+    if (!std::isfinite(sq)) {  // float squares overflow above |x| ~ 1.8e19: sum them in double
+      sq = 0.0;
+      for (int64_t i = 0; i < k; ++i) sq += static_cast<double>(x[r * k + i]) * x[r * k + i];
+    }
+    const float rstd = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(k) + eps));
+    norm_detail::ScaleElementwise(x + r * k, y + r * k, k, rstd, w);
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace kiln
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kiln {
+namespace cpu {
+HWY_EXPORT(LayerNormRows);
+HWY_EXPORT(GroupNormRows);
+HWY_EXPORT(BatchNormPlanes);
+HWY_EXPORT(RmsNormRows);
+}  // namespace cpu
+
+namespace {
 
 /// Rows per thread chunk for rows of `work` elements: at least ~64K elements per chunk (a
 /// [77, 768] layer norm takes ~20 us: waking a second thread costs about as much).
@@ -152,7 +240,7 @@ int64_t row_grain(int64_t work) { return std::max<int64_t>(1, 65536 / std::max<i
 
 /// True when every given tensor of the call is float32.
 bool all_f32(const KernelSignature& s) {
-  if (!cpu::cpu_has_avx2_fma() || s.inputs.empty() || s.inputs[0] == nullptr || s.outputs.size() != 1) return false;
+  if (s.inputs.empty() || s.inputs[0] == nullptr || s.outputs.size() != 1) return false;
   for (const TensorType* t : s.inputs) {
     if (t != nullptr && t->dtype != DType::Float32) return false;
   }
@@ -172,9 +260,7 @@ Error layer_norm(const KernelArgs& a) {
   const float* px = x.data_as<const float>();
   float* po = a.outputs[0]->data_as<float>();
   cpu::parallel_range(a.pool, rows, row_grain(k), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      affine_elementwise(px + r * k, po + r * k, k, moments(px + r * k, k, eps), w, b);
-    }
+    HWY_DYNAMIC_DISPATCH(cpu::LayerNormRows)(px, po, k, r0, r1, eps, w, b);
   });
   return {};
 }
@@ -193,17 +279,7 @@ Error group_norm(const KernelArgs& a) {
   const float* px = a.inputs[0]->data_as<const float>();
   float* po = a.outputs[0]->data_as<float>();
   cpu::parallel_range(a.pool, n * groups, row_grain(size), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t g = r % groups;
-      const float* xi = px + r * size;
-      float* yo = po + r * size;
-      const Moments m = moments(xi, size, eps);
-      for (int64_t ci = 0; ci < cpg; ++ci) {
-        const int64_t ch = g * cpg + ci;
-        const float scale = m.rstd * (w ? w[ch] : 1.0f);
-        affine_uniform(xi + ci * hxw, yo + ci * hxw, hxw, m.c, m.md, scale, b ? b[ch] : 0.0f);
-      }
-    }
+    HWY_DYNAMIC_DISPATCH(cpu::GroupNormRows)(px, po, groups, cpg, hxw, r0, r1, eps, w, b);
   });
   return {};
 }
@@ -222,11 +298,7 @@ Error batch_norm(const KernelArgs& a) {
   const float* px = x.data_as<const float>();
   float* po = a.outputs[0]->data_as<float>();
   cpu::parallel_range(a.pool, n * c, row_grain(inner), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      const int64_t ch = r % c;
-      const double scale = 1.0 / std::sqrt(static_cast<double>(var[ch]) + eps) * (w ? w[ch] : 1.0);
-      affine_uniform(px + r * inner, po + r * inner, inner, mean[ch], 0.0f, static_cast<float>(scale), b ? b[ch] : 0.0f);
-    }
+    HWY_DYNAMIC_DISPATCH(cpu::BatchNormPlanes)(px, po, c, inner, r0, r1, eps, w, b, mean, var);
   });
   return {};
 }
@@ -242,15 +314,7 @@ Error rms_norm(const KernelArgs& a) {
   const float* px = x.data_as<const float>();
   float* po = a.outputs[0]->data_as<float>();
   cpu::parallel_range(a.pool, rows, row_grain(k), [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) {
-      double sq = reduce<1>(px + r * k, k, 0.0f, 0.0f);
-      if (!std::isfinite(sq)) {  // float squares overflow above |x| ~ 1.8e19: sum them in double
-        sq = 0.0;
-        for (int64_t i = 0; i < k; ++i) sq += static_cast<double>(px[r * k + i]) * px[r * k + i];
-      }
-      const float rstd = static_cast<float>(1.0 / std::sqrt(sq / static_cast<double>(k) + eps));
-      scale_elementwise(px + r * k, po + r * k, k, rstd, w);
-    }
+    HWY_DYNAMIC_DISPATCH(cpu::RmsNormRows)(px, po, k, r0, r1, eps, w);
   });
   return {};
 }
@@ -269,10 +333,5 @@ void register_cpu_norm(KernelRegistry& r) {
   r.add_optimized("aten.rms_norm", rms_norm, all_f32);
 }
 
-#else
-
-void register_cpu_norm(KernelRegistry&) {}  // no AVX2 kernels on this target
-
-#endif  // KILN_CPU_AVX2_KERNELS
-
 }  // namespace kiln
+#endif  // HWY_ONCE

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "ir/ops/shape_rules.h"
-#include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/parallel_util.h"
 #include "kernels/kernel.h"
 #include "kernels/strided_copy.h"
 

@@ -1,119 +1,181 @@
-// Optimized cpu kernels for aten._softmax / aten._log_softmax (float32, any dim), AVX2.
+// Optimized cpu kernels for aten._softmax / aten._log_softmax (float32, any dim), written once over
+// Highway for every SIMD target (kernels/cpu/vec-inl.h).
 //
 // softmax(x)_k = e^(x_k - m) / sum_j e^(x_j - m), log_softmax(x)_k = x_k - m - log(sum_j e^(x_j - m)),
 // m = max_j x_j (PyTorch aten/src/ATen/native/cpu/SoftMaxKernel.cpp computes the same). The
 // reduction dim is either the last one (rows are contiguous: one row at a time) or has `inner`
-// elements after it (8 neighbouring columns at a time, one per lane). Sums accumulate in float
-// lanes flushed to double every kFlush terms, so long rows keep the accuracy of a double sum;
-// e^x is cpu::exp8. NaN anywhere in a row makes the row NaN; an all -inf row gives NaN (as the
-// portable kernel and PyTorch do). Rows are split across the pool.
+// elements after it (one vector of neighbouring columns at a time, one column per lane). Sums
+// accumulate in float lanes flushed to double every kFlush terms, so long rows keep the accuracy
+// of a double sum; e^(x - m) (never positive) is ExpNonpos of vec-inl.h (exactly 0 below -87.33,
+// where the result is below FLT_MIN relative to the row's largest term 1). NaN anywhere in a row
+// makes the row NaN; an all -inf row gives NaN (as the portable kernel and PyTorch do). Rows are
+// split across the pool.
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 
 #include "ir/op_registry.h"
-#include "kernels/cpu/vec_math.h"
+#include "kernels/cpu/parallel_util.h"
 #include "kernels/kernel.h"
 
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/softmax.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/cpu/vec-inl.h"
+
+HWY_BEFORE_NAMESPACE();
 namespace kiln {
+namespace cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 
-#if KILN_CPU_AVX2_KERNELS
-namespace {
-
-using cpu::exp8;
-using cpu::load_tail;
-using cpu::store_tail;
+namespace softmax_detail {
 
 constexpr int64_t kFlush = 512;  ///< float terms per lane before a flush to double
 
-/// Softmax of one contiguous row x[0..n) into y.
-KILN_AVX2 void softmax_row(const float* x, float* y, int64_t n, bool log) {
-  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  __m256 m0 = ninf, m1 = ninf;
+/// Softmax (log: log_softmax) of one contiguous row x[0..n), n > 0, into y.
+HWY_INLINE void SoftmaxRow(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t n, bool log) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  // A NaN may be dropped from the maximum (Max of NaN is implementation-defined), but e^(NaN - m)
+  // is NaN, so the sum and every output still become NaN.
+  VF m0 = hn::Set(d, -std::numeric_limits<float>::infinity()), m1 = m0;
   int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
-    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(x + i + 8));
+  for (; i + 2 * N <= n; i += 2 * N) {
+    m0 = hn::Max(m0, hn::LoadU(d, x + i));
+    m1 = hn::Max(m1, hn::LoadU(d, x + i + N));
   }
-  for (; i + 8 <= n; i += 8) m0 = _mm256_max_ps(m0, _mm256_loadu_ps(x + i));
-  float mx = cpu::hmax(_mm256_max_ps(m0, m1));
+  for (; i + N <= n; i += N) m0 = hn::Max(m0, hn::LoadU(d, x + i));
+  float mx = ReduceMax(d, hn::Max(m0, m1));
   for (; i < n; ++i) mx = std::max(mx, x[i]);
-  const __m256 vm = _mm256_set1_ps(mx);
+  const VF vm = hn::Set(d, mx);
 
   double total = 0.0;
-  for (int64_t b = 0; b < n; b += kFlush * 8) {
-    const int64_t e = std::min(n, b + kFlush * 8);
-    __m256 s = _mm256_setzero_ps();
+  for (int64_t b = 0; b < n; b += kFlush * N) {
+    const int64_t e = std::min(n, b + kFlush * N);
+    VF s0 = hn::Zero(d), s1 = hn::Zero(d);
     int64_t j = b;
-    for (; j + 8 <= e; j += 8) {
-      const __m256 v = exp8(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm));
-      if (!log) _mm256_storeu_ps(y + j, v);
-      s = _mm256_add_ps(s, v);
+    for (; j + 2 * N <= e; j += 2 * N) {
+      const VF v0 = ExpNonpos(d, hn::Sub(hn::LoadU(d, x + j), vm));
+      const VF v1 = ExpNonpos(d, hn::Sub(hn::LoadU(d, x + j + N), vm));
+      if (!log) {
+        hn::StoreU(v0, d, y + j);
+        hn::StoreU(v1, d, y + j + N);
+      }
+      s0 = hn::Add(s0, v0);
+      s1 = hn::Add(s1, v1);
+    }
+    for (; j + N <= e; j += N) {
+      const VF v = ExpNonpos(d, hn::Sub(hn::LoadU(d, x + j), vm));
+      if (!log) hn::StoreU(v, d, y + j);
+      s0 = hn::Add(s0, v);
     }
     if (j < e) {
-      const __m256 v = exp8(_mm256_sub_ps(load_tail(x + j, e - j), vm));
-      const __m256 keep = _mm256_castsi256_ps(cpu::tail_mask(e - j));
-      const __m256 vk = _mm256_and_ps(v, keep);
-      if (!log) store_tail(y + j, e - j, vk);
-      s = _mm256_add_ps(s, vk);
+      const size_t r = static_cast<size_t>(e - j);
+      const VF v = hn::IfThenElseZero(hn::FirstN(d, r), ExpNonpos(d, hn::Sub(LoadTail(d, x + j, r), vm)));
+      if (!log) StoreTail(d, v, y + j, r);
+      s1 = hn::Add(s1, v);
     }
-    total += cpu::hsum_pd(s);
+    total += ReduceSumDouble(d, hn::Add(s0, s1));
   }
+  int64_t j = 0;
   if (log) {
-    const __m256 lse = _mm256_set1_ps(static_cast<float>(std::log(total)));
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(y + j, _mm256_sub_ps(_mm256_sub_ps(_mm256_loadu_ps(x + j), vm), lse));
-    if (j < n) store_tail(y + j, n - j, _mm256_sub_ps(_mm256_sub_ps(load_tail(x + j, n - j), vm), lse));
+    const VF lse = hn::Set(d, static_cast<float>(std::log(total)));
+    for (; j + N <= n; j += N) hn::StoreU(hn::Sub(hn::Sub(hn::LoadU(d, x + j), vm), lse), d, y + j);
+    if (j < n) {
+      const size_t r = static_cast<size_t>(n - j);
+      StoreTail(d, hn::Sub(hn::Sub(LoadTail(d, x + j, r), vm), lse), y + j, r);
+    }
   } else {
-    const __m256 inv = _mm256_set1_ps(static_cast<float>(1.0 / total));
-    int64_t j = 0;
-    for (; j + 8 <= n; j += 8) _mm256_storeu_ps(y + j, _mm256_mul_ps(_mm256_loadu_ps(y + j), inv));
-    if (j < n) store_tail(y + j, n - j, _mm256_mul_ps(load_tail(y + j, n - j), inv));
+    const VF inv = hn::Set(d, static_cast<float>(1.0 / total));
+    for (; j + N <= n; j += N) hn::StoreU(hn::Mul(hn::LoadU(d, y + j), inv), d, y + j);
+    if (j < n) {
+      const size_t r = static_cast<size_t>(n - j);
+      StoreTail(d, hn::Mul(LoadTail(d, y + j, r), inv), y + j, r);
+    }
   }
 }
 
-/// Softmax along a strided dim for `w` (1..8) neighbouring columns: element k of column c is
-/// x[k * inner + c].
-KILN_AVX2 void softmax_columns(const float* x, float* y, int64_t n, int64_t inner, int64_t w, bool log) {
-  auto load = [&](const float* p) KILN_AVX2 { return w == 8 ? _mm256_loadu_ps(p) : load_tail(p, w); };
-  auto store = [&](float* p, __m256 v) KILN_AVX2 {
-    if (w == 8) _mm256_storeu_ps(p, v);
-    else store_tail(p, w, v);
+/// Softmax along a strided dim for `w` (1..Lanes) neighbouring columns: element k of column c is
+/// x[k * inner + c]. Column sums go to double per lane every kFlush terms (through a stack array:
+/// no shuffles, any lane count).
+HWY_INLINE void SoftmaxColumns(const float* HWY_RESTRICT x, float* HWY_RESTRICT y, int64_t n, int64_t inner,
+                               size_t w, bool log) {
+  const DF d;
+  const size_t N = hn::Lanes(d);
+  const bool full = w == N;
+  auto load = [&](const float* p) { return full ? hn::LoadU(d, p) : LoadTail(d, p, w); };
+  auto store = [&](float* p, VF v) {
+    if (full) hn::StoreU(v, d, p);
+    else StoreTail(d, v, p, w);
   };
-  // A NaN element may be dropped from the max (max_ps returns its second operand then), but
-  // e^(NaN - m) is NaN, so the column's sum and every output still become NaN.
-  __m256 mx = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
-  for (int64_t k = 0; k < n; ++k) mx = _mm256_max_ps(load(x + k * inner), mx);
-  __m256d s_lo = _mm256_setzero_pd(), s_hi = _mm256_setzero_pd();
+  constexpr size_t kMax = HWY_MAX_BYTES / sizeof(float);
+  VF mx = hn::Set(d, -std::numeric_limits<float>::infinity());
+  for (int64_t k = 0; k < n; ++k) mx = hn::Max(load(x + k * inner), mx);
+  double sums[kMax] = {};
+  HWY_ALIGN float lanes[kMax];
   for (int64_t b = 0; b < n; b += kFlush) {
     const int64_t e = std::min(n, b + kFlush);
-    __m256 s = _mm256_setzero_ps();
+    VF s = hn::Zero(d);
     for (int64_t k = b; k < e; ++k) {
-      const __m256 v = exp8(_mm256_sub_ps(load(x + k * inner), mx));
+      const VF v = ExpNonpos(d, hn::Sub(load(x + k * inner), mx));
       if (!log) store(y + k * inner, v);
-      s = _mm256_add_ps(s, v);
+      s = hn::Add(s, v);
     }
-    s_lo = _mm256_add_pd(s_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(s)));
-    s_hi = _mm256_add_pd(s_hi, _mm256_cvtps_pd(_mm256_extractf128_ps(s, 1)));
+    hn::Store(s, d, lanes);
+    for (size_t c = 0; c < N; ++c) sums[c] += lanes[c];
   }
   if (log) {
-    alignas(32) double sums[8];
-    _mm256_store_pd(sums, s_lo);
-    _mm256_store_pd(sums + 4, s_hi);
-    alignas(32) float lse[8];
-    for (int c = 0; c < 8; ++c) lse[c] = static_cast<float>(std::log(sums[c]));
-    const __m256 vl = _mm256_load_ps(lse);
-    for (int64_t k = 0; k < n; ++k) store(y + k * inner, _mm256_sub_ps(_mm256_sub_ps(load(x + k * inner), mx), vl));
+    for (size_t c = 0; c < N; ++c) lanes[c] = static_cast<float>(std::log(sums[c]));
+    const VF vl = hn::Load(d, lanes);
+    for (int64_t k = 0; k < n; ++k) store(y + k * inner, hn::Sub(hn::Sub(load(x + k * inner), mx), vl));
   } else {
-    const __m256d one = _mm256_set1_pd(1.0);
-    const __m256 inv = _mm256_set_m128(_mm256_cvtpd_ps(_mm256_div_pd(one, s_hi)), _mm256_cvtpd_ps(_mm256_div_pd(one, s_lo)));
-    for (int64_t k = 0; k < n; ++k) store(y + k * inner, _mm256_mul_ps(load(y + k * inner), inv));
+    for (size_t c = 0; c < N; ++c) lanes[c] = static_cast<float>(1.0 / sums[c]);
+    const VF inv = hn::Load(d, lanes);
+    for (int64_t k = 0; k < n; ++k) store(y + k * inner, hn::Mul(load(y + k * inner), inv));
   }
 }
 
+}  // namespace softmax_detail
+
+/// Rows [r0, r1) of a softmax over contiguous rows of n floats (x, y: the whole tensors).
+void SoftmaxRows(const float* x, float* y, int64_t n, int64_t r0, int64_t r1, bool log) {
+  for (int64_t r = r0; r < r1; ++r) softmax_detail::SoftmaxRow(x + r * n, y + r * n, n, log);
+}
+
+/// Tasks [t0, t1) of a softmax over a strided dim: task t is outer index t / blocks and the
+/// column block t % blocks (Lanes columns from (t % blocks) * Lanes, fewer at the end).
+void SoftmaxColumnBlocks(const float* x, float* y, int64_t n, int64_t inner, int64_t t0, int64_t t1, bool log) {
+  const int64_t N = static_cast<int64_t>(hn::Lanes(DF()));
+  const int64_t blocks = (inner + N - 1) / N;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t o = t / blocks, c = (t % blocks) * N;
+    const int64_t off = o * n * inner + c;
+    softmax_detail::SoftmaxColumns(x + off, y + off, n, inner, static_cast<size_t>(std::min(N, inner - c)), log);
+  }
+}
+
+/// Lanes of this target's float vector (the column block width).
+int64_t SoftmaxLanes() { return static_cast<int64_t>(hn::Lanes(DF())); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace kiln
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kiln {
+namespace cpu {
+HWY_EXPORT(SoftmaxRows);
+HWY_EXPORT(SoftmaxColumnBlocks);
+HWY_EXPORT(SoftmaxLanes);
+}  // namespace cpu
+
+namespace {
+
 bool softmax_accepts(const KernelSignature& s) {
-  if (!cpu::cpu_has_avx2_fma()) return false;
   if (s.inputs.size() != 1 || s.inputs[0] == nullptr || s.outputs.size() != 1) return false;
   const TensorType& x = *s.inputs[0];
   if (x.dtype != DType::Float32 || s.outputs[0]->dtype != DType::Float32 || s.outputs[0]->sizes != x.sizes) return false;
@@ -142,18 +204,15 @@ Error softmax_impl(const KernelArgs& a, bool log) {
   if (inner == 1) {
     const int64_t grain = std::max<int64_t>(1, 16384 / n);
     cpu::parallel_range(a.pool, outer, grain, [&](int64_t b, int64_t e) {
-      for (int64_t r = b; r < e; ++r) softmax_row(px + r * n, po + r * n, n, log);
+      HWY_DYNAMIC_DISPATCH(cpu::SoftmaxRows)(px, po, n, b, e, log);
     });
     return {};
   }
-  const int64_t blocks = (inner + 7) / 8;  // 8-column blocks per outer index
-  const int64_t grain = std::max<int64_t>(1, 16384 / (8 * n));
+  const int64_t lanes = HWY_DYNAMIC_DISPATCH(cpu::SoftmaxLanes)();
+  const int64_t blocks = (inner + lanes - 1) / lanes;  // column blocks per outer index
+  const int64_t grain = std::max<int64_t>(1, 16384 / (lanes * n));
   cpu::parallel_range(a.pool, outer * blocks, grain, [&](int64_t b, int64_t e) {
-    for (int64_t t = b; t < e; ++t) {
-      const int64_t o = t / blocks, c = (t % blocks) * 8;
-      const int64_t off = o * n * inner + c;
-      softmax_columns(px + off, po + off, n, inner, std::min<int64_t>(8, inner - c), log);
-    }
+    HWY_DYNAMIC_DISPATCH(cpu::SoftmaxColumnBlocks)(px, po, n, inner, b, e, log);
   });
   return {};
 }
@@ -168,10 +227,5 @@ void register_cpu_softmax(KernelRegistry& r) {
   r.add_optimized("aten._log_softmax", log_softmax, softmax_accepts);
 }
 
-#else
-
-void register_cpu_softmax(KernelRegistry&) {}  // no AVX2 kernels on this target
-
-#endif  // KILN_CPU_AVX2_KERNELS
-
 }  // namespace kiln
+#endif  // HWY_ONCE
