@@ -108,6 +108,20 @@ HWY_INLINE double ReduceSumDouble(D d, hn::Vec<D> v) {
 #endif
 }
 
+/// x rounded to the nearest integer (ties to even), for |x| < 2^22. Highway's Round where it is
+/// one instruction; on the one-lane scalar target (whose Round branches) the classic
+/// add-and-subtract of 1.5 * 2^23, which rounds in the float adder itself.
+template <class D, class V>
+HWY_INLINE V RoundSmall(D d, V x) {
+#if HWY_TARGET == HWY_SCALAR
+  const V magic = hn::Set(d, 12582912.0f);
+  return hn::Sub(hn::Add(x, magic), magic);
+#else
+  (void)d;
+  return hn::Round(x);
+#endif
+}
+
 /// e^r ~ 1 + r + r^2 (p0 r^5 + ... + p5) for |r| <= ~ln2/2: the polynomial of the Cephes Math
 /// Library expf.c (S. Moshier, coefficients 1.9875691500E-4 ... 5.0000001201E-1).
 template <class D, class V>
@@ -134,7 +148,7 @@ HWY_INLINE V ExpHL(D d, V hi, V lo) {
   const V max_x = hn::Set(d, 88.72283935546875f);  // above: +inf
   const V min_x = hn::Set(d, -104.0f);             // below: 0
   const V x = hn::Add(hi, lo);
-  const V n = hn::Round(hn::Mul(hn::Min(hn::Max(x, min_x), max_x), hn::Set(d, 1.44269504088896341f)));
+  const V n = RoundSmall(d, hn::Mul(hn::Min(hn::Max(x, min_x), max_x), hn::Set(d, 1.44269504088896341f)));
   V r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), hi);
   r = hn::NegMulAdd(n, hn::Set(d, -2.12194440e-4f), r);
   r = hn::Add(r, lo);
@@ -167,7 +181,7 @@ HWY_INLINE V ExpNonpos(D d, V x) {
   const hn::RebindToSigned<D> di;
   const V min_x = hn::Set(d, -87.33f);
   const V xc = hn::IfThenElse(hn::Lt(x, min_x), min_x, x);  // NaN compares false and passes
-  const V n = hn::Round(hn::Mul(xc, hn::Set(d, 1.44269504088896341f)));
+  const V n = RoundSmall(d, hn::Mul(xc, hn::Set(d, 1.44269504088896341f)));
   V r = hn::NegMulAdd(n, hn::Set(d, 0.693359375f), xc);
   r = hn::NegMulAdd(n, hn::Set(d, -2.12194440e-4f), r);
   const V p = ExpPoly(d, r);
