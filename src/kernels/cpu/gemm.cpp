@@ -524,7 +524,7 @@ HWY_INLINE void GemvStore(const GemmArgs& g, const Gemv& j, int64_t t, float acc
 }
 
 /// r[t] for t in [t0, t1): dots of contiguous rows (two vectors per step, then a partial one), or
-/// columns four vectors wide (then one, then a partial one) accumulated over the rows of mat.
+/// column sums accumulated row by row of mat.
 void GemvRange(const GemmArgs& g, const Gemv& j, int64_t t0, int64_t t1) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -548,34 +548,32 @@ void GemvRange(const GemmArgs& g, const Gemv& j, int64_t t0, int64_t t1) {
     }
     return;
   }
-  HWY_ALIGN float r[4 * HWY_MAX_BYTES / sizeof(float)];
-  int64_t t = t0;
-  for (; t + 4 * N <= t1; t += 4 * N) {
-    VF s0 = hn::Zero(d), s1 = hn::Zero(d), s2 = hn::Zero(d), s3 = hn::Zero(d);
+  // Columns: rows of mat streamed sequentially (kGemvChunk columns at a time), each added into
+  // the chunk's sums r with one multiply-add per element; the same sums in the same order as
+  // column-by-column dot products.
+  constexpr int64_t kGemvChunk = 1024;
+  HWY_ALIGN float r[kGemvChunk];
+  for (int64_t t = t0; t < t1; t += kGemvChunk) {
+    const int64_t len = std::min(kGemvChunk, t1 - t);
+    const int64_t full = len / N * N;
+    std::memset(r, 0, sizeof(float) * static_cast<size_t>(len));
     for (int64_t p = 0; p < K; ++p) {
       const VF av = hn::Set(d, v[p]);
       const float* HWY_RESTRICT b = j.mat + p * j.ld + t;
-      s0 = hn::MulAdd(av, hn::LoadU(d, b), s0);
-      s1 = hn::MulAdd(av, hn::LoadU(d, b + N), s1);
-      s2 = hn::MulAdd(av, hn::LoadU(d, b + 2 * N), s2);
-      s3 = hn::MulAdd(av, hn::LoadU(d, b + 3 * N), s3);
+      int64_t q = 0;
+      for (; q + 4 * N <= full; q += 4 * N) {
+        hn::Store(hn::MulAdd(av, hn::LoadU(d, b + q), hn::Load(d, r + q)), d, r + q);
+        hn::Store(hn::MulAdd(av, hn::LoadU(d, b + q + N), hn::Load(d, r + q + N)), d, r + q + N);
+        hn::Store(hn::MulAdd(av, hn::LoadU(d, b + q + 2 * N), hn::Load(d, r + q + 2 * N)), d, r + q + 2 * N);
+        hn::Store(hn::MulAdd(av, hn::LoadU(d, b + q + 3 * N), hn::Load(d, r + q + 3 * N)), d, r + q + 3 * N);
+      }
+      for (; q < full; q += N) hn::Store(hn::MulAdd(av, hn::LoadU(d, b + q), hn::Load(d, r + q)), d, r + q);
+      if (q < len) {
+        const size_t n = static_cast<size_t>(len - q);
+        StoreTail(d, hn::MulAdd(av, LoadTail(d, b + q, n), LoadTail(d, r + q, n)), r + q, n);
+      }
     }
-    hn::Store(s0, d, r);
-    hn::Store(s1, d, r + N);
-    hn::Store(s2, d, r + 2 * N);
-    hn::Store(s3, d, r + 3 * N);
-    for (int64_t q = 0; q < 4 * N; ++q) GemvStore(g, j, t + q, r[q]);
-  }
-  for (; t < t1; t += N) {
-    const size_t n = static_cast<size_t>(std::min(N, t1 - t));
-    VF s0 = hn::Zero(d);
-    if (n == static_cast<size_t>(N)) {
-      for (int64_t p = 0; p < K; ++p) s0 = hn::MulAdd(hn::Set(d, v[p]), hn::LoadU(d, j.mat + p * j.ld + t), s0);
-    } else {
-      for (int64_t p = 0; p < K; ++p) s0 = hn::MulAdd(hn::Set(d, v[p]), LoadTail(d, j.mat + p * j.ld + t, n), s0);
-    }
-    hn::Store(s0, d, r);
-    for (size_t q = 0; q < n; ++q) GemvStore(g, j, t + static_cast<int64_t>(q), r[q]);
+    for (int64_t q = 0; q < len; ++q) GemvStore(g, j, t + q, r[q]);
   }
 }
 
