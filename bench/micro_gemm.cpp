@@ -1,7 +1,7 @@
 // Microbenchmark of cpu::sgemm (src/kernels/cpu/gemm.h): GFLOP/s for a few shapes at 1 and 2
 // threads. Not a test and not part of the build; figures only. Build from the repository root
-// after building the library (build/libkiln_runtime.a):
-//   g++ -O2 -std=c++20 -Isrc -Iinclude bench/micro_gemm.cpp build/libkiln_runtime.a -lpthread -o /tmp/micro_gemm
+// after building the library (build/libkiln_runtime.a; KILN_CPU_TARGET picks the SIMD target):
+//   g++ -O2 -std=c++20 -Isrc -Iinclude bench/micro_gemm.cpp build/libkiln_runtime.a -lhwy -lpthread -o /tmp/micro_gemm
 //   /tmp/micro_gemm [reps]
 // Prints best-of-`reps` wall-clock GFLOP/s and, for 1 thread, GFLOP/s by thread CPU time (less
 // sensitive to other load on a shared machine). FLOP = 2 * M * N * K.
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/gemm.h"
+#include "kiln/cpu_target.h"
 
 namespace {
 
@@ -66,6 +67,6 @@ int main(int argc, char** argv) {
     const double w2 = run(&pool2, CLOCK_MONOTONIC);
     std::printf("%-46s %5d %5d %5d  %10.1f %10.1f %10.1f\n", s.what, s.M, s.N, s.K, w1, c1, w2);
   }
-  std::printf("(GFLOP/s; AVX2+FMA microkernel: %s)\n", kiln::cpu::has_avx2_fma() ? "yes" : "no");
+  std::printf("(GFLOP/s; SIMD target: %s)\n", kiln::cpu_target().c_str());
   return 0;
 }

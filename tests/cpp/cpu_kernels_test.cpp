@@ -359,16 +359,9 @@ void check_sgemm_contract() {
 
 TEST(CpuGemm, TransposesLeadingDimsEpilogue) { check_sgemm_contract(); }
 
-/// The fallback for CPUs without AVX2 (portable microkernel, packing and matrix-vector paths).
-TEST(CpuGemm, PortableFallback) {
-  cpu::force_portable_sgemm_for_testing(true);
-  check_sgemm_contract();
-  cpu::force_portable_sgemm_for_testing(false);
-}
-
 /// cpu::sgemm_prepacked on A packed by pack_a_for_gemm and B written in the documented
 /// prepacked_b_floats layout (K over 2 blocks, partial panels, M not a multiple of 6), against the
-/// double reference; C outside the M x N window untouched. With the AVX2 and the portable microkernel.
+/// double reference; C outside the M x N window untouched.
 void check_sgemm_prepacked() {
   std::mt19937 rng(11);
   struct G {
@@ -414,12 +407,9 @@ void check_sgemm_prepacked() {
   }
 }
 
-TEST(CpuGemm, Prepacked) {
-  check_sgemm_prepacked();
-  cpu::force_portable_sgemm_for_testing(true);
-  check_sgemm_prepacked();
-  cpu::force_portable_sgemm_for_testing(false);
-}
+// sgemm is one source for every SIMD target: the other targets (scalar included) run these tests
+// with KILN_CPU_TARGET set (the former test-only switch to a portable microkernel is gone).
+TEST(CpuGemm, Prepacked) { check_sgemm_prepacked(); }
 
 /// cpu::sgemm with op(B) prepacked by pack_b_for_gemm (a linear layer's weights: W [N, K], trans_b;
 /// the microkernel then prefetches the next panel while computing, including across K blocks whose

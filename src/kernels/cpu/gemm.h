@@ -32,12 +32,10 @@ struct GemmEpilogue {
   PostOp post;
 };
 
-/// True when this CPU has AVX2 and FMA (the fast microkernel); sgemm works either way.
+/// True when this CPU has AVX2 and FMA. Legacy: for cpu kernel files not yet written over
+/// Highway (their accepts()); sgemm and the other functions here run on every target (the
+/// process's target, kernels/cpu/target.h) whatever it returns.
 bool has_avx2_fma();
-
-/// Tests only: makes sgemm / sgemm_packed_b use their portable (non-AVX2) code paths while on,
-/// so that the fallback used on CPUs without AVX2 is tested too. Not for concurrent use.
-void force_portable_sgemm_for_testing(bool on);
 
 /// C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C, then the epilogue's bias and clamp.
 ///
@@ -52,9 +50,12 @@ void force_portable_sgemm_for_testing(bool on);
 /// `pool` (may be null: single-threaded) splits C into rectangles along the larger of M and N
 /// that the threads claim dynamically (cpu::parallel_tasks); small products (< 4 MFLOP) run on
 /// the calling thread. Thread-safe: packing buffers are per thread and bounded (~1.2 MB per thread).
-/// Method: cache blocking, packing of A (MR-row panels) and B (NR-column panels) and a 6x16
-/// AVX2+FMA register-blocked microkernel (Goto & van de Geijn, "Anatomy of high-performance
-/// matrix multiplication", ACM TOMS 2008); without AVX2 a portable microkernel of the same shape.
+/// Method: cache blocking, packing of A (MR-row panels) and B (16-column panels) and a
+/// register-blocked microkernel (Goto & van de Geijn, "Anatomy of high-performance matrix
+/// multiplication", ACM TOMS 2008), written once over Highway for every SIMD target; MR and the
+/// tile depend on the target (AVX2: 6 x 16, AVX-512: 16 x 16; gemm.cpp), so results may differ
+/// between targets in the last bits (the order of the sums does not depend on MR; FMA vs separate
+/// rounding on the scalar target does).
 /// M == 1 or N == 1 (classifier heads, squeeze-excite) take a matrix-vector path without packing.
 ///
 /// `packed_a` (optional): A already packed by pack_a_for_gemm(M, K, A, lda, ...), with
@@ -68,14 +69,17 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
            ThreadPool* pool = nullptr, const float* packed_a = nullptr, const float* packed_b = nullptr);
 
 /// Floats of A [M, K] packed by pack_a_for_gemm (the MR-row panels of every K block, plus slack).
+/// Depends on the process's SIMD target (MR): a packed A is valid only in the process that packed it.
 int64_t packed_a_floats(int64_t M, int64_t K);
 
 /// Packs row-major A [M, K] (row stride lda) once for repeated products with the same A (e.g. a
 /// convolution's constant weights, packed when the method is loaded): `out` holds
-/// packed_a_floats(M, K) floats. Same values as the per-call packing (alpha 1).
+/// packed_a_floats(M, K) floats. Same values as the per-call packing (alpha 1). The layout is the
+/// target's (opaque: only sgemm / sgemm_packed_b / sgemm_prepacked read it).
 void pack_a_for_gemm(int64_t M, int64_t K, const float* A, int64_t lda, float* out);
 
-/// Width of the column panels that a GemmBPacker writes, and the most columns one call asks for.
+/// Width of the column panels that a GemmBPacker writes (16 on every SIMD target), and the most
+/// columns one call asks for.
 inline constexpr int kGemmPanelCols = 16;
 inline constexpr int64_t kGemmMaxPackCols = 1024;
 

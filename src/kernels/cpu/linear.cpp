@@ -24,8 +24,9 @@ bool all_float32(const KernelSignature& sig) {
   return true;
 }
 
-/// mm / bmm / addmm / linear: float32 with the ranks the op's inference guarantees.
-bool matmul_accepts(const KernelSignature& sig) { return cpu::has_avx2_fma() && all_float32(sig); }
+/// mm / bmm / addmm / linear: float32 with the ranks the op's inference guarantees, on every
+/// SIMD target (cpu::sgemm is compiled for each).
+bool matmul_accepts(const KernelSignature& sig) { return all_float32(sig); }
 
 /// True when `t` (broadcasting to [rows, cols]) holds one value per column: sizes [..., 1, cols]
 /// with every leading size 1 (so a per-column bias of the GEMM).

@@ -9,6 +9,9 @@
 //   per call into scratch and run by the selected aten.convolution kernel; otherwise blocks of output channels are dequantized (at most
 //   ~1M floats per block, parallel over rows) and multiplied with the input by cpu::sgemm
 //   (1x1, stride 1, no padding) or cpu::sgemm_packed_b with an implicit im2col packer.
+// The per-call loops (matrix-vector product, dequantizing packers) are compiled once per SIMD
+// target over Google Highway (hwy/foreach_target.h; QuantView::dequantize is inlined into them
+// and vectorized for the target), and selected with the process's target.
 
 #include <algorithm>
 #include <cstring>
@@ -20,56 +23,154 @@
 #include "kernels/portable/util.h"
 #include "kernels/quantized.h"
 
+// Per-target part: compiled once per SIMD target (hwy/foreach_target.h re-includes this file).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/quantized.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/cpu/vec-inl.h"
+
+#ifndef KILN_CPU_QUANTIZED_SHARED_
+#define KILN_CPU_QUANTIZED_SHARED_
+namespace kiln::cpu {
+constexpr int64_t kQuantSlice = 256;  ///< columns dequantized at a time (fits a stack buffer, L1-sized)
+
+/// Implicit im2col of one image and group: op(B)[r, j] = input[c, oy*s - p + ky*d, ox*s - p + kx*d]
+/// (0 outside), r = (c * kH + ky) * kW + kx, j = oy * OW + ox.
+struct QuantIm2col {
+  const float* in;  // [cin_g, H, W] of this image and group
+  const ConvGeometry* g;
+};
+}  // namespace kiln::cpu
+#endif  // KILN_CPU_QUANTIZED_SHARED_
+
+HWY_BEFORE_NAMESPACE();
 namespace kiln {
-namespace {
+namespace cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
 
-constexpr int64_t kSlice = 256;  // columns dequantized at a time (fits a stack buffer, L1-sized)
-
-/// out[i, j] (+)= x[i, :] . w[j, :] for i < m <= 4, rows j in [j0, j1).
-__attribute__((target("avx2,fma"))) void gemv_rows(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, int64_t j0, int64_t j1) {
+/// out[i, j] = x[i, :] . w[j, :] (+ bias[j]) for i < m <= 4 (row stride of out: w's rows), rows j
+/// in [j0, j1): each row of w dequantized kQuantSlice columns at a time into a stack buffer, one
+/// vector accumulator per row of x (lane t sums the columns congruent to t modulo Lanes).
+void QuantGemvRows(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, int64_t j0,
+                   int64_t j1) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   const int64_t k = w.layout.k, n = w.layout.rows;
-  alignas(64) float buf[kSlice];
+  HWY_ALIGN float buf[kQuantSlice];
   for (int64_t j = j0; j < j1; ++j) {
-    float acc[4][8] = {};
-    for (int64_t c0 = 0; c0 < k; c0 += kSlice) {
-      const int64_t len = std::min(kSlice, k - c0);
+    VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+    for (int64_t c0 = 0; c0 < k; c0 += kQuantSlice) {
+      const int64_t len = std::min(kQuantSlice, k - c0);
       w.dequantize(j, c0, len, buf);
-      for (int64_t i = 0; i < m; ++i) {
-        const float* xi = x + i * k + c0;
-        int64_t p = 0;
-        for (; p + 8 <= len; p += 8) {
-          for (int t = 0; t < 8; ++t) acc[i][t] += xi[p + t] * buf[p + t];
-        }
-        for (; p < len; ++p) acc[i][p & 7] += xi[p] * buf[p];
+      const float* x0 = x + c0;
+      int64_t p = 0;
+      for (; p + N <= len; p += N) {
+        const VF b = hn::Load(d, buf + p);
+        a0 = hn::MulAdd(hn::LoadU(d, x0 + p), b, a0);
+        if (m > 1) a1 = hn::MulAdd(hn::LoadU(d, x0 + k + p), b, a1);
+        if (m > 2) a2 = hn::MulAdd(hn::LoadU(d, x0 + 2 * k + p), b, a2);
+        if (m > 3) a3 = hn::MulAdd(hn::LoadU(d, x0 + 3 * k + p), b, a3);
+      }
+      if (p < len) {
+        const size_t r = static_cast<size_t>(len - p);
+        const VF b = LoadTail(d, buf + p, r);
+        a0 = hn::MulAdd(LoadTail(d, x0 + p, r), b, a0);
+        if (m > 1) a1 = hn::MulAdd(LoadTail(d, x0 + k + p, r), b, a1);
+        if (m > 2) a2 = hn::MulAdd(LoadTail(d, x0 + 2 * k + p, r), b, a2);
+        if (m > 3) a3 = hn::MulAdd(LoadTail(d, x0 + 3 * k + p, r), b, a3);
       }
     }
-    for (int64_t i = 0; i < m; ++i) {
-      float s = 0.0f;
-      for (int t = 0; t < 8; ++t) s += acc[i][t];
-      out[i * n + j] = s + (bias ? bias[j] : 0.0f);
-    }
+    const float bj = bias ? bias[j] : 0.0f;
+    out[j] = ReduceSum(d, a0) + bj;
+    if (m > 1) out[n + j] = ReduceSum(d, a1) + bj;
+    if (m > 2) out[2 * n + j] = ReduceSum(d, a2) + bj;
+    if (m > 3) out[3 * n + j] = ReduceSum(d, a3) + bj;
   }
 }
 
 /// B packer for linear: op(B)[p, j] = w[j, p] (x @ w^T), dequantized per 16-column panel.
-__attribute__((target("avx2,fma"))) void pack_weight_panel(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
+void QuantPackWeightPanel(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
   const auto& w = *static_cast<const QuantView*>(ctx);
-  alignas(64) float buf[kSlice];
-  const int64_t stride = cpu::gemm_panel_stride(kc);
+  HWY_ALIGN float buf[kQuantSlice];
+  const int64_t stride = gemm_panel_stride(kc);
   for (int64_t jj = 0; jj < nc; ++jj) {
-    const int64_t jp = jj / cpu::kGemmPanelCols, t = jj % cpu::kGemmPanelCols;
+    const int64_t jp = jj / kGemmPanelCols, t = jj % kGemmPanelCols;
     float* panel = out + jp * stride;
     w.dequantize(j0 + jj, p0, kc, buf);
-    for (int64_t p = 0; p < kc; ++p) panel[p * cpu::kGemmPanelCols + t] = buf[p];
+    for (int64_t p = 0; p < kc; ++p) panel[p * kGemmPanelCols + t] = buf[p];
   }
   // Columns past nc in the last panel are zero.
-  const int64_t rem = nc % cpu::kGemmPanelCols;
+  const int64_t rem = nc % kGemmPanelCols;
   if (rem != 0) {
-    float* panel = out + (nc / cpu::kGemmPanelCols) * stride;
+    float* panel = out + (nc / kGemmPanelCols) * stride;
     for (int64_t p = 0; p < kc; ++p) {
-      for (int64_t t = rem; t < cpu::kGemmPanelCols; ++t) panel[p * cpu::kGemmPanelCols + t] = 0.0f;
+      for (int64_t t = rem; t < kGemmPanelCols; ++t) panel[p * kGemmPanelCols + t] = 0.0f;
     }
   }
+}
+
+/// B packer for the convolution: implicit im2col (QuantIm2col) in 16-column panels.
+void QuantPackIm2col(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
+  const auto& im = *static_cast<const QuantIm2col*>(ctx);
+  const ConvGeometry& g = *im.g;
+  const int64_t H = g.in_size[0], W = g.in_size[1], OW = g.out_size[1], KH = g.kernel[0], KW = g.kernel[1];
+  const int64_t stride = gemm_panel_stride(kc);
+  constexpr int P = kGemmPanelCols;
+  for (int64_t jp = 0; jp * P < nc; ++jp) {
+    int64_t iy0[P], ix0[P];
+    bool valid[P];
+    for (int t = 0; t < P; ++t) {
+      const int64_t j = j0 + jp * P + t;
+      valid[t] = jp * P + t < nc;
+      iy0[t] = valid[t] ? (j / OW) * g.stride[0] - g.padding[0] : 0;
+      ix0[t] = valid[t] ? (j % OW) * g.stride[1] - g.padding[1] : 0;
+    }
+    float* panel = out + jp * stride;
+    for (int64_t p = 0; p < kc; ++p) {
+      const int64_t r = p0 + p;
+      const int64_t c = r / (KH * KW), ky = (r / KW) % KH, kx = r % KW;
+      const float* plane = im.in + c * H * W;
+      const int64_t dy = ky * g.dilation[0], dx = kx * g.dilation[1];
+      float* dst = panel + p * P;
+      for (int t = 0; t < P; ++t) {
+        const int64_t iy = iy0[t] + dy, ix = ix0[t] + dx;
+        dst[t] = (valid[t] && iy >= 0 && iy < H && ix >= 0 && ix < W) ? plane[iy * W + ix] : 0.0f;
+      }
+    }
+  }
+}
+
+/// Dequantizes row r0 + r into buf [r, :] (rows of k floats).
+void QuantDequantizeRow(const QuantView& w, int64_t r0, int64_t r, float* buf) {
+  w.dequantize(r0 + r, 0, w.layout.k, buf + r * w.layout.k);
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace kiln
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kiln {
+namespace cpu {
+HWY_EXPORT(QuantGemvRows);
+HWY_EXPORT(QuantPackWeightPanel);
+HWY_EXPORT(QuantPackIm2col);
+HWY_EXPORT(QuantDequantizeRow);
+}  // namespace cpu
+
+namespace {
+
+/// out[i, j] (+ bias) = x[i, :] . w[j, :] for i < m <= 4, rows j in [j0, j1) (the target's code).
+void gemv_rows(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, int64_t j0, int64_t j1) {
+  HWY_DYNAMIC_DISPATCH(cpu::QuantGemvRows)(w, x, m, bias, out, j0, j1);
+}
+
+/// Dequantizes rows [r0, r0 + rows) into buf [rows, k] (one row per call).
+void dequantize_rows(const QuantView& w, int64_t r0, int64_t r, float* buf) {
+  HWY_DYNAMIC_DISPATCH(cpu::QuantDequantizeRow)(w, r0, r, buf);
 }
 
 Error linear(const KernelArgs& a) {
@@ -95,45 +196,9 @@ Error linear(const KernelArgs& a) {
     ep.bias_kind = cpu::GemmBias::PerCol;
     ep.bias = bias;
   }
-  cpu::sgemm_packed_b(m, n, k, 1.0f, px, k, cpu::GemmBPacker{pack_weight_panel, &w}, 0.0f, out, n, ep, a.pool);
+  cpu::sgemm_packed_b(m, n, k, 1.0f, px, k, cpu::GemmBPacker{&HWY_DYNAMIC_DISPATCH(cpu::QuantPackWeightPanel), &w}, 0.0f,
+                      out, n, ep, a.pool);
   return {};
-}
-
-/// Implicit im2col of one image and group: op(B)[r, j] = input[c, oy*s - p + ky*d, ox*s - p + kx*d]
-/// (0 outside), r = (c * kH + ky) * kW + kx, j = oy * OW + ox.
-struct Im2col {
-  const float* in;  // [cin_g, H, W] of this image and group
-  const ConvGeometry* g;
-};
-
-__attribute__((target("avx2,fma"))) void pack_im2col(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
-  const auto& im = *static_cast<const Im2col*>(ctx);
-  const ConvGeometry& g = *im.g;
-  const int64_t H = g.in_size[0], W = g.in_size[1], OW = g.out_size[1], KH = g.kernel[0], KW = g.kernel[1];
-  const int64_t stride = cpu::gemm_panel_stride(kc);
-  constexpr int P = cpu::kGemmPanelCols;
-  for (int64_t jp = 0; jp * P < nc; ++jp) {
-    int64_t iy0[P], ix0[P];
-    bool valid[P];
-    for (int t = 0; t < P; ++t) {
-      const int64_t j = j0 + jp * P + t;
-      valid[t] = jp * P + t < nc;
-      iy0[t] = valid[t] ? (j / OW) * g.stride[0] - g.padding[0] : 0;
-      ix0[t] = valid[t] ? (j % OW) * g.stride[1] - g.padding[1] : 0;
-    }
-    float* panel = out + jp * stride;
-    for (int64_t p = 0; p < kc; ++p) {
-      const int64_t r = p0 + p;
-      const int64_t c = r / (KH * KW), ky = (r / KW) % KH, kx = r % KW;
-      const float* plane = im.in + c * H * W;
-      const int64_t dy = ky * g.dilation[0], dx = kx * g.dilation[1];
-      float* dst = panel + p * P;
-      for (int t = 0; t < P; ++t) {
-        const int64_t iy = iy0[t] + dy, ix = ix0[t] + dx;
-        dst[t] = (valid[t] && iy >= 0 && iy < H && ix >= 0 && ix < W) ? plane[iy * W + ix] : 0.0f;
-      }
-    }
-  }
 }
 
 /// Runs aten.convolution(x, w, b) (float32, attributes `ca`) into `out` with the kernel the registry
@@ -149,11 +214,6 @@ Error run_float_conv(const Tensor& x, const Tensor& w, const Tensor* b, Tensor& 
   const Tensor* ins[3] = {&x, &w, b};
   Tensor* outs[1] = {&out};
   return fn(KernelArgs{ins, outs, ca, pool});
-}
-
-/// Dequantizes rows [r0, r0 + rows) into buf [rows, k].
-__attribute__((target("avx2,fma"))) void dequantize_rows(const QuantView& w, int64_t r0, int64_t r, float* buf) {
-  w.dequantize(r0 + r, 0, w.layout.k, buf + r * w.layout.k);
 }
 
 Error convolution(const KernelArgs& a) {
@@ -182,7 +242,7 @@ Error convolution(const KernelArgs& a) {
   if (cin_g == 1 && cout_g == 1) {
     // Depthwise: the weight is only C * kH * kW values (no GEMM reads it repeatedly), so it is
     // dequantized per call into a scratch buffer and run by the aten.convolution kernel that the
-    // registry selects for these types (the optimized depthwise one on AVX2 CPUs).
+    // registry selects for these types (the optimized depthwise one where it accepts the call).
     std::vector<float> wf(static_cast<size_t>(w.layout.rows * K));
     for (int64_t r = 0; r < w.layout.rows; ++r) w.dequantize(r, 0, K, wf.data() + r * K);
     Tensor wt{DType::Float32, dense.sizes, wf.data()};
@@ -231,8 +291,8 @@ Error convolution(const KernelArgs& a) {
         if (pointwise) {
           cpu::sgemm(false, false, rows, HW, K, 1.0f, wbuf.data(), K, xin, HW, 0.0f, o, HW, ep, a.pool);
         } else {
-          const Im2col im{xin, &g};
-          cpu::sgemm_packed_b(rows, HW, K, 1.0f, wbuf.data(), K, cpu::GemmBPacker{pack_im2col, &im}, 0.0f, o, HW, ep,
+          const cpu::QuantIm2col im{xin, &g};
+          cpu::sgemm_packed_b(rows, HW, K, 1.0f, wbuf.data(), K, cpu::GemmBPacker{&HWY_DYNAMIC_DISPATCH(cpu::QuantPackIm2col), &im}, 0.0f, o, HW, ep,
                               a.pool);
         }
       }
@@ -241,9 +301,9 @@ Error convolution(const KernelArgs& a) {
   return {};
 }
 
-/// AVX2+FMA CPUs (the hot loops are compiled for them); others run the portable kernels.
+/// Float32 activations and output, on every SIMD target (the per-call loops are compiled for each).
 bool accepts(const KernelSignature& sig) {
-  return cpu::has_avx2_fma() && sig.inputs[0] != nullptr && sig.inputs[0]->dtype == DType::Float32 && sig.outputs[0] != nullptr &&
+  return sig.inputs[0] != nullptr && sig.inputs[0]->dtype == DType::Float32 && sig.outputs[0] != nullptr &&
          sig.outputs[0]->dtype == DType::Float32;
 }
 
@@ -256,3 +316,4 @@ void register_cpu_quantized(KernelRegistry& r) {
 }
 
 }  // namespace kiln
+#endif  // HWY_ONCE
