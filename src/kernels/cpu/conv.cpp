@@ -703,9 +703,9 @@ void Im2colPack(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc,
 // Direct pointwise (use_pointwise_direct).
 
 /// One output row of a tile with a fused residual add: o[t] = post(v[t]) + r[t], t < n (<= 2 N).
-template <PwPost P>
-HWY_INLINE void PwStoreResidual(float* o, const float* r, VF v0, VF v1, int64_t n, const PostOp& post) {
-  const DF d;
+template <class D, PwPost P, class V = hn::Vec<D>>
+HWY_INLINE void PwStoreResidual(float* o, const float* r, V v0, V v1, int64_t n, const PostOp& post) {
+  const D d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   if (n == 2 * N) {
     hn::StoreU(hn::Add(PwPostV<P>(d, post, v0), hn::LoadU(d, r)), d, o);
@@ -731,14 +731,15 @@ HWY_INLINE void PwStoreResidual(float* o, const float* r, VF v0, VF v1, int64_t 
 /// floats for the last group), 4 partial sums over k % 4, then the bias, activation and fused
 /// residual as PwRows. A 1-column tile in PwRows spends 6 FMAs per input channel on 1 useful lane
 /// each (12% of a 7x7 layer's multiply-adds); here it is 6 / Lanes (1 on AVX2).
-template <PwPost P>
+template <class D, PwPost P>
 HWY_INLINE void PwOneColumn(int64_t K, const float* w, const float* b6, const float* x, int64_t ldx, float* out,
                             int mr, const PostOp& post, const float* res) {
-  const DF d;
+  using V = hn::Vec<D>;
+  const D d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   HWY_ALIGN float t[kPwMR + HWY_MAX_BYTES / sizeof(float)];
   for (int64_t i0 = 0; i0 < mr; i0 += N) {
-    VF a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0;
+    V a0 = hn::Zero(d), a1 = a0, a2 = a0, a3 = a0;
     int64_t k = 0;
     for (; k + 4 <= K; k += 4) {
       const float* xp = x + k * ldx;
@@ -749,9 +750,9 @@ HWY_INLINE void PwOneColumn(int64_t K, const float* w, const float* b6, const fl
       a3 = hn::MulAdd(hn::Set(d, xp[3 * ldx]), hn::LoadU(d, wp + 3 * kPwMR), a3);
     }
     for (; k < K; ++k) a0 = hn::MulAdd(hn::Set(d, x[k * ldx]), hn::LoadU(d, w + k * kPwMR + i0), a0);
-    VF v = hn::Add(hn::Add(a0, a1), hn::Add(a2, a3));
+    V v = hn::Add(hn::Add(a0, a1), hn::Add(a2, a3));
     const int64_t nb = std::min<int64_t>(N, kPwMR - i0);
-    const VF bv = nb == N ? hn::LoadU(d, b6 + i0) : LoadTail(d, b6 + i0, static_cast<size_t>(nb));
+    const V bv = nb == N ? hn::LoadU(d, b6 + i0) : LoadTail(d, b6 + i0, static_cast<size_t>(nb));
     hn::Store(PwPostV<P>(d, post, hn::Add(v, bv)), d, t + i0);
   }
   for (int i = 0; i < mr; ++i) out[i * ldx] = res != nullptr ? t[i] + res[i * ldx] : t[i];
@@ -759,13 +760,14 @@ HWY_INLINE void PwOneColumn(int64_t K, const float* w, const float* b6, const fl
 
 /// Output channels [co0, co0 + mr) (mr <= 6) over columns [j0, j0 + nc) of one image:
 /// `w` [K][6] and `b6` [6] are the channel group's packed weights and bias (zero past mr),
-/// x [K][ldx] the input planes, out [C_out][ldx]. Tiles of 6 channels x 2 vectors (2 N columns).
-template <PwPost P>
+/// x [K][ldx] the input planes, out [C_out][ldx]. Tiles of 6 channels x 2 vectors of D (2 N columns).
+template <class D, PwPost P>
 HWY_INLINE void PwRows(int64_t K, const float* w, const float* b6, const float* x, int64_t ldx, float* out, int mr,
                        int64_t j0, int64_t nc, const PostOp& post, const float* res) {
-  const DF d;
+  using V = hn::Vec<D>;
+  const D d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  VF bb[kPwMR];
+  V bb[kPwMR];
 #pragma GCC unroll 6
   for (int i = 0; i < kPwMR; ++i) bb[i] = hn::Set(d, b6[i]);
   int64_t j = j0;
@@ -773,20 +775,20 @@ HWY_INLINE void PwRows(int64_t K, const float* w, const float* b6, const float* 
   for (; j < end; j += 2 * N) {
     const int64_t n = std::min<int64_t>(2 * N, end - j);
     if (n == 1) {
-      PwOneColumn<P>(K, w, b6, x + j, ldx, out + j, mr, post, res != nullptr ? res + j : nullptr);
+      PwOneColumn<D, P>(K, w, b6, x + j, ldx, out + j, mr, post, res != nullptr ? res + j : nullptr);
       continue;
     }
-    VF c0[kPwMR], c1[kPwMR];
+    V c0[kPwMR], c1[kPwMR];
 #pragma GCC unroll 6
     for (int i = 0; i < kPwMR; ++i) c0[i] = c1[i] = bb[i];
     const float* xp = x + j;
     const float* wp = w;
     if (n == 2 * N) {
       for (int64_t k = 0; k < K; ++k, xp += ldx, wp += kPwMR) {
-        const VF x0 = hn::LoadU(d, xp), x1 = hn::LoadU(d, xp + N);
+        const V x0 = hn::LoadU(d, xp), x1 = hn::LoadU(d, xp + N);
 #pragma GCC unroll 6
         for (int i = 0; i < kPwMR; ++i) {
-          const VF a = hn::Set(d, wp[i]);
+          const V a = hn::Set(d, wp[i]);
           c0[i] = hn::MulAdd(a, x0, c0[i]);
           c1[i] = hn::MulAdd(a, x1, c1[i]);
         }
@@ -794,17 +796,17 @@ HWY_INLINE void PwRows(int64_t K, const float* w, const float* b6, const float* 
     } else if (n <= N) {  // last (at most N) columns of the plane: one vector
       const size_t k0 = static_cast<size_t>(n);
       for (int64_t k = 0; k < K; ++k, xp += ldx, wp += kPwMR) {
-        const VF x0 = n == N ? hn::LoadU(d, xp) : LoadTail(d, xp, k0);
+        const V x0 = n == N ? hn::LoadU(d, xp) : LoadTail(d, xp, k0);
 #pragma GCC unroll 6
         for (int i = 0; i < kPwMR; ++i) c0[i] = hn::MulAdd(hn::Set(d, wp[i]), x0, c0[i]);
       }
     } else {  // last N + 1 .. 2 N - 1 columns of the plane (never read past the row's end)
       const size_t k1 = static_cast<size_t>(n - N);
       for (int64_t k = 0; k < K; ++k, xp += ldx, wp += kPwMR) {
-        const VF x0 = hn::LoadU(d, xp), x1 = LoadTail(d, xp + N, k1);
+        const V x0 = hn::LoadU(d, xp), x1 = LoadTail(d, xp + N, k1);
 #pragma GCC unroll 6
         for (int i = 0; i < kPwMR; ++i) {
-          const VF a = hn::Set(d, wp[i]);
+          const V a = hn::Set(d, wp[i]);
           c0[i] = hn::MulAdd(a, x0, c0[i]);
           c1[i] = hn::MulAdd(a, x1, c1[i]);
         }
@@ -815,7 +817,7 @@ HWY_INLINE void PwRows(int64_t K, const float* w, const float* b6, const float* 
       const float* r = res + j;
 #pragma GCC unroll 6
       for (int i = 0; i < kPwMR; ++i) {
-        if (i < mr) PwStoreResidual<P>(o + i * ldx, r + i * ldx, c0[i], c1[i], n, post);
+        if (i < mr) PwStoreResidual<D, P>(o + i * ldx, r + i * ldx, c0[i], c1[i], n, post);
       }
       continue;
     }
@@ -854,8 +856,19 @@ void PointwiseGroups(const ConvGeometry& g, const ConvState& st, const float* x,
     constexpr PwPost P = decltype(kind)::value;
     for (int64_t q = q0; q < q1; ++q) {
       const int mr = static_cast<int>(std::min(kPwMR, M - q * kPwMR));
-      PwRows<P>(K, st.pw_w.data() + q * K * kPwMR, st.pw_b.data() + q * kPwMR, x, HW, out + q * kPwMR * HW, mr, j0,
-                nc, st.post, res != nullptr ? res + q * kPwMR * HW : nullptr);
+      const float* w = st.pw_w.data() + q * K * kPwMR;
+      const float* b6 = st.pw_b.data() + q * kPwMR;
+      const float* r = res != nullptr ? res + q * kPwMR * HW : nullptr;
+      // Planes under 128 pixels (14x14, 7x7) take vectors of at most 8 lanes: 16-lane tiles of 32
+      // columns would compute 64 lanes for a 7x7 plane's 49 (AVX-512: 10% slower on
+      // mobilenet_v3_small than 8 lanes).
+      if constexpr (hn::MaxLanes(DF()) > 8) {
+        if (HW < 128) {
+          PwRows<D8, P>(K, w, b6, x, HW, out + q * kPwMR * HW, mr, j0, nc, st.post, r);
+          continue;
+        }
+      }
+      PwRows<DF, P>(K, w, b6, x, HW, out + q * kPwMR * HW, mr, j0, nc, st.post, r);
     }
   });
 }
@@ -868,9 +881,9 @@ void PointwiseGroups(const ConvGeometry& g, const ConvState& st, const float* x,
 template <PwPost P>
 HWY_INLINE void GemvBlocksP(const ConvGeometry& g, const ConvState& st, const float* x, float* out, int64_t q0,
                             int64_t q1) {
-  const DF d;
+  const D8 d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  constexpr int64_t kMax = static_cast<int64_t>(hn::MaxLanes(DF()));
+  constexpr int64_t kMax = static_cast<int64_t>(hn::MaxLanes(D8()));
   constexpr int kV = kGvBlock / kMax >= 4 ? 4 : kGvBlock / kMax >= 2 ? 2 : 1;
   const int64_t K = g.in_channels, M = g.out_channels;
   for (int64_t q = q0; q < q1; ++q) {
@@ -881,12 +894,12 @@ HWY_INLINE void GemvBlocksP(const ConvGeometry& g, const ConvState& st, const fl
       const float* xn = x + n * K;
       float* o = out + n * M + q * kGvBlock;
       for (int64_t v0 = 0; v0 < kGvBlock && v0 < valid; v0 += kV * N) {
-        VF a[kV];
+        V8 a[kV];
 #pragma GCC unroll 4
         for (int i = 0; i < kV; ++i) a[i] = hn::LoadU(d, bq + v0 + i * N);
         const float* wp = wq + v0;
         for (int64_t k = 0; k < K; ++k, wp += kGvBlock) {
-          const VF xv = hn::Set(d, xn[k]);
+          const V8 xv = hn::Set(d, xn[k]);
 #pragma GCC unroll 4
           for (int i = 0; i < kV; ++i) a[i] = hn::MulAdd(xv, hn::LoadU(d, wp + i * N), a[i]);
         }
@@ -894,7 +907,7 @@ HWY_INLINE void GemvBlocksP(const ConvGeometry& g, const ConvState& st, const fl
         for (int i = 0; i < kV; ++i) {
           const int64_t left = valid - (v0 + i * N);
           if (left <= 0) break;
-          const VF r = PwPostV<P>(d, st.post, a[i]);
+          const V8 r = PwPostV<P>(d, st.post, a[i]);
           if (left >= N) {
             hn::StoreU(r, d, o + v0 + i * N);
           } else {

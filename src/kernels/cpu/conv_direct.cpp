@@ -105,14 +105,21 @@ HWY_INLINE void Tile(const ConvGeometry& g, const float* const* rows, const int6
       }
     }
   }
+  // Spill the tile once (constant indices keep acc in registers above; indexing acc with the
+  // epilogue's run-time bounds would keep it in memory for the whole loop), then the epilogue.
+  HWY_ALIGN float t[OCB][kVectors * HWY_MAX_BYTES / sizeof(float)];
+#pragma GCC unroll 8
+  for (int o = 0; o < OCB; ++o) {
+#pragma GCC unroll 3
+    for (int v = 0; v < kVectors; ++v) hn::Store(acc[o][v], d, t[o] + N * v);
+  }
   for (int o = 0; o < OCB; ++o) {
     const VF b = hn::Set(d, bias != nullptr ? bias[oc0 + o] : 0.0f);
     float* dst = out_row + (oc0 + o) * plane;
-#pragma GCC unroll 3
     for (int v = 0; v < kVectors; ++v) {
       const int64_t col = ow0 + N * v;
       if (col >= OW) break;
-      VF y = acc[o][v];
+      VF y = hn::Load(d, t[o] + N * v);
       if (bias != nullptr) y = hn::Add(y, b);
       y = ApplyPostOp(d, post, y);
       if (col + N <= OW) {
