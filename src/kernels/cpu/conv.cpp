@@ -462,22 +462,71 @@ void DepthwisePlane(const ConvGeometry& g, const DwLayout& L, const float* x, co
 using D8 = hn::CappedTag<float, 8>;
 using V8 = hn::Vec<D8>;
 
+#if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
+/// In-register transpose of 8 vectors of 8 lanes (AVX2; AVX-512's 256-bit CappedTag):
+/// r[i] lane k -> r[k] lane i, as 32-bit interleaves within 128-bit blocks, 64-bit interleaves
+/// within blocks, then the exchange of 128-bit halves (the classic AVX 8x8 transpose of
+/// unpacklo/hi, shuffle 0x44/0xEE and permute2f128 0x20/0x31). Only instantiated for 8 lanes.
+template <class D>
+HWY_INLINE void Transpose8x8(D d, hn::Vec<D> r[8]) {
+  using V = hn::Vec<D>;
+  const hn::Repartition<uint64_t, D> d64;
+  const V t0 = hn::InterleaveLower(r[0], r[1]), t1 = hn::InterleaveUpper(d, r[0], r[1]);
+  const V t2 = hn::InterleaveLower(r[2], r[3]), t3 = hn::InterleaveUpper(d, r[2], r[3]);
+  const V t4 = hn::InterleaveLower(r[4], r[5]), t5 = hn::InterleaveUpper(d, r[4], r[5]);
+  const V t6 = hn::InterleaveLower(r[6], r[7]), t7 = hn::InterleaveUpper(d, r[6], r[7]);
+  const auto lo64 = [&](V a, V b) { return hn::BitCast(d, hn::InterleaveLower(hn::BitCast(d64, a), hn::BitCast(d64, b))); };
+  const auto hi64 = [&](V a, V b) {
+    return hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, a), hn::BitCast(d64, b)));
+  };
+  const V u0 = lo64(t0, t2), u1 = hi64(t0, t2), u2 = lo64(t1, t3), u3 = hi64(t1, t3);
+  const V u4 = lo64(t4, t6), u5 = hi64(t4, t6), u6 = lo64(t5, t7), u7 = hi64(t5, t7);
+  r[0] = hn::ConcatLowerLower(d, u4, u0);
+  r[1] = hn::ConcatLowerLower(d, u5, u1);
+  r[2] = hn::ConcatLowerLower(d, u6, u2);
+  r[3] = hn::ConcatLowerLower(d, u7, u3);
+  r[4] = hn::ConcatUpperUpper(d, u4, u0);
+  r[5] = hn::ConcatUpperUpper(d, u5, u1);
+  r[6] = hn::ConcatUpperUpper(d, u6, u2);
+  r[7] = hn::ConcatUpperUpper(d, u7, u3);
+}
+#define KILN_CONV_HAVE_TRANSPOSE8 1
+#else
+#define KILN_CONV_HAVE_TRANSPOSE8 0
+#endif
+
 /// dst[8 p + c] = r[c][p] for p < Lanes(D8), c < 8 (8 channel vectors -> pixel-major): two
 /// 4-way interleaves (a[4 p + k] = r[2 k][p], b[4 p + k] = r[2 k + 1][p]) and one 2-way interleave
 /// of a and b (dst[2 q] = a[q], dst[2 q + 1] = b[q]), through the 4 Lanes(D8) floats at `a` and
-/// `b` (aligned scratch). Highway's interleaving stores exist on every target.
+/// `b` (aligned scratch). Highway's interleaving stores exist on every target; with 8 lanes
+/// (AVX2, AVX-512) one in-register transpose (Transpose8x8) instead.
 HWY_INLINE void Interleave8(D8 d, const V8 r[8], float* HWY_RESTRICT dst, float* HWY_RESTRICT a,
                             float* HWY_RESTRICT b) {
   const size_t N = hn::Lanes(d);
+#if KILN_CONV_HAVE_TRANSPOSE8
+  if constexpr (hn::MaxLanes(D8()) == 8) {  // 8 lanes: one in-register transpose
+    V8 t[8] = {r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7]};
+    Transpose8x8(d, t);
+    for (size_t k = 0; k < 8; ++k) hn::StoreU(t[k], d, dst + 8 * k);
+    return;
+  }
+#endif
   hn::StoreInterleaved4(r[0], r[2], r[4], r[6], d, a);
   hn::StoreInterleaved4(r[1], r[3], r[5], r[7], d, b);
   for (size_t i = 0; i < 4; ++i) hn::StoreInterleaved2(hn::Load(d, a + i * N), hn::Load(d, b + i * N), d, dst + 2 * i * N);
 }
 
-/// The inverse of Interleave8: r[c][p] = src[8 p + c].
+/// The inverse of Interleave8: r[c][p] = src[8 p + c] (8 lanes: Transpose8x8 of 8 loads).
 HWY_INLINE void Deinterleave8(D8 d, const float* HWY_RESTRICT src, V8 r[8], float* HWY_RESTRICT a,
                               float* HWY_RESTRICT b) {
   const size_t N = hn::Lanes(d);
+#if KILN_CONV_HAVE_TRANSPOSE8
+  if constexpr (hn::MaxLanes(D8()) == 8) {  // 8 lanes: one in-register transpose
+    for (size_t k = 0; k < 8; ++k) r[k] = hn::LoadU(d, src + 8 * k);
+    Transpose8x8(d, r);
+    return;
+  }
+#endif
   for (size_t i = 0; i < 4; ++i) {
     V8 e, o;
     hn::LoadInterleaved2(d, src + 2 * i * N, e, o);
