@@ -21,13 +21,16 @@
 //      per row: 4 tiles of two tile rows); the transforms are vectorized ACROSS tiles: lane t of a
 //      vector holds tile t of the group (8 lanes of Highway's CappedTag<float, 8>: one vector on
 //      AVX2 and AVX-512, two on NEON, eight on the 1-lane scalar target), so the 6x6 transforms
-//      are plain lane-wise arithmetic and need no transposes. The column c of every tile comes
-//      from Highway's LoadInterleaved4 (LoadInterleaved2 for F(2x2, 3x3)), which splits a row into
-//      its columns 4 t + c on every target; V is written straight into the GEMM's packed B
+//      are plain lane-wise arithmetic. The column c of every tile comes, with 4 or more lanes, from
+//      plain loads and a 4x4 transpose within each 128-bit block (the lanes then hold the tiles
+//      in a permuted order, which the output transform undoes), on the scalar target from
+//      LoadInterleaved4 (F(2x2, 3x3): LoadInterleaved2 everywhere); V is written straight into
+//      the GEMM's packed B
 //      panels (cpu::prepacked_b_floats layout), one [C_in x tiles] matrix per position (k, l);
 //   2. 36 GEMMs M[pos] [C_out x tiles] = U[pos] [C_out x C_in] * V[pos] (cpu::sgemm_prepacked);
-//   3. output transform with the same lanes, + bias, fused activation, and StoreInterleaved4
-//      (StoreInterleaved2) back to rows of 32 (16) contiguous output floats.
+//   3. output transform with the same lanes, + bias, fused activation, and the same transpose
+//      within blocks (scalar: StoreInterleaved4; F(2x2, 3x3): StoreInterleaved2) back to rows of
+//      32 (16) contiguous output floats.
 // Written once over Google Highway (hwy/foreach_target.h: every SIMD target of the build).
 // Filters up to 4 MiB: each thread runs whole blocks of a few groups on its own scratch (the
 // filters stay in the caches). Larger filters (conv_large; SD UNet: 320..2560 channels): blocks
@@ -293,26 +296,99 @@ HWY_INLINE void GroupRows(const Tiling& T, const float* plane, int64_t r0, const
   }
 }
 
+#if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
+#define KILN_WINO_BLOCK_TRANSPOSE 1
+/// In each 128-bit block, the 4x4 transpose: lane i of output c = lane c of input i (32-bit, then
+/// 64-bit interleaves within blocks: AVX2's unpacklo/hi and shuffle 0x44/0xEE).
+HWY_INLINE void Transpose4InBlocks(V8& a0, V8& a1, V8& a2, V8& a3) {
+  const D8 d;
+  const hn::Repartition<uint64_t, D8> d64;
+  const V8 t0 = hn::InterleaveLower(a0, a1), t1 = hn::InterleaveUpper(d, a0, a1);
+  const V8 t2 = hn::InterleaveLower(a2, a3), t3 = hn::InterleaveUpper(d, a2, a3);
+  a0 = hn::BitCast(d, hn::InterleaveLower(hn::BitCast(d64, t0), hn::BitCast(d64, t2)));
+  a1 = hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, t0), hn::BitCast(d64, t2)));
+  a2 = hn::BitCast(d, hn::InterleaveLower(hn::BitCast(d64, t1), hn::BitCast(d64, t3)));
+  a3 = hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, t1), hn::BitCast(d64, t3)));
+}
+#else
+#define KILN_WINO_BLOCK_TRANSPOSE 0
+#endif
+
+/// Where the 6 input rows of an F(4x4, 3x3) group are read: tiles 0-3 of row r at h[r][0] + 4 t + c
+/// (columns c = 0 .. 5), tiles 4-7 at h[r][1] + 4 (t - 4) + c; 20 floats from each pointer.
+/// Direct groups and pair groups inside the row read the input rows (pair: h[r][0] on row A =
+/// r0 + r, h[r][1] on row B = r0 + r + 4); the others read zero-padded copies in `stage`.
+HWY_INLINE void GroupRows4(const Tiling& T, const float* plane, int64_t r0, const GroupCols& gc,
+                           float (*stage)[2][40], const float* h[6][2]) {
+  const bool inside = gc.c0 >= 0 && gc.c0 + 20 <= T.IW;  // pair: columns c0 .. c0 + 19
+  for (int r = 0; r < 6; ++r) {
+    const int64_t ih = r0 + r;
+    if (T.pair) {
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = ih + half * 4;
+        if (row < 0 || row >= T.IH) {
+          h[r][half] = kZeroRow;
+        } else if (inside) {
+          h[r][half] = plane + row * T.IW + gc.c0;
+        } else {
+          copy_segment(stage[r][half], plane + row * T.IW, T.IW, gc.c0, 20);
+          h[r][half] = stage[r][half];
+        }
+      }
+    } else if (ih < 0 || ih >= T.IH) {
+      h[r][0] = h[r][1] = kZeroRow;
+    } else {
+      const float* p = plane + ih * T.IW + gc.c0;
+      if (!gc.direct) {
+        copy_segment(stage[r][0], plane + ih * T.IW, T.IW, gc.c0, 36);
+        p = stage[r][0];
+      }
+      h[r][0] = p;
+      h[r][1] = p + 16;
+    }
+  }
+}
+
 /// F(4x4, 3x3) input transform of one group (tile row ty: input rows 4 ty - PH .. + 5; tiles tx0 ..
 /// tx0 + 7, columns `gc`) of input channel plane `plane` [IH, IW]: V[pos] lanes written at
-/// dst + pos * v_stride (8 floats each).
+/// dst + pos * v_stride (8 floats each). With 4 or more lanes, the columns of the tiles come from
+/// plain loads and a 4x4 transpose within each 128-bit block (so lane (block b, position i) of
+/// the vector for tiles s .. s + N - 1 holds tile s + i N / 4 + b: the order OutputGroup undoes);
+/// with one lane (scalar target), from LoadInterleaved4.
 HWY_INLINE void InputGroup4(const Tiling& T, const float* plane, int64_t ty, const GroupCols& gc, float* dst) {
   const D8 d;
   const size_t N = hn::Lanes(d);
   float stage[6][2][40];
-  const float* px[6];
-  const float* py[6];
-  GroupRows<6>(T, plane, ty * 4 - T.PH, gc, stage, px, py);
+  const float* h[6][2];
+  GroupRows4(T, plane, ty * 4 - T.PH, gc, stage, h);
+  // The float at offset o (= 4 t + c, t < 8 the tile) of row r.
+  const auto at = [&](int r, size_t o) { return h[r][o / 16] + o % 16; };
   for (size_t s = 0; s < static_cast<size_t>(kLanes); s += N) {
-    V8 h[6][6];
+    V8 hv[6][6];
     for (int r = 0; r < 6; ++r) {
-      V8 c[6], u0, u1;
-      hn::LoadInterleaved4(d, px[r] + 4 * s, c[0], c[1], c[2], c[3]);
-      hn::LoadInterleaved4(d, py[r] + 4 * s, c[4], c[5], u0, u1);
-      Bt6(c, h[r]);
+      V8 c[6];
+#if KILN_WINO_BLOCK_TRANSPOSE
+      V8 a0 = hn::LoadU(d, at(r, 4 * s)), a1 = hn::LoadU(d, at(r, 4 * s + N));
+      V8 a2 = hn::LoadU(d, at(r, 4 * s + 2 * N)), a3 = hn::LoadU(d, at(r, 4 * s + 3 * N));
+      V8 b0 = hn::LoadU(d, at(r, 4 * s) + 4), b1 = hn::LoadU(d, at(r, 4 * s + N) + 4);
+      V8 b2 = hn::LoadU(d, at(r, 4 * s + 2 * N) + 4), b3 = hn::LoadU(d, at(r, 4 * s + 3 * N) + 4);
+      Transpose4InBlocks(a0, a1, a2, a3);
+      Transpose4InBlocks(b0, b1, b2, b3);
+      c[0] = a0;
+      c[1] = a1;
+      c[2] = a2;
+      c[3] = a3;
+      c[4] = b0;
+      c[5] = b1;
+#else
+      V8 u0, u1;
+      hn::LoadInterleaved4(d, at(r, 4 * s), c[0], c[1], c[2], c[3]);
+      hn::LoadInterleaved4(d, at(r, 4 * s) + 4, c[4], c[5], u0, u1);
+#endif
+      Bt6(c, hv[r]);
     }
     for (int l = 0; l < 6; ++l) {
-      const V8 col[6] = {h[0][l], h[1][l], h[2][l], h[3][l], h[4][l], h[5][l]};
+      const V8 col[6] = {hv[0][l], hv[1][l], hv[2][l], hv[3][l], hv[4][l], hv[5][l]};
       V8 v[6];
       Bt6(col, v);
       for (int k = 0; k < 6; ++k) hn::StoreU(v[k], d, dst + static_cast<int64_t>(k * 6 + l) * T.v_stride + s);
@@ -397,7 +473,19 @@ HWY_INLINE void OutputGroup(const Tiling& T, const float* src, int64_t pos_step,
     for (int i = 0; i < tw; ++i) {
       if (rows[i] == nullptr) continue;
       if constexpr (tw == 4) {
+#if KILN_WINO_BLOCK_TRANSPOSE
+        // Lane (block b, position q) holds tile s + q N / 4 + b (InputGroup4): the transpose
+        // within blocks gives z_q = the 4 columns of tiles s + q N / 4 .., N contiguous floats.
+        V8 z0 = y[i][0], z1 = y[i][1], z2 = y[i][2], z3 = y[i][3];
+        Transpose4InBlocks(z0, z1, z2, z3);
+        float* o = rows[i] + 4 * s;
+        hn::StoreU(z0, d, o);
+        hn::StoreU(z1, d, o + N);
+        hn::StoreU(z2, d, o + 2 * N);
+        hn::StoreU(z3, d, o + 3 * N);
+#else
         hn::StoreInterleaved4(y[i][0], y[i][1], y[i][2], y[i][3], d, rows[i] + 4 * s);
+#endif
       } else {
         hn::StoreInterleaved2(y[i][0], y[i][1], d, rows[i] + 2 * s);
       }
