@@ -10,7 +10,8 @@
 // computed from its C_in * kH input rows, copied once into zero-padded rows split by stride
 // phase (padded column j goes to phase j % stride at j / stride), so that for output column ow
 // and tap kw the input x[ow * stride + kw] is a plain vector load at phase kw % stride, offset
-// ow + kw / stride. Tiles of 4 output channels x 24 output columns accumulate in registers with
+// ow + kw / stride. Tiles of 4 output channels x 3 vectors of output columns (24 on AVX2; 8 x 2
+// vectors on AVX-512) accumulate in registers with
 // FMA over (c, kh, kw); then + bias and the fused activation (PostOp), as the GEMM epilogue.
 #pragma once
 
@@ -26,7 +27,7 @@ bool direct_conv_applies(const ConvGeometry& g);
 /// out[n, o, oh, ow] = post(bias[o] + sum_{c, kh, kw} x[n, c, oh*s - pH + kh, ow*s - pW + kw] * w[o, c, kh, kw])
 /// (zero outside the input) for `g` (direct_conv_applies): x float32 [N, C_in, IH, IW],
 /// w [C_out, C_in, kH, kW], bias [C_out] or null, out [N, C_out, OH, OW]. Parallel over output
-/// rows on `pool` (may be null); per-thread scratch of C_in * kH * stride * (IW + 2 pW + 40) floats.
+/// rows on `pool` (may be null); per-thread scratch of C_in * kH * stride * (IW + 2 pW + 3 vectors + 8) floats.
 void conv_direct(const ConvGeometry& g, const float* x, const float* w, const float* bias, float* out,
                  ThreadPool* pool, const PostOp& post);
 

@@ -1,5 +1,5 @@
 // Per-target SIMD helpers shared by the optimized cpu kernels: partial loads/stores for loop tails,
-// horizontal reductions, and float exp, tanh and erfc. Written once over Google Highway; a
+// horizontal reductions, an even/odd split (stride-2 convolutions), and float exp, tanh and erfc. Written once over Google Highway; a
 // Highway "-inl.h" header, included by kernel files after hwy/foreach_target.h so that it is
 // compiled once per target (the include guard toggles with HWY_TARGET_TOGGLE).
 //
@@ -120,6 +120,24 @@ HWY_INLINE V RoundSmall(D d, V x) {
   (void)d;
   return hn::Round(x);
 #endif
+}
+
+/// even[i] = src[2 i], odd[i] = src[2 i + 1]: the n floats of src split by the parity of their
+/// index (n / 2 + n % 2 even values, n / 2 odd ones), 2 Lanes(DF) at a time through
+/// LoadInterleaved2 (every target, the 1-lane scalar one included), the rest one by one. Never
+/// reads src[n..].
+HWY_INLINE void SplitEvenOdd(const float* HWY_RESTRICT src, int64_t n, float* HWY_RESTRICT even,
+                             float* HWY_RESTRICT odd) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t t = 0;
+  for (; 2 * t + 2 * N <= n; t += N) {
+    VF e, o;
+    hn::LoadInterleaved2(d, src + 2 * t, e, o);
+    hn::StoreU(e, d, even + t);
+    hn::StoreU(o, d, odd + t);
+  }
+  for (int64_t i = 2 * t; i < n; ++i) (i % 2 == 0 ? even : odd)[i / 2] = src[i];
 }
 
 /// e^r ~ 1 + r + r^2 (p0 r^5 + ... + p5) for |r| <= ~ln2/2: the polynomial of the Cephes Math

@@ -13,18 +13,25 @@
 // columns 4 tx - PW .. +5, zero outside the input).
 //
 // F(2x2, 3x3) (section 4.1, points 0, 1, -1, inf; kG2 below): 4x4 input tiles at rows 2 ty - PH ..
-// +3, 16 positions, groups of 8 tiles = 16 output columns (lane order 0 1 4 5 2 3 6 7, from even /
-// odd float shuffles; input_group2, output_group2); everything else as F(4x4, 3x3).
+// +3, 16 positions, groups of 8 tiles = 16 output columns (InputGroup2, OutputGroup2); everything
+// else as F(4x4, 3x3).
 //
 // Data flow per block of output tiles (one task of the pool; per-thread scratch):
-//   1. input transform: groups of 8 horizontally adjacent tiles of one tile row; lane t of a ymm
-//      register holds tile t (in the order 0 2 4 6 1 3 5 7, which an in-lane 4x4 transpose of 4
-//      consecutive 8-float loads gives directly); V written straight into the GEMM's packed B panels
-//      (cpu::prepacked_b_floats layout), one [C_in x tiles] matrix per position (k, l);
-//   2. 36 GEMMs M[pos] [C_out x tiles] = U[pos] [C_out x C_in] * V[pos] (cpu::sgemm_prepacked, the
-//      6x16 AVX2 microkernel of gemm.cpp);
-//   3. output transform of 8 tiles per ymm, + bias, fused activation, the same in-lane transpose
-//      back to rows of 32 contiguous output floats.
+//   1. input transform: groups of 8 horizontally adjacent tiles of one tile row (at most 4 tiles
+//      per row: 4 tiles of two tile rows); the transforms are vectorized ACROSS tiles: lane t of a
+//      vector holds tile t of the group (8 lanes of Highway's CappedTag<float, 8>: one vector on
+//      AVX2 and AVX-512, two on NEON, eight on the 1-lane scalar target), so the 6x6 transforms
+//      are plain lane-wise arithmetic. The column c of every tile comes, with 4 or more lanes, from
+//      plain loads and a 4x4 transpose within each 128-bit block (the lanes then hold the tiles
+//      in a permuted order, which the output transform undoes), on the scalar target from
+//      LoadInterleaved4 (F(2x2, 3x3): LoadInterleaved2 everywhere); V is written straight into
+//      the GEMM's packed B
+//      panels (cpu::prepacked_b_floats layout), one [C_in x tiles] matrix per position (k, l);
+//   2. 36 GEMMs M[pos] [C_out x tiles] = U[pos] [C_out x C_in] * V[pos] (cpu::sgemm_prepacked);
+//   3. output transform with the same lanes, + bias, fused activation, and the same transpose
+//      within blocks (scalar: StoreInterleaved4; F(2x2, 3x3): StoreInterleaved2) back to rows of
+//      32 (16) contiguous output floats.
+// Written once over Google Highway (hwy/foreach_target.h: every SIMD target of the build).
 // Filters up to 4 MiB: each thread runs whole blocks of a few groups on its own scratch (the
 // filters stay in the caches). Larger filters (conv_large; SD UNet: 320..2560 channels): blocks
 // of up to 16 groups, each of the three steps split between the threads, the filters packed in
@@ -36,24 +43,32 @@
 // F(2x2, 3x3), 1280 -> 96 at 16x16: 3e-6; the full SD UNet denoise: 2.5e-6).
 #include "kernels/cpu/winograd.h"
 
-#include <immintrin.h>
-
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/parallel_util.h"
 
+// Per-target part: compiled once per SIMD target (hwy/foreach_target.h re-includes this file).
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "kernels/cpu/winograd.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "kernels/cpu/post_op-inl.h"
+#include "kernels/cpu/vec-inl.h"
+
+#ifndef KILN_CPU_WINOGRAD_SHARED_
+#define KILN_CPU_WINOGRAD_SHARED_
 namespace kiln::cpu {
 namespace {
 
 constexpr int64_t kPos = 36;   // 6 x 6 transformed positions of F(4x4, 3x3) (F(2x2, 3x3): 4 x 4)
-constexpr int64_t kLanes = 8;  // tiles per group (one ymm register)
-constexpr int64_t kRowRead = 36;  // input floats read per row of a group (34 used; F(2x2, 3x3): 18)
+constexpr int64_t kLanes = 8;  // tiles per group (lanes of the transforms, whatever the vector width)
 
 /// Transformed positions of the variant with output tiles of t x t (t = 4 or 2).
 constexpr int64_t positions(int t) { return (t + 2) * (t + 2); }
@@ -72,7 +87,7 @@ struct Tiling {
   int64_t npos;   // positions(t)
   int64_t IH, IW, OH, OW, PH, PW, cin, cout;
   int64_t tiles_y, tiles_x, gx;  // gx: groups of 8 tiles per tile row (pair: 1)
-  bool pair;  // at most 4 tiles per row: a group is 4 tiles of two tile rows
+  bool pair;  // at most 4 tiles per row: a group is 4 tiles of two tile rows (lanes 0-3, 4-7)
   const float* residual;  // fused residual add ([N, C_out, OH, OW]) or null, then `after`
   PostOp after;
   int64_t groups_per_image, groups_total;
@@ -83,379 +98,19 @@ struct Tiling {
   int64_t chunks, chunk_stride;  // output-channel chunks of the packed filters (chunk_rows), floats apart
 };
 
-/// y[i] = after(y[i] + r[i]), i < n (cpu::residual_inplace).
-__attribute__((target("avx2,fma"))) void residual_inplace_avx2(float* y, const float* r, int64_t n, const PostOp& after) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    _mm256_storeu_ps(y + i, apply8(after, _mm256_add_ps(_mm256_loadu_ps(y + i), _mm256_loadu_ps(r + i))));
-  }
-  if (i < n) store_tail(y + i, n - i, apply8(after, _mm256_add_ps(load_tail(y + i, n - i), load_tail(r + i, n - i))));
-}
-
-/// In-lane 4x4 transpose: in each 128-bit half, lane i of output c = lane c of input i.
-__attribute__((target("avx2,fma"))) inline void transpose4_inlane(__m256& a0, __m256& a1, __m256& a2, __m256& a3) {
-  const __m256 t0 = _mm256_unpacklo_ps(a0, a1), t1 = _mm256_unpackhi_ps(a0, a1);
-  const __m256 t2 = _mm256_unpacklo_ps(a2, a3), t3 = _mm256_unpackhi_ps(a2, a3);
-  a0 = _mm256_shuffle_ps(t0, t2, 0x44);
-  a1 = _mm256_shuffle_ps(t0, t2, 0xEE);
-  a2 = _mm256_shuffle_ps(t1, t3, 0x44);
-  a3 = _mm256_shuffle_ps(t1, t3, 0xEE);
-}
-
-/// v = B^T d (one dimension of the input transform).
-__attribute__((target("avx2,fma"))) inline void bt6(const __m256 d[6], __m256 v[6]) {
-  const __m256 four = _mm256_set1_ps(4.0f), five = _mm256_set1_ps(5.0f), two = _mm256_set1_ps(2.0f);
-  v[0] = _mm256_fmadd_ps(four, d[0], _mm256_fnmadd_ps(five, d[2], d[4]));
-  const __m256 t1 = _mm256_fnmadd_ps(four, d[2], d[4]);  // d4 - 4 d2
-  const __m256 t2 = _mm256_fnmadd_ps(four, d[1], d[3]);  // d3 - 4 d1
-  v[1] = _mm256_add_ps(t1, t2);
-  v[2] = _mm256_sub_ps(t1, t2);
-  const __m256 t3 = _mm256_sub_ps(d[4], d[2]);
-  const __m256 t4 = _mm256_mul_ps(two, _mm256_sub_ps(d[3], d[1]));
-  v[3] = _mm256_add_ps(t3, t4);
-  v[4] = _mm256_sub_ps(t3, t4);
-  v[5] = _mm256_fmadd_ps(four, d[1], _mm256_fnmadd_ps(five, d[3], d[5]));
-}
-
-/// y = A^T m (one dimension of the output transform).
-__attribute__((target("avx2,fma"))) inline void at6(const __m256 m[6], __m256 y[4]) {
-  const __m256 s12 = _mm256_add_ps(m[1], m[2]), d12 = _mm256_sub_ps(m[1], m[2]);
-  const __m256 s34 = _mm256_add_ps(m[3], m[4]), d34 = _mm256_sub_ps(m[3], m[4]);
-  y[0] = _mm256_add_ps(_mm256_add_ps(m[0], s12), s34);
-  y[1] = _mm256_fmadd_ps(_mm256_set1_ps(2.0f), d34, d12);
-  y[2] = _mm256_fmadd_ps(_mm256_set1_ps(4.0f), s34, s12);
-  y[3] = _mm256_add_ps(_mm256_fmadd_ps(_mm256_set1_ps(8.0f), d34, d12), m[5]);
-}
-
-/// The 6 column vectors of one input row of a group from the 8 loads at base + 0, 8, 16, 24 and
-/// base + 4, 12, 20, 28 (columns base[0, 36)): d[c] lane t = base[4 t' + c] for the tile t' of lane t
-/// (order 0 2 4 6 1 3 5 7).
-__attribute__((target("avx2,fma"))) inline void row_columns(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 b0,
-                                                             __m256 b1, __m256 b2, __m256 b3, __m256 d[6]) {
-  transpose4_inlane(a0, a1, a2, a3);
-  transpose4_inlane(b0, b1, b2, b3);
-  d[0] = a0;
-  d[1] = a1;
-  d[2] = a2;
-  d[3] = a3;
-  d[4] = b0;
-  d[5] = b1;
-}
-
-/// Where the columns of a group lie: c0 = first input column (4 tx0 - PW); `direct` when all of
-/// [c0, c0 + 36) is inside the row, else mask[i] selects the lanes of load i (offsets 0, 8, 16, 24,
-/// 4, 12, 20, 28) inside [0, IW) (masked loads read nothing outside).
-struct alignas(32) GroupCols {
+/// Where the columns of a group lie: c0 = first input column (t tx0 - PW); `direct` when the
+/// group is one tile row and every column it reads ([c0, c0 + 36), F(2x2, 3x3): 18) is inside
+/// the row, else the rows are copied, zero-padded, into a small buffer first.
+struct GroupCols {
   int64_t c0;
   bool direct;
-  __m256i mask[8];
 };
 
-__attribute__((target("avx2,fma"))) GroupCols group_cols(const Tiling& T, int64_t tx0) {
+GroupCols group_cols(const Tiling& T, int64_t tx0) {
   GroupCols gc;
   gc.c0 = tx0 * T.t - T.PW;
-  gc.direct = gc.c0 >= 0 && gc.c0 + (T.t == 4 ? (T.pair ? 20 : kRowRead) : T.pair ? 10 : 18) <= T.IW;
-  if (!gc.direct) {
-    static constexpr int kOff[8] = {0, 8, 16, 24, 4, 12, 20, 28};
-    static constexpr int kOff2[4] = {0, 8, 2, 10};  // input_group2's loads
-    const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    for (int i = 0; i < (T.t == 4 ? 8 : 4); ++i) {
-      // column c0 + off + lane in [0, IW)  <=>  lane > -1 - (c0 + off)  and  lane < IW - (c0 + off)
-      const int64_t first = gc.c0 + (T.t == 4 ? kOff[i] : kOff2[i]);
-      const int lo = static_cast<int>(std::clamp<int64_t>(-1 - first, -1, 8));
-      const int hi = static_cast<int>(std::clamp<int64_t>(T.IW - first, 0, 8));
-      gc.mask[i] = _mm256_and_si256(_mm256_cmpgt_epi32(lane, _mm256_set1_epi32(lo)),
-                                    _mm256_cmpgt_epi32(_mm256_set1_epi32(hi), lane));
-    }
-  }
+  gc.direct = !T.pair && gc.c0 >= 0 && gc.c0 + (T.t == 4 ? 36 : 18) <= T.IW;
   return gc;
-}
-
-/// Loads input row `row` of `plane` for an F(4x4, 3x3) pair group (at most 4 tiles per row:
-/// columns c0 .. c0 + 17): a0, a1 at c0 + 0, 8 and b0, b1 at c0 + 4, 12 (zero for a row outside the
-/// input). With row B's loads as the third and fourth, row_columns gives the lane order
-/// A0 A2 B0 B2 A1 A3 B1 B3.
-__attribute__((target("avx2,fma"))) inline void pair_row4(const Tiling& T, const float* plane, int64_t row,
-                                                           const GroupCols& gc, __m256& a0, __m256& a1, __m256& b0,
-                                                           __m256& b1) {
-  if (row < 0 || row >= T.IH) {
-    a0 = a1 = b0 = b1 = _mm256_setzero_ps();
-  } else if (gc.direct) {
-    const float* p = plane + row * T.IW + gc.c0;
-    a0 = _mm256_loadu_ps(p);
-    a1 = _mm256_loadu_ps(p + 8);
-    b0 = _mm256_loadu_ps(p + 4);
-    b1 = _mm256_loadu_ps(p + 12);
-  } else {
-    // (the address arithmetic may point before the row; masked-out lanes are never read)
-    const float* p = reinterpret_cast<const float*>(reinterpret_cast<intptr_t>(plane + row * T.IW) +
-                                                    static_cast<intptr_t>(gc.c0) * 4);
-    a0 = _mm256_maskload_ps(p, gc.mask[0]);
-    a1 = _mm256_maskload_ps(p + 8, gc.mask[1]);
-    b0 = _mm256_maskload_ps(p + 4, gc.mask[4]);
-    b1 = _mm256_maskload_ps(p + 12, gc.mask[5]);
-  }
-}
-
-/// Input transform of one group (tile row ty, tiles tx0 .. tx0 + 7, columns `gc`) of input
-/// channel plane `plane` [IH, IW]: V[pos] lanes written at dst + pos * v_stride (8 floats each).
-__attribute__((target("avx2,fma"))) void input_group(const Tiling& T, const float* plane, int64_t ty,
-                                                     const GroupCols& gc, float* dst) {
-  const int64_t r0 = ty * 4 - T.PH;
-  __m256 h[6][6];
-  for (int r = 0; r < 6; ++r) {
-    const int64_t ih = r0 + r;
-    if (T.pair) {  // row A = input row ih (tile row ty), row B = ih + 4 (tile row ty + 1)
-      __m256 a0, a1, a2, a3, b0, b1, b2, b3;
-      pair_row4(T, plane, ih, gc, a0, a1, b0, b1);
-      pair_row4(T, plane, ih + 4, gc, a2, a3, b2, b3);
-      __m256 d[6];
-      row_columns(a0, a1, a2, a3, b0, b1, b2, b3, d);  // lanes A0 A2 B0 B2 | A1 A3 B1 B3
-      bt6(d, h[r]);
-      continue;
-    }
-    if (ih < 0 || ih >= T.IH) {
-      for (int l = 0; l < 6; ++l) h[r][l] = _mm256_setzero_ps();
-      continue;
-    }
-    __m256 d[6];
-    if (gc.direct) {
-      const float* b = plane + ih * T.IW + gc.c0;
-      row_columns(_mm256_loadu_ps(b), _mm256_loadu_ps(b + 8), _mm256_loadu_ps(b + 16), _mm256_loadu_ps(b + 24),
-                  _mm256_loadu_ps(b + 4), _mm256_loadu_ps(b + 12), _mm256_loadu_ps(b + 20), _mm256_loadu_ps(b + 28), d);
-    } else {
-      // (the address arithmetic may point before the row; masked-out lanes are never read)
-      const float* b = reinterpret_cast<const float*>(reinterpret_cast<intptr_t>(plane + ih * T.IW) +
-                                                      static_cast<intptr_t>(gc.c0) * 4);
-      row_columns(_mm256_maskload_ps(b, gc.mask[0]), _mm256_maskload_ps(b + 8, gc.mask[1]),
-                  _mm256_maskload_ps(b + 16, gc.mask[2]), _mm256_maskload_ps(b + 24, gc.mask[3]),
-                  _mm256_maskload_ps(b + 4, gc.mask[4]), _mm256_maskload_ps(b + 12, gc.mask[5]),
-                  _mm256_maskload_ps(b + 20, gc.mask[6]), _mm256_maskload_ps(b + 28, gc.mask[7]), d);
-    }
-    bt6(d, h[r]);
-  }
-  for (int l = 0; l < 6; ++l) {
-    const __m256 col[6] = {h[0][l], h[1][l], h[2][l], h[3][l], h[4][l], h[5][l]};
-    __m256 v[6];
-    bt6(col, v);
-    for (int k = 0; k < 6; ++k) _mm256_storeu_ps(dst + static_cast<int64_t>(k * 6 + l) * T.v_stride, v[k]);
-  }
-}
-
-/// Output transform of one group for one output channel: M[pos] lanes at src + pos * pos_step;
-/// writes the valid part of rows 4 ty .. 4 ty + 3, columns 4 tx0 .. 4 tx0 + 31 of `oplane` [OH, OW].
-__attribute__((target("avx2,fma"))) void output_group(const Tiling& T, const float* src, int64_t pos_step,
-                                                      float bias, const PostOp& post, float* oplane, int64_t ty,
-                                                      int64_t tx0, const float* res) {
-  __m256 t[6][4];
-  for (int k = 0; k < 6; ++k) {
-    __m256 m[6];
-    for (int l = 0; l < 6; ++l) m[l] = _mm256_loadu_ps(src + static_cast<int64_t>(k * 6 + l) * pos_step);
-    at6(m, t[k]);
-  }
-  const __m256 vb = _mm256_set1_ps(bias);
-  __m256 y[4][4];  // y[i][j]: output row i, column j of each lane's tile
-  for (int j = 0; j < 4; ++j) {
-    const __m256 col[6] = {t[0][j], t[1][j], t[2][j], t[3][j], t[4][j], t[5][j]};
-    __m256 r[4];
-    at6(col, r);
-    for (int i = 0; i < 4; ++i) {
-      __m256 v = _mm256_add_ps(r[i], vb);
-      if (post.kind != PostOp::Kind::None) v = apply8(post, v);
-      y[i][j] = v;
-    }
-  }
-  if (T.pair) {  // z0, z1 = row A's columns 0..15, z2, z3 = row B's
-    const int64_t valid = std::min<int64_t>(16, T.OW);
-    for (int i = 0; i < 4; ++i) {
-      __m256 z0 = y[i][0], z1 = y[i][1], z2 = y[i][2], z3 = y[i][3];
-      transpose4_inlane(z0, z1, z2, z3);
-      alignas(32) float tmp[32];
-      _mm256_store_ps(tmp, z0);
-      _mm256_store_ps(tmp + 8, z1);
-      _mm256_store_ps(tmp + 16, z2);
-      _mm256_store_ps(tmp + 24, z3);
-      for (int half = 0; half < 2; ++half) {
-        const int64_t oy = ty * 4 + 4 * half + i;
-        if (oy >= T.OH) continue;
-        std::memcpy(oplane + oy * T.OW, tmp + 16 * half, sizeof(float) * static_cast<size_t>(valid));
-        if (res != nullptr) residual_inplace_avx2(oplane + oy * T.OW, res + oy * T.OW, valid, T.after);
-      }
-    }
-    return;
-  }
-  const int64_t ox = tx0 * 4;
-  const int64_t valid = std::min<int64_t>(kLanes * 4, T.OW - ox);
-  for (int i = 0; i < 4; ++i) {
-    const int64_t oy = ty * 4 + i;
-    if (oy >= T.OH) break;
-    __m256 z0 = y[i][0], z1 = y[i][1], z2 = y[i][2], z3 = y[i][3];
-    transpose4_inlane(z0, z1, z2, z3);  // z_q = tiles 2q, 2q + 1: 8 contiguous output floats
-    float* dst = oplane + oy * T.OW + ox;
-    if (valid == kLanes * 4) {
-      _mm256_storeu_ps(dst, z0);
-      _mm256_storeu_ps(dst + 8, z1);
-      _mm256_storeu_ps(dst + 16, z2);
-      _mm256_storeu_ps(dst + 24, z3);
-    } else {
-      alignas(32) float tmp[32];
-      _mm256_store_ps(tmp, z0);
-      _mm256_store_ps(tmp + 8, z1);
-      _mm256_store_ps(tmp + 16, z2);
-      _mm256_store_ps(tmp + 24, z3);
-      std::memcpy(dst, tmp, sizeof(float) * static_cast<size_t>(valid));
-    }
-    if (res != nullptr) residual_inplace_avx2(dst, res + oy * T.OW + ox, valid, T.after);
-  }
-}
-
-/// v = B^T d for F(2x2, 3x3) (one dimension of the input transform).
-__attribute__((target("avx2,fma"))) inline void bt4(const __m256 d[4], __m256 v[4]) {
-  v[0] = _mm256_sub_ps(d[0], d[2]);
-  v[1] = _mm256_add_ps(d[1], d[2]);
-  v[2] = _mm256_sub_ps(d[2], d[1]);
-  v[3] = _mm256_sub_ps(d[1], d[3]);
-}
-
-/// y = A^T m for F(2x2, 3x3) (one dimension of the output transform).
-__attribute__((target("avx2,fma"))) inline void at4(const __m256 m[4], __m256 y[2]) {
-  y[0] = _mm256_add_ps(_mm256_add_ps(m[0], m[1]), m[2]);
-  y[1] = _mm256_sub_ps(_mm256_sub_ps(m[1], m[2]), m[3]);
-}
-
-/// Loads input row `row` of `plane` at columns c0 .. c0 + 7 (a) and c0 + 2 .. c0 + 9 (b) for a
-/// pair group of input_group2 (zero for a row outside the input).
-__attribute__((target("avx2,fma"))) inline void pair_row(const Tiling& T, const float* plane, int64_t row,
-                                                          const GroupCols& gc, __m256& a, __m256& b) {
-  if (row < 0 || row >= T.IH) {
-    a = b = _mm256_setzero_ps();
-  } else if (gc.direct) {
-    const float* p = plane + row * T.IW + gc.c0;
-    a = _mm256_loadu_ps(p);
-    b = _mm256_loadu_ps(p + 2);
-  } else {
-    // (the address arithmetic may point before the row; masked-out lanes are never read)
-    const float* p = reinterpret_cast<const float*>(reinterpret_cast<intptr_t>(plane + row * T.IW) +
-                                                    static_cast<intptr_t>(gc.c0) * 4);
-    a = _mm256_maskload_ps(p, gc.mask[0]);
-    b = _mm256_maskload_ps(p + 2, gc.mask[2]);
-  }
-}
-
-/// The loads of input_group2 for a pair group: row A = input row ih (tile row ty), row B = ih + 2
-/// (tile row ty + 1), each at columns c0 + 0 .. 9: x0 = A[c0 ..], x1 = B[c0 ..], x2 = A[c0 + 2 ..],
-/// x3 = B[c0 + 2 ..]. The even / odd shuffles of (x0, x1) then hold the tiles in the lane order
-/// A0 A1 B0 B1 A2 A3 B2 B3.
-__attribute__((target("avx2,fma"))) inline void pair_loads(const Tiling& T, const float* plane, int64_t ih,
-                                                            const GroupCols& gc, __m256& x0, __m256& x1, __m256& x2,
-                                                            __m256& x3) {
-  pair_row(T, plane, ih, gc, x0, x2);
-  pair_row(T, plane, ih + 2, gc, x1, x3);
-}
-
-/// F(2x2, 3x3) input transform of one group (tile row ty: input rows 2 ty - PH .. + 3; tiles tx0 ..
-/// tx0 + 7: input columns c0 .. c0 + 17). Lane t of a ymm holds tile t' in the order 0 1 4 5 2 3 6 7,
-/// which the even / odd float shuffles of the loads at c0 + 0, 8 (columns 2 t' + 0, 1) and c0 + 2, 10
-/// (columns 2 t' + 2, 3) give directly. V[pos] lanes written at dst + pos * v_stride (8 floats each).
-__attribute__((target("avx2,fma"))) void input_group2(const Tiling& T, const float* plane, int64_t ty,
-                                                      const GroupCols& gc, float* dst) {
-  const int64_t r0 = ty * 2 - T.PH;
-  __m256 h[4][4];
-  for (int r = 0; r < 4; ++r) {
-    const int64_t ih = r0 + r;
-    if (!T.pair && (ih < 0 || ih >= T.IH)) {
-      for (int l = 0; l < 4; ++l) h[r][l] = _mm256_setzero_ps();
-      continue;
-    }
-    __m256 x0, x1, x2, x3;
-    if (T.pair) {
-      pair_loads(T, plane, ih, gc, x0, x1, x2, x3);
-    } else if (gc.direct) {
-      const float* b = plane + ih * T.IW + gc.c0;
-      x0 = _mm256_loadu_ps(b);
-      x1 = _mm256_loadu_ps(b + 8);
-      x2 = _mm256_loadu_ps(b + 2);
-      x3 = _mm256_loadu_ps(b + 10);
-    } else {
-      // (the address arithmetic may point before the row; masked-out lanes are never read)
-      const float* b = reinterpret_cast<const float*>(reinterpret_cast<intptr_t>(plane + ih * T.IW) +
-                                                      static_cast<intptr_t>(gc.c0) * 4);
-      x0 = _mm256_maskload_ps(b, gc.mask[0]);
-      x1 = _mm256_maskload_ps(b + 8, gc.mask[1]);
-      x2 = _mm256_maskload_ps(b + 2, gc.mask[2]);
-      x3 = _mm256_maskload_ps(b + 10, gc.mask[3]);
-    }
-    const __m256 d[4] = {_mm256_shuffle_ps(x0, x1, 0x88), _mm256_shuffle_ps(x0, x1, 0xDD),
-                         _mm256_shuffle_ps(x2, x3, 0x88), _mm256_shuffle_ps(x2, x3, 0xDD)};
-    bt4(d, h[r]);
-  }
-  for (int l = 0; l < 4; ++l) {
-    const __m256 col[4] = {h[0][l], h[1][l], h[2][l], h[3][l]};
-    __m256 v[4];
-    bt4(col, v);
-    for (int k = 0; k < 4; ++k) _mm256_storeu_ps(dst + static_cast<int64_t>(k * 4 + l) * T.v_stride, v[k]);
-  }
-}
-
-/// F(2x2, 3x3) output transform of one group for one output channel: M[pos] lanes at src + pos *
-/// pos_step; writes the valid part of rows 2 ty, 2 ty + 1, columns 2 tx0 .. 2 tx0 + 15 of `oplane`.
-/// Interleaving the two output columns of the lanes (order 0 1 4 5 2 3 6 7) gives 8 contiguous
-/// output floats per 128-bit half: unpacklo = columns 0..7, unpackhi = columns 8..15.
-__attribute__((target("avx2,fma"))) void output_group2(const Tiling& T, const float* src, int64_t pos_step,
-                                                       float bias, const PostOp& post, float* oplane, int64_t ty,
-                                                       int64_t tx0, const float* res) {
-  __m256 t[4][2];
-  for (int k = 0; k < 4; ++k) {
-    __m256 m[4];
-    for (int l = 0; l < 4; ++l) m[l] = _mm256_loadu_ps(src + static_cast<int64_t>(k * 4 + l) * pos_step);
-    at4(m, t[k]);
-  }
-  const __m256 vb = _mm256_set1_ps(bias);
-  __m256 y[2][2];  // y[i][j]: output row i, column j of each lane's tile
-  for (int j = 0; j < 2; ++j) {
-    const __m256 col[4] = {t[0][j], t[1][j], t[2][j], t[3][j]};
-    __m256 r[2];
-    at4(col, r);
-    for (int i = 0; i < 2; ++i) {
-      __m256 v = _mm256_add_ps(r[i], vb);
-      if (post.kind != PostOp::Kind::None) v = apply8(post, v);
-      y[i][j] = v;
-    }
-  }
-  if (T.pair) {  // lanes A0 A1 B0 B1 A2 A3 B2 B3: unpacklo = row A columns 0..7, unpackhi = row B's
-    const int64_t valid = std::min<int64_t>(8, T.OW);
-    for (int i = 0; i < 2; ++i) {
-      const __m256 lo = _mm256_unpacklo_ps(y[i][0], y[i][1]), hi = _mm256_unpackhi_ps(y[i][0], y[i][1]);
-      alignas(32) float tmp[16];
-      _mm256_store_ps(tmp, lo);
-      _mm256_store_ps(tmp + 8, hi);
-      for (int half = 0; half < 2; ++half) {
-        const int64_t oy = ty * 2 + 2 * half + i;
-        if (oy >= T.OH) continue;
-        std::memcpy(oplane + oy * T.OW, tmp + 8 * half, sizeof(float) * static_cast<size_t>(valid));
-        if (res != nullptr) residual_inplace_avx2(oplane + oy * T.OW, res + oy * T.OW, valid, T.after);
-      }
-    }
-    return;
-  }
-  const int64_t ox = tx0 * 2;
-  const int64_t valid = std::min<int64_t>(kLanes * 2, T.OW - ox);
-  for (int i = 0; i < 2; ++i) {
-    const int64_t oy = ty * 2 + i;
-    if (oy >= T.OH) break;
-    const __m256 lo = _mm256_unpacklo_ps(y[i][0], y[i][1]), hi = _mm256_unpackhi_ps(y[i][0], y[i][1]);
-    float* dst = oplane + oy * T.OW + ox;
-    if (valid == kLanes * 2) {
-      _mm256_storeu_ps(dst, lo);
-      _mm256_storeu_ps(dst + 8, hi);
-    } else {
-      alignas(32) float tmp[16];
-      _mm256_store_ps(tmp, lo);
-      _mm256_store_ps(tmp + 8, hi);
-      std::memcpy(dst, tmp, sizeof(float) * static_cast<size_t>(valid));
-    }
-    if (res != nullptr) residual_inplace_avx2(dst, res + oy * T.OW + ox, valid, T.after);
-  }
 }
 
 /// Per-thread scratch of a block: transformed input (36 packed B operands) then GEMM output.
@@ -510,27 +165,6 @@ struct Block {
     M = scratch + t.npos * t.v_stride;
   }
 
-  /// 1. input transform of input channels [c0, c1), straight into the packed B panels; channel by
-  ///    channel, so that the group's input rows are read left to right and each panel row (2
-  ///    groups) is written whole.
-  void input(const float* x, int64_t c0, int64_t c1) const {
-    const int64_t IHW = T->IH * T->IW;
-    for (int64_t c = c0; c < c1; ++c) {
-      const int64_t kb = c / kGemmKBlock, p = c % kGemmKBlock;
-      const int64_t kc = std::min<int64_t>(kGemmKBlock, T->cin - kb * kGemmKBlock);
-      float* vc = V + kb * npanels * gemm_panel_stride(kGemmKBlock) + p * kGemmPanelCols;
-      for (int64_t gi = 0; gi < ng; ++gi) {
-        const float* plane = x + (where[gi].n * T->cin + c) * IHW;
-        float* dst = vc + gi / 2 * gemm_panel_stride(kc) + gi % 2 * kLanes;
-        if (T->t == 4) {
-          input_group(*T, plane, where[gi].ty, cols[gi], dst);
-        } else {
-          input_group2(*T, plane, where[gi].ty, cols[gi], dst);
-        }
-      }
-    }
-  }
-
   /// 2. the GEMM of position pos for output-channel chunk q. M is [C_out][36][N]: position pos is
   ///    the [C_out x N] matrix at M + pos * N with row stride 36 N, so that the output transform's
   ///    36 reads of one channel are close together (positions a large power of two apart would
@@ -540,38 +174,406 @@ struct Block {
     sgemm_prepacked(rows, N, T->cin, packed + pos * T->pos_stride + q * T->chunk_stride, V + pos * T->v_stride,
                     M + o0 * T->npos * N + pos * N, T->npos * N);
   }
+};
 
-  /// 3. output transform of output channels [o0, o1) (lanes of group gi at column 8 gi).
-  void output(const float* bias, const PostOp& post, float* out, int64_t o0, int64_t o1) const {
-    const int64_t OHW = T->OH * T->OW;
-    for (int64_t o = o0; o < o1; ++o) {
-      const float b = bias != nullptr ? bias[o] : 0.0f;
-      for (int64_t gi = 0; gi < ng; ++gi) {
-        const float* src = M + o * T->npos * N + gi * kLanes;
-        float* oplane = out + (where[gi].n * T->cout + o) * OHW;
-        const float* res = T->residual != nullptr ? T->residual + (where[gi].n * T->cout + o) * OHW : nullptr;
-        if (T->t == 4) {
-          output_group(*T, src, N, b, post, oplane, where[gi].ty, where[gi].tx0, res);
+/// dst[i] = row[c0 + i] for i < len, 0 where c0 + i is outside [0, IW).
+inline void copy_segment(float* dst, const float* row, int64_t IW, int64_t c0, int64_t len) {
+  const int64_t a = std::clamp<int64_t>(-c0, 0, len), b = std::clamp<int64_t>(IW - c0, a, len);
+  std::fill(dst, dst + a, 0.0f);
+  if (b > a) std::memcpy(dst + a, row + c0 + a, sizeof(float) * static_cast<size_t>(b - a));
+  std::fill(dst + b, dst + len, 0.0f);
+}
+
+/// Zeros read for an input row outside the plane.
+alignas(64) constexpr float kZeroRow[40] = {};
+
+}  // namespace
+}  // namespace kiln::cpu
+#endif  // KILN_CPU_WINOGRAD_SHARED_
+
+HWY_BEFORE_NAMESPACE();
+namespace kiln {
+namespace cpu {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+/// The lanes of one group of kLanes tiles: Lanes(D8) of them per vector (8 on AVX2 and AVX-512,
+/// 4 on NEON, 1 on the scalar target), kLanes / Lanes(D8) vectors per group.
+using D8 = hn::CappedTag<float, kLanes>;
+using V8 = hn::Vec<D8>;
+
+/// y[i] = after(y[i] + r[i]), i < n (cpu::residual_inplace).
+void ResidualRange(float* HWY_RESTRICT y, const float* HWY_RESTRICT r, int64_t n, const PostOp& after) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  int64_t i = 0;
+  for (; i + N <= n; i += N) hn::StoreU(ApplyPostOp(d, after, hn::Add(hn::LoadU(d, y + i), hn::LoadU(d, r + i))), d, y + i);
+  if (i < n) {
+    const size_t k = static_cast<size_t>(n - i);
+    StoreTail(d, ApplyPostOp(d, after, hn::Add(LoadTail(d, y + i, k), LoadTail(d, r + i, k))), y + i, k);
+  }
+}
+
+/// v = B^T d (one dimension of the input transform).
+HWY_INLINE void Bt6(const V8 d[6], V8 v[6]) {
+  const D8 df;
+  const V8 four = hn::Set(df, 4.0f), five = hn::Set(df, 5.0f), two = hn::Set(df, 2.0f);
+  v[0] = hn::MulAdd(four, d[0], hn::NegMulAdd(five, d[2], d[4]));
+  const V8 t1 = hn::NegMulAdd(four, d[2], d[4]);  // d4 - 4 d2
+  const V8 t2 = hn::NegMulAdd(four, d[1], d[3]);  // d3 - 4 d1
+  v[1] = hn::Add(t1, t2);
+  v[2] = hn::Sub(t1, t2);
+  const V8 t3 = hn::Sub(d[4], d[2]);
+  const V8 t4 = hn::Mul(two, hn::Sub(d[3], d[1]));
+  v[3] = hn::Add(t3, t4);
+  v[4] = hn::Sub(t3, t4);
+  v[5] = hn::MulAdd(four, d[1], hn::NegMulAdd(five, d[3], d[5]));
+}
+
+/// y = A^T m (one dimension of the output transform).
+HWY_INLINE void At6(const V8 m[6], V8 y[4]) {
+  const D8 df;
+  const V8 s12 = hn::Add(m[1], m[2]), d12 = hn::Sub(m[1], m[2]);
+  const V8 s34 = hn::Add(m[3], m[4]), d34 = hn::Sub(m[3], m[4]);
+  y[0] = hn::Add(hn::Add(m[0], s12), s34);
+  y[1] = hn::MulAdd(hn::Set(df, 2.0f), d34, d12);
+  y[2] = hn::MulAdd(hn::Set(df, 4.0f), s34, s12);
+  y[3] = hn::Add(hn::MulAdd(hn::Set(df, 8.0f), d34, d12), m[5]);
+}
+
+/// v = B^T d for F(2x2, 3x3) (one dimension of the input transform).
+HWY_INLINE void Bt4(const V8 d[4], V8 v[4]) {
+  v[0] = hn::Sub(d[0], d[2]);
+  v[1] = hn::Add(d[1], d[2]);
+  v[2] = hn::Sub(d[2], d[1]);
+  v[3] = hn::Sub(d[1], d[3]);
+}
+
+/// y = A^T m for F(2x2, 3x3) (one dimension of the output transform).
+HWY_INLINE void At4(const V8 m[4], V8 y[2]) {
+  y[0] = hn::Add(hn::Add(m[0], m[1]), m[2]);
+  y[1] = hn::Sub(hn::Sub(m[1], m[2]), m[3]);
+}
+
+/// Where the `rows` input rows of a group are read: lane t (tile t of the group) of column c
+/// (c < 4, or < 2 for F(2x2, 3x3)) at px[r][tile_w t + c], of column tile_w + c at py[r][tile_w t + c]
+/// (tile_w = 4, or 2). Direct groups read the input row; the others (plane edges, rows outside
+/// the plane, pair groups: tiles 0-3 of row A = r0 + r, 4-7 of row B = r0 + r + tile_w) read
+/// zero-padded copies in `stage`.
+template <int kRows>
+HWY_INLINE void GroupRows(const Tiling& T, const float* plane, int64_t r0, const GroupCols& gc,
+                          float (*stage)[2][40], const float* px[kRows], const float* py[kRows]) {
+  const int64_t tw = T.t;                       // columns between tiles
+  const int64_t seg = kLanes / 2 * tw;          // pair: floats of one row's 4 tiles
+  const int64_t span = kLanes * tw + (tw == 4 ? 4 : 2);  // one-row group: floats read (36, 18)
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t ih = r0 + r;
+    if (T.pair) {
+      float* X = stage[r][0];
+      float* Y = stage[r][1];
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = ih + half * tw;
+        if (row < 0 || row >= T.IH) {
+          std::fill(X + half * seg, X + (half + 1) * seg, 0.0f);
+          std::fill(Y + half * seg, Y + (half + 1) * seg, 0.0f);
         } else {
-          output_group2(*T, src, N, b, post, oplane, where[gi].ty, where[gi].tx0, res);
+          copy_segment(X + half * seg, plane + row * T.IW, T.IW, gc.c0, seg);
+          copy_segment(Y + half * seg, plane + row * T.IW, T.IW, gc.c0 + tw, seg);
         }
+      }
+      px[r] = X;
+      py[r] = Y;
+    } else if (ih < 0 || ih >= T.IH) {
+      px[r] = py[r] = kZeroRow;
+    } else if (gc.direct) {
+      px[r] = plane + ih * T.IW + gc.c0;
+      py[r] = px[r] + tw;
+    } else {
+      copy_segment(stage[r][0], plane + ih * T.IW, T.IW, gc.c0, span);
+      px[r] = stage[r][0];
+      py[r] = px[r] + tw;
+    }
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
+#define KILN_WINO_BLOCK_TRANSPOSE 1
+/// In each 128-bit block, the 4x4 transpose: lane i of output c = lane c of input i (32-bit, then
+/// 64-bit interleaves within blocks: AVX2's unpacklo/hi and shuffle 0x44/0xEE).
+HWY_INLINE void Transpose4InBlocks(V8& a0, V8& a1, V8& a2, V8& a3) {
+  const D8 d;
+  const hn::Repartition<uint64_t, D8> d64;
+  const V8 t0 = hn::InterleaveLower(a0, a1), t1 = hn::InterleaveUpper(d, a0, a1);
+  const V8 t2 = hn::InterleaveLower(a2, a3), t3 = hn::InterleaveUpper(d, a2, a3);
+  a0 = hn::BitCast(d, hn::InterleaveLower(hn::BitCast(d64, t0), hn::BitCast(d64, t2)));
+  a1 = hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, t0), hn::BitCast(d64, t2)));
+  a2 = hn::BitCast(d, hn::InterleaveLower(hn::BitCast(d64, t1), hn::BitCast(d64, t3)));
+  a3 = hn::BitCast(d, hn::InterleaveUpper(d64, hn::BitCast(d64, t1), hn::BitCast(d64, t3)));
+}
+#else
+#define KILN_WINO_BLOCK_TRANSPOSE 0
+#endif
+
+/// Where the 6 input rows of an F(4x4, 3x3) group are read: tiles 0-3 of row r at h[r][0] + 4 t + c
+/// (columns c = 0 .. 5), tiles 4-7 at h[r][1] + 4 (t - 4) + c; 20 floats from each pointer.
+/// Direct groups and pair groups inside the row read the input rows (pair: h[r][0] on row A =
+/// r0 + r, h[r][1] on row B = r0 + r + 4); the others read zero-padded copies in `stage`.
+HWY_INLINE void GroupRows4(const Tiling& T, const float* plane, int64_t r0, const GroupCols& gc,
+                           float (*stage)[2][40], const float* h[6][2]) {
+  const bool inside = gc.c0 >= 0 && gc.c0 + 20 <= T.IW;  // pair: columns c0 .. c0 + 19
+  for (int r = 0; r < 6; ++r) {
+    const int64_t ih = r0 + r;
+    if (T.pair) {
+      for (int half = 0; half < 2; ++half) {
+        const int64_t row = ih + half * 4;
+        if (row < 0 || row >= T.IH) {
+          h[r][half] = kZeroRow;
+        } else if (inside) {
+          h[r][half] = plane + row * T.IW + gc.c0;
+        } else {
+          copy_segment(stage[r][half], plane + row * T.IW, T.IW, gc.c0, 20);
+          h[r][half] = stage[r][half];
+        }
+      }
+    } else if (ih < 0 || ih >= T.IH) {
+      h[r][0] = h[r][1] = kZeroRow;
+    } else {
+      const float* p = plane + ih * T.IW + gc.c0;
+      if (!gc.direct) {
+        copy_segment(stage[r][0], plane + ih * T.IW, T.IW, gc.c0, 36);
+        p = stage[r][0];
+      }
+      h[r][0] = p;
+      h[r][1] = p + 16;
+    }
+  }
+}
+
+/// F(4x4, 3x3) input transform of one group (tile row ty: input rows 4 ty - PH .. + 5; tiles tx0 ..
+/// tx0 + 7, columns `gc`) of input channel plane `plane` [IH, IW]: V[pos] lanes written at
+/// dst + pos * v_stride (8 floats each). With 4 or more lanes, the columns of the tiles come from
+/// plain loads and a 4x4 transpose within each 128-bit block (so lane (block b, position i) of
+/// the vector for tiles s .. s + N - 1 holds tile s + i N / 4 + b: the order OutputGroup undoes);
+/// with one lane (scalar target), from LoadInterleaved4.
+HWY_INLINE void InputGroup4(const Tiling& T, const float* plane, int64_t ty, const GroupCols& gc, float* dst) {
+  const D8 d;
+  const size_t N = hn::Lanes(d);
+  float stage[6][2][40];
+  const float* h[6][2];
+  GroupRows4(T, plane, ty * 4 - T.PH, gc, stage, h);
+  // The float at offset o (= 4 t + c, t < 8 the tile) of row r.
+  const auto at = [&](int r, size_t o) { return h[r][o / 16] + o % 16; };
+  for (size_t s = 0; s < static_cast<size_t>(kLanes); s += N) {
+    V8 hv[6][6];
+    for (int r = 0; r < 6; ++r) {
+      V8 c[6];
+#if KILN_WINO_BLOCK_TRANSPOSE
+      V8 a0 = hn::LoadU(d, at(r, 4 * s)), a1 = hn::LoadU(d, at(r, 4 * s + N));
+      V8 a2 = hn::LoadU(d, at(r, 4 * s + 2 * N)), a3 = hn::LoadU(d, at(r, 4 * s + 3 * N));
+      V8 b0 = hn::LoadU(d, at(r, 4 * s) + 4), b1 = hn::LoadU(d, at(r, 4 * s + N) + 4);
+      V8 b2 = hn::LoadU(d, at(r, 4 * s + 2 * N) + 4), b3 = hn::LoadU(d, at(r, 4 * s + 3 * N) + 4);
+      Transpose4InBlocks(a0, a1, a2, a3);
+      Transpose4InBlocks(b0, b1, b2, b3);
+      c[0] = a0;
+      c[1] = a1;
+      c[2] = a2;
+      c[3] = a3;
+      c[4] = b0;
+      c[5] = b1;
+#else
+      V8 u0, u1;
+      hn::LoadInterleaved4(d, at(r, 4 * s), c[0], c[1], c[2], c[3]);
+      hn::LoadInterleaved4(d, at(r, 4 * s) + 4, c[4], c[5], u0, u1);
+#endif
+      Bt6(c, hv[r]);
+    }
+    for (int l = 0; l < 6; ++l) {
+      const V8 col[6] = {hv[0][l], hv[1][l], hv[2][l], hv[3][l], hv[4][l], hv[5][l]};
+      V8 v[6];
+      Bt6(col, v);
+      for (int k = 0; k < 6; ++k) hn::StoreU(v[k], d, dst + static_cast<int64_t>(k * 6 + l) * T.v_stride + s);
+    }
+  }
+}
+
+/// F(2x2, 3x3) input transform of one group (tile row ty: input rows 2 ty - PH .. + 3; tiles tx0 ..
+/// tx0 + 7: input columns c0 .. c0 + 17), as InputGroup4.
+HWY_INLINE void InputGroup2(const Tiling& T, const float* plane, int64_t ty, const GroupCols& gc, float* dst) {
+  const D8 d;
+  const size_t N = hn::Lanes(d);
+  float stage[4][2][40];
+  const float* px[4];
+  const float* py[4];
+  GroupRows<4>(T, plane, ty * 2 - T.PH, gc, stage, px, py);
+  for (size_t s = 0; s < static_cast<size_t>(kLanes); s += N) {
+    V8 h[4][4];
+    for (int r = 0; r < 4; ++r) {
+      V8 c[4];
+      hn::LoadInterleaved2(d, px[r] + 2 * s, c[0], c[1]);
+      hn::LoadInterleaved2(d, py[r] + 2 * s, c[2], c[3]);
+      Bt4(c, h[r]);
+    }
+    for (int l = 0; l < 4; ++l) {
+      const V8 col[4] = {h[0][l], h[1][l], h[2][l], h[3][l]};
+      V8 v[4];
+      Bt4(col, v);
+      for (int k = 0; k < 4; ++k) hn::StoreU(v[k], d, dst + static_cast<int64_t>(k * 4 + l) * T.v_stride + s);
+    }
+  }
+}
+
+/// Output transform of one group for one output channel (tiles of tw x tw, tw = 4 or 2): M[pos]
+/// lanes at src + pos * pos_step; + bias, `post`, then the fused residual and `after`; writes the
+/// valid part of rows tw ty .. tw ty + tw - 1, columns tw tx0 .. tw tx0 + 8 tw - 1 of `oplane`
+/// [OH, OW] (pair groups: tiles 0-3 to rows tw ty + i, tiles 4-7 to rows tw ty + tw + i).
+template <int tw>
+HWY_INLINE void OutputGroup(const Tiling& T, const float* src, int64_t pos_step, float bias, const PostOp& post,
+                            float* oplane, int64_t ty, int64_t tx0, const float* res) {
+  constexpr int n = tw + 2;         // transformed tile n x n
+  constexpr int64_t W = kLanes * tw;  // output floats of a group's row
+  const D8 d;
+  const size_t N = hn::Lanes(d);
+  const int64_t ox = tx0 * tw;
+  const int64_t valid = T.pair ? std::min<int64_t>(W / 2, T.OW) : std::min<int64_t>(W, T.OW - ox);
+  const bool in_place = !T.pair && valid == W;  // whole rows stored straight into the output
+  alignas(64) float tmp[tw][W];
+  float* rows[tw];
+  for (int i = 0; i < tw; ++i) {
+    const int64_t oy = ty * tw + i;
+    rows[i] = !in_place ? tmp[i] : oy < T.OH ? oplane + oy * T.OW + ox : nullptr;
+  }
+  const V8 vb = hn::Set(d, bias);
+  for (size_t s = 0; s < static_cast<size_t>(kLanes); s += N) {
+    V8 t[n][tw];
+    for (int k = 0; k < n; ++k) {
+      V8 m[n];
+      for (int l = 0; l < n; ++l) m[l] = hn::LoadU(d, src + static_cast<int64_t>(k * n + l) * pos_step + s);
+      if constexpr (tw == 4) {
+        At6(m, t[k]);
+      } else {
+        At4(m, t[k]);
+      }
+    }
+    V8 y[tw][tw];  // y[i][j]: output row i, column j of each lane's tile
+    for (int j = 0; j < tw; ++j) {
+      V8 col[n];
+      for (int k = 0; k < n; ++k) col[k] = t[k][j];
+      V8 r[tw];
+      if constexpr (tw == 4) {
+        At6(col, r);
+      } else {
+        At4(col, r);
+      }
+      for (int i = 0; i < tw; ++i) {
+        V8 v = hn::Add(r[i], vb);
+        if (post.kind != PostOp::Kind::None) v = ApplyPostOp(d, post, v);
+        y[i][j] = v;
+      }
+    }
+    for (int i = 0; i < tw; ++i) {
+      if (rows[i] == nullptr) continue;
+      if constexpr (tw == 4) {
+#if KILN_WINO_BLOCK_TRANSPOSE
+        // Lane (block b, position q) holds tile s + q N / 4 + b (InputGroup4): the transpose
+        // within blocks gives z_q = the 4 columns of tiles s + q N / 4 .., N contiguous floats.
+        V8 z0 = y[i][0], z1 = y[i][1], z2 = y[i][2], z3 = y[i][3];
+        Transpose4InBlocks(z0, z1, z2, z3);
+        float* o = rows[i] + 4 * s;
+        hn::StoreU(z0, d, o);
+        hn::StoreU(z1, d, o + N);
+        hn::StoreU(z2, d, o + 2 * N);
+        hn::StoreU(z3, d, o + 3 * N);
+#else
+        hn::StoreInterleaved4(y[i][0], y[i][1], y[i][2], y[i][3], d, rows[i] + 4 * s);
+#endif
+      } else {
+        hn::StoreInterleaved2(y[i][0], y[i][1], d, rows[i] + 2 * s);
       }
     }
   }
-};
+  for (int i = 0; i < tw; ++i) {
+    if (T.pair) {
+      for (int half = 0; half < 2; ++half) {
+        const int64_t oy = ty * tw + tw * half + i;
+        if (oy >= T.OH) continue;
+        std::memcpy(oplane + oy * T.OW, tmp[i] + W / 2 * half, sizeof(float) * static_cast<size_t>(valid));
+        if (res != nullptr) ResidualRange(oplane + oy * T.OW, res + oy * T.OW, valid, T.after);
+      }
+      continue;
+    }
+    const int64_t oy = ty * tw + i;
+    if (oy >= T.OH) break;
+    if (!in_place) std::memcpy(oplane + oy * T.OW + ox, tmp[i], sizeof(float) * static_cast<size_t>(valid));
+    if (res != nullptr) ResidualRange(oplane + oy * T.OW + ox, res + oy * T.OW + ox, valid, T.after);
+  }
+}
+
+/// 1. input transform of input channels [c0, c1) of block `b`, straight into its packed B panels;
+///    channel by channel, so that the group's input rows are read left to right and each panel row
+///    (kGemmPanelCols / 8 groups) is written whole.
+void WinogradInput(const Block& b, const float* x, int64_t c0, int64_t c1) {
+  const Tiling& T = *b.T;
+  const int64_t IHW = T.IH * T.IW;
+  constexpr int64_t kGroupsPerPanel = kGemmPanelCols / kLanes;
+  for (int64_t c = c0; c < c1; ++c) {
+    const int64_t kb = c / kGemmKBlock, p = c % kGemmKBlock;
+    const int64_t kc = std::min<int64_t>(kGemmKBlock, T.cin - kb * kGemmKBlock);
+    float* vc = b.V + kb * b.npanels * gemm_panel_stride(kGemmKBlock) + p * kGemmPanelCols;
+    for (int64_t gi = 0; gi < b.ng; ++gi) {
+      const float* plane = x + (b.where[gi].n * T.cin + c) * IHW;
+      float* dst = vc + gi / kGroupsPerPanel * gemm_panel_stride(kc) + gi % kGroupsPerPanel * kLanes;
+      if (T.t == 4) {
+        InputGroup4(T, plane, b.where[gi].ty, b.cols[gi], dst);
+      } else {
+        InputGroup2(T, plane, b.where[gi].ty, b.cols[gi], dst);
+      }
+    }
+  }
+}
+
+/// 3. output transform of output channels [o0, o1) of block `b` (lanes of group gi at column 8 gi).
+void WinogradOutput(const Block& b, const float* bias, const PostOp& post, float* out, int64_t o0, int64_t o1) {
+  const Tiling& T = *b.T;
+  const int64_t OHW = T.OH * T.OW;
+  for (int64_t o = o0; o < o1; ++o) {
+    const float bv = bias != nullptr ? bias[o] : 0.0f;
+    for (int64_t gi = 0; gi < b.ng; ++gi) {
+      const float* src = b.M + o * T.npos * b.N + gi * kLanes;
+      float* oplane = out + (b.where[gi].n * T.cout + o) * OHW;
+      const float* res = T.residual != nullptr ? T.residual + (b.where[gi].n * T.cout + o) * OHW : nullptr;
+      if (T.t == 4) {
+        OutputGroup<4>(T, src, b.N, bv, post, oplane, b.where[gi].ty, b.where[gi].tx0, res);
+      } else {
+        OutputGroup<2>(T, src, b.N, bv, post, oplane, b.where[gi].ty, b.where[gi].tx0, res);
+      }
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace cpu
+}  // namespace kiln
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace kiln::cpu {
+HWY_EXPORT(ResidualRange);
+HWY_EXPORT(WinogradInput);
+HWY_EXPORT(WinogradOutput);
+
+namespace {
 
 /// One block of groups [g0, g1) of the whole batch on the calling thread (its own scratch).
 void run_block(const Tiling& T, const float* x, const float* packed, const float* bias, float* out,
                const PostOp& post, int64_t g0, int64_t g1) {
   thread_local Block blk;
   blk.init(T, g0, g1, block_scratch(static_cast<size_t>(T.npos * T.v_stride + T.m_floats)));
-  blk.input(x, 0, T.cin);
+  HWY_DYNAMIC_DISPATCH(WinogradInput)(blk, x, 0, T.cin);
   for (int64_t pos = 0; pos < T.npos; ++pos) {
     for (int64_t q = 0; q < T.chunks; ++q) blk.gemm(packed, pos, q);
   }
-  blk.output(bias, post, out, 0, T.cout);
+  HWY_DYNAMIC_DISPATCH(WinogradOutput)(blk, bias, post, out, 0, T.cout);
 }
-
 /// True when the transformed filters (36 C_in C_out floats) take at most 4 MiB: they then stay in
 /// the caches while each thread runs its own small blocks of tiles; larger ones run conv_large.
 bool small_filters(int64_t cin, int64_t cout) {
@@ -615,11 +617,11 @@ void conv_large(Tiling& T, const float* x, const float* packed, const float* bia
   for (int64_t g0 = 0; g0 < T.groups_total; g0 += G) {
     blk.init(T, g0, std::min(T.groups_total, g0 + G), scratch);
     parallel_tasks(pool, (T.cin + kChan - 1) / kChan, [&](int64_t t) {
-      blk.input(x, t * kChan, std::min(T.cin, (t + 1) * kChan));
+      HWY_DYNAMIC_DISPATCH(WinogradInput)(blk, x, t * kChan, std::min(T.cin, (t + 1) * kChan));
     });
     parallel_tasks(pool, T.npos * T.chunks, [&](int64_t t) { blk.gemm(packed, t / T.chunks, t % T.chunks); });
     parallel_tasks(pool, (T.cout + kChan - 1) / kChan, [&](int64_t t) {
-      blk.output(bias, post, out, t * kChan, std::min(T.cout, (t + 1) * kChan));
+      HWY_DYNAMIC_DISPATCH(WinogradOutput)(blk, bias, post, out, t * kChan, std::min(T.cout, (t + 1) * kChan));
     });
   }
 }
@@ -740,7 +742,7 @@ void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, int tile, 
 }
 
 void residual_inplace(float* y, const float* r, int64_t n, const PostOp& after) {
-  residual_inplace_avx2(y, r, n, after);
+  HWY_DYNAMIC_DISPATCH(ResidualRange)(y, r, n, after);
 }
 
 void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float* packed, const float* bias,
@@ -794,3 +796,4 @@ void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float*
 }
 
 }  // namespace kiln::cpu
+#endif  // HWY_ONCE

@@ -67,7 +67,7 @@ void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float*
                    const PostOp& after = {});
 
 /// y[i] = after(y[i] + r[i]) for i < n: a residual aten.add (the add kernel's float addition) and
-/// an activation (apply8's float operations) fused into a convolution's output.
+/// an activation (ApplyPostOp's float operations, post_op-inl.h) fused into a convolution's output.
 void residual_inplace(float* y, const float* r, int64_t n, const PostOp& after);
 
 }  // namespace kiln::cpu
