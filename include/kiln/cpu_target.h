@@ -2,8 +2,8 @@
 // Google Highway, compiled for several instruction sets and dispatched at run time.
 //
 // Targets (best first): "avx3_dl" (AVX-512 with VNNI/VBMI2/BITALG, Highway's AVX3_DL), "avx3"
-// (AVX-512 F/CD/DQ/BW/VL), "avx2" (AVX2 + FMA + F16C), "sve2", "sve" (Arm SVE), "neon" (Arm
-// Advanced SIMD), and "scalar" (Highway's EMU128: the same kernel code on plain C++ lanes, for any
+// (AVX-512 F/CD/DQ/BW/VL), "avx2" (AVX2 + FMA + F16C), "neon" (Arm Advanced SIMD; SVE CPUs run it
+// too), and "scalar" (Highway's scalar fallback: the same kernel code on one plain C++ lane, for any
 // other CPU). The process uses one target, chosen once (at the first program load or the first
 // call below): the best one that this build compiled and this CPU supports, or the one named by
 // the environment variable KILN_CPU_TARGET (for tests and per-instruction-set benchmarks). Kernel

@@ -119,7 +119,6 @@ std::vector<Conv> convs() {
 }
 
 TEST(CpuFusion, FusedIsBitIdenticalToUnfusedAndMatchesPortable) {
-  if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
   ThreadPool pool2(2);
   for (const Conv& c : convs()) {
     const TensorType xt{DType::Float32, {c.n, c.cin, c.h, c.w}};
@@ -200,7 +199,6 @@ Result<std::vector<uint8_t>> compile_residual(const Conv& c, bool conv_first, bo
 }
 
 TEST(CpuFusion, ResidualAddFusedIntoPointwiseIsBitIdenticalToUnfused) {
-  if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
   ThreadPool pool2(2), one(1);
   // 1x1 convolutions on the direct pointwise path: full tiles, column and channel tails, batch 2.
   for (const Conv& c : {Conv{1, 16, 8, 8, 24, 1, 1, 0, 1, true}, Conv{2, 5, 5, 9, 7, 1, 1, 0, 1, true}}) {
@@ -245,7 +243,6 @@ TEST(CpuFusion, ResidualAddFusedIntoPointwiseIsBitIdenticalToUnfused) {
 }
 
 TEST(CpuFusion, ResidualAddAndReluFusedIntoWinogradAndGemmAreBitIdenticalToUnfused) {
-  if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
   ThreadPool pool2(2), one(1);
   // Paths: Winograd F(4x4, 3x3) (16 -> 16 at 24x24: 36 tiles; 176 -> 176 at 14x14: 16 tiles, two
   // tile rows per group), Winograd F(2x2, 3x3) with two tile rows per group (192 -> 192 at 7x7:
@@ -307,7 +304,6 @@ TEST(CpuFusion, ResidualAddAndReluFusedIntoWinogradAndGemmAreBitIdenticalToUnfus
 }
 
 TEST(CpuFusion, ConstantWeightsArePackedOnceForGemmPaths) {
-  if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA: cpu kernels decline";
   const Act relu{"aten.relu", {}};
   const Conv gemm{1, 16, 9, 11, 40, 1, 1, 0, 1, true};
   const Conv dw{1, 24, 13, 12, 24, 3, 1, 1, 24, true};
@@ -330,7 +326,6 @@ TEST(CpuFusion, ConstantWeightsArePackedOnceForGemmPaths) {
 }
 
 TEST(CpuFusion, PackedWeightsGiveTheSameProductAsPerCallPacking) {
-  if (!cpu::has_avx2_fma()) GTEST_SKIP() << "no AVX2+FMA";
   // K spans two K blocks (256 + 44), M not a multiple of 6, N with a partial panel.
   const int64_t M = 29, N = 37, K = 300;
   const std::vector<float> A = pattern(static_cast<size_t>(M * K), 11), B = pattern(static_cast<size_t>(K * N), 12);

@@ -74,17 +74,6 @@ def assert_close(actual: np.ndarray, expected: np.ndarray, rel: float = 1e-5, wh
     assert err <= rel * scale, f"{what}: max abs error {err:.3e} > {rel:g} * max|expected| {scale:.3e}"
 
 
-def has_avx2_fma() -> bool:
-    """Whether this CPU has AVX2 and FMA (Kiln's optimized cpu kernels need both; without them
-    every call runs on the portable kernels)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return " avx2" in flags and " fma" in flags
-
-
 def check_cpu_kernels_match_eager(model, x, what: str = "", rel: float = 1e-5, selected: bool = True,
                                   threads=(1, 2)):
     """Exports `model` (a torch module in eval mode) on input `x` (a torch tensor), runs it with

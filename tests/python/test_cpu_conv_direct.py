@@ -5,7 +5,7 @@ half the kernel, odd widths, output rows narrower than one register tile)."""
 import pytest
 import torch
 
-from oprunner import check_cpu_kernels_match_eager, has_avx2_fma
+from oprunner import check_cpu_kernels_match_eager
 
 torch.set_num_threads(1)
 
@@ -24,7 +24,6 @@ CASES = [
 ]
 
 
-@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "_".join(map(str, c)))
 def test_direct_conv_matches_eager(case):
     cin, cout, k, s, p, h, w, act = case
@@ -37,7 +36,6 @@ def test_direct_conv_matches_eager(case):
     check_cpu_kernels_match_eager(model, x, what=str(case))
 
 
-@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 def test_direct_conv_fewer_output_rows_than_threads():
     """Two output rows of enough work for the pool, on 3 and 9 threads (one part per row; it
     used to divide by zero)."""

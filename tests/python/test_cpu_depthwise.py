@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import kiln
-from oprunner import assert_close, check_cpu_kernels_match_eager, has_avx2_fma
+from oprunner import assert_close, check_cpu_kernels_match_eager
 
 torch.set_num_threads(1)
 
@@ -30,7 +30,6 @@ CASES = [
 ]
 
 
-@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "_".join(map(str, c)))
 def test_depthwise_matches_eager(case):
     c, mult, k, s, p, d, h, w, act = case
@@ -43,7 +42,6 @@ def test_depthwise_matches_eager(case):
     check_cpu_kernels_match_eager(model, x, what=str(case))
 
 
-@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 def test_depthwise_rows_many_planes_two_threads():
     """Enough planes and work for the pool to split them (mobilenet_v3's 16 x 112 x 112 layer
     with a bias-free convolution), so that each thread's first plane and later planes (the padded
@@ -54,7 +52,6 @@ def test_depthwise_rows_many_planes_two_threads():
     check_cpu_kernels_match_eager(model, x, what="16 x 112 x 112", selected=False)
 
 
-@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 def test_depthwise_layers_of_different_layouts_in_sequence():
     """Consecutive depthwise layers whose padded buffers differ (padding 2 then 1 on the same plane
     size, then stride 2, then the first layout again): each thread's buffer, kept between calls,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import kiln
-from oprunner import assert_close, has_avx2_fma
+from oprunner import assert_close
 
 torch.set_num_threads(1)
 
@@ -75,10 +75,9 @@ def test_fused_matches_eager_and_portable(exported, threads):
     assert_close(ref.run(x)[0], expected, rel=3e-5, what="portable kernels")
     assert ref.method().num_fused_instructions == 0
     assert ref.method().prepared_bytes == 0
-    if has_avx2_fma():
-        # Every activation directly after a convolution: 10 of the 12 convolutions.
-        assert cpu.method().num_fused_instructions == 10
-        assert cpu.method().prepared_bytes > 0  # the 1x1 and im2col weights, packed once
+    # Every activation directly after a convolution: 10 of the 12 convolutions.
+    assert cpu.method().num_fused_instructions == 10
+    assert cpu.method().prepared_bytes > 0  # the 1x1 and im2col weights, packed once
 
 
 def test_repeated_runs_reuse_prepared_state(exported):

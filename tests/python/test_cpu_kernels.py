@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import kiln
-from oprunner import assert_close, has_avx2_fma
+from oprunner import assert_close
 
 torch.set_num_threads(1)
 
@@ -109,7 +109,6 @@ def test_matches_eager(exported, portable, threads):
         assert_close(o, e, rel=3e-5, what=f"output {i} (portable={portable}, threads={threads})")
 
 
-@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 def test_cpu_and_portable_differ_but_agree(exported):
     """The cpu kernels really run (fp32 FMA sums differ in the last bits from the portable
     kernels' double sums) and agree with the portable kernels closely."""
@@ -151,8 +150,8 @@ def test_transposed_convolution_matches_eager(case, threads):
     ref = kiln.load_bytes(data, num_threads=1, portable_kernels_only=True).run(x.numpy())[0]
     assert_close(fast, expected, rel=1e-5, what=f"cpu transposed conv {case}")
     assert_close(ref, expected, rel=1e-5, what=f"portable transposed conv {case}")
-    if has_avx2_fma():  # the cpu kernel took the convolution (and the relu into its stores)
-        assert kiln.load_bytes(data, num_threads=threads).method().num_fused_instructions == 1
+    # the cpu kernel took the convolution (and the relu into its stores)
+    assert kiln.load_bytes(data, num_threads=threads).method().num_fused_instructions == 1
 
 
 def _mapping_rss_kib(path: str) -> int:
@@ -169,7 +168,6 @@ def _mapping_rss_kib(path: str) -> int:
     return total
 
 
-@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 @pytest.mark.parametrize("threads", [1, 2])
 def test_linear_weights_packed_at_load(tmp_path, threads):
     """Linear weights are packed once at load (as the GEMM's B panels) and the file's pages of
@@ -194,7 +192,6 @@ def test_linear_weights_packed_at_load(tmp_path, threads):
             assert packed == 0, packed
 
 
-@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 def test_packed_weights_do_not_stay_resident_twice(tmp_path):
     """Convolution weights packed at load are the only copy the cpu kernel reads: the file's pages
     of those weights are dropped from memory (re-read from the file if anything reads them), so a
@@ -263,7 +260,7 @@ def test_max_pool2d_matches_eager(case, threads, tmp_path):
     np.testing.assert_array_equal(fast, want)
     np.testing.assert_array_equal(fast, ref)
     cli = os.path.join(os.path.dirname(__file__), "..", "..", "build", "tools", "kiln")
-    if has_avx2_fma() and os.path.isfile(cli):  # the cpu kernel took the call
+    if os.path.isfile(cli):  # the cpu kernel took the call
         import json
         import subprocess
         (tmp_path / "pool.kiln").write_bytes(data)

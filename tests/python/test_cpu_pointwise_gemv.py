@@ -6,7 +6,7 @@ to be split over the threads."""
 import pytest
 import torch
 
-from oprunner import check_cpu_kernels_match_eager, has_avx2_fma
+from oprunner import check_cpu_kernels_match_eager
 
 torch.set_num_threads(1)
 
@@ -23,7 +23,6 @@ CASES = [
 ]
 
 
-@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "_".join(map(str, c)))
 def test_one_pixel_pointwise_matches_eager(case):
     n, cin, cout, bias, act = case
@@ -37,7 +36,6 @@ def test_one_pixel_pointwise_matches_eager(case):
     check_cpu_kernels_match_eager(model, x, what=str(case), selected=cin >= 16)
 
 
-@pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 def test_squeeze_excite_block_matches_eager():
     """The whole block as mobilenet_v3 has it: pool, 1x1 + relu, 1x1 + hardsigmoid, multiply."""
     class SE(torch.nn.Module):

@@ -14,12 +14,11 @@ import pytest
 import torch
 
 import kiln
-from oprunner import assert_close, has_avx2_fma
+from oprunner import assert_close
 
 torch.set_num_threads(1)
 
 
-pytestmark = pytest.mark.skipif(not has_avx2_fma(), reason="the cpu kernels need AVX2+FMA (else portable runs)")
 
 # (input shape, C_out, padding, bias, activation)
 CASES = [

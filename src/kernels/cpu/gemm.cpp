@@ -734,18 +734,6 @@ HWY_EXPORT(SgemmPrepacked);
 
 using gemm_detail::GemmArgs;
 
-bool has_avx2_fma() {
-#if HWY_ARCH_X86
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return yes;
-#else
-  return false;
-#endif
-}
-
 int64_t packed_a_floats(int64_t M, int64_t K) {
   select_target();
   return HWY_DYNAMIC_DISPATCH(PackedAFloats)(M, K);

@@ -32,10 +32,6 @@ struct GemmEpilogue {
   PostOp post;
 };
 
-/// True when this CPU has AVX2 and FMA. Legacy: for cpu kernel files not yet written over
-/// Highway (their accepts()); sgemm and the other functions here run on every target (the
-/// process's target, kernels/cpu/target.h) whatever it returns.
-bool has_avx2_fma();
 
 /// C[M, N] = alpha * op(A)[M, K] * op(B)[K, N] + beta * C, then the epilogue's bias and clamp.
 ///
