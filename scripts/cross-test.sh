@@ -6,8 +6,9 @@
 #
 # Steps (docs/cross-test.md):
 #   1. packages   Debian's cross toolchain g++-aarch64-linux-gnu, qemu-user (qemu-aarch64), and the
-#                 arm64 multiarch libraries the runtime and tests link (dpkg --add-architecture arm64;
-#                 libhwy-dev:arm64, libgtest-dev:arm64). Skipped when all are installed.
+#                 arm64 multiarch libraries the runtime and tests link and run with (dpkg
+#                 --add-architecture arm64; libc6:arm64, libstdc++6:arm64, libhwy-dev:arm64,
+#                 libgtest-dev:arm64). Skipped when all are installed.
 #   2. reference  tests/cross/make_reference.py with the project's virtualenv and the x86 kiln
 #                 module: whole programs (mobilenet_v3_small, a transformer block, quantized linears)
 #                 compiled here, with PyTorch eager's outputs as .npy, into build-aarch64/reference/.
@@ -20,6 +21,7 @@
 #                 programs must all have been compared (tests/cpp/reference_programs_test.cpp).
 #
 # Environment: KILN_JOBS (parallel build jobs and test shards, default: number of CPUs),
+#              KILN_CROSS_TIMEOUT (seconds one test process may run under qemu, default 900),
 #              KILN_VENV (the project's virtualenv; default: the one scripts/setup.sh prints),
 #              KILN_CROSS_TARGET (the cpu target to force under qemu, default neon; sve and sve2 also
 #              run: QEMU emulates them),
@@ -39,9 +41,11 @@ cd "$root"
 jobs=${KILN_JOBS:-$(nproc)}
 build=build-aarch64
 target=${KILN_CROSS_TARGET:-neon}
-sysroot=/usr/aarch64-linux-gnu            # the target's dynamic loader, libc, libstdc++ (libc6-arm64-cross)
-multiarch_libs=/usr/lib/aarch64-linux-gnu:/lib/aarch64-linux-gnu   # arm64 multiarch packages (libhwy)
-qemu=(qemu-aarch64 -L "$sysroot" -E "LD_LIBRARY_PATH=$multiarch_libs")
+multiarch_libs=/usr/lib/aarch64-linux-gnu:/lib/aarch64-linux-gnu   # arm64 multiarch packages (libhwy, libstdc++)
+# No `-L /usr/aarch64-linux-gnu`: with the cross toolchain's libc (libc6-arm64-cross) qemu-aarch64
+# 7.2 hangs in every thread creation; the multiarch libc6:arm64 (/lib/ld-linux-aarch64.so.1) works.
+# Same command as CMAKE_CROSSCOMPILING_EMULATOR in the toolchain file.
+qemu=(qemu-aarch64 -E "LD_LIBRARY_PATH=$multiarch_libs")
 
 timings=()
 step_start=0
@@ -56,7 +60,7 @@ apt_get() { as_root env DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Ti
 # the same on every architecture) and the target's libraries. libhwy-dev and libgtest-dev are
 # Multi-Arch: same, so the arm64 ones install beside the amd64 ones (same version, same headers).
 packages=(g++-aarch64-linux-gnu qemu-user cmake ninja-build flatbuffers-compiler libflatbuffers-dev libcli11-dev
-          libhwy-dev:arm64 libgtest-dev:arm64)
+          libc6:arm64 libstdc++6:arm64 libhwy-dev:arm64 libgtest-dev:arm64)
 missing=()
 for p in "${packages[@]}"; do
   [ "$(dpkg-query -W -f='${db:Status-Status}' "$p" 2>/dev/null || true)" = installed ] || missing+=("$p")
@@ -111,17 +115,19 @@ step_done
 step qemu "kiln_tests ($jobs shards) and kiln_npy_tests under qemu-aarch64, KILN_CPU_TARGET=$target"
 export KILN_CPU_TARGET=$target
 export KILN_REFERENCE_DIR=$root/$build/reference
+# A hung test fails the section (exit 124) instead of eating CI's whole budget.
+shard_timeout=${KILN_CROSS_TIMEOUT:-900}
 logs=()
 pids=()
 for (( i = 0; i < jobs; i++ )); do
   log=$build/qemu-kiln_tests-shard$i.log
   logs+=("$log")
-  GTEST_TOTAL_SHARDS=$jobs GTEST_SHARD_INDEX=$i "${qemu[@]}" "$build/tests/kiln_tests" --gtest_color=no > "$log" 2>&1 &
+  GTEST_TOTAL_SHARDS=$jobs GTEST_SHARD_INDEX=$i timeout "$shard_timeout" "${qemu[@]}" "$build/tests/kiln_tests" --gtest_color=no > "$log" 2>&1 &
   pids+=($!)
 done
 npy_log=$build/qemu-kiln_npy_tests.log
 logs+=("$npy_log")
-"${qemu[@]}" "$build/tools/kiln_npy_tests" --gtest_color=no > "$npy_log" 2>&1 || npy_rc=$?
+timeout "$shard_timeout" "${qemu[@]}" "$build/tools/kiln_npy_tests" --gtest_color=no > "$npy_log" 2>&1 || npy_rc=$?
 failed=0
 for i in "${!pids[@]}"; do
   rc=0
@@ -153,8 +159,9 @@ if [ "$compared" -lt "$expected" ]; then
 fi
 if [ $failed -ne 0 ]; then
   for log in "${logs[@]}"; do
-    echo "==== $log (failures) ===="
-    grep -E '^\[  FAILED  \]|Failure|error:|^kiln cpu target' "$log" | head -n 60 || true
+    echo "==== $log: failed tests (details in the log) ===="
+    grep -E '^\[  FAILED  \] [A-Za-z]' "$log" | sort -u || true
+    grep -m 5 -A 4 -E 'Failure$' "$log" || true
   done
 fi
 echo "skipped tests (their features are not built or not in this target):"
