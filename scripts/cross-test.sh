@@ -157,6 +157,13 @@ if [ "$compared" -lt "$expected" ]; then
   echo "scripts/cross-test.sh: $compared reference program outputs compared ok, expected $expected" >&2
   failed=1
 fi
+# The cpu-kernel tests must run at the target, not skip: they are what compares the optimized
+# kernels with the portable ones on this architecture.
+kernel_skips=$(cat "${logs[@]}" | sed -n 's/^\[  SKIPPED \] \(\(Cpu\|VecMath\|SdpaKvCache\)[A-Za-z0-9_]*\.[A-Za-z0-9_]*\).*/\1/p' | sort -u)
+if [ -n "$kernel_skips" ]; then
+  echo "scripts/cross-test.sh: cpu-kernel tests skipped at target $target (they must run):" $kernel_skips >&2
+  failed=1
+fi
 if [ $failed -ne 0 ]; then
   for log in "${logs[@]}"; do
     echo "==== $log: failed tests (details in the log) ===="
