@@ -10,11 +10,14 @@
 #                  the app's output and classifies photos with mv3_portable.kiln vs PyTorch eager
 #   6. sanitizers  scripts/sanitizers.sh, when present
 #   7. fuzz        scripts/fuzz.sh, when present
+#   8. cross       scripts/cross-test.sh aarch64: runtime, compiler and C++ tests cross-compiled for
+#                  aarch64 and run under qemu-aarch64 at the NEON target, with whole programs
+#                  compared against PyTorch eager outputs made here (docs/cross-test.md)
 # Exits non-zero on the first failure, naming the section. CI runs it through .ci/run.
 #
 # Environment: KILN_JOBS (parallel build jobs, default: number of CPUs),
-#              KILN_SKIP ("sanitizers", "fuzz" or both, space-separated: skip those sections; for
-#              local iteration only: CI sets nothing and runs every section).
+#              KILN_SKIP ("sanitizers", "fuzz", "cross" or several, space-separated: skip those
+#              sections; for local iteration only: CI sets nothing and runs every section).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -140,6 +143,12 @@ for s in sanitizers fuzz; do
     summary+=("$(printf '%-12s    -   not present (scripts/%s.sh)' "$s" "$s")")
   fi
 done
+
+if ! skipped cross; then
+  section cross "bash scripts/cross-test.sh aarch64 (C++ suite under qemu-aarch64, NEON target)"
+  bash scripts/cross-test.sh aarch64
+  section_done
+fi
 
 current=""
 printf '\n==================== summary ====================\n'
