@@ -23,8 +23,8 @@
 # Environment: KILN_JOBS (parallel build jobs and test shards, default: number of CPUs),
 #              KILN_CROSS_TIMEOUT (seconds one test process may run under qemu, default 900),
 #              KILN_VENV (the project's virtualenv; default: the one scripts/setup.sh prints),
-#              KILN_CROSS_TARGET (the cpu target to force under qemu, default neon; sve and sve2 also
-#              run: QEMU emulates them),
+#              KILN_CROSS_TARGET (the cpu target to force under qemu, default neon: the only
+#              one compiled for aarch64 today, docs/cpu-kernels.md),
 #              KILN_CCACHE=1 (compile through ccache; off by default: CI measures a cold build).
 # scripts/test.sh runs this as its section "cross" (KILN_SKIP=cross skips it locally).
 set -euo pipefail

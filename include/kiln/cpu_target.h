@@ -22,8 +22,8 @@ namespace kiln {
 /// supported one and cpu_target_status() says why the request was not honoured.
 std::string cpu_target();
 
-/// Every target compiled into this build that this CPU supports, best first (always ends with
-/// "scalar").
+/// Every target compiled into this build that this CPU supports, best first (on x86-64 the last is
+/// "scalar"; on aarch64 "neon", the architecture's baseline, below which nothing is compiled).
 std::vector<std::string> available_cpu_targets();
 
 /// Every target compiled into this build, best first, whether or not this CPU supports it.
