@@ -10,6 +10,7 @@
 #define HWY_TARGET_INCLUDE "cpp/cpu_vec_shim.cpp"  // relative to tests/ (an include dir of kiln_tests)
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/vec-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -50,7 +51,7 @@ HWY_EXPORT(VecMathShim);
 
 void test::vec_math(VecFn fn, const float* x, float* y, size_t n) {
   cpu::select_target();
-  HWY_DYNAMIC_DISPATCH(cpu::VecMathShim)(fn, x, y, n);
+  KILN_CPU_DISPATCH(VecMathShim)(fn, x, y, n);
 }
 
 }  // namespace kiln

@@ -19,6 +19,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/activation.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/post_op-inl.h"
 #include "kernels/cpu/vec-inl.h"
 
@@ -196,7 +197,7 @@ Error unary_kernel(const KernelArgs& a) {
   const float* px = x.data_as<const float>();
   float* py = y.data_as<float>();
   cpu::parallel_range(a.pool, y.numel(), grain_of(K), [&](int64_t b, int64_t e) {
-    HWY_DYNAMIC_DISPATCH(cpu::UnaryRange)(op, px + b, py + b, e - b);
+    KILN_CPU_DISPATCH(UnaryRange)(op, px + b, py + b, e - b);
   });
   return {};
 }

@@ -40,6 +40,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/attention.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/vec-inl.h"
 
 #ifndef KILN_CPU_ATTENTION_SHARED_
@@ -684,7 +685,7 @@ Error sdpa(const KernelArgs& a) {
     for (int64_t t = next.fetch_add(1); t < tasks; t = next.fetch_add(1)) {
       const int64_t b = t / P.nqb, qb = t % P.nqb;
       const int64_t q0 = qb * kBlockQ;
-      if (!HWY_DYNAMIC_DISPATCH(cpu::AttentionTask)(P, b, q0, std::min(kBlockQ, P.L - q0))) {
+      if (!KILN_CPU_DISPATCH(AttentionTask)(P, b, q0, std::min(kBlockQ, P.L - q0))) {
         failed = true;
         return;
       }
@@ -766,10 +767,10 @@ Error sdpa_kv_cache(const KernelArgs& a) {
   auto task = [&](int64_t t) {
     bool ok;
     if (whole_group) {
-      ok = HWY_DYNAMIC_DISPATCH(cpu::KvCacheTask)(P, t * P.group * P.T, P.group * P.T);
+      ok = KILN_CPU_DISPATCH(KvCacheTask)(P, t * P.group * P.T, P.group * P.T);
     } else {
       const int64_t bh = t / nqb, t0 = t % nqb * kBlockQ;
-      ok = HWY_DYNAMIC_DISPATCH(cpu::KvCacheTask)(P, bh * P.T + t0, std::min(kBlockQ, P.T - t0));
+      ok = KILN_CPU_DISPATCH(KvCacheTask)(P, bh * P.T + t0, std::min(kBlockQ, P.T - t0));
     }
     if (!ok) failed = true;
   };

@@ -50,6 +50,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/conv.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/post_op-inl.h"
 #include "kernels/cpu/vec-inl.h"
 
@@ -992,7 +993,7 @@ namespace {
 
 /// `post` applied in place to y[0, n) (the target's ApplyPostOpInplace).
 void apply_post(const cpu::PostOp& post, float* y, int64_t n) {
-  if (post.kind != cpu::PostOp::Kind::None) HWY_DYNAMIC_DISPATCH(cpu::ApplyPostRange)(post, y, n);
+  if (post.kind != cpu::PostOp::Kind::None) KILN_CPU_DISPATCH(ApplyPostRange)(post, y, n);
 }
 
 /// out[i] = after(out[i] + res[i]) over [N, C, plane] (the GEMM paths' fused residual add and
@@ -1026,7 +1027,7 @@ void depthwise_c8(const ConvGeometry& g, const float* px, const float* pw, const
       std::fill(b + r * Wp * 8, b + (r * Wp + PW) * 8, 0.0f);
       std::fill(b + (r * Wp + PW + IW) * 8, b + (r + 1) * Wp * 8, 0.0f);
     }
-    HWY_DYNAMIC_DISPATCH(cpu::DepthwiseC8Tasks)(g, L, px, pw, pb, po, begin, end, blocks, b, acc.data(), post);
+    KILN_CPU_DISPATCH(DepthwiseC8Tasks)(g, L, px, pw, pb, po, begin, end, blocks, b, acc.data(), post);
   };
   const int64_t tasks = g.batch * blocks;
   const double work = static_cast<double>(g.batch * C) * static_cast<double>(out_plane * g.kernel[0] * g.kernel[1]);
@@ -1067,7 +1068,7 @@ void depthwise(const ConvGeometry& g, const float* px, const float* pw, const fl
     std::vector<int64_t> tap(static_cast<size_t>(kk));
     for (int64_t t = begin; t < end; ++t) {
       const int64_t n = t / C, c = t % C;
-      HWY_DYNAMIC_DISPATCH(cpu::DepthwisePlane)(g, L, px + (n * C + c) * in_plane, pw + c * mult * kk,
+      KILN_CPU_DISPATCH(DepthwisePlane)(g, L, px + (n * C + c) * in_plane, pw + c * mult * kk,
                                                 pb != nullptr ? pb + c * mult : nullptr,
                                                 po + (n * g.out_channels + c * mult) * out_plane, mult, buf.data(),
                                                 tmp.data(), tap.data(), post);
@@ -1087,7 +1088,7 @@ void depthwise(const ConvGeometry& g, const float* px, const float* pw, const fl
 
 /// GemmBPacker::fn of the im2col matrix (ctx: an Im2col), the target's Im2colPack.
 void im2col_pack(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
-  HWY_DYNAMIC_DISPATCH(cpu::Im2colPack)(ctx, j0, nc, p0, kc, out);
+  KILN_CPU_DISPATCH(Im2colPack)(ctx, j0, nc, p0, kc, out);
 }
 
 /// General convolution: per (image, group) one GEMM  out[n, group] = W_group [C_out_g x K] *
@@ -1193,7 +1194,7 @@ void pointwise_direct(const ConvGeometry& g, const float* px, float* po, ThreadP
   auto run = [&](int64_t t) {
     const int64_t mc = t % mchunks, nbk = t / mchunks;
     const int64_t n = nbk / blocks, j0 = (nbk % blocks) * nb, nc = nbk % blocks == blocks - 1 ? HW - j0 : nb;
-    HWY_DYNAMIC_DISPATCH(cpu::PointwiseGroups)(g, st, px + n * K * HW, po + n * M * HW,
+    KILN_CPU_DISPATCH(PointwiseGroups)(g, st, px + n * K * HW, po + n * M * HW,
                                                res != nullptr ? res + n * M * HW : nullptr, mc * per,
                                                std::min(groups6, (mc + 1) * per), j0, nc);
   };
@@ -1225,13 +1226,13 @@ void pointwise_gemv(const ConvGeometry& g, const float* px, float* po, ThreadPoo
   const bool parallel = pool != nullptr && pool->num_threads() > 1 && blocks > 1 &&
                         g.in_channels * g.out_channels >= 32768;
   if (!parallel) {
-    HWY_DYNAMIC_DISPATCH(cpu::GemvBlocks)(g, st, px, po, 0, blocks);
+    KILN_CPU_DISPATCH(GemvBlocks)(g, st, px, po, 0, blocks);
     return;
   }
   const int64_t parts = std::min<int64_t>(blocks, 2 * pool->num_threads());
   const int64_t per = (blocks + parts - 1) / parts;
   cpu::parallel_tasks(pool, (blocks + per - 1) / per, [&](int64_t t) {
-    HWY_DYNAMIC_DISPATCH(cpu::GemvBlocks)(g, st, px, po, t * per, std::min(blocks, (t + 1) * per));
+    KILN_CPU_DISPATCH(GemvBlocks)(g, st, px, po, t * per, std::min(blocks, (t + 1) * per));
   });
 }
 

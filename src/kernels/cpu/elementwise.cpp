@@ -24,6 +24,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/elementwise.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/vec-inl.h"
 
 #ifndef KILN_CPU_ELEMENTWISE_SHARED_
@@ -232,7 +233,7 @@ Error binary_kernel(const KernelArgs& a) {
   const float* py = y.data_as<const float>();
   float* po = out.data_as<float>();
   cpu::parallel_range(a.pool, n, kParallelGrain, [&](int64_t b, int64_t e) {
-    HWY_DYNAMIC_DISPATCH(cpu::BinaryRange)(K, alpha, p, px, py, po, b, e);
+    KILN_CPU_DISPATCH(BinaryRange)(K, alpha, p, px, py, po, b, e);
   });
   return {};
 }

@@ -25,6 +25,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/norm.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/vec-inl.h"
 
 #ifndef KILN_CPU_NORM_SHARED_
@@ -260,7 +261,7 @@ Error layer_norm(const KernelArgs& a) {
   const float* px = x.data_as<const float>();
   float* po = a.outputs[0]->data_as<float>();
   cpu::parallel_range(a.pool, rows, row_grain(k), [&](int64_t r0, int64_t r1) {
-    HWY_DYNAMIC_DISPATCH(cpu::LayerNormRows)(px, po, k, r0, r1, eps, w, b);
+    KILN_CPU_DISPATCH(LayerNormRows)(px, po, k, r0, r1, eps, w, b);
   });
   return {};
 }
@@ -279,7 +280,7 @@ Error group_norm(const KernelArgs& a) {
   const float* px = a.inputs[0]->data_as<const float>();
   float* po = a.outputs[0]->data_as<float>();
   cpu::parallel_range(a.pool, n * groups, row_grain(size), [&](int64_t r0, int64_t r1) {
-    HWY_DYNAMIC_DISPATCH(cpu::GroupNormRows)(px, po, groups, cpg, hxw, r0, r1, eps, w, b);
+    KILN_CPU_DISPATCH(GroupNormRows)(px, po, groups, cpg, hxw, r0, r1, eps, w, b);
   });
   return {};
 }
@@ -298,7 +299,7 @@ Error batch_norm(const KernelArgs& a) {
   const float* px = x.data_as<const float>();
   float* po = a.outputs[0]->data_as<float>();
   cpu::parallel_range(a.pool, n * c, row_grain(inner), [&](int64_t r0, int64_t r1) {
-    HWY_DYNAMIC_DISPATCH(cpu::BatchNormPlanes)(px, po, c, inner, r0, r1, eps, w, b, mean, var);
+    KILN_CPU_DISPATCH(BatchNormPlanes)(px, po, c, inner, r0, r1, eps, w, b, mean, var);
   });
   return {};
 }
@@ -314,7 +315,7 @@ Error rms_norm(const KernelArgs& a) {
   const float* px = x.data_as<const float>();
   float* po = a.outputs[0]->data_as<float>();
   cpu::parallel_range(a.pool, rows, row_grain(k), [&](int64_t r0, int64_t r1) {
-    HWY_DYNAMIC_DISPATCH(cpu::RmsNormRows)(px, po, k, r0, r1, eps, w);
+    KILN_CPU_DISPATCH(RmsNormRows)(px, po, k, r0, r1, eps, w);
   });
   return {};
 }

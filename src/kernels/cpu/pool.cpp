@@ -15,6 +15,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/pool.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/vec-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -170,7 +171,7 @@ Error global_avg_pool(const KernelArgs& a) {
   float* po = out.data_as<float>();
   const float inv = 1.0f / static_cast<float>(hw);
   cpu::parallel_range(a.pool, planes, std::max<int64_t>(1, (1 << 15) / std::max<int64_t>(hw, 1)),
-                      [&](int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(cpu::GlobalAvgPlanes)(px, po, hw, inv, b, e); });
+                      [&](int64_t b, int64_t e) { KILN_CPU_DISPATCH(GlobalAvgPlanes)(px, po, hw, inv, b, e); });
   return {};
 }
 
@@ -194,7 +195,7 @@ Error max_pool2d(const KernelArgs& a) {
   float* po = out.data_as<float>();
   const int64_t work = g.in_h * g.in_w * g.kernel_h + g.out_h * g.out_w * g.kernel_w;  // per plane
   cpu::parallel_range(a.pool, g.planes, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(work, 1)),
-                      [&](int64_t b, int64_t e) { HWY_DYNAMIC_DISPATCH(cpu::MaxPoolPlanes)(g, px, po, b, e); });
+                      [&](int64_t b, int64_t e) { KILN_CPU_DISPATCH(MaxPoolPlanes)(g, px, po, b, e); });
   return {};
 }
 

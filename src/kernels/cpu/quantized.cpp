@@ -28,6 +28,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/quantized.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/vec-inl.h"
 
 #ifndef KILN_CPU_QUANTIZED_SHARED_
@@ -165,12 +166,12 @@ namespace {
 
 /// out[i, j] (+ bias) = x[i, :] . w[j, :] for i < m <= 4, rows j in [j0, j1) (the target's code).
 void gemv_rows(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, int64_t j0, int64_t j1) {
-  HWY_DYNAMIC_DISPATCH(cpu::QuantGemvRows)(w, x, m, bias, out, j0, j1);
+  KILN_CPU_DISPATCH(QuantGemvRows)(w, x, m, bias, out, j0, j1);
 }
 
 /// Dequantizes rows [r0, r0 + rows) into buf [rows, k] (one row per call).
 void dequantize_rows(const QuantView& w, int64_t r0, int64_t r, float* buf) {
-  HWY_DYNAMIC_DISPATCH(cpu::QuantDequantizeRow)(w, r0, r, buf);
+  KILN_CPU_DISPATCH(QuantDequantizeRow)(w, r0, r, buf);
 }
 
 Error linear(const KernelArgs& a) {
@@ -196,7 +197,7 @@ Error linear(const KernelArgs& a) {
     ep.bias_kind = cpu::GemmBias::PerCol;
     ep.bias = bias;
   }
-  cpu::sgemm_packed_b(m, n, k, 1.0f, px, k, cpu::GemmBPacker{&HWY_DYNAMIC_DISPATCH(cpu::QuantPackWeightPanel), &w}, 0.0f,
+  cpu::sgemm_packed_b(m, n, k, 1.0f, px, k, cpu::GemmBPacker{&KILN_CPU_DISPATCH(QuantPackWeightPanel), &w}, 0.0f,
                       out, n, ep, a.pool);
   return {};
 }
@@ -292,7 +293,7 @@ Error convolution(const KernelArgs& a) {
           cpu::sgemm(false, false, rows, HW, K, 1.0f, wbuf.data(), K, xin, HW, 0.0f, o, HW, ep, a.pool);
         } else {
           const cpu::QuantIm2col im{xin, &g};
-          cpu::sgemm_packed_b(rows, HW, K, 1.0f, wbuf.data(), K, cpu::GemmBPacker{&HWY_DYNAMIC_DISPATCH(cpu::QuantPackIm2col), &im}, 0.0f, o, HW, ep,
+          cpu::sgemm_packed_b(rows, HW, K, 1.0f, wbuf.data(), K, cpu::GemmBPacker{&KILN_CPU_DISPATCH(QuantPackIm2col), &im}, 0.0f, o, HW, ep,
                               a.pool);
         }
       }

@@ -23,6 +23,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/softmax.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/vec-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -204,15 +205,15 @@ Error softmax_impl(const KernelArgs& a, bool log) {
   if (inner == 1) {
     const int64_t grain = std::max<int64_t>(1, 16384 / n);
     cpu::parallel_range(a.pool, outer, grain, [&](int64_t b, int64_t e) {
-      HWY_DYNAMIC_DISPATCH(cpu::SoftmaxRows)(px, po, n, b, e, log);
+      KILN_CPU_DISPATCH(SoftmaxRows)(px, po, n, b, e, log);
     });
     return {};
   }
-  const int64_t lanes = HWY_DYNAMIC_DISPATCH(cpu::SoftmaxLanes)();
+  const int64_t lanes = KILN_CPU_DISPATCH(SoftmaxLanes)();
   const int64_t blocks = (inner + lanes - 1) / lanes;  // column blocks per outer index
   const int64_t grain = std::max<int64_t>(1, 16384 / (lanes * n));
   cpu::parallel_range(a.pool, outer * blocks, grain, [&](int64_t b, int64_t e) {
-    HWY_DYNAMIC_DISPATCH(cpu::SoftmaxColumnBlocks)(px, po, n, inner, b, e, log);
+    KILN_CPU_DISPATCH(SoftmaxColumnBlocks)(px, po, n, inner, b, e, log);
   });
   return {};
 }
