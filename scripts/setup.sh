@@ -10,7 +10,7 @@ APT_PACKAGES=(cmake ninja-build g++ clang libclang-rt-14-dev
   flatbuffers-compiler libflatbuffers-dev libcli11-dev libgtest-dev libstb-dev
   python3 python3-venv python3-dev libxnnpack-dev libpthreadpool-dev
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata
-  libopencv-dev libpolyclipping-dev fonts-dejavu-core)
+  libopencv-dev libpolyclipping-dev fonts-dejavu-core libhwy-dev)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
