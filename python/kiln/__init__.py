@@ -26,7 +26,7 @@ def op_names() -> list[str]:
 def cpu_target() -> str:
     """The SIMD instruction set Kiln's optimized cpu kernels run at in this process: one of
     ``"avx3_dl"`` (AVX-512 with VNNI/VBMI2), ``"avx3"`` (AVX-512), ``"avx2"`` (AVX2 + FMA),
-    ``"sve2"``, ``"sve"``, ``"neon"`` (Arm) or ``"scalar"`` (the same kernel code on one lane).
+    ``"neon"`` (Arm) or ``"scalar"`` (x86-64 only: the same kernel code on one lane).
 
     It is the best target this build compiled and this CPU supports, unless the environment
     variable ``KILN_CPU_TARGET`` names another one (for tests and per-instruction-set benchmarks).
@@ -43,14 +43,15 @@ def cpu_target() -> str:
 
 def available_cpu_targets() -> list[str]:
     """The cpu kernel targets that can run here (compiled into this build and supported by this
-    CPU), best first; the list always ends with ``"scalar"``. Any of them is a valid
+    CPU), best first (on x86-64 the last is ``"scalar"``; on aarch64 ``"neon"``, its baseline). Any
+    of them is a valid
     ``KILN_CPU_TARGET``. Does not raise, whatever ``KILN_CPU_TARGET`` holds."""
     return list(_kiln.available_cpu_targets())
 
 
 def compiled_cpu_targets() -> list[str]:
     """Every cpu kernel target compiled into this build, best first, whether or not this CPU
-    supports it (x86-64: avx3_dl, avx3, avx2, scalar; aarch64: sve2, sve, neon, scalar)."""
+    supports it (x86-64: avx3_dl, avx3, avx2, scalar; aarch64: neon)."""
     return list(_kiln.compiled_cpu_targets())
 
 

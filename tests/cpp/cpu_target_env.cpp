@@ -39,3 +39,22 @@ class CpuTargetEnvironment : public ::testing::Environment {
 const ::testing::Environment* const kEnvironment = ::testing::AddGlobalTestEnvironment(new CpuTargetEnvironment);
 
 }  // namespace
+
+#include "hwy/targets.h"
+
+namespace {
+
+// Another user of libhwy in the process (Highway 1.0.3 resets its process-wide chosen target in
+// every hwy::SupportedTargets() call) must not move Kiln's kernels to another target: their
+// state (packed weights, tiles) is laid out for the chosen one (kernels/cpu/dispatch.h).
+TEST(CpuTarget, AnotherHighwayUserDoesNotChangeTheTarget) {
+  const int64_t chosen = kiln::cpu::select_target();
+  ASSERT_EQ(kiln::cpu::dispatched_target(), chosen);
+  (void)hwy::SupportedTargets();
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+  EXPECT_EQ(kiln::cpu::dispatched_target(), chosen)
+      << "dispatch moved to " << kiln::cpu::target_name(kiln::cpu::dispatched_target());
+  EXPECT_EQ(kiln::cpu_target(), kiln::cpu::target_name(chosen));
+}
+
+}  // namespace

@@ -20,14 +20,28 @@ from load_check import (_load_after_compile, pytest_configure, pytest_runtest_ma
                         pytest_terminal_summary)
 
 
-def pytest_report_header(config):
+def _cpu_target_line() -> str:
     """Names the SIMD target of the cpu kernels in this run (include/kiln/cpu_target.h), and stops
     the run when KILN_CPU_TARGET asks for one that is not the one in use: a per-target rerun
     (scripts/test.sh, section targets) must never pass at another target than the one it names."""
     import kiln
 
     wanted = os.environ.get("KILN_CPU_TARGET", "")
-    actual = kiln.cpu_target()
+    try:
+        actual = kiln.cpu_target()
+    except Exception as e:  # a refused KILN_CPU_TARGET: kiln.cpu_target() raises InvalidArgument
+        raise pytest.UsageError(f"KILN_CPU_TARGET={wanted!r}: {e}") from e
     if wanted and wanted != actual:
         raise pytest.UsageError(f"KILN_CPU_TARGET={wanted!r} but the cpu kernels run at {actual!r}")
     return f"kiln cpu target: {actual} (available: {', '.join(kiln.available_cpu_targets())})"
+
+
+def pytest_sessionstart(session):
+    """The check of _cpu_target_line, at every verbosity (pytest -q skips report headers)."""
+    line = _cpu_target_line()
+    if session.config.get_verbosity() < 0:
+        print(line)
+
+
+def pytest_report_header(config):
+    return _cpu_target_line()

@@ -16,6 +16,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/conv_direct.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/post_op-inl.h"
 #include "kernels/cpu/vec-inl.h"
 
@@ -205,7 +206,7 @@ void conv_direct(const ConvGeometry& g, const float* x, const float* w, const fl
   const double work = static_cast<double>(rows) * static_cast<double>(g.out_size[1] * g.out_channels) *
                       static_cast<double>(g.in_channels * g.kernel[0] * g.kernel[1]);
   if (pool == nullptr || pool->num_threads() <= 1 || work < 5e5 || rows < 2) {
-    HWY_DYNAMIC_DISPATCH(DirectRows)(g, x, w, bias, out, 0, rows, post);
+    KILN_CPU_DISPATCH(DirectRows)(g, x, w, bias, out, 0, rows, post);
     return;
   }
   // Contiguous runs of output rows (each part builds each of its input rows once), a whole
@@ -215,7 +216,7 @@ void conv_direct(const ConvGeometry& g, const float* x, const float* w, const fl
   if (parts > threads) parts = parts / threads * threads;  // fewer rows than threads: one part each
   const int64_t per = (rows + parts - 1) / parts;
   parallel_tasks(pool, parts, [&](int64_t t) {
-    HWY_DYNAMIC_DISPATCH(DirectRows)(g, x, w, bias, out, std::min(rows, t * per), std::min(rows, (t + 1) * per), post);
+    KILN_CPU_DISPATCH(DirectRows)(g, x, w, bias, out, std::min(rows, t * per), std::min(rows, (t + 1) * per), post);
   });
 }
 

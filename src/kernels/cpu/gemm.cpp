@@ -33,6 +33,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/gemm.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/post_op-inl.h"
 #include "kernels/cpu/vec-inl.h"
 
@@ -736,12 +737,12 @@ using gemm_detail::GemmArgs;
 
 int64_t packed_a_floats(int64_t M, int64_t K) {
   select_target();
-  return HWY_DYNAMIC_DISPATCH(PackedAFloats)(M, K);
+  return KILN_CPU_DISPATCH(PackedAFloats)(M, K);
 }
 
 void pack_a_for_gemm(int64_t M, int64_t K, const float* A, int64_t lda, float* out) {
   select_target();
-  HWY_DYNAMIC_DISPATCH(PackAForGemm)(M, K, A, lda, out);
+  KILN_CPU_DISPATCH(PackAForGemm)(M, K, A, lda, out);
 }
 
 void pack_b_for_gemm(bool trans_b, int64_t K, int64_t N, const float* B, int64_t ldb, float* out) {
@@ -753,7 +754,7 @@ void sgemm_prepacked(int64_t M, int64_t N, int64_t K, const float* packed_a, con
                      int64_t ldc, const GemmEpilogue& ep) {
   if (M <= 0 || N <= 0 || K <= 0) return;
   select_target();
-  HWY_DYNAMIC_DISPATCH(SgemmPrepacked)(M, N, K, packed_a, packed_b, C, ldc, ep);
+  KILN_CPU_DISPATCH(SgemmPrepacked)(M, N, K, packed_a, packed_b, C, ldc, ep);
 }
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda,
@@ -764,7 +765,7 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
   g.packed_a = packed_a;
   g.packed_b = packed_b;
   select_target();
-  HWY_DYNAMIC_DISPATCH(Gemm)(g, pool);
+  KILN_CPU_DISPATCH(Gemm)(g, pool);
 }
 
 void sgemm_packed_b(int64_t M, int64_t N, int64_t K, float alpha, const float* A, int64_t lda, const GemmBPacker& b,
@@ -775,7 +776,7 @@ void sgemm_packed_b(int64_t M, int64_t N, int64_t K, float alpha, const float* A
   g.packer = &b;
   g.packed_a = packed_a;
   select_target();
-  HWY_DYNAMIC_DISPATCH(Gemm)(g, pool);
+  KILN_CPU_DISPATCH(Gemm)(g, pool);
 }
 
 }  // namespace kiln::cpu

@@ -6,10 +6,12 @@
 // registry is built), to the best supported target or to KILN_CPU_TARGET's.
 #include "kernels/cpu/target.h"
 
+#include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
+
 #include <cstdlib>
 #include <mutex>
 
-#include "hwy/highway.h"
 #include "hwy/targets.h"
 #include "kiln/cpu_target.h"
 
@@ -24,9 +26,8 @@ struct NamedTarget {
 // Best first (Highway: a lower bit is a better target). HWY_EMU128 and HWY_SCALAR are both
 // "scalar": a build has one of them as its baseline.
 constexpr NamedTarget kNames[] = {
-    {HWY_AVX3_DL, "avx3_dl"}, {HWY_AVX3, "avx3"}, {HWY_AVX2, "avx2"},     {HWY_SSE4, "sse4"},
-    {HWY_SSSE3, "ssse3"},     {HWY_SVE2, "sve2"}, {HWY_SVE, "sve"},       {HWY_NEON, "neon"},
-    {HWY_EMU128, "scalar"},   {HWY_SCALAR, "scalar"},
+    {HWY_AVX3_DL, "avx3_dl"}, {HWY_AVX3, "avx3"}, {HWY_AVX2, "avx2"}, {HWY_SVE2, "sve2"},
+    {HWY_SVE, "sve"},         {HWY_NEON, "neon"}, {HWY_EMU128, "scalar"}, {HWY_SCALAR, "scalar"},
 };
 
 std::vector<std::string> names_in(int64_t mask) {
@@ -41,6 +42,11 @@ std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
   return s;
+}
+
+hwy::ChosenTarget& kiln_chosen() {
+  static hwy::ChosenTarget t;
+  return t;
 }
 
 struct Selection {
@@ -66,7 +72,7 @@ const Selection& selection() {
       if (bits == 0) {
         out.status = Error(ErrorCode::InvalidArgument,
                            "KILN_CPU_TARGET='" + want + "' is not a cpu kernel target (targets: avx3_dl, avx3, "
-                           "avx2, sve2, sve, neon, scalar; available here: " + join(names_in(available)) + ")");
+                           "avx2, neon, scalar; available here: " + join(names_in(available)) + ")");
       } else if ((bits & HWY_TARGETS) == 0) {
         out.status = Error(ErrorCode::InvalidArgument,
                            "KILN_CPU_TARGET='" + want + "': this build of Kiln has no kernels for it (compiled: " +
@@ -79,7 +85,8 @@ const Selection& selection() {
         out.bit = bits & available & -(bits & available);
       }
     }
-    hwy::GetChosenTarget().Update(out.bit);
+    hwy::GetChosenTarget().Update(out.bit);  // for any HWY_DYNAMIC_DISPATCH; Kiln's own below
+    kiln_chosen().Update(out.bit);
     return out;
   }();
   return s;
@@ -95,6 +102,11 @@ const char* target_name(int64_t bit) {
 }
 
 int64_t select_target() { return selection().bit; }
+
+const hwy::ChosenTarget& chosen_target() {
+  selection();
+  return kiln_chosen();
+}
 
 }  // namespace cpu
 

@@ -8,6 +8,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/target_probe.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace kiln {
@@ -25,7 +26,7 @@ namespace kiln::cpu {
 HWY_EXPORT(CompiledTarget);
 int64_t dispatched_target() {
   select_target();
-  return HWY_DYNAMIC_DISPATCH(CompiledTarget)();
+  return KILN_CPU_DISPATCH(CompiledTarget)();
 }
 }  // namespace kiln::cpu
 #endif

@@ -59,6 +59,7 @@
 #define HWY_TARGET_INCLUDE "kernels/cpu/winograd.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "kernels/cpu/dispatch.h"
 #include "kernels/cpu/post_op-inl.h"
 #include "kernels/cpu/vec-inl.h"
 
@@ -568,11 +569,11 @@ void run_block(const Tiling& T, const float* x, const float* packed, const float
                const PostOp& post, int64_t g0, int64_t g1) {
   thread_local Block blk;
   blk.init(T, g0, g1, block_scratch(static_cast<size_t>(T.npos * T.v_stride + T.m_floats)));
-  HWY_DYNAMIC_DISPATCH(WinogradInput)(blk, x, 0, T.cin);
+  KILN_CPU_DISPATCH(WinogradInput)(blk, x, 0, T.cin);
   for (int64_t pos = 0; pos < T.npos; ++pos) {
     for (int64_t q = 0; q < T.chunks; ++q) blk.gemm(packed, pos, q);
   }
-  HWY_DYNAMIC_DISPATCH(WinogradOutput)(blk, bias, post, out, 0, T.cout);
+  KILN_CPU_DISPATCH(WinogradOutput)(blk, bias, post, out, 0, T.cout);
 }
 /// True when the transformed filters (36 C_in C_out floats) take at most 4 MiB: they then stay in
 /// the caches while each thread runs its own small blocks of tiles; larger ones run conv_large.
@@ -617,11 +618,11 @@ void conv_large(Tiling& T, const float* x, const float* packed, const float* bia
   for (int64_t g0 = 0; g0 < T.groups_total; g0 += G) {
     blk.init(T, g0, std::min(T.groups_total, g0 + G), scratch);
     parallel_tasks(pool, (T.cin + kChan - 1) / kChan, [&](int64_t t) {
-      HWY_DYNAMIC_DISPATCH(WinogradInput)(blk, x, t * kChan, std::min(T.cin, (t + 1) * kChan));
+      KILN_CPU_DISPATCH(WinogradInput)(blk, x, t * kChan, std::min(T.cin, (t + 1) * kChan));
     });
     parallel_tasks(pool, T.npos * T.chunks, [&](int64_t t) { blk.gemm(packed, t / T.chunks, t % T.chunks); });
     parallel_tasks(pool, (T.cout + kChan - 1) / kChan, [&](int64_t t) {
-      HWY_DYNAMIC_DISPATCH(WinogradOutput)(blk, bias, post, out, t * kChan, std::min(T.cout, (t + 1) * kChan));
+      KILN_CPU_DISPATCH(WinogradOutput)(blk, bias, post, out, t * kChan, std::min(T.cout, (t + 1) * kChan));
     });
   }
 }
@@ -742,7 +743,7 @@ void winograd_pack_weights(const float* w, int64_t cout, int64_t cin, int tile, 
 }
 
 void residual_inplace(float* y, const float* r, int64_t n, const PostOp& after) {
-  HWY_DYNAMIC_DISPATCH(ResidualRange)(y, r, n, after);
+  KILN_CPU_DISPATCH(ResidualRange)(y, r, n, after);
 }
 
 void conv_winograd(const ConvGeometry& g, int tile, const float* x, const float* packed, const float* bias,
