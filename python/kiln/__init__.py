@@ -43,9 +43,9 @@ def cpu_target() -> str:
 
 def available_cpu_targets() -> list[str]:
     """The cpu kernel targets that can run here (compiled into this build and supported by this
-    CPU), best first (on x86-64 the last is ``"scalar"``; on aarch64 ``"neon"``, its baseline). Any
-    of them is a valid
-    ``KILN_CPU_TARGET``. Does not raise, whatever ``KILN_CPU_TARGET`` holds."""
+    CPU), best first (on x86-64 the last is ``"scalar"``; on aarch64 ``"neon"``, its baseline).
+    Any of them is a valid ``KILN_CPU_TARGET``. Does not raise, whatever ``KILN_CPU_TARGET``
+    holds."""
     return list(_kiln.available_cpu_targets())
 
 
