@@ -47,7 +47,7 @@ python=""
 
 echo "[fuzz] configure $build (clang, fuzzer + address;undefined)"
 CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
-  -DCMAKE_C_FLAGS_DEBUG="-O1 -g1" -DKILN_SANITIZE="address;undefined" -DKILN_BUILD_FUZZER=ON \
+  -DCMAKE_C_FLAGS_DEBUG="-O1 -g1" -DKILN_SANITIZE="address;undefined" -DKILN_BUILD_FUZZER=ON -DKILN_CPU_KERNELS=OFF \
   -DKILN_BUILD_TESTS=OFF -DKILN_BUILD_PYTHON=OFF -DKILN_BUILD_TOOLS=OFF -DKILN_BUILD_EXAMPLES=OFF \
   ${python:+-DPython_EXECUTABLE="$python"} >/dev/null
 echo "[fuzz] build"
