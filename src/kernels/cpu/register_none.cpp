@@ -6,5 +6,6 @@
 namespace kiln {
 
 void register_cpu_kernels(KernelRegistry&) { cpu::select_target(); }
+void register_cpu_quantized(KernelRegistry&) {}
 
 }  // namespace kiln
