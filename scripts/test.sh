@@ -4,7 +4,7 @@
 #   2. build       CMake (Ninja, Release) into build/, with the venv's Python for the binding
 #   3. ctest       the C++ tests (GoogleTest)
 #   4. pytest      tests/python with PYTHONPATH=python (numerics against PyTorch eager, CLI, ...)
-#   4b. targets    the cpu-kernel Python tests again at the avx2 and scalar SIMD targets
+#   4b. targets    the cpu-kernel Python tests (and the quantized decode test) again at the avx2 and scalar SIMD targets
 #   5. install     cmake --install build --prefix build/install, then builds examples/app and
 #                  examples/mv3 (classify) out of tree against it (find_package(kiln)), checks
 #                  the app's output and classifies photos with mv3_portable.kiln vs PyTorch eager
@@ -104,7 +104,8 @@ for t in avx2 scalar; do
     *" $t "*)
       echo "--- cpu-kernel tests at KILN_CPU_TARGET=$t"
       KILN_CPU_TARGET=$t PYTHONPATH=python "$python" -m pytest -q -p no:cacheprovider \
-        tests/python/test_cpu_*.py tests/python/test_winograd.py ;;
+        tests/python/test_cpu_*.py tests/python/test_winograd.py \
+        "tests/python/test_quant.py::test_quantized_linear_decode_odd_sizes" ;;
     *) echo "--- $t: not available on this CPU, skipped" ;;
   esac
 done

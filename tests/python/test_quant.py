@@ -62,9 +62,9 @@ def _add(g, name, a, const):
     return g.add_input(name, dt, list(a.shape))
 
 
-def run_both(op, x, consts, attrs):
+def run_both(op, x, consts, attrs, num_threads=0):
     """Runs op(x, *consts) (consts: arrays or None, embedded as constants) on the portable and the
-    cpu kernels; returns both outputs."""
+    cpu kernels (num_threads: the method's thread pool, 0 = default); returns both outputs."""
     g = kiln.Graph()
     ids = [_add(g, "x", x, False)]
     for i, c in enumerate(consts):
@@ -73,7 +73,7 @@ def run_both(op, x, consts, attrs):
     pb = kiln.ProgramBuilder()
     pb.add_method("forward", g)
     data, _ = pb.compile()
-    return [kiln.load_bytes(data, portable_kernels_only=p).run(x)[0] for p in (True, False)]
+    return [kiln.load_bytes(data, portable_kernels_only=p, num_threads=num_threads).run(x)[0] for p in (True, False)]
 
 
 @pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype", SCHEMES)
@@ -94,6 +94,35 @@ def test_quantized_linear_grid(scheme, group_size, symmetric, scale_dtype):
                 for got, kind in zip(run_both("kiln.weight_quantized_linear", x, [packed, s, z, bias],
                                               {"bits": bits, "group_size": group_size}), ("portable", "cpu")):
                     assert_close(got, expected, 1e-5, f"{kind} {scheme} g{group_size} n={n} k={k} m={m}")
+
+
+@pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype", SCHEMES + [
+    ("w4", 64, True, "float32"), ("w4", 6, False, "float32"),
+    ("w4", 7, True, "float32"),  # odd group size: groups start mid-byte (the other m <= 4 path)
+])
+def test_quantized_linear_decode_odd_sizes(scheme, group_size, symmetric, scale_dtype):
+    """The decode path (m <= 4 rows of x; the packed weight dequantized in registers, 4 rows at a
+    time, 4-bit nibbles against x split into even and odd columns) against NumPy's float64 product
+    with the dequantized weight, at sizes that leave every kind of tail: K not a multiple of the
+    group size, of 2 or of any vector width (up to 16 lanes x 2 nibbles), N = 1, 3, 17 (blocks of 4
+    rows with remainders), with and without bias, at 1 and 2 threads."""
+    rng = np.random.default_rng(1)
+    bits = 8 if scheme == "w8" else 4
+    for n in (1, 3, 17):
+        for k in (1, 5, 67, 161, 1001):
+            w = rng.standard_normal((n, k)).astype(np.float32)
+            packed, s, z, wd = quantize(w, scheme, group_size, symmetric, scale_dtype)
+            bias = rng.standard_normal(n).astype(np.float32) if k % 2 else None
+            for m in (1, 2, 4):
+                x = rng.standard_normal((m, k)).astype(np.float32)
+                expected = x.astype(np.float64) @ wd.astype(np.float64).T
+                if bias is not None:
+                    expected = expected + bias
+                for threads in (1, 2):
+                    _, got = run_both("kiln.weight_quantized_linear", x, [packed, s, z, bias],
+                                      {"bits": bits, "group_size": group_size}, num_threads=threads)
+                    assert_close(got, expected.astype(np.float32), 1e-5,
+                                 f"{scheme} g{group_size} n={n} k={k} m={m} threads={threads}")
 
 
 @pytest.mark.parametrize("n,k", [(31, 96), (100, 1000)])
