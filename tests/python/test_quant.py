@@ -105,7 +105,8 @@ def test_quantized_linear_decode_odd_sizes(scheme, group_size, symmetric, scale_
     time, 4-bit nibbles against x split into even and odd columns) against NumPy's float64 product
     with the dequantized weight, at sizes that leave every kind of tail: K not a multiple of the
     group size, of 2 or of any vector width (up to 16 lanes x 2 nibbles), N = 1, 3, 17 (blocks of 4
-    rows with remainders), with and without bias, at 1 and 2 threads."""
+    rows with remainders), with and without bias, at 1 and 2 threads; and 7 rows of x, the GEMM
+    path whose B panels are dequantized per call (QuantPanelColumn), at the same sizes."""
     rng = np.random.default_rng(1)
     bits = 8 if scheme == "w8" else 4
     for n in (1, 3, 17):
@@ -113,7 +114,7 @@ def test_quantized_linear_decode_odd_sizes(scheme, group_size, symmetric, scale_
             w = rng.standard_normal((n, k)).astype(np.float32)
             packed, s, z, wd = quantize(w, scheme, group_size, symmetric, scale_dtype)
             bias = rng.standard_normal(n).astype(np.float32) if k % 2 else None
-            for m in (1, 2, 4):
+            for m in (1, 2, 4, 7):
                 x = rng.standard_normal((m, k)).astype(np.float32)
                 expected = x.astype(np.float64) @ wd.astype(np.float64).T
                 if bias is not None:

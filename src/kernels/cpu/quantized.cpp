@@ -222,16 +222,66 @@ void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* 
   }
 }
 
+/// Writes the dequantized columns [c0, c1) of weight row j into column t of a 16-column GEMM panel
+/// whose first row is column p0 (panel[(c - p0) * 16 + t] = w[j, c]): whole vectors of the row
+/// dequantized in registers ((q * s) for 8-bit; for 4-bit, Lanes bytes give Lanes even and Lanes
+/// odd columns, (u - 8) * s + z), their lanes then stored 16 floats apart; the rest (a group's
+/// columns past its last whole vector, an odd first column of 4-bit) one at a time with
+/// QuantView::dequantize's arithmetic.
+void QuantPanelColumn(const QuantView& w, int64_t j, int64_t c0, int64_t c1, int64_t p0, float* panel, int64_t t) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  constexpr int64_t P = kGemmPanelCols;
+  const QuantLayout& L = w.layout;
+  const uint8_t* row = w.data + j * L.row_bytes;
+  HWY_ALIGN float lo[HWY_MAX_BYTES / sizeof(float)];
+  HWY_ALIGN float hi[HWY_MAX_BYTES / sizeof(float)];
+  int64_t c = c0;
+  while (c < c1) {
+    const int64_t g = c / L.group_size;
+    const int64_t gend = std::min((g + 1) * L.group_size, c1);
+    const float s = w.scale(j, g);
+    const VF vs = hn::Set(d, s);
+    if (L.bits == 8) {
+      for (; c + N <= gend; c += N) {
+        hn::Store(hn::Mul(LoadI8(d, row + c), vs), d, lo);
+        float* dst = panel + (c - p0) * P + t;
+        for (int64_t i = 0; i < N; ++i) dst[i * P] = lo[i];
+      }
+    } else if ((c & 1) == 0) {
+      const float z = w.zero(j, g);
+      const VF vz = hn::Set(d, z);
+      const hn::Rebind<uint8_t, DF> d8;
+      const hn::Rebind<int32_t, DF> di;
+      const auto eight = hn::Set(di, 8);
+      for (; c + 2 * N <= gend; c += 2 * N) {
+        const auto u = hn::PromoteTo(di, hn::LoadU(d8, row + c / 2));
+        hn::Store(hn::MulAdd(hn::ConvertTo(d, hn::Sub(hn::And(u, hn::Set(di, 0xF)), eight)), vs, vz), d, lo);
+        hn::Store(hn::MulAdd(hn::ConvertTo(d, hn::Sub(hn::ShiftRight<4>(u), eight)), vs, vz), d, hi);
+        float* dst = panel + (c - p0) * P + t;
+        for (int64_t i = 0; i < N; ++i) {
+          dst[2 * i * P] = lo[i];
+          dst[(2 * i + 1) * P] = hi[i];
+        }
+      }
+    }
+    // The group's remaining columns (and an odd first column of 4-bit) one at a time.
+    const int64_t rest_end = (L.bits == 4 && (c & 1) != 0) ? c + 1 : gend;
+    for (; c < rest_end; ++c) {
+      float v;
+      w.dequantize(j, c, 1, &v);
+      panel[(c - p0) * P + t] = v;
+    }
+  }
+}
+
 /// B packer for linear: op(B)[p, j] = w[j, p] (x @ w^T), dequantized per 16-column panel.
 void QuantPackWeightPanel(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
   const auto& w = *static_cast<const QuantView*>(ctx);
-  HWY_ALIGN float buf[kQuantSlice];
   const int64_t stride = gemm_panel_stride(kc);
   for (int64_t jj = 0; jj < nc; ++jj) {
     const int64_t jp = jj / kGemmPanelCols, t = jj % kGemmPanelCols;
-    float* panel = out + jp * stride;
-    w.dequantize(j0 + jj, p0, kc, buf);
-    for (int64_t p = 0; p < kc; ++p) panel[p * kGemmPanelCols + t] = buf[p];
+    QuantPanelColumn(w, j0 + jj, p0, p0 + kc, p0, out + jp * stride, t);
   }
   // Columns past nc in the last panel are zero.
   const int64_t rem = nc % kGemmPanelCols;
