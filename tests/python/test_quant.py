@@ -126,6 +126,39 @@ def test_quantized_linear_decode_odd_sizes(scheme, group_size, symmetric, scale_
                                  f"{scheme} g{group_size} n={n} k={k} m={m} threads={threads}")
 
 
+@pytest.mark.parametrize("m", [1, 4, 5])
+def test_quantized_linear_infinite_and_huge_x(m):
+    """An infinite x with an asymmetric 4-bit weight gives inf on every path (the decode path
+    dequantizes such weights before they multiply x, not inf - inf = NaN from z * sum(x)); a
+    finite x of 1e32 with an 8-bit weight gives the finite product where the unscaled sum q * x
+    stays below float32's maximum (the decode path scales each group's sum, as
+    aten._weight_int8pack_mm scales x @ q^T). Reference: NumPy float64 on the weight the bytes
+    encode."""
+    k = 64
+    # 4-bit, groups of 32, every nibble 0, scale 1, zero 10: every weight (0 - 8) * 1 + 10 = 2.
+    packed = np.zeros((1, k // 2), np.uint8)
+    s = np.ones((1, 2), np.float32)
+    z = np.full((1, 2), 10, np.float32)
+    x = np.ones((m, k), np.float32)
+    x[0, 3] = np.inf
+    got = run_both("kiln.weight_quantized_linear", x, [packed, s, z, None], {"bits": 4, "group_size": 32})
+    for out, kind in zip(got, ("portable", "cpu")):
+        assert out[0, 0] == np.inf, f"{kind}: {out[0, 0]}"
+        np.testing.assert_array_equal(out[1:, 0], np.full(m - 1, 2.0 * k, np.float32), err_msg=kind)
+    # 8-bit per channel, every q = 127, scale 1e-6, x = 1e32: 4096 * 127e-6 * 1e32 = 5.2e31 (the
+    # unscaled sum 127 * 4096 * 1e32 = 5.2e37 stays finite even in the scalar target's one lane).
+    k = 4096
+    packed8 = np.full((1, k), 127, np.int8)
+    s8 = np.full((1, 1), 1e-6, np.float32)
+    x = np.full((m, k), 1e32, np.float32)
+    expected = (x.astype(np.float64) @ (packed8.astype(np.float64) * np.float64(s8[0, 0])).T).astype(np.float32)
+    for out, kind in zip(run_both("kiln.weight_quantized_linear", x, [packed8, s8, None, None],
+                                  {"bits": 8, "group_size": 0}), ("portable", "cpu")):
+        assert np.isfinite(out).all(), f"{kind}: {out.ravel()}"
+        # 4096 equal float32 terms summed in one lane (the scalar target): up to K * 2^-24 apart.
+        assert_close(out, expected, 1e-4, kind)
+
+
 @pytest.mark.parametrize("n,k", [(31, 96), (100, 1000)])
 def test_w8_matches_aten_weight_int8pack_mm(n, k):
     """8-bit semantics equal PyTorch's own weight-only op aten._weight_int8pack_mm(x, w_int8, scales)."""

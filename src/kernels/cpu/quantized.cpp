@@ -40,15 +40,13 @@ constexpr int64_t kQuantSlice = 256;  ///< columns dequantized at a time (fits a
 /// m <= 4 rows of x [m, k]. For 8-bit weights x itself. For 4-bit weights x split into its even
 /// and odd columns, even[i, h] = x[i, 2h] and odd[i, h] = x[i, 2h + 1] for h < half = ceil(k / 2)
 /// (odd's last is 0 when k is odd), so that the low nibbles of a vector of packed bytes (even
-/// columns, src/ir/ops/quant.h) multiply one vector of `even` and the high nibbles one of `odd`;
-/// and, when the weight has zero points, the sums of x over each group: group_sums[i, g].
+/// columns, src/ir/ops/quant.h) multiply one vector of `even` and the high nibbles one of `odd`.
 struct QuantGemvInput {
   int64_t m = 0;
   const float* x = nullptr;           ///< [m, k] (8-bit weights)
   const float* even = nullptr;        ///< [m, half] (4-bit weights)
   const float* odd = nullptr;         ///< [m, half]
   int64_t half = 0;                   ///< ceil(k / 2)
-  const float* group_sums = nullptr;  ///< [m, num_groups] (4-bit weights with zero points), else null
 };
 
 /// Implicit im2col of one image and group: op(B)[r, j] = input[c, oy*s - p + ky*d, ox*s - p + kx*d]
@@ -113,34 +111,51 @@ HWY_INLINE VF LoadI8(DF d, const uint8_t* HWY_RESTRICT p) {
   return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p))));
 }
 
-/// acc += (lo - 8) * even + (hi - 8) * odd for the nibbles of the packed bytes p[0, Lanes): the
-/// 4-bit values of Lanes even and Lanes odd columns, without the scale. (Subtracting 8 once per
-/// group through the group's sum of x instead saves 2 of 9 instructions but cancels: measured 4-6%
-/// faster and up to 1.5e-5 relative error where the products cancel, against 1e-5 allowed.)
-HWY_INLINE VF DotU4(DF d, const uint8_t* HWY_RESTRICT p, VF even, VF odd, VF acc) {
+/// acc += w_even * even + w_odd * odd for the packed bytes p[0, Lanes) of a 4-bit row (the low
+/// nibbles the Lanes even columns, the high ones the Lanes odd columns). kAffine (zero points):
+/// the weights dequantized in registers, (u - 8) * s + z, before they multiply x, since the
+/// algebraically equal s * sum((u - 8) x) + z * sum(x) turns an infinite x into inf - inf = NaN.
+/// Symmetric: the unscaled u - 8 (the caller scales the group's sum once, as
+/// aten._weight_int8pack_mm scales x @ q^T: float32 overflows there only for |x| above about
+/// 3.4e38 / (8 * group_size / Lanes), e.g. 1e35 at groups of 128, where the portable kernel
+/// still gives the finite product).
+template <bool kAffine>
+HWY_INLINE VF DotU4(DF d, const uint8_t* HWY_RESTRICT p, VF vs, VF vz, VF even, VF odd, VF acc) {
   const hn::Rebind<uint8_t, DF> d8;
   const hn::Rebind<int32_t, DF> di;
   const auto u = hn::PromoteTo(di, hn::LoadU(d8, p));
   const auto eight = hn::Set(di, 8);
-  const VF lo = hn::ConvertTo(d, hn::Sub(hn::And(u, hn::Set(di, 0xF)), eight));
-  const VF hi = hn::ConvertTo(d, hn::Sub(hn::ShiftRight<4>(u), eight));
+  VF lo = hn::ConvertTo(d, hn::Sub(hn::And(u, hn::Set(di, 0xF)), eight));
+  VF hi = hn::ConvertTo(d, hn::Sub(hn::ShiftRight<4>(u), eight));
+  if constexpr (kAffine) {
+    lo = hn::MulAdd(lo, vs, vz);
+    hi = hn::MulAdd(hi, vs, vz);
+  }
   return hn::MulAdd(hi, odd, hn::MulAdd(lo, even, acc));
 }
 
-/// The unscaled 4-bit dot product of one packed byte with its even and odd activation.
-HWY_INLINE float DotU4Byte(uint8_t b, float even, float odd) {
-  return static_cast<float>((b & 0xF) - 8) * even + static_cast<float>((b >> 4) - 8) * odd;
+/// DotU4 of one packed byte and its even and odd activation.
+template <bool kAffine>
+HWY_INLINE float DotU4Byte(uint8_t b, float s, float z, float even, float odd) {
+  float lo = static_cast<float>((b & 0xF) - 8), hi = static_cast<float>((b >> 4) - 8);
+  if constexpr (kAffine) {
+    lo = lo * s + z;
+    hi = hi * s + z;
+  }
+  return lo * even + hi * odd;
 }
 
 /// out[i, j] = x[i, :] . w[j, :] (+ bias[j]) for i < in.m, rows j in [j0, j1) (row stride of
 /// out: w's rows), for decoding: the packed weight is streamed once per row of x and
 /// dequantized in registers (8-bit: int8 -> int32 -> float; 4-bit: the nibbles of Lanes bytes
-/// against Lanes even and Lanes odd columns of x, see QuantGemvInput), four rows of w at a time
-/// sharing the loads of x. Per group, an unscaled vector sum times the group's scale (plus its
-/// zero point times the group's sum of x); columns past the last whole vector of a group are
-/// summed in scalar code. 4-bit weights need an even group size or a single group (each group
-/// starts on a byte). Float32 arithmetic throughout.
-void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* bias, float* out, int64_t j0,
+/// against Lanes even and Lanes odd columns of x, see QuantGemvInput and DotU4), four rows of w
+/// at a time sharing the loads of x. Symmetric weights: per group, the unscaled vector sum times
+/// the group's scale; with zero points (kAffine) each weight is dequantized before it multiplies
+/// x. Columns past the last whole vector of a group are summed in scalar code. 4-bit weights
+/// need an even group size or a single group (each group starts on a byte). Float32 arithmetic
+/// throughout; NaN and infinities in x propagate as in the portable kernel.
+template <bool kAffine>
+void QuantGemvBlocks(const QuantView& w, const QuantGemvInput& in, const float* bias, float* out, int64_t j0,
                      int64_t j1) {
   const DF d;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
@@ -156,9 +171,10 @@ void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* 
     const uint8_t* w3 = w.data + jd * rb;
     for (int64_t i = 0; i < in.m; ++i) {
       VF t0 = hn::Zero(d), t1 = hn::Zero(d), t2 = hn::Zero(d), t3 = hn::Zero(d);
-      float e0 = 0, e1 = 0, e2 = 0, e3 = 0;  // scaled scalar tails and zero-point terms
+      float e0 = 0, e1 = 0, e2 = 0, e3 = 0;  // the scaled scalar tails
       for (int64_t g = 0; g < G; ++g) {
         const int64_t c0 = g * gs, c1 = std::min(c0 + gs, k);
+        const float s0 = w.scale(ja, g), s1 = w.scale(jb, g), s2 = w.scale(jc, g), s3 = w.scale(jd, g);
         VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
         float r0 = 0, r1 = 0, r2 = 0, r3 = 0;
         if (L.bits == 8) {
@@ -178,39 +194,45 @@ void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* 
             r3 += static_cast<float>(static_cast<int8_t>(w3[c])) * xi[c];
           }
         } else {
+          const float z0 = w.zero(ja, g), z1 = w.zero(jb, g), z2 = w.zero(jc, g), z3 = w.zero(jd, g);
+          const VF vs0 = hn::Set(d, s0), vs1 = hn::Set(d, s1), vs2 = hn::Set(d, s2), vs3 = hn::Set(d, s3);
+          const VF vz0 = hn::Set(d, z0), vz1 = hn::Set(d, z1), vz2 = hn::Set(d, z2), vz3 = hn::Set(d, z3);
           const float* xe = in.even + i * in.half;
           const float* xo = in.odd + i * in.half;
           int64_t b = c0 / 2;
           const int64_t b1 = (c1 + 1) / 2;
           for (; b + N <= b1; b += N) {
             const VF ve = hn::LoadU(d, xe + b), vo = hn::LoadU(d, xo + b);
-            a0 = DotU4(d, w0 + b, ve, vo, a0);
-            a1 = DotU4(d, w1 + b, ve, vo, a1);
-            a2 = DotU4(d, w2 + b, ve, vo, a2);
-            a3 = DotU4(d, w3 + b, ve, vo, a3);
+            a0 = DotU4<kAffine>(d, w0 + b, vs0, vz0, ve, vo, a0);
+            a1 = DotU4<kAffine>(d, w1 + b, vs1, vz1, ve, vo, a1);
+            a2 = DotU4<kAffine>(d, w2 + b, vs2, vz2, ve, vo, a2);
+            a3 = DotU4<kAffine>(d, w3 + b, vs3, vz3, ve, vo, a3);
           }
           for (; b < b1; ++b) {
-            r0 += DotU4Byte(w0[b], xe[b], xo[b]);
-            r1 += DotU4Byte(w1[b], xe[b], xo[b]);
-            r2 += DotU4Byte(w2[b], xe[b], xo[b]);
-            r3 += DotU4Byte(w3[b], xe[b], xo[b]);
+            r0 += DotU4Byte<kAffine>(w0[b], s0, z0, xe[b], xo[b]);
+            r1 += DotU4Byte<kAffine>(w1[b], s1, z1, xe[b], xo[b]);
+            r2 += DotU4Byte<kAffine>(w2[b], s2, z2, xe[b], xo[b]);
+            r3 += DotU4Byte<kAffine>(w3[b], s3, z3, xe[b], xo[b]);
           }
         }
-        const float s0 = w.scale(ja, g), s1 = w.scale(jb, g), s2 = w.scale(jc, g), s3 = w.scale(jd, g);
-        t0 = hn::MulAdd(a0, hn::Set(d, s0), t0);
-        t1 = hn::MulAdd(a1, hn::Set(d, s1), t1);
-        t2 = hn::MulAdd(a2, hn::Set(d, s2), t2);
-        t3 = hn::MulAdd(a3, hn::Set(d, s3), t3);
-        e0 += s0 * r0;
-        e1 += s1 * r1;
-        e2 += s2 * r2;
-        e3 += s3 * r3;
-        if (in.group_sums != nullptr) {
-          const float sx = in.group_sums[i * G + g];
-          e0 += w.zero(ja, g) * sx;
-          e1 += w.zero(jb, g) * sx;
-          e2 += w.zero(jc, g) * sx;
-          e3 += w.zero(jd, g) * sx;
+        if constexpr (kAffine) {  // a and r hold dequantized products already
+          t0 = hn::Add(t0, a0);
+          t1 = hn::Add(t1, a1);
+          t2 = hn::Add(t2, a2);
+          t3 = hn::Add(t3, a3);
+          e0 += r0;
+          e1 += r1;
+          e2 += r2;
+          e3 += r3;
+        } else {
+          t0 = hn::MulAdd(a0, hn::Set(d, s0), t0);
+          t1 = hn::MulAdd(a1, hn::Set(d, s1), t1);
+          t2 = hn::MulAdd(a2, hn::Set(d, s2), t2);
+          t3 = hn::MulAdd(a3, hn::Set(d, s3), t3);
+          e0 += s0 * r0;
+          e1 += s1 * r1;
+          e2 += s2 * r2;
+          e3 += s3 * r3;
         }
       }
       float* o = out + i * n;
@@ -219,6 +241,16 @@ void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* 
       if (R > 2) o[jc] = ReduceSum(d, t2) + e2 + (bias ? bias[jc] : 0.0f);
       if (R > 3) o[jd] = ReduceSum(d, t3) + e3 + (bias ? bias[jd] : 0.0f);
     }
+  }
+}
+
+/// QuantGemvBlocks for this weight: with zero points (asymmetric 4-bit) or without.
+void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* bias, float* out, int64_t j0,
+                     int64_t j1) {
+  if (w.zeros != nullptr) {
+    QuantGemvBlocks<true>(w, in, bias, out, j0, j1);
+  } else {
+    QuantGemvBlocks<false>(w, in, bias, out, j0, j1);
   }
 }
 
@@ -376,9 +408,8 @@ Error linear(const KernelArgs& a) {
     in.x = px;
     if (w.layout.bits == 4) {
       thread_local std::vector<float> prep;
-      const int64_t half = (k + 1) / 2, G = w.layout.num_groups;
-      const bool sums = w.zeros != nullptr;
-      const size_t need = static_cast<size_t>(m * 2 * half + (sums ? m * G : 0));
+      const int64_t half = (k + 1) / 2;
+      const size_t need = static_cast<size_t>(m * 2 * half);
       if (prep.size() < need) prep.resize(need);
       float* even = prep.data();
       float* odd = even + m * half;
@@ -392,18 +423,6 @@ Error linear(const KernelArgs& a) {
       in.even = even;
       in.odd = odd;
       in.half = half;
-      if (sums) {
-        float* gsum = odd + m * half;
-        for (int64_t i = 0; i < m; ++i) {
-          for (int64_t g = 0; g < G; ++g) {
-            const int64_t c0 = g * w.layout.group_size, c1 = std::min(c0 + w.layout.group_size, k);
-            float s = 0.0f;
-            for (int64_t c = c0; c < c1; ++c) s += px[i * k + c];
-            gsum[i * G + g] = s;
-          }
-        }
-        in.group_sums = gsum;
-      }
     }
     cpu::parallel_tasks(a.pool, (n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
       KILN_CPU_DISPATCH(QuantGemvPacked)(w, in, bias, out, t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
