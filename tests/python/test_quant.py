@@ -98,7 +98,7 @@ def test_quantized_linear_grid(scheme, group_size, symmetric, scale_dtype):
 
 @pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype", SCHEMES + [
     ("w4", 64, True, "float32"), ("w4", 6, False, "float32"),
-    ("w4", 7, True, "float32"),  # odd group size: groups start mid-byte (the other m <= 4 path)
+    ("w4", 7, True, "float32"),  # odd group size: groups start and end mid-byte
 ])
 def test_quantized_linear_decode_odd_sizes(scheme, group_size, symmetric, scale_dtype):
     """The decode path (m <= 4 rows of x; the packed weight dequantized in registers, 4 rows at a

@@ -1,10 +1,10 @@
 // Optimized cpu kernels of the weight-only quantized ops (layout and formula: src/ir/ops/quant.h;
 // reference: src/kernels/portable/quant.cpp). The packed weight is read in place and dequantized
 // tile by tile inside the GEMM / convolution loop (never a full float copy of the weight):
-// - linear, few rows (m <= 4, decoding / classifier heads): a blocked matrix-vector product
-//   that dequantizes 256-column slices of one weight row into a stack buffer;
+// - linear, few rows (m <= 4, decoding / classifier heads), and the 1x1 convolution of a 1x1
+//   image: a matrix-vector product that dequantizes the weights in registers (QuantGemvPacked);
 // - linear, more rows: cpu::sgemm_packed_b with a B packer that dequantizes each 16-column panel
-//   as the GEMM asks for it;
+//   as the GEMM asks for it (QuantPanelColumn);
 // - convolution: depthwise (one input and output channel per group; C * kH * kW weights) dequantized
 //   per call into scratch and run by the selected aten.convolution kernel; otherwise blocks of output channels are dequantized (at most
 //   ~1M floats per block, parallel over rows) and multiplied with the input by cpu::sgemm
@@ -34,8 +34,6 @@
 #ifndef KILN_CPU_QUANTIZED_SHARED_
 #define KILN_CPU_QUANTIZED_SHARED_
 namespace kiln::cpu {
-constexpr int64_t kQuantSlice = 256;  ///< columns dequantized at a time (fits a stack buffer, L1-sized)
-
 /// The activations of a quantized matrix-vector product (QuantGemvPacked), prepared once per call:
 /// m <= 4 rows of x [m, k]. For 8-bit weights x itself. For 4-bit weights x split into its even
 /// and odd columns, even[i, h] = x[i, 2h] and odd[i, h] = x[i, 2h + 1] for h < half = ceil(k / 2)
@@ -64,46 +62,6 @@ namespace cpu {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-/// out[i, j] = x[i, :] . w[j, :] (+ bias[j]) for i < m <= 4 (row stride of out: w's rows), rows j
-/// in [j0, j1): each row of w dequantized kQuantSlice columns at a time into a stack buffer, one
-/// vector accumulator per row of x (lane t sums the columns congruent to t modulo Lanes).
-void QuantGemvRows(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, int64_t j0,
-                   int64_t j1) {
-  const DF d;
-  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  const int64_t k = w.layout.k, n = w.layout.rows;
-  HWY_ALIGN float buf[kQuantSlice];
-  for (int64_t j = j0; j < j1; ++j) {
-    VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
-    for (int64_t c0 = 0; c0 < k; c0 += kQuantSlice) {
-      const int64_t len = std::min(kQuantSlice, k - c0);
-      w.dequantize(j, c0, len, buf);
-      const float* x0 = x + c0;
-      int64_t p = 0;
-      for (; p + N <= len; p += N) {
-        const VF b = hn::Load(d, buf + p);
-        a0 = hn::MulAdd(hn::LoadU(d, x0 + p), b, a0);
-        if (m > 1) a1 = hn::MulAdd(hn::LoadU(d, x0 + k + p), b, a1);
-        if (m > 2) a2 = hn::MulAdd(hn::LoadU(d, x0 + 2 * k + p), b, a2);
-        if (m > 3) a3 = hn::MulAdd(hn::LoadU(d, x0 + 3 * k + p), b, a3);
-      }
-      if (p < len) {
-        const size_t r = static_cast<size_t>(len - p);
-        const VF b = LoadTail(d, buf + p, r);
-        a0 = hn::MulAdd(LoadTail(d, x0 + p, r), b, a0);
-        if (m > 1) a1 = hn::MulAdd(LoadTail(d, x0 + k + p, r), b, a1);
-        if (m > 2) a2 = hn::MulAdd(LoadTail(d, x0 + 2 * k + p, r), b, a2);
-        if (m > 3) a3 = hn::MulAdd(LoadTail(d, x0 + 3 * k + p, r), b, a3);
-      }
-    }
-    const float bj = bias ? bias[j] : 0.0f;
-    out[j] = ReduceSum(d, a0) + bj;
-    if (m > 1) out[n + j] = ReduceSum(d, a1) + bj;
-    if (m > 2) out[2 * n + j] = ReduceSum(d, a2) + bj;
-    if (m > 3) out[3 * n + j] = ReduceSum(d, a3) + bj;
-  }
-}
-
 /// 8-bit weights p[0, Lanes) as float32.
 HWY_INLINE VF LoadI8(DF d, const uint8_t* HWY_RESTRICT p) {
   const hn::Rebind<int8_t, DF> d8;
@@ -111,22 +69,28 @@ HWY_INLINE VF LoadI8(DF d, const uint8_t* HWY_RESTRICT p) {
   return hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, reinterpret_cast<const int8_t*>(p))));
 }
 
-/// acc += w_even * even + w_odd * odd for the packed bytes p[0, Lanes) of a 4-bit row (the low
-/// nibbles the Lanes even columns, the high ones the Lanes odd columns). kAffine (zero points):
-/// the weights dequantized in registers, (u - 8) * s + z, before they multiply x, since the
-/// algebraically equal s * sum((u - 8) x) + z * sum(x) turns an infinite x into inf - inf = NaN.
-/// Symmetric: the unscaled u - 8 (the caller scales the group's sum once, as
+/// The 4-bit values of the packed bytes p[0, Lanes) minus 8, as float32: the low nibbles (Lanes
+/// even columns) into lo, the high ones (the odd columns) into hi.
+HWY_INLINE void UnpackU4(DF d, const uint8_t* HWY_RESTRICT p, VF& lo, VF& hi) {
+  const hn::Rebind<uint8_t, DF> d8;
+  const hn::Rebind<int32_t, DF> di;
+  const auto u = hn::PromoteTo(di, hn::LoadU(d8, p));
+  const auto eight = hn::Set(di, 8);
+  lo = hn::ConvertTo(d, hn::Sub(hn::And(u, hn::Set(di, 0xF)), eight));
+  hi = hn::ConvertTo(d, hn::Sub(hn::ShiftRight<4>(u), eight));
+}
+
+/// acc += w_even * even + w_odd * odd for the packed bytes p[0, Lanes) of a 4-bit row (UnpackU4).
+/// kAffine (zero points): the weights dequantized in registers, (u - 8) * s + z, before they
+/// multiply x, since the algebraically equal s * sum((u - 8) x) + z * sum(x) turns an infinite x
+/// into inf - inf = NaN. Symmetric: the unscaled u - 8 (the caller scales the group's sum once, as
 /// aten._weight_int8pack_mm scales x @ q^T: float32 overflows there only for |x| above about
 /// 3.4e38 / (8 * group_size / Lanes), e.g. 1e35 at groups of 128, where the portable kernel
 /// still gives the finite product).
 template <bool kAffine>
 HWY_INLINE VF DotU4(DF d, const uint8_t* HWY_RESTRICT p, VF vs, VF vz, VF even, VF odd, VF acc) {
-  const hn::Rebind<uint8_t, DF> d8;
-  const hn::Rebind<int32_t, DF> di;
-  const auto u = hn::PromoteTo(di, hn::LoadU(d8, p));
-  const auto eight = hn::Set(di, 8);
-  VF lo = hn::ConvertTo(d, hn::Sub(hn::And(u, hn::Set(di, 0xF)), eight));
-  VF hi = hn::ConvertTo(d, hn::Sub(hn::ShiftRight<4>(u), eight));
+  VF lo, hi;
+  UnpackU4(d, p, lo, hi);
   if constexpr (kAffine) {
     lo = hn::MulAdd(lo, vs, vz);
     hi = hn::MulAdd(hi, vs, vz);
@@ -134,15 +98,18 @@ HWY_INLINE VF DotU4(DF d, const uint8_t* HWY_RESTRICT p, VF vs, VF vz, VF even, 
   return hn::MulAdd(hi, odd, hn::MulAdd(lo, even, acc));
 }
 
+/// One 4-bit value u as DotU4 weighs it: u - 8, or (u - 8) * s + z with kAffine.
+template <bool kAffine>
+HWY_INLINE float NibbleWeight(unsigned u, float s, float z) {
+  const float v = static_cast<float>(static_cast<int>(u) - 8);
+  if constexpr (kAffine) return v * s + z;
+  return v;
+}
+
 /// DotU4 of one packed byte and its even and odd activation.
 template <bool kAffine>
 HWY_INLINE float DotU4Byte(uint8_t b, float s, float z, float even, float odd) {
-  float lo = static_cast<float>((b & 0xF) - 8), hi = static_cast<float>((b >> 4) - 8);
-  if constexpr (kAffine) {
-    lo = lo * s + z;
-    hi = hi * s + z;
-  }
-  return lo * even + hi * odd;
+  return NibbleWeight<kAffine>(b & 0xFu, s, z) * even + NibbleWeight<kAffine>(b >> 4u, s, z) * odd;
 }
 
 /// out[i, j] = x[i, :] . w[j, :] (+ bias[j]) for i < in.m, rows j in [j0, j1) (row stride of
@@ -151,8 +118,8 @@ HWY_INLINE float DotU4Byte(uint8_t b, float s, float z, float even, float odd) {
 /// against Lanes even and Lanes odd columns of x, see QuantGemvInput and DotU4), four rows of w
 /// at a time sharing the loads of x. Symmetric weights: per group, the unscaled vector sum times
 /// the group's scale; with zero points (kAffine) each weight is dequantized before it multiplies
-/// x. Columns past the last whole vector of a group are summed in scalar code. 4-bit weights
-/// need an even group size or a single group (each group starts on a byte). Float32 arithmetic
+/// x. Columns past the last whole vector of a group, and a 4-bit group's columns that share a
+/// byte with the next or previous group, are summed in scalar code. Float32 arithmetic
 /// throughout; NaN and infinities in x propagate as in the portable kernel.
 template <bool kAffine>
 void QuantGemvBlocks(const QuantView& w, const QuantGemvInput& in, const float* bias, float* out, int64_t j0,
@@ -199,8 +166,27 @@ void QuantGemvBlocks(const QuantView& w, const QuantGemvInput& in, const float* 
           const VF vz0 = hn::Set(d, z0), vz1 = hn::Set(d, z1), vz2 = hn::Set(d, z2), vz3 = hn::Set(d, z3);
           const float* xe = in.even + i * in.half;
           const float* xo = in.odd + i * in.half;
-          int64_t b = c0 / 2;
-          const int64_t b1 = (c1 + 1) / 2;
+          // A group may start on an odd column (the high nibble of a byte shared with the group
+          // before) and end on an even one before k (the low nibble of a byte shared with the
+          // next): those columns alone, the whole bytes between them in vectors. At k itself an
+          // odd k's last byte is whole: its padding nibble meets odd's trailing 0.
+          if (c0 & 1) {
+            const int64_t h = c0 / 2;
+            r0 += NibbleWeight<kAffine>(w0[h] >> 4u, s0, z0) * xo[h];
+            r1 += NibbleWeight<kAffine>(w1[h] >> 4u, s1, z1) * xo[h];
+            r2 += NibbleWeight<kAffine>(w2[h] >> 4u, s2, z2) * xo[h];
+            r3 += NibbleWeight<kAffine>(w3[h] >> 4u, s3, z3) * xo[h];
+          }
+          const bool split_end = (c1 & 1) != 0 && c1 < k;
+          int64_t b = (c0 + 1) / 2;
+          const int64_t b1 = split_end ? c1 / 2 : (c1 + 1) / 2;
+          if (split_end) {
+            const int64_t h = c1 / 2;
+            r0 += NibbleWeight<kAffine>(w0[h] & 0xFu, s0, z0) * xe[h];
+            r1 += NibbleWeight<kAffine>(w1[h] & 0xFu, s1, z1) * xe[h];
+            r2 += NibbleWeight<kAffine>(w2[h] & 0xFu, s2, z2) * xe[h];
+            r3 += NibbleWeight<kAffine>(w3[h] & 0xFu, s3, z3) * xe[h];
+          }
           for (; b + N <= b1; b += N) {
             const VF ve = hn::LoadU(d, xe + b), vo = hn::LoadU(d, xo + b);
             a0 = DotU4<kAffine>(d, w0 + b, vs0, vz0, ve, vo, a0);
@@ -283,13 +269,11 @@ void QuantPanelColumn(const QuantView& w, int64_t j, int64_t c0, int64_t c1, int
     } else if ((c & 1) == 0) {
       const float z = w.zero(j, g);
       const VF vz = hn::Set(d, z);
-      const hn::Rebind<uint8_t, DF> d8;
-      const hn::Rebind<int32_t, DF> di;
-      const auto eight = hn::Set(di, 8);
       for (; c + 2 * N <= gend; c += 2 * N) {
-        const auto u = hn::PromoteTo(di, hn::LoadU(d8, row + c / 2));
-        hn::Store(hn::MulAdd(hn::ConvertTo(d, hn::Sub(hn::And(u, hn::Set(di, 0xF)), eight)), vs, vz), d, lo);
-        hn::Store(hn::MulAdd(hn::ConvertTo(d, hn::Sub(hn::ShiftRight<4>(u), eight)), vs, vz), d, hi);
+        VF vlo, vhi;
+        UnpackU4(d, row + c / 2, vlo, vhi);
+        hn::Store(hn::MulAdd(vlo, vs, vz), d, lo);
+        hn::Store(hn::MulAdd(vhi, vs, vz), d, hi);
         float* dst = panel + (c - p0) * P + t;
         for (int64_t i = 0; i < N; ++i) {
           dst[2 * i * P] = lo[i];
@@ -369,7 +353,6 @@ HWY_AFTER_NAMESPACE();
 #if HWY_ONCE
 namespace kiln {
 namespace cpu {
-HWY_EXPORT(QuantGemvRows);
 HWY_EXPORT(QuantGemvPacked);
 HWY_EXPORT(QuantPackWeightPanel);
 HWY_EXPORT(QuantPackIm2col);
@@ -378,9 +361,38 @@ HWY_EXPORT(QuantDequantizeRow);
 
 namespace {
 
-/// out[i, j] (+ bias) = x[i, :] . w[j, :] for i < m <= 4, rows j in [j0, j1) (the target's code).
-void gemv_rows(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, int64_t j0, int64_t j1) {
-  KILN_CPU_DISPATCH(QuantGemvRows)(w, x, m, bias, out, j0, j1);
+/// out[i, :] = x[i, :] @ dequantize(w)^T (+ bias) for the m rows of x [m, k] (row stride of out:
+/// w's rows), by QuantGemvPacked over tasks of 16 weight rows: the matrix-vector product of
+/// decoding, each row of w streamed once per row of x. For 4-bit weights x is split into its even
+/// and odd columns (QuantGemvInput) once per call, in a buffer of the calling thread that grows
+/// to the largest call and is then reused.
+void quant_gemv(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, ThreadPool* pool) {
+  const int64_t k = w.layout.k, n = w.layout.rows;
+  cpu::QuantGemvInput in;
+  in.m = m;
+  in.x = x;
+  if (w.layout.bits == 4) {
+    thread_local std::vector<float> prep;
+    const int64_t half = (k + 1) / 2;
+    const size_t need = static_cast<size_t>(m * 2 * half);
+    if (prep.size() < need) prep.resize(need);
+    float* even = prep.data();
+    float* odd = even + m * half;
+    for (int64_t i = 0; i < m; ++i) {
+      const float* xi = x + i * k;
+      for (int64_t h = 0; h < half; ++h) {
+        even[i * half + h] = xi[2 * h];
+        odd[i * half + h] = 2 * h + 1 < k ? xi[2 * h + 1] : 0.0f;
+      }
+    }
+    in.even = even;
+    in.odd = odd;
+    in.half = half;
+  }
+  constexpr int64_t kRowsPerTask = 16;
+  cpu::parallel_tasks(pool, (n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+    KILN_CPU_DISPATCH(QuantGemvPacked)(w, in, bias, out, t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
+  });
 }
 
 /// Dequantizes rows [r0, r0 + rows) into buf [rows, k] (one row per call).
@@ -399,40 +411,8 @@ Error linear(const KernelArgs& a) {
   const float* bias = data_or_null(a.inputs[4]);
   float* out = a.outputs[0]->data_as<float>();
   if (m == 0) return {};
-  constexpr int64_t kRowsPerTask = 16;
-  if (m <= 4 && (w.layout.bits == 8 || w.layout.group_size % 2 == 0 || w.layout.num_groups == 1)) {
-    // Decoding: weights dequantized in registers (QuantGemvPacked); x prepared once per call in a
-    // buffer of this thread that grows to the largest call and is then reused.
-    cpu::QuantGemvInput in;
-    in.m = m;
-    in.x = px;
-    if (w.layout.bits == 4) {
-      thread_local std::vector<float> prep;
-      const int64_t half = (k + 1) / 2;
-      const size_t need = static_cast<size_t>(m * 2 * half);
-      if (prep.size() < need) prep.resize(need);
-      float* even = prep.data();
-      float* odd = even + m * half;
-      for (int64_t i = 0; i < m; ++i) {
-        const float* xi = px + i * k;
-        for (int64_t h = 0; h < half; ++h) {
-          even[i * half + h] = xi[2 * h];
-          odd[i * half + h] = 2 * h + 1 < k ? xi[2 * h + 1] : 0.0f;
-        }
-      }
-      in.even = even;
-      in.odd = odd;
-      in.half = half;
-    }
-    cpu::parallel_tasks(a.pool, (n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
-      KILN_CPU_DISPATCH(QuantGemvPacked)(w, in, bias, out, t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
-    });
-    return {};
-  }
-  if (m <= 4) {
-    cpu::parallel_tasks(a.pool, (n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
-      gemv_rows(w, px, m, bias, out, t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
-    });
+  if (m <= 4) {  // decoding
+    quant_gemv(w, px, m, bias, out, a.pool);
     return {};
   }
   cpu::GemmEpilogue ep;
@@ -496,12 +476,8 @@ Error convolution(const KernelArgs& a) {
   if (groups == 1 && H == 1 && W == 1 && HW == 1 && g.kernel[0] == 1 && g.kernel[1] == 1 && g.padding[0] == 0 && g.padding[1] == 0) {
     // 1x1 convolution of a 1x1 image (squeeze-excite): a matrix-vector product per image.
     for (int64_t nb = 0; nb < g.batch; ++nb) {
-      const float* xin = in + nb * g.in_channels * H * W;  // [C_in] (H = W = 1)
-      float* o = out + nb * g.out_channels;
-      constexpr int64_t kRowsPerTask = 16;
-      cpu::parallel_tasks(a.pool, (g.out_channels + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
-        gemv_rows(w, xin, 1, bias, o, t * kRowsPerTask, std::min(g.out_channels, (t + 1) * kRowsPerTask));
-      });
+      // [C_in] (H = W = 1) -> [C_out]
+      quant_gemv(w, in + nb * g.in_channels, 1, bias, out + nb * g.out_channels, a.pool);
     }
     return {};
   }
