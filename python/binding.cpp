@@ -327,6 +327,7 @@ PYBIND11_MODULE(_kiln, m) {
           d["num_hardswish"] = mr.num_hardswish;
           d["num_affine_folded"] = mr.num_affine_folded;
           d["num_quick_gelu"] = mr.num_quick_gelu;
+          d["num_rms_norm"] = mr.num_rms_norm;
           d["num_dead"] = mr.num_dead;
           d["num_quantized"] = mr.num_quantized;
           d["arena_bytes"] = mr.arena_bytes;

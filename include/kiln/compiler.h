@@ -216,6 +216,7 @@ struct MethodReport {
   size_t num_hardswish = 0;        ///< elementwise hardswish patterns rewritten to aten.hardswish
   size_t num_affine_folded = 0;    ///< scalar mul/add groups folded into a convolution / linear
   size_t num_quick_gelu = 0;       ///< x * sigmoid(c * x) patterns rewritten to silu (rewrite_quick_gelu)
+  size_t num_rms_norm = 0;         ///< x * rsqrt(mean(x^2) + eps) (* w) patterns rewritten to aten.rms_norm
   size_t num_dead = 0;             ///< nodes removed by dead-code elimination
   size_t num_quantized = 0;        ///< linear / matmul / convolution nodes given quantized weights
   uint64_t arena_bytes = 0;        ///< planned arena size
@@ -301,6 +302,17 @@ Result<size_t> fold_scalar_affine(Graph& graph);
 /// elementwise passes. Returns the number of rewrites.
 Result<size_t> rewrite_quick_gelu(Graph& graph);
 
+/// Rewrites the RMS norm that Hugging Face models write out (LlamaRMSNorm, Qwen3RMSNorm,
+/// Gemma3RMSNorm after constant folding of 1 + weight):
+///   w * (x * rsqrt(mean(x^2 | pow(x, 2), dim=-1, keepdim=True) + eps))   (either operand order)
+/// as aten.rms_norm(x, w; normalized_shape=[D], eps) (w a float32 constant [D], or absent when the
+/// pattern ends at the inner product), so that the cpu kernels run one pass per row instead of
+/// five elementwise / reduction nodes. Each intermediate must be read only by the next node of the
+/// pattern; the nodes left unread are removed by dead-code elimination. Float32 only. Returns the
+/// number of rewrites. Same function up to rounding: the kernel computes x / sqrt(mean + eps) * w
+/// (src/kernels/cpu/norm.cpp), eager x * rsqrt(mean + eps) * w.
+Result<size_t> rewrite_rms_norm(Graph& graph);
+
 /// Recognizes hardswish written out elementwise, as ONNX exporters (Paddle2ONNX's PP-OCR models)
 /// and some PyTorch code write it: d = mul(x, clamp(add(x, 3), 0, 6)) / 6, with the mul operands in
 /// either order, hardtanh(0, 6) for the clamp, the constant 3 on either side of the add (alpha 1)
@@ -315,7 +327,10 @@ Result<size_t> fuse_hardswish(Graph& graph);
 /// float32 constant and neither the node's debug_name nor the weight's name matches an exclude
 /// pattern: aten.linear(x, w [N, K], b?) and aten.mm(x [M, K], w [K, N]) and aten.addmm(b [N], x,
 /// w [K, N]) (alpha = beta = 1) by kiln.weight_quantized_linear; aten.convolution (2-D, not
-/// transposed, depthwise included) by kiln.weight_quantized_convolution. Quantizer (computed in
+/// transposed, depthwise included) by kiln.weight_quantized_convolution; aten.embedding(w [V, D],
+/// indices) by kiln.weight_quantized_embedding, its table quantized row by row as a linear weight
+/// [N = V, K = D] is. A constant read by several such nodes is quantized once: a tied embedding and
+/// output projection (one constant in the exported graph) share one packed table. Quantizer (computed in
 /// double, the scale rounded to scale_dtype before the values are rounded against it):
 ///   8-bit: per output row, s = max|w| / 127, q = clamp(round(w / s), -127, 127);
 ///   4-bit symmetric: per group, s = max|w| / 7, u = clamp(round(w / s) + 8, 0, 15);

@@ -258,6 +258,7 @@ def cmd_export_llm(args) -> int:
     from .llm_export import export_llm
     try:
         result = export_llm(d, args.max_seq_len, out=args.output, quantize=args.quantize, group_size=args.group_size,
+                            scale_dtype=args.scale_dtype,
                             backends=backends, weights_dtype=args.weights_dtype, verbose=not args.quiet,
                             report_json=args.report_json)
     except LLMExportError as e:
@@ -486,10 +487,14 @@ def main(argv=None) -> int:
     x.add_argument("--max-seq-len", type=int, required=True, metavar="N",
                    help="positions of the KV cache: prompt + generated tokens of one session at most (>= 2)")
     x.add_argument("--quantize", choices=("w8", "w4"),
-                   help="weight-only quantization of the linear weights: w8 = int8 per output channel, w4 = int4 "
-                        "in groups (docs/quantization.md)")
+                   help="weight-only quantization of the linear weights and the token embedding table (a tied "
+                        "output projection shares it): w8 = int8 per output channel, w4 = int4 in groups "
+                        "(docs/quantization.md)")
     x.add_argument("--group-size", type=int, default=128, choices=(32, 64, 128),
                    help="w4: weights per group (default 128)")
+    x.add_argument("--scale-dtype", choices=("float32", "float16"), default="float32",
+                   help="storage of the quantization scales (w4 g32 with float16 scales: 4.5 bits per weight, "
+                        "the size of llama.cpp's Q4_0)")
     x.add_argument("--backends", nargs="+", default=[], metavar="NAME",
                    help=f"delegate backends to try (built here: {built}); nodes with symbolic sizes stay on "
                         "Kiln's CPU kernels where a backend cannot run them (the report says why)")

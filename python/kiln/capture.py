@@ -1993,6 +1993,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
         bn += f", {m['num_affine_folded']} scalar affines folded" if m.get("num_affine_folded") else ""
         bn += f", {m['num_hardswish']} hardswish recognized" if m.get("num_hardswish") else ""
         bn += f", {m['num_quick_gelu']} quick-GELU rewritten" if m.get("num_quick_gelu") else ""
+        bn += f", {m['num_rms_norm']} RMS norms recognized" if m.get("num_rms_norm") else ""
         alt = f" [alternative {m['alternative']}: {', '.join(alts[m['alternative']]) or 'cpu kernels'}]" if alts else ""
         qn = f", {m['num_quantized']} weights quantized ({quantize})" if m.get("num_quantized") else ""
         lines.append(f"[kiln]   {m['name']}{alt}: {cap.aten_nodes} {getattr(cap, 'source_label', 'ATen')} nodes -> {m['num_nodes']} Kiln nodes "

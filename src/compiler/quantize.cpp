@@ -1,6 +1,6 @@
-// Weight-only quantization pass: constant float32 weights of linear / matmul / convolution nodes
-// become packed int8 or int4 weights with scales (and zeros), read directly by the kernels of
-// kiln.weight_quantized_linear / kiln.weight_quantized_convolution (src/ir/ops/quant.h).
+// Weight-only quantization pass: constant float32 weights of linear / matmul / convolution /
+// embedding nodes become packed int8 or int4 weights with scales (and zeros), read directly by the
+// kernels of kiln.weight_quantized_linear / _convolution / _embedding (src/ir/ops/quant.h).
 #include <fnmatch.h>
 
 #include <algorithm>
@@ -126,8 +126,12 @@ Result<size_t> quantize_weights(Graph& graph, const QuantizeOptions& o) {
     const Node n = graph.nodes()[i];
     if (n.delegate || n.outputs.size() != 1) continue;
     ValueId x = kNoValue, wid = kNoValue, bias = kNoValue;
-    bool transpose = false, conv = false;
-    if (n.op == "aten.linear" && n.inputs.size() == 3) {
+    bool transpose = false, conv = false, embedding = false;
+    if (n.op == "aten.embedding" && n.inputs.size() == 2) {
+      // The table [V, D] quantized row by row as a linear weight [N = V, K = D]: an output
+      // projection tied to it (the same constant) reuses the quantized constants below.
+      wid = n.inputs[0], x = n.inputs[1], embedding = true;
+    } else if (n.op == "aten.linear" && n.inputs.size() == 3) {
       x = n.inputs[0], wid = n.inputs[1], bias = n.inputs[2];
     } else if (n.op == "aten.mm" && n.inputs.size() == 2) {
       x = n.inputs[0], wid = n.inputs[1], transpose = true;
@@ -188,11 +192,14 @@ Result<size_t> quantize_weights(Graph& graph, const QuantizeOptions& o) {
       it = done.emplace(std::make_pair(wid, transpose), Quantized{qw.value(), qs.value(), qz}).first;
     }
     Node q;
-    q.op = conv ? "kiln.weight_quantized_convolution" : "kiln.weight_quantized_linear";
-    q.inputs = {x, it->second.weight, it->second.scales, it->second.zeros, bias};
+    q.op = conv ? "kiln.weight_quantized_convolution"
+                : (embedding ? "kiln.weight_quantized_embedding" : "kiln.weight_quantized_linear");
+    q.inputs = {x, it->second.weight, it->second.scales, it->second.zeros};
+    if (!embedding) q.inputs.push_back(bias);
     q.outputs = n.outputs;
     q.debug_name = n.debug_name;
     Attributes given{{"bits", int64_t{o.bits}}, {"group_size", int64_t{o.bits == 8 ? 0 : o.group_size}}};
+    if (embedding) given.set("embedding_dim", k);
     if (conv) {
       given.set("kernel_size", std::vector<int64_t>{wt.sizes[2], wt.sizes[3]});
       for (const char* a : {"stride", "padding", "dilation"}) given.set(a, n.attrs.get_ints(a));

@@ -220,12 +220,13 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
         return Error::success();
       };
       if (options.fold_constants) KILN_RETURN_IF_ERROR(run_pass("", fold_constants(g), &rep.num_folded));
-      // The pattern rewrites come after constant folding (their constants 3, 6 and c must be
-      // folded first) and before the affine folding, which folds the scales quick-GELU leaves
+      // The pattern rewrites come after constant folding (their constants 3, 6, c, eps and an
+      // RMS norm's (1 + weight) must be folded first) and before the affine folding, which folds the scales quick-GELU leaves
       // (and would otherwise take hardswish's 1/6 into a following convolution).
       if (options.fold_constants) {
         KILN_RETURN_IF_ERROR(run_pass("hardswish recognition: ", fuse_hardswish(g), &rep.num_hardswish));
         KILN_RETURN_IF_ERROR(run_pass("quick-GELU rewrite: ", rewrite_quick_gelu(g), &rep.num_quick_gelu));
+        KILN_RETURN_IF_ERROR(run_pass("RMS norm recognition: ", rewrite_rms_norm(g), &rep.num_rms_norm));
       }
       if (options.fold_batch_norm) {
         KILN_RETURN_IF_ERROR(run_pass("batch-norm folding: ", fold_batch_norm(g), &rep.num_bn_folded));

@@ -532,3 +532,90 @@ size_t plan_state_updates(Graph& graph) {
 }
 
 }  // namespace kiln
+
+namespace kiln {
+
+Result<size_t> rewrite_rms_norm(Graph& graph) {
+  const auto& nodes = graph.nodes();
+  const Uses uses(graph);
+  // The node producing `v` when it is `op`, not delegated, with one output read by exactly one node.
+  auto single_use_producer = [&](ValueId v, const char* op) -> int {
+    if (v == kNoValue || uses.readers[static_cast<size_t>(v)] != 1) return -1;
+    const int pi = uses.producer[static_cast<size_t>(v)];
+    if (pi < 0) return -1;
+    const Node& n = nodes[static_cast<size_t>(pi)];
+    return n.op == op && n.outputs.size() == 1 && !n.delegate ? pi : -1;
+  };
+  // For p = mul(x, r) (either order) with r = rsqrt(add(mean(pow(x, 2) | mul(x, x), [-1], keepdim), eps)),
+  // each intermediate read once: x and eps. Otherwise {kNoValue, NaN}.
+  auto normalized = [&](const Node& p) -> std::pair<ValueId, double> {
+    const std::pair<ValueId, double> none{kNoValue, std::nan("")};
+    if (p.op != "aten.mul" || p.delegate || p.inputs.size() != 2 || p.outputs.size() != 1) return none;
+    const TensorType& t = graph.value(p.outputs[0]).type;
+    if (t.dtype != DType::Float32 || t.dim() < 1) return none;
+    for (int side = 0; side < 2; ++side) {
+      const ValueId x = p.inputs[static_cast<size_t>(1 - side)];
+      const int ri = single_use_producer(p.inputs[static_cast<size_t>(side)], "aten.rsqrt");
+      if (x == kNoValue || ri < 0 || !(graph.value(x).type == t)) continue;
+      const int ai = single_use_producer(nodes[static_cast<size_t>(ri)].inputs[0], "aten.add");
+      if (ai < 0) continue;
+      const Node& a = nodes[static_cast<size_t>(ai)];
+      if (a.inputs.size() != 2 || a.attrs.get_float("alpha", 1.0) != 1.0) continue;
+      for (int aside = 0; aside < 2; ++aside) {
+        const double eps = const_scalar(graph, a.inputs[static_cast<size_t>(1 - aside)]);
+        const int mi = single_use_producer(a.inputs[static_cast<size_t>(aside)], "aten.mean");
+        if (!(eps >= 0.0) || !std::isfinite(eps) || mi < 0) continue;
+        const Node& m = nodes[static_cast<size_t>(mi)];
+        const auto dims = m.attrs.get_ints("dim");
+        if (!m.attrs.get_bool("keepdim") || dims.size() != 1 || (dims[0] != -1 && dims[0] != t.dim() - 1)) continue;
+        if (!(graph.value(m.outputs[0]).type == graph.value(a.outputs[0]).type)) continue;
+        const ValueId sq = m.inputs[0];
+        int si = single_use_producer(sq, "aten.pow");
+        bool square = false;
+        if (si >= 0) {
+          const Node& s = nodes[static_cast<size_t>(si)];
+          square = s.inputs.size() == 2 && s.inputs[0] == x && const_scalar(graph, s.inputs[1]) == 2.0;
+        } else if ((si = single_use_producer(sq, "aten.mul")) >= 0) {
+          const Node& s = nodes[static_cast<size_t>(si)];
+          square = s.inputs.size() == 2 && s.inputs[0] == x && s.inputs[1] == x;
+        }
+        if (square && graph.value(sq).type == t) return {x, eps};
+      }
+    }
+    return none;
+  };
+  size_t rewritten = 0;
+  // Last node first, so that weight * normalized(x) is matched before its inner normalized(x);
+  // the inner product is then marked consumed (left for dead-code elimination).
+  std::vector<bool> consumed(nodes.size(), false);
+  for (size_t i = nodes.size(); i-- > 0;) {
+    const Node& n = nodes[i];
+    if (consumed[i] || n.op != "aten.mul" || n.delegate || n.inputs.size() != 2 || n.outputs.size() != 1) continue;
+    const TensorType& t = graph.value(n.outputs[0]).type;
+    if (t.dtype != DType::Float32 || t.dim() < 1) continue;
+    const int64_t d = t.sizes.back();
+    ValueId x = kNoValue, w = kNoValue;
+    double eps = 0.0;
+    // weight * normalized(x), either order: the weight a float32 constant [D].
+    for (int side = 0; side < 2 && x == kNoValue; ++side) {
+      const ValueId c = n.inputs[static_cast<size_t>(1 - side)];
+      const int pi = single_use_producer(n.inputs[static_cast<size_t>(side)], "aten.mul");
+      if (pi < 0 || const_f32(graph, c) == nullptr || graph.value(c).type.sizes != std::vector<int64_t>{d}) continue;
+      const auto [xv, e] = normalized(nodes[static_cast<size_t>(pi)]);
+      if (xv != kNoValue) x = xv, eps = e, w = c, consumed[static_cast<size_t>(pi)] = true;
+    }
+    if (x == kNoValue) {  // no weight: this node is the normalization itself
+      const auto [xv, e] = normalized(n);
+      x = xv, eps = e;
+    }
+    if (x == kNoValue) continue;
+    auto& node = graph.mutable_nodes()[i];
+    node.op = "aten.rms_norm";
+    node.inputs = {x, w};
+    node.attrs = Attributes{{"normalized_shape", std::vector<int64_t>{d}}, {"eps", eps}};
+    ++rewritten;
+  }
+  return rewritten;
+}
+
+}  // namespace kiln

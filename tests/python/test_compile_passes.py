@@ -248,3 +248,54 @@ def test_quick_gelu_with_an_out_of_range_scale_is_left_alone():
     h = torch.randn(3, 6)
     _, rep = export_matching_eager(M(), h, "c = 5e3", kernel_sets=(False,))
     assert rep["num_quick_gelu"] == 0
+
+
+class RmsNormSpelled(torch.nn.Module):
+    """The RMS norm as transformers' models write it out (LlamaRMSNorm / Qwen3RMSNorm: x *
+    rsqrt(mean(x^2) + eps) * w; Gemma3RMSNorm: * (1 + w)), spelled `variant`, between two linears."""
+
+    def __init__(self, variant: str):
+        super().__init__()
+        self.fc = torch.nn.Linear(24, 24)
+        self.out = torch.nn.Linear(24, 8)
+        self.weight = torch.nn.Parameter(torch.randn(24))
+        self.variant = variant
+
+    def forward(self, h):
+        x = self.fc(h)
+        v = self.variant
+        sq = x * x if v == "square_mul" else x.pow(2)
+        r = torch.rsqrt(sq.mean(-1, keepdim=True) + 1e-6)
+        if v == "llama":
+            y = self.weight * (x * r)
+        elif v in ("swapped", "square_mul"):
+            y = (r * x) * self.weight
+        elif v == "gemma":
+            y = (x * r) * (1.0 + self.weight)
+        elif v == "no_weight":
+            y = x * r
+        elif v == "mean_dim0":  # not a norm over the last dim: left alone
+            y = self.weight * (x * torch.rsqrt(x.pow(2).mean(0, keepdim=True) + 1e-6))
+        elif v == "cube":  # pow 3: left alone
+            y = self.weight * (x * torch.rsqrt(x.pow(3).abs().mean(-1, keepdim=True) + 1e-6))
+        elif v == "rsqrt_read_twice":  # an intermediate read elsewhere: left alone
+            y = self.weight * (x * r) + r
+        else:
+            raise ValueError(v)
+        return self.out(y)
+
+
+@pytest.mark.parametrize("variant,rewritten", [
+    ("llama", 1), ("swapped", 1), ("square_mul", 1), ("gemma", 1), ("no_weight", 1), ("mean_dim0", 0),
+    ("cube", 0), ("rsqrt_read_twice", 0)])
+def test_rms_norm_recognized(variant, rewritten):
+    """w * (x * rsqrt(mean(x^2, -1, keepdim) + eps)) becomes one aten.rms_norm (the cpu kernels' one
+    pass per row); other spellings are left as they are. Results equal eager's with the portable and
+    the cpu kernels."""
+    torch.manual_seed(11)
+    m = RmsNormSpelled(variant).eval()
+    h = torch.randn(2, 5, 24) * 3
+    res, rep = export_matching_eager(m, h, variant)
+    assert rep["num_rms_norm"] == rewritten
+    if rewritten:  # fc, rms_norm, out
+        assert rep["num_nodes"] == 3, rep

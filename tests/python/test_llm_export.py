@@ -466,12 +466,14 @@ def test_cli_export_llm_w8_and_generate(llama, tmp_path, capsys):
 
 @torch.no_grad()
 def _dequantized_eager(case, scheme: str, group_size: int):
-    """Eager transformers with every nn.Linear weight replaced by Kiln's quantization of
-    it, dequantized (docs/quantization.md: w8 q * s per row; w4 symmetric (u - 8) * s per group,
-    low nibble first)."""
+    """Eager transformers with every nn.Linear and nn.Embedding weight replaced by Kiln's
+    quantization of it, dequantized (docs/quantization.md: w8 q * s per row; w4 symmetric (u - 8) * s
+    per group, low nibble first; an embedding table row by row; a tied table once)."""
     hf, _ = llm.load_llm(case.dir)
+    seen = set()
     for mod in hf.modules():
-        if isinstance(mod, torch.nn.Linear):
+        if isinstance(mod, (torch.nn.Linear, torch.nn.Embedding)) and id(mod.weight) not in seen:
+            seen.add(id(mod.weight))
             w = mod.weight.numpy().astype(np.float32)
             n, k = w.shape
             packed, scales, _ = kiln._kiln.quantize_matrix(w, scheme, group_size, True, "float32")

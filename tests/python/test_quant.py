@@ -56,7 +56,7 @@ def quantize(w, scheme, group_size, symmetric, scale_dtype):
 
 def _add(g, name, a, const):
     dt = {np.dtype("float32"): "float32", np.dtype("float16"): "float16", np.dtype("int8"): "int8",
-          np.dtype("uint8"): "uint8"}[a.dtype]
+          np.dtype("uint8"): "uint8", np.dtype("int64"): "int64", np.dtype("int32"): "int32"}[a.dtype]
     if const:
         return g.add_constant(name, dt, list(a.shape), np.ascontiguousarray(a).view(np.uint8).reshape(-1))
     return g.add_input(name, dt, list(a.shape))
@@ -613,3 +613,101 @@ def test_non_finite_or_huge_weights_are_refused_not_nan():
     res = kiln.export(lin, (x,), verbose=False, quantize="w4", group_size=32)  # float32 scales hold it
     got = kiln.load_bytes(res.data).run(x.numpy())[0]
     assert np.isfinite(got).all()
+
+
+EMBEDDING_SCHEMES = SCHEMES + [("w4", 6, False, "float32"), ("w4", 7, True, "float32")]
+
+
+@pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype", EMBEDDING_SCHEMES)
+@pytest.mark.parametrize("index_dtype", [np.int64, np.int32])
+def test_quantized_embedding(scheme, group_size, symmetric, scale_dtype, index_dtype):
+    """kiln.weight_quantized_embedding gathers dequantized rows of a table quantized row by row:
+    NumPy's dequantized table indexed, on the portable and the cpu kernels (D = 69: odd, not a
+    multiple of any group size, so 4-bit rows end mid-byte; groups of 7 share bytes)."""
+    rng = np.random.default_rng(21)
+    v, d = 37, 69
+    packed, s, z, dq = quantize(rng.standard_normal((v, d)).astype(np.float32), scheme, group_size, symmetric,
+                                scale_dtype)
+    idx = rng.integers(0, v, (2, 5)).astype(index_dtype)
+    idx[0, 0], idx[1, 4] = 0, v - 1
+    attrs = {"bits": 8 if scheme == "w8" else 4, "group_size": group_size, "embedding_dim": d}
+    for got in run_both("kiln.weight_quantized_embedding", idx, [packed, s, z], attrs):
+        assert_close(got, dq[idx], 1e-6, f"{scheme} g{group_size}")
+
+
+@pytest.mark.parametrize("bad", [-1, 37, 2**40])
+def test_quantized_embedding_index_out_of_range(bad):
+    """An index outside [0, V) is an InvalidArgument naming the index, on both kernel sets; the
+    program still runs afterwards."""
+    rng = np.random.default_rng(2)
+    packed, s, z, dq = quantize(rng.standard_normal((37, 16)).astype(np.float32), "w4", 8, True, "float32")
+    g = kiln.Graph()
+    ids = [_add(g, "ids", np.zeros(3, np.int64), False)] + [_add(g, f"c{i}", c, True) for i, c in enumerate((packed, s))]
+    g.set_outputs(list(g.add_node("kiln.weight_quantized_embedding", ids + [-1],
+                                  {"bits": 4, "group_size": 8, "embedding_dim": 16})))
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    data, _ = pb.compile()
+    for portable in (True, False):
+        prog = kiln.load_bytes(data, portable_kernels_only=portable)
+        with pytest.raises(kiln.KilnError, match=f"index {bad} .*out of range"):
+            prog.run(np.array([1, bad, 2], np.int64))
+        assert_close(prog.run(np.array([1, 0, 2], np.int64))[0], dq[[1, 0, 2]], 1e-6)
+
+
+class TiedLM(torch.nn.Module):
+    """An embedding whose table is also the output projection's weight (tie_word_embeddings)."""
+
+    def __init__(self, tied: bool, v: int = 96, d: int = 64):
+        super().__init__()
+        self.emb = torch.nn.Embedding(v, d)
+        self.head = torch.nn.Linear(d, v, bias=False)
+        if tied:
+            self.head.weight = self.emb.weight
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+@pytest.mark.parametrize("scheme,group_size", [("w8", 128), ("w4", 32)])
+def test_tied_embedding_quantized_once(scheme, group_size):
+    """The embedding is quantized with the linears; a table tied to the output projection is stored
+    once (the file is smaller than the untied one by one quantized table and holds no float32 copy),
+    and the program equals eager with the table replaced by its dequantized quantization."""
+    torch.manual_seed(3)
+    ids = torch.tensor([[1, 5, 95, 0, 7]])
+    sizes = {}
+    for tied in (True, False):
+        m = TiedLM(tied).eval()
+        res = kiln.export(m, (ids,), quantize=scheme, group_size=group_size, verbose=False)
+        assert res.report["methods"][0]["num_quantized"] == 2
+        sizes[tied] = len(res.data)
+        if not tied:
+            continue
+        w = m.emb.weight.detach().numpy()
+        *_, dq = quantize(w, scheme, group_size, True, "float32")
+        with torch.no_grad():
+            m.emb.weight.copy_(torch.from_numpy(dq))
+            want = m(ids).numpy()
+        for portable in (True, False):
+            got = kiln.load_bytes(res.data, portable_kernels_only=portable).run(ids.numpy())[0]
+            assert_close(got, want, 1e-5, f"tied {scheme} portable={portable}")
+    table = 96 * (64 if scheme == "w8" else 32)
+    assert sizes[True] < 96 * 64 * 4, "a float32 copy of the table is stored"
+    assert sizes[False] - sizes[True] >= table, sizes
+
+
+@needs_mlx
+@pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype", EMBEDDING_SCHEMES)
+def test_mlx_quantized_embedding(scheme, group_size, symmetric, scale_dtype):
+    """The mlx lowering gathers the packed rows and dequantizes only those: NumPy's dequantized
+    table indexed, the node delegated."""
+    rng = np.random.default_rng(22)
+    v, d = 37, 69
+    packed, s, z, dq = quantize(rng.standard_normal((v, d)).astype(np.float32), scheme, group_size, symmetric,
+                                scale_dtype)
+    idx = rng.integers(0, v, (3, 4)).astype(np.int64)
+    attrs = {"bits": 8 if scheme == "w8" else 4, "group_size": group_size, "embedding_dim": d}
+    got, mlx_nodes, cpu_ops = run_mlx([("kiln.weight_quantized_embedding", idx, [packed, s, z], attrs)])
+    assert mlx_nodes == 1 and not cpu_ops
+    assert_close(got[0], dq[idx], 1e-6, f"mlx {scheme} g{group_size}")

@@ -330,16 +330,19 @@ mx::array cat(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vecto
 }
 // embedding: weight[indices]. Indices are clamped into range for the gather (no out-of-bounds
 // read) and an out-of-range index is reported by a runtime check (execute: InvalidArgument).
-mx::array embedding(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
-  const int64_t v = in_type(n, 0).sizes[0];
-  const mx::array& idx = *in[1];
+/// `idx` clamped into [0, v) as int32 for a gather, with a runtime check that reports an index
+/// out of range (execute: InvalidArgument naming `op`).
+mx::array checked_rows(BuildCtx& c, const mx::array& idx, int64_t v, const char* op) {
   const auto it = idx.dtype();
   mx::array bad = mx::logical_or(mx::less(idx, mx::array(0, it), c.dev),
                                  mx::greater_equal(idx, mx::array(static_cast<int64_t>(v), it), c.dev), c.dev);
   c.checks->push_back({mx::any(bad, false, c.dev),
-                       "aten.embedding: an index is out of range [0, " + std::to_string(v) + ")"});
+                       std::string(op) + ": an index is out of range [0, " + std::to_string(v) + ")"});
   mx::array safe = mx::clip(idx, mx::array(0, it), mx::array(static_cast<int64_t>(v - 1), it), c.dev);
-  return mx::take(*in[0], mx::astype(safe, mx::int32, c.dev), 0, c.dev);
+  return mx::astype(safe, mx::int32, c.dev);
+}
+mx::array embedding(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  return mx::take(*in[0], checked_rows(c, *in[1], in_type(n, 0).sizes[0], "aten.embedding"), 0, c.dev);
 }
 // constant_pad_nd: (before, after) pairs from the last dim backwards; negative pads crop.
 mx::array constant_pad(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
@@ -633,6 +636,20 @@ mx::array quantized_conv(BuildCtx& c, const NodeView& n, const Inputs& in, const
                                   quant_group(n, k));
   w = mx::reshape(w, shape_of(dense.sizes), c.dev);  // PyTorch's [C_out, C_in/groups, kH, kW]
   return conv_with_weight(c, *in[0], conv_weight(w, g, c.dev), in[4], g);
+}
+// kiln.weight_quantized_embedding: the rows of the packed table, scales (and zeros) that the
+// indices select are gathered first, then only those rows are dequantized (dequantize_weight), so
+// a step reads one packed row per token, not the table.
+mx::array quantized_embedding(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
+  const int64_t d = n.attrs.get_int("embedding_dim", 0);
+  const mx::array rows = mx::flatten(checked_rows(c, *in[0], n.in[1]->sizes[0], "kiln.weight_quantized_embedding"), c.dev);
+  auto gather = [&](const mx::array& a) { return mx::take(a, rows, 0, c.dev); };
+  std::optional<mx::array> zeros;
+  if (in[3]) zeros = gather(*in[3]);
+  const int64_t gs = n.attrs.get_int("group_size", 0);
+  mx::array w = dequantize_weight(c, gather(*in[1]), gather(*in[2]), zeros, static_cast<int>(n.attrs.get_int("bits", 8)),
+                                  d, gs == 0 || gs > d ? d : gs);
+  return mx::reshape(w, shape_of(n.out.sizes), c.dev);
 }
 // addmm: beta * self + alpha * (mat1 @ mat2); beta = 0 ignores self (PyTorch's rule).
 mx::array addmm(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
@@ -1190,6 +1207,7 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.linear", {float32_inputs, linear}},
       {"kiln.weight_quantized_linear", {check_quantized, quantized_linear, prepare_quantized_linear, false, 0b1110}},
       {"kiln.weight_quantized_convolution", {check_quantized, quantized_conv}},
+      {"kiln.weight_quantized_embedding", {any_dtype, quantized_embedding}},
       {"aten.addmm", {float32_inputs, addmm}},
       {"aten.mm", {float32_inputs, matmul}},
       {"aten.bmm", {float32_inputs, matmul}},

@@ -1,13 +1,16 @@
-// Weight-only quantized op definitions: kiln.weight_quantized_linear and
-// kiln.weight_quantized_convolution (layout and dequantization formula: src/ir/ops/quant.h).
+// Weight-only quantized op definitions: kiln.weight_quantized_linear,
+// kiln.weight_quantized_convolution and kiln.weight_quantized_embedding (layout and dequantization formula: src/ir/ops/quant.h).
 #include "ir/ops/quant.h"
 
 #include "ir/op_registry.h"
 #include "ir/ops/conv.h"
+#include "ir/ops/shape_rules.h"
 #include "ir/ops/spatial.h"
 
 namespace kiln {
 namespace {
+
+namespace sr = shape_rules;
 
 Error invalid(std::string msg) { return Error(ErrorCode::InvalidArgument, std::move(msg)); }
 
@@ -51,6 +54,26 @@ Result<std::vector<TensorType>> infer_conv(InputTypes in, const Attributes& attr
   auto q = quant_layout(*in[1], *in[2], in[3], cin_g * ks[0] * ks[1], attrs);
   if (!q.ok()) return q.error();
   return std::vector<TensorType>{{DType::Float32, {g->batch, g->out_channels, g->out_size[0], g->out_size[1]}}};
+}
+
+// kiln.weight_quantized_embedding(indices, weight, scales, zeros?; bits, group_size, embedding_dim)
+// -> indices.shape + [embedding_dim]: aten.embedding(dequantize(weight, scales, zeros), indices), the
+// table quantized row by row as a linear weight [V, embedding_dim] is (a tied output projection
+// reads the same constants).
+Result<std::vector<TensorType>> infer_embedding(InputTypes in, const Attributes& attrs) {
+  const TensorType& idx = *in[0];
+  if (idx.dtype != DType::Int64 && idx.dtype != DType::Int32) {
+    return invalid(std::string("indices must be int64 or int32, got ") + dtype_name(idx.dtype));
+  }
+  const int64_t d = attrs.get_int("embedding_dim", 0);
+  if (d < 1) return invalid("embedding_dim must be >= 1, got " + std::to_string(d));
+  auto q = quant_layout(*in[1], *in[2], in[3], d, attrs);
+  if (!q.ok()) return q.error();
+  std::vector<int64_t> out = idx.sizes;
+  out.push_back(d);
+  auto n = sr::checked_numel(out);
+  if (!n.ok()) return n.error();
+  return std::vector<TensorType>{{DType::Float32, std::move(out)}};
 }
 
 }  // namespace
@@ -121,6 +144,15 @@ void register_quant_ops(OpRegistry& r) {
          1, infer_conv,
          "aten.convolution (2-D, not transposed) with the dequantized weight [C_out, C_in/groups, kernel_size...] "
          "of a weight-only quantized [C_out, K] weight (src/ir/ops/quant.h); float32 input and output"});
+  r.add({"kiln.weight_quantized_embedding",
+         {{"indices"}, {"weight"}, {"scales"}, {"zeros", true}},
+         {{"bits", AttrKind::Int, {}, true},
+          {"group_size", AttrKind::Int, int64_t{0}},
+          {"embedding_dim", AttrKind::Int, {}, true}},
+         1, infer_embedding,
+         "aten.embedding(dequantize(weight, scales, zeros), indices) with a table [V, embedding_dim] quantized "
+         "row by row (layout and formula: src/ir/ops/quant.h); int64/int32 indices of any shape -> "
+         "indices.shape + [embedding_dim] float32; indices out of [0, V) are InvalidArgument at run time"});
 }
 
 }  // namespace kiln

@@ -230,9 +230,108 @@ void QuantGemvBlocks(const QuantView& w, const QuantGemvInput& in, const float* 
   }
 }
 
-/// QuantGemvBlocks for this weight: with zero points (asymmetric 4-bit) or without.
+/// QuantGemvBlocks for 4-bit weights whose groups are whole vectors of bytes (group_size / 2 a
+/// multiple of Lanes, k a multiple of group_size: every LLM layout with groups of 32 or more), the
+/// decode path of language models: the same arithmetic in the same order, without the per-group
+/// tests for groups that share bytes and for scalar tails. `scales` / `zeros` (zeros only with
+/// kAffine): the float32 scales of rows [j0, j1), row r's group g at (r - j0) * G + g.
+template <bool kAffine>
+void QuantGemvU4Whole(const QuantView& w, const float* HWY_RESTRICT scales, const float* HWY_RESTRICT zeros,
+                      const QuantGemvInput& in, const float* bias, float* out, int64_t j0, int64_t j1) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const QuantLayout& L = w.layout;
+  const int64_t n = L.rows, hg = L.group_size / 2, G = L.num_groups, rb = L.row_bytes;
+  for (int64_t j = j0; j < j1; j += 4) {
+    const int64_t R = std::min<int64_t>(4, j1 - j);
+    const int64_t ja = j, jb = R > 1 ? j + 1 : j, jc = R > 2 ? j + 2 : j, jd = R > 3 ? j + 3 : j;
+    const uint8_t* w0 = w.data + ja * rb;
+    const uint8_t* w1 = w.data + jb * rb;
+    const uint8_t* w2 = w.data + jc * rb;
+    const uint8_t* w3 = w.data + jd * rb;
+    const int64_t oa = (ja - j0) * G, ob = (jb - j0) * G, oc = (jc - j0) * G, od = (jd - j0) * G;
+    for (int64_t i = 0; i < in.m; ++i) {
+      const float* xe = in.even + i * in.half;
+      const float* xo = in.odd + i * in.half;
+      VF t0 = hn::Zero(d), t1 = hn::Zero(d), t2 = hn::Zero(d), t3 = hn::Zero(d);
+      for (int64_t g = 0; g < G; ++g) {
+        const VF vs0 = hn::Set(d, scales[oa + g]), vs1 = hn::Set(d, scales[ob + g]);
+        const VF vs2 = hn::Set(d, scales[oc + g]), vs3 = hn::Set(d, scales[od + g]);
+        VF vz0 = vs0, vz1 = vs1, vz2 = vs2, vz3 = vs3;  // read only with zero points
+        if constexpr (kAffine) {
+          vz0 = hn::Set(d, zeros[oa + g]);
+          vz1 = hn::Set(d, zeros[ob + g]);
+          vz2 = hn::Set(d, zeros[oc + g]);
+          vz3 = hn::Set(d, zeros[od + g]);
+        }
+        VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
+        for (int64_t b = g * hg, b1 = b + hg; b < b1; b += N) {
+          const VF ve = hn::LoadU(d, xe + b), vo = hn::LoadU(d, xo + b);
+          a0 = DotU4<kAffine>(d, w0 + b, vs0, vz0, ve, vo, a0);
+          a1 = DotU4<kAffine>(d, w1 + b, vs1, vz1, ve, vo, a1);
+          a2 = DotU4<kAffine>(d, w2 + b, vs2, vz2, ve, vo, a2);
+          a3 = DotU4<kAffine>(d, w3 + b, vs3, vz3, ve, vo, a3);
+        }
+        if constexpr (kAffine) {
+          t0 = hn::Add(t0, a0);
+          t1 = hn::Add(t1, a1);
+          t2 = hn::Add(t2, a2);
+          t3 = hn::Add(t3, a3);
+        } else {
+          t0 = hn::MulAdd(a0, vs0, t0);
+          t1 = hn::MulAdd(a1, vs1, t1);
+          t2 = hn::MulAdd(a2, vs2, t2);
+          t3 = hn::MulAdd(a3, vs3, t3);
+        }
+      }
+      float* o = out + i * n;
+      o[ja] = ReduceSum(d, t0) + (bias ? bias[ja] : 0.0f);
+      if (R > 1) o[jb] = ReduceSum(d, t1) + (bias ? bias[jb] : 0.0f);
+      if (R > 2) o[jc] = ReduceSum(d, t2) + (bias ? bias[jc] : 0.0f);
+      if (R > 3) o[jd] = ReduceSum(d, t3) + (bias ? bias[jd] : 0.0f);
+    }
+  }
+}
+
+/// The float32 values of `count` float16 values (F16C / NEON conversions where the target has them).
+void WidenHalf(const uint16_t* HWY_RESTRICT src, int64_t count, float* HWY_RESTRICT dst) {
+  const DF d;
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  const auto* h = reinterpret_cast<const hwy::float16_t*>(src);
+  int64_t i = 0;
+  for (; i + N <= count; i += N) hn::StoreU(hn::PromoteTo(d, hn::LoadU(dh, h + i)), d, dst + i);
+  for (; i < count; ++i) dst[i] = half_to_float(src[i]);
+}
+
+/// QuantGemvBlocks for this weight: with zero points (asymmetric 4-bit) or without; 4-bit weights
+/// in whole-vector groups through QuantGemvU4Whole.
 void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* bias, float* out, int64_t j0,
                      int64_t j1) {
+  const DF d;
+  const QuantLayout& L = w.layout;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  if (L.bits == 4 && (L.group_size / 2) % N == 0 && L.k % L.group_size == 0) {
+    const int64_t G = L.num_groups, count = (j1 - j0) * G;
+    const float* scales = static_cast<const float*>(w.scales) + j0 * G;
+    const float* zeros = w.zeros ? static_cast<const float*>(w.zeros) + j0 * G : nullptr;
+    if (L.scale_dtype == DType::Float16) {  // widened once per task (1/16 of the packed bytes)
+      thread_local std::vector<float> widened;
+      widened.resize(static_cast<size_t>(2 * count));
+      WidenHalf(static_cast<const uint16_t*>(w.scales) + j0 * G, count, widened.data());
+      scales = widened.data();
+      if (w.zeros) {
+        WidenHalf(static_cast<const uint16_t*>(w.zeros) + j0 * G, count, widened.data() + count);
+        zeros = widened.data() + count;
+      }
+    }
+    if (zeros != nullptr) {
+      QuantGemvU4Whole<true>(w, scales, zeros, in, bias, out, j0, j1);
+    } else {
+      QuantGemvU4Whole<false>(w, scales, nullptr, in, bias, out, j0, j1);
+    }
+    return;
+  }
   if (w.zeros != nullptr) {
     QuantGemvBlocks<true>(w, in, bias, out, j0, j1);
   } else {

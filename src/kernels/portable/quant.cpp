@@ -104,11 +104,41 @@ Error convolution(const KernelArgs& a) {
   return {};
 }
 
+template <typename I>
+Error gather_dequantized(const QuantView& w, const I* idx, int64_t count, float* out) {
+  const int64_t k = w.layout.k;
+  for (int64_t i = 0; i < count; ++i) {
+    const auto v = static_cast<int64_t>(idx[i]);
+    if (v < 0 || v >= w.layout.rows) {
+      return Error(ErrorCode::InvalidArgument, "kiln.weight_quantized_embedding: index " + std::to_string(v) +
+                                                   " (at flat position " + std::to_string(i) +
+                                                   ") is out of range for a table of " + std::to_string(w.layout.rows) +
+                                                   " rows");
+    }
+    w.dequantize(v, 0, k, out + i * k);
+  }
+  return {};
+}
+
+/// kiln.weight_quantized_embedding: out[i..., :] = dequantize(weight)[indices[i...], :], one row
+/// dequantized per index (float32 arithmetic of QuantView::dequantize); every index is checked
+/// before its row is read. Fast enough for every target: it touches one row per token.
+Error embedding(const KernelArgs& a) {
+  const Tensor& idx = *a.inputs[0];
+  auto w = quant_view(a, a.attrs.get_int("embedding_dim", 0));
+  if (!w.ok()) return w.error();
+  float* out = a.outputs[0]->data_as<float>();
+  if (idx.dtype == DType::Int64) return gather_dequantized(w.value(), idx.data_as<const int64_t>(), idx.numel(), out);
+  if (idx.dtype == DType::Int32) return gather_dequantized(w.value(), idx.data_as<const int32_t>(), idx.numel(), out);
+  return Error(ErrorCode::NotSupported, "kiln.weight_quantized_embedding: indices must be int64 or int32");
+}
+
 }  // namespace
 
 void register_portable_quant(KernelRegistry& r) {
   r.add("kiln.weight_quantized_linear", linear);
   r.add("kiln.weight_quantized_convolution", convolution);
+  r.add("kiln.weight_quantized_embedding", embedding);
 }
 
 }  // namespace kiln
