@@ -230,8 +230,8 @@ void QuantGemvBlocks(const QuantView& w, const QuantGemvInput& in, const float* 
   }
 }
 
-/// QuantGemvBlocks for 4-bit weights whose groups are whole vectors of bytes (group_size / 2 a
-/// multiple of Lanes, k a multiple of group_size: every LLM layout with groups of 32 or more), the
+/// QuantGemvBlocks for 4-bit weights whose groups are whole vectors of bytes (group_size a
+/// positive multiple of 2 Lanes, k a multiple of group_size: every LLM layout with groups of 32 or more), the
 /// decode path of language models: the same arithmetic in the same order, without the per-group
 /// tests for groups that share bytes and for scalar tails. `scales` / `zeros` (zeros only with
 /// kAffine): the float32 scales of rows [j0, j1), row r's group g at (r - j0) * G + g.
@@ -311,7 +311,7 @@ void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* 
   const DF d;
   const QuantLayout& L = w.layout;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
-  if (L.bits == 4 && (L.group_size / 2) % N == 0 && L.k % L.group_size == 0) {
+  if (L.bits == 4 && L.group_size % (2 * N) == 0 && L.k % L.group_size == 0) {
     const int64_t G = L.num_groups, count = (j1 - j0) * G;
     const float* scales = static_cast<const float*>(w.scales) + j0 * G;
     const float* zeros = w.zeros ? static_cast<const float*>(w.zeros) + j0 * G : nullptr;
@@ -390,14 +390,79 @@ void QuantPanelColumn(const QuantView& w, int64_t j, int64_t c0, int64_t c1, int
   }
 }
 
-/// B packer for linear: op(B)[p, j] = w[j, p] (x @ w^T), dequantized per 16-column panel.
+/// Writes columns [c0, c1) of the 16-column GEMM panel of weight rows [j0, j0 + cols) (cols <= 16;
+/// the panel's other columns zero), panel[(c - p0) * 16 + t] = w[j0 + t, c], a panel row at a time:
+/// one 32-bit gather per Lanes rows fetches 4 packed bytes of each row (8 columns of 4-bit, 4 of
+/// 8-bit), which are dequantized lane-wise against the rows' scales (and zeros) of the group and
+/// stored as whole panel rows. Requires c0 and c1 - c0 to be multiples of those 8 (4) columns and
+/// the group size to be a multiple of them, so that a gather stays inside a row and a group.
+/// The arithmetic of QuantView::dequantize: (u - 8) * s + z (z = 0 when symmetric), q * s.
+void QuantPanelRows(const QuantView& w, int64_t j0, int64_t cols, int64_t c0, int64_t c1, int64_t p0, float* panel) {
+  const DF d;
+  const hn::RebindToSigned<DF> di;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  constexpr int64_t P = kGemmPanelCols;
+  const QuantLayout& L = w.layout;
+  const bool four = L.bits == 4;
+  const int64_t step = four ? 8 : 4;  // columns per 4 gathered bytes
+  HWY_ALIGN float sc[P];
+  HWY_ALIGN float zc[P];
+  int64_t group = -1;
+  const auto* base = reinterpret_cast<const int32_t*>(w.data);
+  for (int64_t c = c0; c < c1; c += step) {
+    const int64_t g = c / L.group_size;
+    if (g != group) {  // the rows' scales (zeros) of this group; rows past `cols` repeat the last
+      group = g;
+      for (int64_t t = 0; t < P; ++t) {
+        const int64_t j = j0 + std::min(t, cols - 1);
+        sc[t] = w.scale(j, g);
+        zc[t] = w.zero(j, g);
+      }
+    }
+    const int64_t byte = four ? c / 2 : c;
+    for (int64_t t0 = 0; t0 < P; t0 += N) {
+      // Byte offsets of the 4 bytes of rows j0 + t0 + lane (rows past `cols` read the last row).
+      const auto row = hn::Min(hn::Iota(di, static_cast<int32_t>(t0)), hn::Set(di, static_cast<int32_t>(cols - 1)));
+      const auto off = hn::Add(hn::Mul(hn::Add(row, hn::Set(di, static_cast<int32_t>(j0))),
+                                       hn::Set(di, static_cast<int32_t>(L.row_bytes))),
+                               hn::Set(di, static_cast<int32_t>(byte)));
+      const auto v = hn::GatherOffset(di, base, off);
+      const VF vs = hn::Load(d, sc + t0), vz = hn::Load(d, zc + t0);
+      const auto keep = hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, cols - t0)));
+      float* dst = panel + (c - p0) * P + t0;
+      for (int64_t i = 0; i < step; ++i) {
+        VF val;
+        if (four) {
+          const auto u = hn::And(hn::Shr(v, hn::Set(di, static_cast<int32_t>(4 * i))), hn::Set(di, 0xF));
+          val = hn::MulAdd(hn::ConvertTo(d, hn::Sub(u, hn::Set(di, 8))), vs, vz);
+        } else {  // int8 byte i of the lane, sign-extended
+          const auto q = hn::ShiftRight<24>(hn::Shl(v, hn::Set(di, static_cast<int32_t>(24 - 8 * i))));
+          val = hn::Mul(hn::ConvertTo(d, q), vs);
+        }
+        hn::Store(hn::IfThenElseZero(keep, val), d, dst + i * P);
+      }
+    }
+  }
+}
+
+/// B packer for linear: op(B)[p, j] = w[j, p] (x @ w^T), dequantized per 16-column panel: whole
+/// 8-column (4-bit) or 4-column (8-bit) runs of the 16 rows by QuantPanelRows where the group size
+/// allows, the rest a row at a time by QuantPanelColumn.
 void QuantPackWeightPanel(const void* ctx, int64_t j0, int64_t nc, int64_t p0, int64_t kc, float* out) {
   const auto& w = *static_cast<const QuantView*>(ctx);
   const int64_t stride = gemm_panel_stride(kc);
-  for (int64_t jj = 0; jj < nc; ++jj) {
-    const int64_t jp = jj / kGemmPanelCols, t = jj % kGemmPanelCols;
-    QuantPanelColumn(w, j0 + jj, p0, p0 + kc, p0, out + jp * stride, t);
+  const int64_t step = w.layout.bits == 4 ? 8 : 4;
+  const bool rows = w.layout.group_size % step == 0 && p0 % step == 0 && w.layout.rows * w.layout.row_bytes < (int64_t{1} << 31);
+  const int64_t whole_end = rows ? p0 + kc / step * step : p0;
+  for (int64_t jp = 0; jp * kGemmPanelCols < nc; ++jp) {
+    const int64_t cols = std::min<int64_t>(kGemmPanelCols, nc - jp * kGemmPanelCols);
+    float* panel = out + jp * stride;
+    if (whole_end > p0) QuantPanelRows(w, j0 + jp * kGemmPanelCols, cols, p0, whole_end, p0, panel);
+    if (whole_end < p0 + kc) {
+      for (int64_t t = 0; t < cols; ++t) QuantPanelColumn(w, j0 + jp * kGemmPanelCols + t, whole_end, p0 + kc, p0, panel, t);
+    }
   }
+  if (whole_end >= p0 + kc) return;  // QuantPanelRows zeroed the columns past nc
   // Columns past nc in the last panel are zero.
   const int64_t rem = nc % kGemmPanelCols;
   if (rem != 0) {
