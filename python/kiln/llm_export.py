@@ -25,8 +25,9 @@ __all__ = ["export_llm", "generate", "llm_limits"]
 def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLike | None = None,
                quantize: str | None = None, group_size: int = 128, backends: Sequence[str] = (),
                weights_dtype: str = "float32", verbose: bool = True, report_json: str | os.PathLike | None = None):
-    """Exports the causal LM in checkpoint folder `dir` (LlamaForCausalLM, Qwen3ForCausalLM,
-    Gemma3ForCausalLM) with a KV cache of `max_seq_len` positions (>= 2). quantize: None, "w8" or
+    """Exports the causal LM in checkpoint folder `dir` (LlamaForCausalLM, Qwen2ForCausalLM,
+    Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM: the class transformers builds from
+    config.model_type; RoPE types kiln.llm.SUPPORTED_ROPE_TYPES) with a KV cache of `max_seq_len` positions (>= 2). quantize: None, "w8" or
     "w4" (weight-only, linear weights). backends: delegates to try (nodes with symbolic sizes stay on
     Kiln's CPU kernels; each backend says why). Returns kiln.capture.ExportResult; raises
     kiln.llm.LLMExportError for a config this path cannot export (naming the part) and
