@@ -535,10 +535,13 @@ int cmd_generate(const GenerateArgs& a) {
   if (!max_seq_len.ok()) return fail("generate", max_seq_len.error());
   auto vocab = llm_int(p, "llm.vocab_size");
   if (!vocab.ok()) return fail("generate", vocab.error());
+  // The request checked against the program's limits (vocabulary, max_seq_len) before anything
+  // runs: a bad request is a usage error (exit 2), like every other bad argument; exit 1 is left
+  // for a program that cannot be loaded or a generation that failed.
   for (int64_t id : *prompt) {
     if (id >= *vocab) {
-      return fail("generate", Error(ErrorCode::InvalidArgument, "--prompt-ids: token id " + std::to_string(id) +
-                                                                    " is outside the vocabulary of " + std::to_string(*vocab)));
+      return usage_fail("generate", Error(ErrorCode::InvalidArgument, "--prompt-ids: token id " + std::to_string(id) +
+                                                                          " is outside the vocabulary of " + std::to_string(*vocab)));
     }
   }
   GenerateOptions o;
@@ -555,6 +558,7 @@ int cmd_generate(const GenerateArgs& a) {
     o.eos_ids = *ids;
   }
   if (Error e = o.sampling.validate(); !e.ok()) return usage_fail("generate", e);
+  if (Error e = check_generate_request(*prompt, o); !e.ok()) return usage_fail("generate", e);
   auto lm = instantiate(p, a.method, a.exec);
   if (!lm.ok()) return fail("generate", lm.error());
   auto session = p.new_session();
@@ -1217,7 +1221,10 @@ int main(int argc, char** argv) {
   gen->add_option("--method,-m", ga.method, "Method to run")->capture_default_str();
   add_exec_options(gen, ga.exec);
   gen->add_flag("--json", ga.json, "Print one JSON object instead of the ids");
-  gen->footer("Example: kiln generate llama.kiln --prompt-ids 1,15043,29892 --max-new-tokens 32 --json");
+  gen->footer("Example: kiln generate llama.kiln --prompt-ids 1,15043,29892 --max-new-tokens 32 --json\n\n"
+              "Exit status: 0 generated; 1 the program cannot be loaded (or has no llm.* metadata) or the generation "
+              "failed while running; 2 bad arguments, including a request the program's limits refuse before anything "
+              "runs: a prompt id outside [0, llm.vocab_size), or prompt + --max-new-tokens past llm.max_seq_len.");
 
 #ifdef KILN_HAVE_ONNX
   CompileArgs ca;
