@@ -15,6 +15,7 @@
 #include "kernels/kernel.h"
 #include "kiln/compiler.h"
 #include "kiln/cpu_target.h"
+#include "kiln/format.h"
 #include "kiln/runtime.h"
 #ifdef KILN_HAVE_ONNX
 #include "kiln/onnx.h"
@@ -490,7 +491,10 @@ PYBIND11_MODULE(_kiln, m) {
           if (!d) {
             const std::string label = i < meta.input_names.size() && !meta.input_names[i].empty()
                                           ? " '" + meta.input_names[i] + "'" : "";
-            const std::string want_s = i < meta.inputs.size() ? meta.inputs[i].to_string() : "no such input";
+            const std::string want_s =
+                i < meta.inputs.size()
+                    ? type_to_string(meta.inputs[i], i < meta.input_dims.size() ? meta.input_dims[i] : std::vector<std::string>{})
+                    : "no such input";
             throw KilnError{Error(ErrorCode::InvalidArgument, "method '" + meta.name + "' input " + std::to_string(i) +
                                                               label + ": expected " + want_s + ", got a NumPy array of dtype " +
                                                               fmt + " (not a Kiln dtype)")};

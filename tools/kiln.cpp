@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "kiln/cpu_target.h"
+#include "kiln/format.h"
 #include "kiln/llm.h"
 #include "kiln/runtime.h"
 #include "kiln/npy.h"
@@ -144,16 +145,6 @@ std::string json_symbols(const std::vector<SymbolDef>& symbols) {
   for (size_t i = 0; i < symbols.size(); ++i) {
     out += (i ? ", " : "") + std::string("{\"name\": ") + json_str(symbols[i].name) + ", \"min\": " +
            std::to_string(symbols[i].min) + ", \"max\": " + std::to_string(symbols[i].max) + "}";
-  }
-  return out + "]";
-}
-
-/// "int64[1, seq <= 512]": a type whose symbolic dims show their expression and upper bound.
-std::string type_with_dims(const TensorType& t, const std::vector<std::string>& dims) {
-  std::string out = std::string(dtype_name(t.dtype)) + "[";
-  for (size_t d = 0; d < t.sizes.size(); ++d) {
-    out += d ? ", " : "";
-    out += d < dims.size() && !dims[d].empty() ? dims[d] + " <= " + std::to_string(t.sizes[d]) : std::to_string(t.sizes[d]);
   }
   return out + "]";
 }
@@ -282,7 +273,7 @@ int cmd_inspect(const InspectArgs& a) {
     for (size_t i = 0; i < m.inputs.size(); ++i) name_width = std::max(name_width, display_name(m.input_names, i).size());
     for (size_t i = 0; i < m.outputs.size(); ++i) name_width = std::max(name_width, display_name(m.output_names, i).size());
     auto row = [&](const std::string& name, const TensorType& t, const std::vector<std::string>& dims) {
-      o << "    " << name << std::string(name_width - name.size() + 2, ' ') << type_with_dims(t, dims) << "\n";
+      o << "    " << name << std::string(name_width - name.size() + 2, ' ') << type_to_string(t, dims) << "\n";
     };
     auto dims_of = [](const std::vector<std::vector<std::string>>& d, size_t i) {
       return i < d.size() ? d[i] : std::vector<std::string>{};
@@ -441,7 +432,7 @@ Result<std::vector<npy::Array>> read_inputs(const MethodMeta& m, const std::vect
     std::string want;
     for (size_t i = 0; i < m.inputs.size(); ++i) {
       want += (i ? ", " : "") + display_name(m.input_names, i) + ": " +
-              type_with_dims(m.inputs[i], i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{});
+              type_to_string(m.inputs[i], i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{});
     }
     return Error(ErrorCode::InvalidArgument, "method '" + m.name + "' takes " + std::to_string(m.inputs.size()) +
                                                  " input(s) (" + want + "), got " + std::to_string(files.size()) +
@@ -459,7 +450,7 @@ Result<std::vector<npy::Array>> read_inputs(const MethodMeta& m, const std::vect
     if (arr->dtype != want.dtype) {
       return Error(ErrorCode::InvalidArgument,
                    what + ": dtype " + dtype_name(arr->dtype) + ", the method expects " +
-                       type_with_dims(want, i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{}));
+                       type_to_string(want, i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{}));
     }
     // Symbolic dims take any size in their range (execute checks it and names the symbol).
     const std::vector<std::string> dims = i < m.input_dims.size() ? m.input_dims[i] : std::vector<std::string>{};
@@ -469,7 +460,7 @@ Result<std::vector<npy::Array>> read_inputs(const MethodMeta& m, const std::vect
     }
     if (!same) {
       return Error(ErrorCode::InvalidArgument, what + ": shape " + sizes_to_string(arr->shape) +
-                                                   ", the method expects " + type_with_dims(want, dims));
+                                                   ", the method expects " + type_to_string(want, dims));
     }
     arrays.push_back(std::move(arr.value()));
   }
@@ -526,7 +517,7 @@ Result<int64_t> llm_int(const Program& p, const char* key) {
   try {
     return static_cast<int64_t>(std::stoll(*v));
   } catch (...) {
-    return Error(ErrorCode::InvalidArgument, std::string("metadata '") + key + "' is '" + *v + "', not an integer");
+    return Error(ErrorCode::InvalidArgument, std::string("metadata '") + key + "' is '" + printable(*v) + "', not an integer");
   }
 }
 
@@ -544,10 +535,13 @@ int cmd_generate(const GenerateArgs& a) {
   if (!max_seq_len.ok()) return fail("generate", max_seq_len.error());
   auto vocab = llm_int(p, "llm.vocab_size");
   if (!vocab.ok()) return fail("generate", vocab.error());
+  // The request checked against the program's limits (vocabulary, max_seq_len) before anything
+  // runs: a bad request is a usage error (exit 2), like every other bad argument; exit 1 is left
+  // for a program that cannot be loaded or a generation that failed.
   for (int64_t id : *prompt) {
     if (id >= *vocab) {
-      return fail("generate", Error(ErrorCode::InvalidArgument, "--prompt-ids: token id " + std::to_string(id) +
-                                                                    " is outside the vocabulary of " + std::to_string(*vocab)));
+      return usage_fail("generate", Error(ErrorCode::InvalidArgument, "--prompt-ids: token id " + std::to_string(id) +
+                                                                          " is outside the vocabulary of " + std::to_string(*vocab)));
     }
   }
   GenerateOptions o;
@@ -564,6 +558,7 @@ int cmd_generate(const GenerateArgs& a) {
     o.eos_ids = *ids;
   }
   if (Error e = o.sampling.validate(); !e.ok()) return usage_fail("generate", e);
+  if (Error e = check_generate_request(*prompt, o); !e.ok()) return usage_fail("generate", e);
   auto lm = instantiate(p, a.method, a.exec);
   if (!lm.ok()) return fail("generate", lm.error());
   auto session = p.new_session();
@@ -1226,7 +1221,10 @@ int main(int argc, char** argv) {
   gen->add_option("--method,-m", ga.method, "Method to run")->capture_default_str();
   add_exec_options(gen, ga.exec);
   gen->add_flag("--json", ga.json, "Print one JSON object instead of the ids");
-  gen->footer("Example: kiln generate llama.kiln --prompt-ids 1,15043,29892 --max-new-tokens 32 --json");
+  gen->footer("Example: kiln generate llama.kiln --prompt-ids 1,15043,29892 --max-new-tokens 32 --json\n\n"
+              "Exit status: 0 generated; 1 the program cannot be loaded (or has no llm.* metadata) or the generation "
+              "failed while running; 2 bad arguments, including a request the program's limits refuse before anything "
+              "runs: a prompt id outside [0, llm.vocab_size), or prompt + --max-new-tokens past llm.max_seq_len.");
 
 #ifdef KILN_HAVE_ONNX
   CompileArgs ca;

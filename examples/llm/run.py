@@ -4,8 +4,8 @@ with the C++ runner (`build/tools/kiln generate --json`) and with Python's `kiln
 
 Without --model-dir it first builds a tiny LlamaForCausalLM from a config with seeded random weights
 and writes it with `save_pretrained` into a temporary folder (the generated tokens are meaningless);
-with --model-dir it exports that folder instead (LlamaForCausalLM, Qwen3ForCausalLM,
-Gemma3ForCausalLM; config.json + safetensors as `save_pretrained` writes them).
+with --model-dir it exports that folder instead (LlamaForCausalLM, Qwen2ForCausalLM,
+Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM; config.json + safetensors as `save_pretrained` writes them).
 
     PYTHONPATH=python $VENV/bin/python examples/llm/run.py
     PYTHONPATH=python $VENV/bin/python examples/llm/run.py --model-dir /path/to/Llama-3.2-1B \\

@@ -155,12 +155,16 @@ struct GenerateStats {
 /// method's output). An error is returned by generate() with the step's context added.
 using StepFn = std::function<Result<std::span<const float>>(std::span<const int64_t> tokens, int64_t input_pos)>;
 
+/// The checks generate() makes before any step runs (InvalidArgument): an empty prompt,
+/// max_new_tokens < 0, max_seq_len <= 0, prompt.size() + max_new_tokens > max_seq_len (the message
+/// names the limit: "prompt of 40 tokens + 16 new tokens exceeds the program's max_seq_len of 48"),
+/// invalid sampling options, a negative eos id. A runner calls it to tell a bad request (exit
+/// status 2 of `kiln generate`) from a failure while generating (exit status 1).
+Error check_generate_request(std::span<const int64_t> prompt, const GenerateOptions& options);
+
 /// Generates up to options.max_new_tokens token ids after `prompt` and returns the new ids only.
 ///
-/// Checks first, before any step runs (InvalidArgument): an empty prompt, max_new_tokens < 0,
-/// max_seq_len <= 0, prompt.size() + max_new_tokens > max_seq_len (the message names the limit:
-/// "prompt of 40 tokens + 16 new tokens exceeds the program's max_seq_len of 48"), invalid
-/// sampling options, a negative eos id.
+/// Checks first, before any step runs: check_generate_request().
 /// Then: prefill = step(prompt, 0); the first new token is sampled from its logits; each further
 /// token comes from step({previous token}, prompt.size() + generated - 1), i.e. the token sampled
 /// from the prefill is fed at position prompt.size(), the next at prompt.size() + 1, and so on.

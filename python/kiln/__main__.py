@@ -10,7 +10,8 @@
     python -m kiln ops            # list Kiln's op set (this build)
 
 Exit status: 0 on success, 1 when the export (or generation) failed (the error is printed in one
-paragraph), 2 for bad command-line arguments.
+paragraph), 2 for bad command-line arguments (for generate also a prompt the program's limits
+refuse: an id outside the vocabulary, or prompt + new tokens past llm.max_seq_len).
 """
 from __future__ import annotations
 
@@ -367,12 +368,24 @@ def cmd_generate(args) -> int:
         if not prompt_ids:
             print("error: --prompt encodes to no tokens", file=sys.stderr)
             return 2
-    try:  # kiln.generate checks the ids (integers in llm.vocab_size) and the limits
+    # The request checked against the program's limits before anything runs: a bad request is a
+    # bad argument (exit 2), as in the C++ `kiln generate`; exit 1 is left for a program that cannot
+    # be loaded or a generation that failed while running.
+    where = "--prompt-ids" if args.prompt_ids is not None else "--prompt"
+    for t in prompt_ids:
+        if not 0 <= t < limits["vocab_size"]:
+            print(f"error: {where}: token id {t} is outside the vocabulary of {limits['vocab_size']}", file=sys.stderr)
+            return 2
+    if len(prompt_ids) + args.max_new_tokens > limits["max_seq_len"]:
+        print(f"error: {where}: prompt of {len(prompt_ids)} tokens + {args.max_new_tokens} new tokens exceeds the "
+              f"program's max_seq_len of {limits['max_seq_len']}", file=sys.stderr)
+        return 2
+    try:
         ids, stats = generate(program, prompt_ids, args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
-    except ValueError as e:
+    except ValueError as e:  # kiln.generate's own checks of the ids and the seed
         print(f"error: prompt: {e}", file=sys.stderr)
-        return 1
+        return 2
     except KilnError as e:
         print(f"error: generate failed: {e.args[0]}", file=sys.stderr)
         return 1
@@ -469,9 +482,10 @@ def main(argv=None) -> int:
     x = sub.add_parser(
         "export-llm", help="export a Hugging Face causal LM checkpoint folder to a .kiln program with a KV cache",
         description="Reads a checkpoint folder (config.json plus safetensors, as save_pretrained writes it: "
-                    "LlamaForCausalLM, Qwen3ForCausalLM, Gemma3ForCausalLM), wraps the model with a static KV "
-                    "cache of --max-seq-len positions and writes one program with one method forward(tokens: "
-                    "int64[1, seq], input_pos: int64[1]) -> logits float32[1, vocab], seq in 1..max-seq-len. The "
+                    "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM, as "
+                    "transformers builds it from model_type; RoPE types default, linear, llama3, yarn), wraps the "
+                    "model with a static KV cache of --max-seq-len positions and writes one program with one "
+                    "method forward(tokens: int64[1, seq], input_pos: int64[1]) -> logits float32[1, vocab], seq in 1..max-seq-len. The "
                     "cache is the program's state (one session per conversation); the llm.* metadata (arch, "
                     "vocab_size, bos_id, eos_ids, max_seq_len, cache) is stored in the file (kiln inspect shows it). "
                     "Run it with `kiln generate` (C++) or `python -m kiln generate`.",
@@ -520,8 +534,10 @@ def main(argv=None) -> int:
                "  python -m kiln generate llama.kiln --tokenizer ./llama_ckpt \\\n"
                "      --prompt \"The capital of France is\" \\\n"
                "      --max-new-tokens 16 --temperature 0.7 --top-p 0.9 --seed 1 --json\n\n"
-               "exit status: 0 generated, 1 the program cannot be loaded or the generation failed (e.g. prompt + "
-               "--max-new-tokens past llm.max_seq_len: the message names the limit), 2 bad arguments",
+               "exit status: 0 generated; 1 the program cannot be loaded (or has no llm.* metadata) or the "
+               "generation failed while running; 2 bad arguments, including a request the program's limits refuse "
+               "before anything runs: a prompt id outside [0, llm.vocab_size), or prompt + --max-new-tokens past "
+               "llm.max_seq_len (the message names the limit)",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     g.add_argument("file", metavar="MODEL.kiln", help="program written by export-llm")
     g.add_argument("--prompt-ids", metavar="IDS", help="prompt token ids, comma-separated (e.g. 1,2,3)")

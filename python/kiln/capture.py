@@ -1664,6 +1664,24 @@ def _symbol_names(ep, dynamic_shapes, args: tuple, target) -> dict:
     return names
 
 
+def _distinct_inputs(args: tuple, kwargs):
+    """(args, kwargs) with every repeat of a tensor object replaced by a clone. torch.export gives
+    one tensor object passed as several inputs a single placeholder (the other placeholders are
+    left unused), so the program would read the first input wherever the model uses the second:
+    each input position must be an input of its own, whatever the example values."""
+    import torch.utils._pytree as pytree
+    seen: set[int] = set()
+
+    def one(x):
+        if isinstance(x, torch.Tensor):
+            if id(x) in seen:
+                return x.clone()
+            seen.add(id(x))
+        return x
+
+    return pytree.tree_map(one, (args, kwargs))
+
+
 def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward", example_kwargs=None,
             strict: bool = False, progress: Callable[[str], None] | None = None,
             collect_errors: bool = False, dynamic_shapes=None, state_buffers=()) -> CaptureResult:
@@ -1685,7 +1703,7 @@ def capture(module: torch.nn.Module, example_inputs, *, method: str = "forward",
         raise ExportError(f"expected a torch.nn.Module, got {type(module).__name__}")
     if not callable(getattr(module, method, None)):
         raise ExportError(f"the module has no method '{method}'")
-    args = _as_tuple(example_inputs)
+    args, example_kwargs = _distinct_inputs(_as_tuple(example_inputs), example_kwargs)
     t0 = time.perf_counter()
     log = progress or (lambda s: None)
     # module.train(flag) would set every submodule to `flag`: restore each one's own mode instead

@@ -28,16 +28,29 @@ import torch
 
 from . import llm_ops  # noqa: F401  (registers torch.ops.kiln.sdpa_kv_cache)
 
-__all__ = ["SUPPORTED_ARCHS", "ATTN_NAME", "LLMExportError", "load_llm", "check_llm_config", "KilnCausalLM",
-           "llm_metadata", "prepare_llm_export"]
+__all__ = ["SUPPORTED_ARCHS", "SUPPORTED_ROPE_TYPES", "ATTN_NAME", "LLMExportError", "load_llm", "check_llm_config",
+           "KilnCausalLM", "llm_metadata", "prepare_llm_export"]
 
-# transformers architecture class name -> config.model_type
+# transformers architecture class name -> config.model_type. Support is decided by the class that
+# AutoModelForCausalLM builds (from model_type), never by config.architectures.
 SUPPORTED_ARCHS = {
     "LlamaForCausalLM": "llama",
+    "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MistralForCausalLM": "mistral",
     "Gemma3ForCausalLM": "gemma3_text",
 }
 ATTN_NAME = "kiln_kv_cache"
+# RoPE types (config.rope_parameters["rope_type"]) whose frequencies are fixed at init: captured as
+# constants and checked against transformers (tests/python/test_llm_export.py). The others change
+# the frequencies in forward from the positions seen (a data-dependent branch or buffer update).
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+SUPPORTED_ROPE_TYPES_WHY = {
+    "dynamic": "dynamic NTK scaling recomputes the frequencies in forward when the sequence grows past "
+               "the cached length, a data-dependent branch torch.export cannot capture",
+    "longrope": "LongRoPE switches between its short and long factors in forward by the largest position "
+                "seen, updating a buffer",
+}
 
 
 class LLMExportError(ValueError):
@@ -62,18 +75,47 @@ def load_llm(dir: str | os.PathLike):
     return model, model.config
 
 
+def _built_class_name(config) -> str | None:
+    """The class AutoModelForCausalLM builds for `config`: transformers picks it by the config's
+    class (model_type), never by config.architectures. None when model_type has no causal LM."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+    name = MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(getattr(config, "model_type", None))
+    return name if isinstance(name, str) else None
+
+
 def _arch_name(config) -> str:
+    """The supported architecture class that the export builds for `config`, decided by model_type
+    (the class actually built), not by config.architectures: a config whose architectures entry says
+    LlamaForCausalLM but whose model_type is phi3 builds Phi3ForCausalLM, and is judged as that."""
+    built = _built_class_name(config)
+    if built in SUPPORTED_ARCHS:
+        return built
     archs = list(getattr(config, "architectures", None) or [])
-    for a in archs:
-        if a in SUPPORTED_ARCHS:
-            return a
-    # no (or a foreign) architectures entry: fall back on model_type
-    for a, mt in SUPPORTED_ARCHS.items():
-        if config.model_type == mt and not archs:
-            return a
-    name = archs[0] if archs else f"model_type={config.model_type!r}"
-    raise LLMExportError(f"{name}: architecture not supported by kiln export-llm "
-                         f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+    name = built or (archs[0] if archs else None) or "a model without a causal LM class"
+    said = f"; config.architectures says {', '.join(archs)}" if archs and archs != [built] else ""
+    raise LLMExportError(f"{name}: architecture not supported by kiln export-llm (model_type "
+                         f"{config.model_type!r}{said}; supported: {', '.join(SUPPORTED_ARCHS)})")
+
+
+def _rope_types(config) -> list[str]:
+    """The RoPE types of `config` (rope_parameters, per layer type for Gemma 3, or the older
+    rope_scaling), 'default' when it has none."""
+    found: list[str] = []
+
+    def add(p):
+        if not isinstance(p, dict):
+            return
+        if "rope_type" in p or "type" in p:
+            t = str(p.get("rope_type", p.get("type")))
+            if t not in found:
+                found.append(t)
+        else:  # {layer_type: parameters}
+            for v in p.values():
+                add(v)
+
+    add(getattr(config, "rope_parameters", None))
+    add(getattr(config, "rope_scaling", None))
+    return found or ["default"]
 
 
 def check_llm_config(config) -> str:
@@ -88,6 +130,11 @@ def check_llm_config(config) -> str:
     if softcap is not None:
         raise LLMExportError(f"{label}: attn_logit_softcapping={softcap} is not supported by kiln.sdpa_kv_cache")
     arch = _arch_name(config)
+    for rt in _rope_types(config):
+        if rt not in SUPPORTED_ROPE_TYPES:
+            why = SUPPORTED_ROPE_TYPES_WHY.get(rt, "not one the export has been checked with")
+            raise LLMExportError(f"{arch}: rope type {rt!r} is not supported by kiln export-llm ({why}; "
+                                 f"supported rope types: {', '.join(SUPPORTED_ROPE_TYPES)})")
     if getattr(config, "use_bidirectional_attention", False):
         raise LLMExportError(f"{label}: use_bidirectional_attention=True is not supported (causal attention only)")
     for lt in getattr(config, "layer_types", None) or []:
@@ -160,6 +207,9 @@ class KilnCausalLM(torch.nn.Module):
         super().__init__()
         config = model.config
         check_llm_config(config)
+        if type(model).__name__ not in SUPPORTED_ARCHS:
+            raise LLMExportError(f"{type(model).__name__}: architecture not supported by kiln export-llm "
+                                 f"(supported: {', '.join(SUPPORTED_ARCHS)})")
         if int(max_seq_len) < 1:
             raise LLMExportError(f"max_seq_len must be >= 1, got {max_seq_len}")
         _register_attention()

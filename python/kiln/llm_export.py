@@ -26,12 +26,14 @@ def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLi
                quantize: str | None = None, group_size: int = 128, scale_dtype: str = "float32",
                backends: Sequence[str] = (), weights_dtype: str = "float32", verbose: bool = True,
                report_json: str | os.PathLike | None = None):
-    """Exports the causal LM in checkpoint folder `dir` (LlamaForCausalLM, Qwen3ForCausalLM,
-    Gemma3ForCausalLM) with a KV cache of `max_seq_len` positions (>= 2). quantize: None, "w8" or
-    "w4" (weight-only: every linear weight and the token embedding table, row by row; a table tied
-    to the output projection is stored once; docs/quantization.md), with `group_size` columns per
-    4-bit group and scales stored as `scale_dtype` ("float32" or "float16": w4 with groups of 32 and
-    float16 scales is 4.5 bits per weight, llama.cpp's Q4_0 size). backends: delegates to try (nodes with symbolic sizes stay on
+    """Exports the causal LM in checkpoint folder `dir` (LlamaForCausalLM, Qwen2ForCausalLM,
+    Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM: the class transformers builds from
+    config.model_type; RoPE types kiln.llm.SUPPORTED_ROPE_TYPES) with a KV cache of `max_seq_len`
+    positions (>= 2). quantize: None, "w8" or "w4" (weight-only: every linear weight and the token
+    embedding table, row by row; a table tied to the output projection is stored once;
+    docs/quantization.md), with `group_size` columns per 4-bit group and scales stored as
+    `scale_dtype` ("float32" or "float16": w4 with groups of 32 and float16 scales is 4.5 bits per
+    weight, llama.cpp's Q4_0 size). backends: delegates to try (nodes with symbolic sizes stay on
     Kiln's CPU kernels; each backend says why). Returns kiln.capture.ExportResult; raises
     kiln.llm.LLMExportError for a config this path cannot export (naming the part) and
     kiln.ExportError for a capture or compile failure."""

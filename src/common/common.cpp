@@ -7,6 +7,7 @@
 #include "kiln/attributes.h"
 #include "kiln/dtype.h"
 #include "kiln/error.h"
+#include "kiln/format.h"
 #include "kiln/tensor.h"
 
 namespace kiln {
@@ -116,6 +117,67 @@ uint16_t float_to_bfloat16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
+namespace {
+
+// Length of the valid UTF-8 sequence at text[i] (1 to 4), or 0 when the bytes there are not one
+// (a stray continuation byte, a truncated sequence, an overlong form, a surrogate, > U+10FFFF).
+size_t utf8_sequence(std::string_view text, size_t i) {
+  const auto b = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char c = b(i);
+  if (c < 0x80) return 1;
+  size_t n = 0;
+  unsigned lo = 0x80, hi = 0xBF;  // the allowed range of the second byte
+  if (c >= 0xC2 && c <= 0xDF) {
+    n = 2;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3;
+    if (c == 0xE0) lo = 0xA0;
+    if (c == 0xED) hi = 0x9F;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4;
+    if (c == 0xF0) lo = 0x90;
+    if (c == 0xF4) hi = 0x8F;
+  } else {
+    return 0;
+  }
+  if (i + n > text.size() || b(i + 1) < lo || b(i + 1) > hi) return 0;
+  for (size_t k = 2; k < n; ++k) {
+    if (b(i + k) < 0x80 || b(i + k) > 0xBF) return 0;
+  }
+  return n;
+}
+
+}  // namespace
+
+bool is_valid_utf8(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_sequence(text, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
+}
+
+std::string printable(std::string_view text) {
+  static const char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (size_t i = 0; i < text.size();) {
+    const size_t n = utf8_sequence(text, i);
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (n == 0 || (n == 1 && (c < 0x20 || c == 0x7F))) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+      ++i;
+    } else {
+      out.append(text.substr(i, n));
+      i += n;
+    }
+  }
+  return out;
+}
+
 int64_t numel_of(const std::vector<int64_t>& sizes) {
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;
@@ -127,6 +189,16 @@ std::string sizes_to_string(const std::vector<int64_t>& sizes) {
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (i) s += ", ";
     s += std::to_string(sizes[i]);
+  }
+  return s + "]";
+}
+
+std::string type_to_string(const TensorType& type, const std::vector<std::string>& dims) {
+  std::string s = std::string(dtype_name(type.dtype)) + "[";
+  for (size_t d = 0; d < type.sizes.size(); ++d) {
+    if (d) s += ", ";
+    if (d < dims.size() && !dims[d].empty()) s += dims[d] + " <= ";
+    s += std::to_string(type.sizes[d]);
   }
   return s + "]";
 }

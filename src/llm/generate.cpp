@@ -47,11 +47,7 @@ double peak_rss_mib() {
 #endif
 }
 
-Result<std::vector<int64_t>> generate(const StepFn& step, std::span<const int64_t> prompt,
-                                      const GenerateOptions& options, GenerateStats* stats,
-                                      const std::function<void(int64_t)>& on_token) {
-  // Every check before the first step: a refused request runs nothing (and so changes no state).
-  KILN_CHECK_OR_RETURN(static_cast<bool>(step), InvalidArgument, "generate: no step function");
+Error check_generate_request(std::span<const int64_t> prompt, const GenerateOptions& options) {
   KILN_CHECK_OR_RETURN(!prompt.empty(), InvalidArgument, "generate: the prompt is empty (at least 1 token)");
   KILN_CHECK_OR_RETURN(options.max_new_tokens >= 0, InvalidArgument,
                        "generate: max_new_tokens must be >= 0, got " + std::to_string(options.max_new_tokens));
@@ -68,6 +64,16 @@ Result<std::vector<int64_t>> generate(const StepFn& step, std::span<const int64_
   for (int64_t id : options.eos_ids) {
     KILN_CHECK_OR_RETURN(id >= 0, InvalidArgument, "generate: eos id " + std::to_string(id) + " is negative");
   }
+  return {};
+}
+
+Result<std::vector<int64_t>> generate(const StepFn& step, std::span<const int64_t> prompt,
+                                      const GenerateOptions& options, GenerateStats* stats,
+                                      const std::function<void(int64_t)>& on_token) {
+  // Every check before the first step: a refused request runs nothing (and so changes no state).
+  KILN_CHECK_OR_RETURN(static_cast<bool>(step), InvalidArgument, "generate: no step function");
+  KILN_RETURN_IF_ERROR(check_generate_request(prompt, options));
+  const int64_t prompt_len = static_cast<int64_t>(prompt.size());
 
   GenerateStats st;
   st.prefill_tokens = prompt_len;

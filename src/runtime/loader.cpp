@@ -9,11 +9,13 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <string_view>
 #include <set>
 
 #include "ir/fusion.h"
+#include "kiln/format.h"
 #include "ir/op_registry.h"
 #include "program_generated.h"
 #include "runtime/file_format.h"
@@ -57,6 +59,80 @@ Result<TensorType> read_sizes(DType dtype, const flatbuffers::Vector<int64_t>* s
   }
   if (volume > kMaxBytes / dtype_size(type.dtype)) return bad(where + ": size overflow");
   return type;
+}
+
+/// Every string of the file, checked before anything quotes it: valid UTF-8, and names (of
+/// methods, values, symbols, states, ops, attributes, backends, metadata keys) without control
+/// characters. A damaged file's bytes thus never reach an error message, MethodMeta or the
+/// metadata raw (Python would get a UnicodeDecodeError or mojibake); the refusal quotes the string
+/// with those bytes escaped (printable()).
+Error check_strings(const fb::Program* prog) {
+  const auto check = [](const flatbuffers::String* s, bool name, const std::function<std::string()>& what) -> Error {
+    if (s == nullptr) return {};
+    const std::string_view v(s->c_str(), s->size());
+    bool ok = is_valid_utf8(v);
+    for (size_t i = 0; ok && name && i < v.size(); ++i) {
+      const auto c = static_cast<unsigned char>(v[i]);
+      ok = c >= 0x20 && c != 0x7F;
+    }
+    if (ok) return {};
+    return bad(what() + " is not " + (name ? "a printable UTF-8 name" : "valid UTF-8") + ": '" + printable(v) + "'");
+  };
+  if (prog->methods()) {
+    for (flatbuffers::uoffset_t mi = 0; mi < prog->methods()->size(); ++mi) {
+      const fb::Method* m = prog->methods()->Get(mi);
+      const std::string mw = "method " + std::to_string(mi);
+      KILN_RETURN_IF_ERROR(check(m->name(), true, [&] { return mw + ": the name"; }));
+      if (m->symbols()) {
+        for (flatbuffers::uoffset_t k = 0; k < m->symbols()->size(); ++k) {
+          KILN_RETURN_IF_ERROR(check(m->symbols()->Get(k)->name(), true,
+                                     [&] { return mw + " symbol " + std::to_string(k) + ": the name"; }));
+        }
+      }
+      if (m->values()) {
+        for (flatbuffers::uoffset_t k = 0; k < m->values()->size(); ++k) {
+          KILN_RETURN_IF_ERROR(check(m->values()->Get(k)->name(), true,
+                                     [&] { return mw + " value " + std::to_string(k) + ": the name"; }));
+        }
+      }
+      if (!m->instructions()) continue;
+      for (flatbuffers::uoffset_t k = 0; k < m->instructions()->size(); ++k) {
+        const fb::InstructionEntry* e = m->instructions()->Get(k);
+        const std::string iw = mw + " instruction " + std::to_string(k);
+        if (const fb::DelegateCall* d = e->instr_as_DelegateCall()) {
+          KILN_RETURN_IF_ERROR(check(d->backend(), true, [&] { return iw + ": the backend name"; }));
+        }
+        const fb::KernelCall* call = e->instr_as_KernelCall();
+        if (call == nullptr) continue;
+        KILN_RETURN_IF_ERROR(check(call->op(), true, [&] { return iw + ": the op name"; }));
+        KILN_RETURN_IF_ERROR(check(call->debug_name(), true, [&] { return iw + ": the debug name"; }));
+        if (call->attributes()) {
+          for (const fb::Attribute* a : *call->attributes()) {
+            KILN_RETURN_IF_ERROR(check(a->name(), true, [&] { return iw + ": an attribute name"; }));
+            KILN_RETURN_IF_ERROR(check(a->s(), false, [&] { return iw + ": attribute '" + a->name()->str() + "'"; }));
+          }
+        }
+        if (call->sym_attributes()) {
+          for (const fb::SymAttribute* a : *call->sym_attributes()) {
+            KILN_RETURN_IF_ERROR(check(a->name(), true, [&] { return iw + ": a symbolic attribute name"; }));
+          }
+        }
+      }
+    }
+  }
+  if (prog->states()) {
+    for (flatbuffers::uoffset_t k = 0; k < prog->states()->size(); ++k) {
+      KILN_RETURN_IF_ERROR(check(prog->states()->Get(k)->name(), true, [&] { return "state " + std::to_string(k) + ": the name"; }));
+    }
+  }
+  if (prog->metadata()) {
+    for (flatbuffers::uoffset_t k = 0; k < prog->metadata()->size(); ++k) {
+      const fb::KeyValue* kv = prog->metadata()->Get(k);
+      KILN_RETURN_IF_ERROR(check(kv->key(), true, [&] { return "metadata entry " + std::to_string(k) + ": the key"; }));
+      KILN_RETURN_IF_ERROR(check(kv->value(), false, [&] { return "metadata '" + kv->key()->str() + "': the value"; }));
+    }
+  }
+  return {};
 }
 
 Result<TensorType> read_type(const fb::Tensor* t, const std::string& where) {
@@ -750,6 +826,7 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
   if (!fb::VerifyProgramBuffer(verifier)) return bad("FlatBuffer verification failed");
   const fb::Program* prog = fb::GetProgram(fbp);
   if (prog->version() != h.version) return bad("program version differs from the header's");
+  KILN_RETURN_IF_ERROR(check_strings(prog));
 
   auto data = std::make_unique<ProgramData>();
   data->version = h.version;

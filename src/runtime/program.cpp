@@ -9,6 +9,7 @@
 #include "ir/fusion.h"
 #include "ir/op_registry.h"
 #include "kiln/cpu_target.h"
+#include "kiln/format.h"
 #include "runtime/program_data.h"
 
 namespace kiln {
@@ -473,10 +474,14 @@ Error Method::bind_sizes(std::span<const Tensor> inputs) {
   auto label = [&](size_t i) {
     return "method '" + meta.name + "' input " + std::to_string(i) + (meta.input_names[i].empty() ? "" : " '" + meta.input_names[i] + "'");
   };
+  // Input i's type as the method declares it, symbolic dims with their bound: "int64[1, seq <= 40]".
+  auto expected = [&](size_t i) {
+    return type_to_string(meta.inputs[i], i < meta.input_dims.size() ? meta.input_dims[i] : std::vector<std::string>{});
+  };
   for (size_t i = 0; i < inputs.size(); ++i) {
     const TensorType& want = meta.inputs[i];
     if (inputs[i].dtype != want.dtype || inputs[i].sizes.size() != want.sizes.size()) {
-      return Error(ErrorCode::InvalidArgument, label(i) + ": expected " + want.to_string() + ", got " + inputs[i].type().to_string());
+      return Error(ErrorCode::InvalidArgument, label(i) + ": expected " + expected(i) + ", got " + inputs[i].type().to_string());
     }
   }
   for (size_t s = 0; s < plan.symbols.size(); ++s) {
@@ -484,7 +489,7 @@ Error Method::bind_sizes(std::span<const Tensor> inputs) {
     const int64_t v = inputs[i].sizes[d];
     if (v < plan.symbols[s].min || v > plan.symbols[s].max) {
       return Error(ErrorCode::InvalidArgument, label(i) + " dim " + std::to_string(d) + " is " + std::to_string(v) + ", outside " +
-                                                   binding_text(plan, s) + " (" + meta.inputs[i].to_string() + " at most)");
+                                                   binding_text(plan, s) + " (expected " + expected(i) + ")");
     }
     im.symbol_values[s] = v;
   }
@@ -498,7 +503,7 @@ Error Method::bind_sizes(std::span<const Tensor> inputs) {
         want = v.value();
       }
       if (inputs[i].sizes[d] != want) {
-        std::string why = "expected " + meta.inputs[i].to_string();
+        std::string why = "expected " + expected(i);
         if (!sym.empty() && !sym[d].is_constant()) {
           why = "dim " + std::to_string(d) + " (" + sym[d].to_string(plan.symbols) + ") must be " + std::to_string(want);
           for (size_t s = 0; s < plan.symbols.size(); ++s) {
@@ -579,7 +584,9 @@ Result<std::vector<Tensor>> Method::execute_impl(Session* session, std::span<con
     std::string detail;
     if (inputs.size() < meta.inputs.size()) {
       const std::string label = meta.input_names[k].empty() ? "" : " '" + meta.input_names[k] + "'";
-      detail = ": missing input " + std::to_string(k) + label + " (expected " + meta.inputs[k].to_string() + ")";
+      const std::vector<std::string> no_dims;
+      detail = ": missing input " + std::to_string(k) + label + " (expected " +
+               type_to_string(meta.inputs[k], k < meta.input_dims.size() ? meta.input_dims[k] : no_dims) + ")";
     } else {
       detail = ": unexpected input " + std::to_string(k) + " (got " + inputs[k].type().to_string() + ")";
     }

@@ -3,9 +3,11 @@
 // place through the generated mutable API. Every case must give an error value, never a crash;
 // run under -DKILN_SANITIZE="address;undefined" (scripts/sanitizers.sh) to catch bad reads.
 #include <cstdio>
+#include <functional>
 #include <limits>
 #include <type_traits>
 
+#include "kiln/format.h"
 #include "program_generated.h"
 #include "runtime/file_format.h"
 #include "runtime_test_util.h"
@@ -363,6 +365,48 @@ TEST_F(EditedProgram, OpsAndAttributes) {
                  return value(p, out)->mutable_sizes()->Mutate(0, 1);
                },
                "differs");
+}
+
+// Bytes of a damaged file never reach a message raw: a string that is not UTF-8 (or a name with a
+// control character) is InvalidProgram, quoted with those bytes as \xNN.
+TEST_F(EditedProgram, StringsThatAreNotUtf8AreRefusedPrintably) {
+  const auto printable_message = [](const std::string& m) {
+    for (unsigned char c : m) {
+      if (c < 0x20 || c == 0x7F || c >= 0x80) return false;  // the escaped text is ASCII here
+    }
+    return true;
+  };
+  struct Case {
+    const char* what;
+    std::function<flatbuffers::String*(fb::Program*)> field;
+    std::string junk;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"op name", [&](fb::Program* p) { return call(p, 0)->mutable_op(); }, "\xff\xfe", "the op name is not a printable UTF-8 name: 'at\\xff\\xfe"},
+      {"method name", [&](fb::Program* p) { return method(p)->mutable_name(); }, "\xc3(", "the name is not a printable UTF-8 name: "},
+      {"attribute name", [&](fb::Program* p) { return call(p, 0)->mutable_attributes()->GetMutableObject(0)->mutable_name(); },
+       "\x1b[", "an attribute name is not a printable UTF-8 name: "},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    std::vector<uint8_t> b = bytes_;
+    flatbuffers::String* s = c.field(mutable_program(b));
+    ASSERT_NE(s, nullptr);
+    ASSERT_GE(s->size(), c.junk.size());
+    std::memcpy(reinterpret_cast<char*>(s->data()) + (s->size() >= 2 + c.junk.size() ? 2 : 0), c.junk.data(), c.junk.size());
+    auto p = Program::load_from_buffer(b);
+    ASSERT_FALSE(p.ok()) << "loaded";
+    EXPECT_EQ(p.error().code(), ErrorCode::InvalidProgram) << p.error().to_string();
+    EXPECT_NE(p.error().message().find(c.needle), std::string::npos) << p.error().message();
+    EXPECT_NE(p.error().message().find("\\x"), std::string::npos) << p.error().message();
+    EXPECT_TRUE(printable_message(p.error().message())) << p.error().message();
+  }
+  EXPECT_EQ(printable("a\xff\x01" "b\xe2\x82\xac"), "a\\xff\\x01" "b\xe2\x82\xac");  // the euro sign stays
+  EXPECT_TRUE(is_valid_utf8("\xe2\x82\xac"));
+  EXPECT_FALSE(is_valid_utf8("\xed\xa0\x80"));  // a surrogate
+  EXPECT_FALSE(is_valid_utf8("\xc0\xaf"));       // overlong
+  EXPECT_FALSE(is_valid_utf8("\xe2\x82"));       // truncated
 }
 
 }  // namespace

@@ -374,7 +374,27 @@ TEST(SymbolicGraph, BadInputsAreInvalidArgumentAndChangeNothing) {
   };
   {
     Call c(kKvCapacity + 1, 0, 2);
-    expect_invalid("seq above the range", c.inputs(), {"input 0 'x'", "dim 1", "is 33", "symbol 'seq' in [1, 32]"});
+    expect_invalid("seq above the range", c.inputs(),
+                   {"input 0 'x'", "dim 1", "is 33", "symbol 'seq' in [1, 32]",
+                    "(expected float32[1, seq <= 32, " + std::to_string(kKvDim) + "])"});
+  }
+  {
+    // The expected type shows the symbolic dim with its bound, never the bare bound ("[1, 32, ...]"
+    // reads as "exactly 32").
+    Call c(4, 4, 3);
+    auto in = c.inputs();
+    in[0].dtype = DType::Int32;
+    const std::string want = "expected float32[1, seq <= 32, " + std::to_string(kKvDim) + "], got int32[1, 4, ";
+    expect_invalid("wrong dtype of a symbolic input", in, {"input 0 'x'", want});
+    in = c.inputs();
+    in[0].sizes = {2, 4, kKvDim};
+    expect_invalid("wrong batch of a symbolic input", in, {"input 0 'x'", "expected float32[1, seq <= 32, "});
+    in = c.inputs();
+    in[0].sizes = {4, kKvDim};
+    expect_invalid("wrong rank of a symbolic input", in, {"input 0 'x'", "expected float32[1, seq <= 32, "});
+    in = c.inputs();
+    in.clear();
+    expect_invalid("missing symbolic input", in, {"missing input 0 'x' (expected float32[1, seq <= 32, "});
   }
   {
     std::vector<float> none;

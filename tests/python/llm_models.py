@@ -3,9 +3,10 @@ random weights, written with ``save_pretrained`` into a folder (config.json + sa
 generation_config.json), nothing downloaded. Each builder returns the folder.
 
 Sizes: hidden 64, 2 layers, 4 heads, 2 KV heads (grouped-query attention), head_dim 16, vocab 256;
-Qwen 3 ties its embeddings (lm_head = embed_tokens), Llama and Gemma 3 do not.
-Gemma 3 has one sliding-window layer (window 6, shorter than the prompts of the tests) and one full
-layer, and query_pre_attn_scalar 24 (scale != 1/sqrt(head_dim)).
+Qwen 2 and Qwen 3 tie their embeddings (lm_head = embed_tokens), Llama, Mistral and Gemma 3 do not.
+Qwen 2 has biases on q/k/v. Mistral's sliding window (6, on every layer) and Gemma 3's (one
+sliding-window layer with window 6 and one full layer) are shorter than the prompts of the tests;
+Gemma 3 has query_pre_attn_scalar 24 (scale != 1/sqrt(head_dim)).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch  # noqa: E402
 
 VOCAB = 256
 GEMMA3_SLIDING_WINDOW = 6
+MISTRAL_SLIDING_WINDOW = 6
 _COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=256,
                bos_token_id=1, eos_token_id=2, pad_token_id=0)
@@ -63,6 +65,20 @@ def tiny_qwen3(tmpdir, seed: int = 1) -> str:
     return _save(_init(Qwen3ForCausalLM(cfg), seed, embed_std=0.1), os.path.join(os.fspath(tmpdir), "tiny_qwen3"))
 
 
+def tiny_qwen2(tmpdir, seed: int = 3) -> str:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(**_COMMON, tie_word_embeddings=True)
+    return _save(_init(Qwen2ForCausalLM(cfg), seed, embed_std=0.1), os.path.join(os.fspath(tmpdir), "tiny_qwen2"))
+
+
+def tiny_mistral(tmpdir, seed: int = 4) -> str:
+    from transformers import MistralConfig, MistralForCausalLM
+    torch.manual_seed(seed)
+    cfg = MistralConfig(**_COMMON, sliding_window=MISTRAL_SLIDING_WINDOW, tie_word_embeddings=False)
+    return _save(_init(MistralForCausalLM(cfg), seed), os.path.join(os.fspath(tmpdir), "tiny_mistral"))
+
+
 def tiny_gemma3(tmpdir, seed: int = 2) -> str:
     from transformers import Gemma3ForCausalLM, Gemma3TextConfig
     torch.manual_seed(seed)
@@ -73,4 +89,5 @@ def tiny_gemma3(tmpdir, seed: int = 2) -> str:
     return _save(_init(Gemma3ForCausalLM(cfg), seed), os.path.join(os.fspath(tmpdir), "tiny_gemma3"))
 
 
-BUILDERS = {"llama": tiny_llama, "qwen3": tiny_qwen3, "gemma3": tiny_gemma3}
+BUILDERS = {"llama": tiny_llama, "qwen2": tiny_qwen2, "qwen3": tiny_qwen3, "mistral": tiny_mistral,
+            "gemma3": tiny_gemma3}

@@ -134,6 +134,22 @@ def test_non_contiguous_example_input():
     assert prog.method("forward").inputs[0]["sizes"] == [3, 4]
 
 
+def test_same_tensor_passed_as_two_inputs():
+    """One tensor object as both example inputs: torch.export alone gives both one placeholder (the
+    program would compute from y alone, whatever x is); kiln.export keeps two inputs, each read."""
+    module = AddRelu().eval()
+    x = torch.randn(3, 4)
+    res = kiln.export(module, (x, x), verbose=False)
+    prog = kiln.load_bytes(res.data)
+    assert [i["sizes"] for i in prog.method("forward").inputs] == [[3, 4], [3, 4]]
+    a, b = torch.randn(3, 4), torch.randn(3, 4)
+    got = prog.run(a, b)
+    with torch.no_grad():
+        want = module(a, b)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w.numpy(), rel=1e-5, what=f"output {i}")
+
+
 def test_output_is_input_and_duplicate_outputs():
     class M(nn.Module):
         def forward(self, x):

@@ -4,12 +4,15 @@ export-llm``, run by the C++ ``kiln generate`` and by ``kiln.generate`` / ``pyth
 
 - greedy ``kiln generate --ignore-eos`` (C++ CLI) gives transformers' ``model.generate(do_sample=False,
   min_new_tokens=16, max_new_tokens=16)`` ids for prompts of 1, 7 and max_seq_len - 16 tokens, on
-  portable and cpu kernels, for Llama, Qwen 3 and Gemma 3 (sliding window 6, shorter than the prompts);
+  portable and cpu kernels, for Llama, Qwen 2, Qwen 3, Mistral and Gemma 3 (sliding windows of 6,
+  shorter than the prompts), and for Llama with the linear, llama3 and yarn rope types;
   every step's logits (prefill, then one decode call per token fed eager's tokens) match eager
   transformers within 1e-4 relative. An eager near-tie (top-2 within 1e-4 of the largest logit) is
   warned about; more than one per case fails;
 - one program serves every length 1..max_seq_len; a prompt past it, or positions past it, is
-  InvalidArgument / a generate error naming the limit, and the session's state is unchanged;
+  InvalidArgument / a generate error naming the limit, and the session's state is unchanged; a wrong
+  token dtype / batch / rank names the expected int64[1, seq <= 48];
+- a program whose strings (names, ops, metadata) hold flipped bytes is refused with printable text;
 - two sessions of one program, interleaved call by call from two threads, give each run's own tokens;
   reset() gives the same tokens again; the same seed gives the same tokens (C++ and Python); top-k 1 is
   greedy;
@@ -17,7 +20,7 @@ export-llm``, run by the C++ ``kiln generate`` and by ``kiln.generate`` / ``pyth
 - xnnpack declines the symbolic-size nodes with its reason and the program still generates the same;
 - w8 and w4 programs compute eager transformers with the dequantized weights;
 - ``python -m kiln export-llm`` (w8) and ``python -m kiln generate`` (ids and --tokenizer text), and
-  their errors.
+  their errors (exit 2 for every bad argument, a prompt the program's limits refuse included).
 
 Each tiny model is exported once per module (max_seq_len 48).
 """
@@ -48,7 +51,7 @@ MAX_SEQ = 48
 NEW = 16
 PROMPT_LENS = (1, 7, MAX_SEQ - NEW)
 RTOL = 1e-4
-ARCHS = sorted(llm_models.BUILDERS)  # gemma3, llama, qwen3
+ARCHS = sorted(llm_models.BUILDERS)  # gemma3, llama, mistral, qwen2, qwen3
 
 
 def _prompt(n: int, seed: int) -> list[int]:
@@ -276,10 +279,11 @@ def test_max_seq_len_prompt_and_limits(llama):
     assert not session.failed
     _assert_states_equal(before, _state_snapshot(program, session), "after refused generate")
 
-    # the C++ runner: exit 1, the message names the limit
+    # the C++ runner: a request past the limit is a bad argument (exit 2, as every other one), the
+    # message names the limit
     for n, new in ((MAX_SEQ - NEW + 1, NEW), (MAX_SEQ + 1, 1)):
         r = kiln_cli("generate", llama.path, "--prompt-ids", ",".join(map(str, _prompt(n, 9))), "-n", new,
-                     check_rc=1)
+                     check_rc=2)
         assert "max_seq_len of 48" in r.stderr, r.stderr
 
 
@@ -301,6 +305,111 @@ def test_negative_input_pos_leaves_state_unchanged(llama):
         np.testing.assert_array_equal(session.state(name), v)
     session.reset()
     assert _greedy(method, session, ref.prompt, 4, llama.eos) == ref.want[:4]
+
+
+def test_input_errors_show_the_bounded_dim(llama):
+    """A wrong token dtype, batch or rank names the expected type with its symbolic dim and bound,
+    int64[1, seq <= 48], never the bare upper bound int64[1, 48] (which reads as "exactly 48")."""
+    program = llama.program("cpu")
+    method = program.method()
+    session = program.new_session()
+    pos = np.array([0], dtype=np.int64)
+    want = "int64[1, seq <= 48]"
+
+    def message(*inputs) -> str:
+        with pytest.raises(kiln.KilnError) as ei:
+            method.execute(list(inputs), session)
+        assert ei.value.args[1] == "InvalidArgument", ei.value.args
+        msg = ei.value.args[0]
+        assert "int64[1, 48]" not in msg, msg
+        return msg
+
+    assert f"input 0 'tokens': expected {want}, got int32[1, 5]" in message(np.ones((1, 5), np.int32), pos)
+    assert f"input 0 'tokens': expected {want}, got int64[2, 5]" in message(np.ones((2, 5), np.int64), pos)
+    assert f"input 0 'tokens': expected {want}, got int64[5]" in message(np.ones((5,), np.int64), pos)
+    # a NumPy dtype that is no Kiln dtype (the binding's own check)
+    assert f"input 0 'tokens': expected {want}, got a NumPy array of dtype uint32" in message(
+        np.ones((1, 5), np.uint32), pos)
+    # past the bound: the symbol's range and the expected type
+    assert f"'tokens' dim 1 is 49, outside symbol 'seq' in [1, 48] (expected {want})" in message(
+        np.ones((1, 49), np.int64), pos)
+    # a missing input
+    assert f"missing input 0 'tokens' (expected {want})" in message()
+    assert not session.failed
+
+
+def _with_flatbuffer_string_replaced(data: bytes, old: bytes, new: bytes) -> bytes:
+    """`data` with the first FlatBuffer string `old` (uint32 length, bytes, NUL, inside the
+    FlatBuffer) overwritten by `new` of the same length."""
+    assert len(old) == len(new)
+    fb_offset, fb_size = int.from_bytes(data[16:24], "little"), int.from_bytes(data[24:32], "little")
+    at = data.find(len(old).to_bytes(4, "little") + old + b"\0", fb_offset, fb_offset + fb_size)
+    assert at >= 0, f"no FlatBuffer string {old!r}"
+    return data[:at + 4] + new + data[at + 4 + len(new):]
+
+
+@pytest.mark.parametrize("old", [b"forward", b"tokens", b"k_cache_0", b"aten.embedding", b"kiln.sdpa_kv_cache",
+                                 b"llm.max_seq_len", b"llama"],
+                         ids=["method", "input", "state", "op", "kiln-op", "metadata-key", "metadata-value"])
+@pytest.mark.parametrize("junk", [b"\xff\xfe", b"\xc3(", b"\x1b["], ids=["ff-fe", "bad-continuation", "escape"])
+def test_corrupted_strings_give_printable_errors(llama, tmp_path, old, junk):
+    """Bytes flipped inside a string of a valid program (a name, an op, a metadata key or value):
+    loading is a KilnError (InvalidProgram) whose message is printable text, the bytes written as
+    \\xNN, never a UnicodeDecodeError, mojibake or a raw control character; nothing loads that
+    would hand Python undecodable names or metadata. (An escape sequence is valid UTF-8: refused in
+    names, allowed in metadata values, where it reaches Python as the text it is.)"""
+    data = open(llama.path, "rb").read()
+    new = old[:2] + junk + old[2 + len(junk):]
+    path = tmp_path / "corrupted.kiln"
+    path.write_bytes(_with_flatbuffer_string_replaced(data, old, new))
+    if junk == b"\x1b[" and old == b"llama":
+        program = kiln.load(path, num_threads=1)
+        assert program.metadata["llm.arch"] == new.decode()
+        return
+    with pytest.raises(kiln.KilnError) as ei:
+        kiln.load(path, num_threads=1)
+    msg, code = ei.value.args
+    assert code == "InvalidProgram", ei.value.args
+    assert msg.isprintable() and "\ufffd" not in msg, repr(msg)
+    assert "\\x" + f"{junk[0]:02x}" in msg, msg
+    # the C++ tool says the same, as text
+    r = subprocess.run([KILN_CLI, "inspect", str(path)], capture_output=True, timeout=60)
+    assert r.returncode == 1
+    err = r.stderr.decode("utf-8")  # valid UTF-8
+    assert "InvalidProgram" in err and err.strip().isprintable(), err
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 2.0},
+                                  {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                   "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+                                  {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}],
+                         ids=lambda r: r["rope_type"])
+def test_static_rope_types_export(tmp_path, rope):
+    """The rope types kiln.llm accepts besides the default (SUPPORTED_ROPE_TYPES: frequencies fixed at
+    init) export and compute eager transformers: prefill, then decode steps fed eager's tokens, every
+    step's logits within 1e-4 and greedy tokens equal to transformers' generate."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+    assert rope["rope_type"] in llm.SUPPORTED_ROPE_TYPES
+    torch.manual_seed(0)
+    cfg = LlamaConfig(**llm_models._COMMON, rope_scaling=rope, tie_word_embeddings=False)
+    d = llm_models._save(llm_models._init(LlamaForCausalLM(cfg), 5), os.path.join(tmp_path, "ckpt"))
+    out = tmp_path / "rope.kiln"
+    kiln.export_llm(d, MAX_SEQ, out=out, verbose=False)
+    hf, _ = llm.load_llm(d)
+    program = kiln.load(out, num_threads=1)
+    prompt = _prompt(20, seed=21)
+    with torch.no_grad():
+        p = torch.tensor([prompt])
+        want = hf.generate(p, attention_mask=torch.ones_like(p), do_sample=False, min_new_tokens=NEW,
+                           max_new_tokens=NEW)[0, 20:].tolist()
+    session = program.new_session()
+    logits = _execute(program.method(), session, prompt, 0)
+    for step in range(NEW):
+        ref = _last_logits(hf, prompt + want[:step])
+        assert _rel_err(logits, ref) <= RTOL, f"{rope['rope_type']} step {step}"
+        if step + 1 < NEW:
+            logits = _execute(program.method(), session, [want[step]], 20 + step)
+    assert kiln.generate(program, prompt, NEW, ignore_eos=True)[0] == want
 
 
 # ------------------------------------------------------------------------------------------------
@@ -573,7 +682,7 @@ def test_cli_generate_tokenizer(llama, tmp_path, capsys, add_bos):
 
 
 def test_cli_errors(llama, tmp_path, capsys):
-    from transformers import GPT2Config, GPT2LMHeadModel, MistralConfig, MistralForCausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM, Phi3Config, Phi3ForCausalLM
 
     def run(*argv) -> tuple[int, str]:
         try:
@@ -582,13 +691,29 @@ def test_cli_errors(llama, tmp_path, capsys):
             rc = ex.code
         return rc, capsys.readouterr().err
 
-    # configs this path cannot export: the message names the part
+    # configs this path cannot export: the message names the part. Support follows the class that
+    # transformers builds (model_type phi3: Phi3ForCausalLM), whatever config.architectures claims.
     torch.manual_seed(0)
-    mistral = MistralForCausalLM(MistralConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                               num_attention_heads=2, num_key_value_heads=1))
-    mistral.save_pretrained(tmp_path / "mistral")
-    rc, err = run("export-llm", tmp_path / "mistral", "--max-seq-len", 16, "-o", tmp_path / "m.kiln")
-    assert rc == 1 and "MistralForCausalLM: architecture not supported" in err, err
+    phi3 = Phi3ForCausalLM(Phi3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, pad_token_id=0))
+    phi3.save_pretrained(tmp_path / "phi3")
+    cfg_path = tmp_path / "phi3" / "config.json"
+    cfg_json = json.loads(cfg_path.read_text())
+    assert cfg_json["model_type"] == "phi3"
+    cfg_json["architectures"] = ["LlamaForCausalLM"]  # save_pretrained writes the class's own name
+    cfg_path.write_text(json.dumps(cfg_json))
+    rc, err = run("export-llm", tmp_path / "phi3", "--max-seq-len", 16, "-o", tmp_path / "m.kiln")
+    assert rc == 1 and "Phi3ForCausalLM: architecture not supported" in err, err
+    assert "config.architectures says LlamaForCausalLM" in err and "MistralForCausalLM" in err, err
+    # a rope type whose frequencies change in forward: named, before torch.export is tried
+    llama_dyn = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                             num_attention_heads=2, num_key_value_heads=1,
+                                             rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+    llama_dyn.save_pretrained(tmp_path / "llama_dynamic")
+    rc, err = run("export-llm", tmp_path / "llama_dynamic", "--max-seq-len", 16, "-o", tmp_path / "d.kiln")
+    assert rc == 1 and "rope type 'dynamic' is not supported" in err, err
+    assert "supported rope types: default, linear, llama3, yarn" in err and "GuardOnDataDependent" not in err, err
+    assert not (tmp_path / "d.kiln").exists()
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=32))
     gpt2.save_pretrained(tmp_path / "gpt2")
     rc, err = run("export-llm", tmp_path / "gpt2", "--max-seq-len", 16, "-o", tmp_path / "g.kiln")
@@ -607,12 +732,28 @@ def test_cli_errors(llama, tmp_path, capsys):
     rc, err = run("export-llm", llama.dir, "--max-seq-len", 16, "--backends", "nosuch", "-o", tmp_path / "x.kiln")
     assert rc == 2 and "nosuch" in err, err
 
-    # generate
+    # generate: a request the program's limits refuse is a bad argument (exit 2), like the others
     ids = ",".join(map(str, _prompt(MAX_SEQ - NEW + 1, seed=2)))
     rc, err = run("generate", llama.path, "--prompt-ids", ids, "-n", NEW)
-    assert rc == 1 and "max_seq_len of 48" in err, err
+    assert rc == 2 and "prompt of 33 tokens + 16 new tokens exceeds the program's max_seq_len of 48" in err, err
+    rc, err = run("generate", llama.path, "--prompt-ids", ",".join(["5"] * (MAX_SEQ + 1)), "-n", 1)
+    assert rc == 2 and "max_seq_len of 48" in err, err
     rc, err = run("generate", llama.path, "--prompt-ids", "1,999", "-n", 2)
-    assert rc == 1 and "outside the vocabulary of 256" in err, err
+    assert rc == 2 and "token id 999 is outside the vocabulary of 256" in err, err
+    # the C++ runner the same
+    r = kiln_cli("generate", llama.path, "--prompt-ids", "1,999", "-n", 2, check_rc=2)
+    assert "token id 999 is outside the vocabulary of 256" in r.stderr, r.stderr
+    r = kiln_cli("generate", llama.path, "--prompt-ids", ids, "-n", NEW, check_rc=2)
+    assert "prompt of 33 tokens + 16 new tokens exceeds the program's max_seq_len of 48" in r.stderr, r.stderr
+    # both document the exit statuses in --help
+    assert "2 bad arguments, including a request the program's limits refuse" in " ".join(
+        kiln_cli("generate", "--help").stdout.split()), "kiln generate --help"
+    try:
+        kiln_main(["generate", "--help"])
+    except SystemExit:
+        pass
+    assert "2 bad arguments, including a request the program's limits refuse" in " ".join(
+        capsys.readouterr().out.split()), "python -m kiln generate --help"
     rc, err = run("generate", llama.path, "-n", 2)
     assert rc == 2 and "--prompt-ids" in err, err
     rc, err = run("generate", llama.path, "--prompt", "hello", "-n", 2)

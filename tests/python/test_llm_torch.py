@@ -4,11 +4,14 @@ LM with a static KV cache and kiln::sdpa_kv_cache attention) against transformer
 - greedy generation with the wrapper (prefill the prompt at input_pos 0, then one token per call)
   gives the token ids of ``model.generate(do_sample=False, min_new_tokens=16, max_new_tokens=16)``
   for prompts of 1, 7 and max_seq_len - 16 tokens, and every step's logits match eager transformers
-  (a forward over the whole sequence so far) within 1e-4 relative; Llama, Qwen 3, Gemma 3 (one
-  sliding-window layer with a window shorter than the prompts, one full layer);
+  (a forward over the whole sequence so far) within 1e-4 relative; Llama, Qwen 2, Qwen 3, Mistral
+  (sliding window shorter than the prompts) and Gemma 3 (one sliding-window layer with a window
+  shorter than the prompts, one full layer);
 - torch.export with the ``seq`` Dim: one program, the same logits as the eager wrapper for several
   sequence lengths, the caches reported as mutated buffers;
-- positions past max_seq_len raise; unsupported configs raise naming the part.
+- positions past max_seq_len raise; unsupported configs raise naming the part: support follows the
+  class transformers builds (model_type), not config.architectures; rope types whose frequencies
+  change in forward (dynamic, longrope) are refused up front.
 """
 from __future__ import annotations
 
@@ -162,12 +165,59 @@ def test_sdpa_kv_cache_op(hq, hkv, p, t, window, scale):
 
 
 def test_unsupported_configs_name_the_part():
-    from transformers import Gemma2Config, MistralConfig, T5Config
+    from transformers import Gemma2Config, Phi3Config, T5Config
     with pytest.raises(llm.LLMExportError, match="attn_logit_softcapping=50.0 is not supported"):
         llm.check_llm_config(Gemma2Config())
     with pytest.raises(llm.LLMExportError, match="encoder-decoder"):
         llm.check_llm_config(T5Config())
-    cfg = MistralConfig()
-    cfg.architectures = ["MistralForCausalLM"]
-    with pytest.raises(llm.LLMExportError, match="MistralForCausalLM: architecture not supported"):
+    cfg = Phi3Config()
+    cfg.architectures = ["Phi3ForCausalLM"]
+    with pytest.raises(llm.LLMExportError, match="Phi3ForCausalLM: architecture not supported"):
         llm.check_llm_config(cfg)
+
+
+@pytest.mark.parametrize("config_name, built", [("Phi3Config", "Phi3ForCausalLM"), ("OlmoConfig", "OlmoForCausalLM"),
+                                                ("GPTNeoXConfig", "GPTNeoXForCausalLM"),
+                                                ("Qwen2Config", "Qwen2ForCausalLM"),
+                                                ("MistralConfig", "MistralForCausalLM")])
+def test_support_follows_the_class_built_not_architectures(config_name, built):
+    """transformers builds the class of config.model_type whatever config.architectures says: a
+    config that claims LlamaForCausalLM is judged by the class it builds (refused naming it, or
+    exported as it)."""
+    import transformers
+    cfg = getattr(transformers, config_name)()
+    cfg.architectures = ["LlamaForCausalLM"]
+    if built in llm.SUPPORTED_ARCHS:
+        assert llm.check_llm_config(cfg) == built
+    else:
+        want = rf"{built}: architecture not supported .*model_type '{cfg.model_type}'; config.architectures says Llama"
+        with pytest.raises(llm.LLMExportError, match=want):
+            llm.check_llm_config(cfg)
+    # without an architectures entry: the same decision
+    cfg.architectures = None
+    if built in llm.SUPPORTED_ARCHS:
+        assert llm.check_llm_config(cfg) == built
+    else:
+        with pytest.raises(llm.LLMExportError, match=rf"{built}: architecture not supported"):
+            llm.check_llm_config(cfg)
+
+
+@pytest.mark.parametrize("rope", [{"rope_type": "dynamic", "factor": 2.0}, {"type": "dynamic", "factor": 2.0},
+                                  {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8,
+                                   "original_max_position_embeddings": 64}])
+def test_unsupported_rope_types_refused_up_front(rope, tmp_path):
+    """A rope type the export cannot capture (dynamic NTK, LongRoPE: data-dependent frequencies)
+    is LLMExportError naming the type and the supported ones, from the config check, before
+    torch.export could fail with a GuardOnDataDependentSymNode trace."""
+    from transformers import LlamaConfig
+    cfg = LlamaConfig(**{k: v for k, v in llm_models._COMMON.items() if k != "head_dim"}, rope_scaling=rope)
+    rt = rope.get("rope_type", rope.get("type"))
+    want = rf"LlamaForCausalLM: rope type '{rt}' is not supported .*supported rope types: default, linear, llama3, yarn"
+    with pytest.raises(llm.LLMExportError, match=want):
+        llm.check_llm_config(cfg)
+    # the same from the folder (llm.load_llm, the first step of export_llm)
+    torch.manual_seed(0)
+    from transformers import LlamaForCausalLM
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path / "ckpt")
+    with pytest.raises(llm.LLMExportError, match=want):
+        llm.load_llm(tmp_path / "ckpt")
