@@ -98,6 +98,23 @@ HWY_INLINE VF DotU4(DF d, const uint8_t* HWY_RESTRICT p, VF vs, VF vz, VF even, 
   return hn::MulAdd(hi, odd, hn::MulAdd(lo, even, acc));
 }
 
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+/// With 16 float lanes a 4-bit value can index a vector: DotU4 with the weights looked up in
+/// `table` (table[u] = u - 8, or (u - 8) * s + z with zero points; one vpermps per nibble vector
+/// instead of a subtraction and a conversion).
+/// acc_even += w_even * even, acc_odd += w_odd * odd (two accumulators: half the dependency chain).
+HWY_INLINE void DotU4Table(DF d, const uint8_t* HWY_RESTRICT p, VF table, VF even, VF odd, VF& acc_even,
+                           VF& acc_odd) {
+  const hn::Rebind<uint8_t, DF> d8;
+  const hn::Rebind<int32_t, DF> di;
+  const auto u = hn::PromoteTo(di, hn::LoadU(d8, p));
+  const VF lo = hn::TableLookupLanes(table, hn::IndicesFromVec(d, hn::And(u, hn::Set(di, 0xF))));
+  const VF hi = hn::TableLookupLanes(table, hn::IndicesFromVec(d, hn::ShiftRight<4>(u)));
+  acc_even = hn::MulAdd(lo, even, acc_even);
+  acc_odd = hn::MulAdd(hi, odd, acc_odd);
+}
+#endif
+
 /// One 4-bit value u as DotU4 weighs it: u - 8, or (u - 8) * s + z with kAffine.
 template <bool kAffine>
 HWY_INLINE float NibbleWeight(unsigned u, float s, float z) {
@@ -254,6 +271,7 @@ void QuantGemvU4Whole(const QuantView& w, const float* HWY_RESTRICT scales, cons
       const float* xe = in.even + i * in.half;
       const float* xo = in.odd + i * in.half;
       VF t0 = hn::Zero(d), t1 = hn::Zero(d), t2 = hn::Zero(d), t3 = hn::Zero(d);
+      VF h0 = hn::Zero(d), h1 = hn::Zero(d), h2 = hn::Zero(d), h3 = hn::Zero(d);  // odd columns (table path)
       for (int64_t g = 0; g < G; ++g) {
         const VF vs0 = hn::Set(d, scales[oa + g]), vs1 = hn::Set(d, scales[ob + g]);
         const VF vs2 = hn::Set(d, scales[oc + g]), vs3 = hn::Set(d, scales[od + g]);
@@ -264,6 +282,23 @@ void QuantGemvU4Whole(const QuantView& w, const float* HWY_RESTRICT scales, cons
           vz2 = hn::Set(d, zeros[oc + g]);
           vz3 = hn::Set(d, zeros[od + g]);
         }
+#if HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+        // Lane u of each row's table is its dequantized weight (u - 8) * s (+ z) for this group
+        // (QuantView::dequantize's arithmetic), looked up per nibble and accumulated directly: the
+        // weights are dequantized before they multiply x, as in the portable kernel.
+        const VF iota8 = hn::Sub(hn::Iota(d, 0.0f), hn::Set(d, 8.0f));
+        const VF tb0 = kAffine ? hn::MulAdd(iota8, vs0, vz0) : hn::Mul(iota8, vs0);
+        const VF tb1 = kAffine ? hn::MulAdd(iota8, vs1, vz1) : hn::Mul(iota8, vs1);
+        const VF tb2 = kAffine ? hn::MulAdd(iota8, vs2, vz2) : hn::Mul(iota8, vs2);
+        const VF tb3 = kAffine ? hn::MulAdd(iota8, vs3, vz3) : hn::Mul(iota8, vs3);
+        for (int64_t b = g * hg, b1 = b + hg; b < b1; b += N) {
+          const VF ve = hn::LoadU(d, xe + b), vo = hn::LoadU(d, xo + b);
+          DotU4Table(d, w0 + b, tb0, ve, vo, t0, h0);
+          DotU4Table(d, w1 + b, tb1, ve, vo, t1, h1);
+          DotU4Table(d, w2 + b, tb2, ve, vo, t2, h2);
+          DotU4Table(d, w3 + b, tb3, ve, vo, t3, h3);
+        }
+#else
         VF a0 = hn::Zero(d), a1 = hn::Zero(d), a2 = hn::Zero(d), a3 = hn::Zero(d);
         for (int64_t b = g * hg, b1 = b + hg; b < b1; b += N) {
           const VF ve = hn::LoadU(d, xe + b), vo = hn::LoadU(d, xo + b);
@@ -283,7 +318,12 @@ void QuantGemvU4Whole(const QuantView& w, const float* HWY_RESTRICT scales, cons
           t2 = hn::MulAdd(a2, vs2, t2);
           t3 = hn::MulAdd(a3, vs3, t3);
         }
+#endif
       }
+      t0 = hn::Add(t0, h0);
+      t1 = hn::Add(t1, h1);
+      t2 = hn::Add(t2, h2);
+      t3 = hn::Add(t3, h3);
       float* o = out + i * n;
       o[ja] = ReduceSum(d, t0) + (bias ? bias[ja] : 0.0f);
       if (R > 1) o[jb] = ReduceSum(d, t1) + (bias ? bias[jb] : 0.0f);
