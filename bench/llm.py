@@ -115,27 +115,42 @@ def git(*args: str) -> str:
 
 # ---- engines ----
 
+def _default_export_args(ckpt: str, fmt: str, group: int, max_seq: int, out: str) -> list:
+    return ["export", "--checkpoint", ckpt, "--format", fmt, "--group-size", str(group), "--out", out]
+
+
+def _default_run_args(model: str, prompt: list, prompt_file: str, new: int, threads: int, ban: str) -> list:
+    return ["run", "--model", model, "--prompt-ids", ",".join(map(str, prompt)), "--max-new-tokens", str(new),
+            "--threads", str(threads), "--ban-ids", ban]
+
+
 @dataclass
 class WorkerEngine:
     """The hook for an engine run as a worker script under another virtualenv's python.
 
-    The worker takes two subcommands and prints ONE JSON object on its last stdout line:
-      WORKER export --checkpoint DIR --format fp32|w8|w4 --group-size 32 --out FILE
-          -> {"file_bytes", "export_s", ...}                (only when `exports` is true)
-      WORKER run --model FILE_OR_DIR --prompt-ids 1,2,3 --max-new-tokens N --threads T --ban-ids 2
-          -> {"ids": [N ints], "prefill_tokens_per_s", "decode_tokens_per_s",
-              "time_to_first_token_ms", "load_s", "file_bytes", "version", optional "system_info"}
-    --ban-ids are the eos ids, never to be chosen (as kiln generate --ignore-eos); greedy; no warm-up.
-    `setup` returns the python to run the worker with, or raises Skip(reason)."""
+    The worker prints ONE JSON object on its last stdout line for each of two subcommands (the
+    argument lists come from export_args / run_args, so a worker with other flag names needs only
+    those two functions):
+      export (only when `exports`): -> {"file_bytes", "export_s", ...}
+          default flags: export --checkpoint DIR --format fp32|w8|w4 --group-size 32 --out FILE
+      run: -> {"ids": [N ints], "prefill_tokens_per_s", "decode_tokens_per_s", "time_to_first_token_ms"
+               (ms), "load_s" (s), "file_bytes", optional "version", "system_info"}
+          default flags: run --model FILE_OR_DIR --prompt-ids 1,2,3 --max-new-tokens N --threads T --ban-ids EOS
+    Greedy, the eos ids never chosen (as kiln generate --ignore-eos), no warm-up. `setup` returns the
+    python to run the worker with, or raises Skip(reason). `format_names` maps bench/llm.py's format
+    to the worker's own (the report names both when they differ)."""
     name: str
     script: str                       # path relative to bench/
     formats: tuple                    # formats it runs
     setup: object                     # () -> python executable path
-    exports: bool = True              # False: `run --model` gets the checkpoint folder
+    exports: bool = True              # False: run gets the checkpoint folder as the model
     ext: str = ""                     # exported file suffix
+    requirements: str = ""            # bench/ file whose hash keys the cached exports
+    export_args: object = _default_export_args
+    run_args: object = _default_run_args
+    format_names: dict = field(default_factory=dict)
     version_key: str = ""             # set after setup: part of the cache key of its files
     python: str = ""
-    skip: str = ""
 
 
 def setup_script_venv(script: str) -> str:
@@ -169,12 +184,31 @@ def _eager_setup() -> str:
     return sys.executable
 
 
+def _et_export_args(ckpt: str, fmt: str, group: int, max_seq: int, out: str) -> list:
+    # bench/llm_et.py (ExecuTorch's own export_llama flow): w8 / w4 are its 8da8w / 8da4w schemes
+    return ["export", "--checkpoint", ckpt, "--quant", ET_QUANT[fmt], "--group-size", str(group),
+            "--max-seq-len", str(max_seq), "--out", out]
+
+
+def _et_run_args(model: str, prompt: list, prompt_file: str, new: int, threads: int, ban: str) -> list:
+    return ["run", "--pte", model, "--prompt-ids", prompt_file, "--new-tokens", str(new), "--threads", str(threads)]
+
+
+# ExecuTorch's quantization schemes standing in for w8 / w4: int8 / int4 (group 32) weights with
+# int8 dynamically quantized activations (XNNPACK's qd8 GEMMs), not weight-only as Kiln's and llama.cpp's
+ET_QUANT = {"fp32": "fp32", "w8": "8da8w", "w4": "8da4w"}
+
+
 def worker_engines() -> dict:
     return {
-        "llamacpp": WorkerEngine("llamacpp", "llm_gguf.py", ("fp32", "w8", "w4"), _llamacpp_setup, ext=".gguf"),
-        "eager": WorkerEngine("eager", "llm_eager.py", ("fp32",), _eager_setup, exports=False),
-        # ExecuTorch: bench/llm_et.py, same interface (formats as its author reports)
-        "et": WorkerEngine("et", "llm_et.py", ("fp32", "w8", "w4"), _et_setup, ext=".pte"),
+        "llamacpp": WorkerEngine("llamacpp", "llm_gguf.py", ("fp32", "w8", "w4"), _llamacpp_setup, ext=".gguf",
+                                 requirements="requirements-llamacpp.txt",
+                                 format_names={"fp32": "F32", "w8": "Q8_0", "w4": "Q4_0"}),
+        "eager": WorkerEngine("eager", "llm_eager.py", ("fp32",), _eager_setup, exports=False,
+                              requirements="llm_eager.py"),
+        "et": WorkerEngine("et", "llm_et.py", ("fp32", "w8", "w4"), _et_setup, ext=".pte",
+                           requirements="requirements-executorch.txt", export_args=_et_export_args,
+                           run_args=_et_run_args, format_names=ET_QUANT),
     }
 
 
@@ -298,8 +332,7 @@ def main(argv=None) -> int:
             w = workers[e]
             try:
                 w.python = w.setup()
-                w.version_key = req_hash({"llamacpp": "requirements-llamacpp.txt", "et": "requirements-executorch.txt"}
-                                         .get(e, "llm_eager.py"))
+                w.version_key = req_hash(w.requirements)
             except Skip as s:
                 skipped[e] = str(s)
                 log(f"{LABEL[e]}: skipped: {s}")
@@ -316,7 +349,8 @@ def main(argv=None) -> int:
             # the KV cache capacity is part of a Kiln program: prompt + new tokens
             return os.path.join(kdir, f"kiln-{kiln_version}-{f}-g{GROUP}-ctx{n_prompt + n_new}.kiln")
         w = workers[e]
-        return ckpt if not w.exports else os.path.join(kdir, f"{e}-{w.version_key}-{f}-g{GROUP}{w.ext}")
+        return ckpt if not w.exports else os.path.join(
+            kdir, f"{e}-{w.version_key}-{f}-g{GROUP}-ctx{n_prompt + n_new}{w.ext}")
 
     pairs = []  # (engine, format) to run
     for e in active:
@@ -335,7 +369,10 @@ def main(argv=None) -> int:
                 "llm_models.build_checkpoint(json.loads(sys.argv[2]), sys.argv[3] + '.tmp', int(sys.argv[4])); "
                 "print('{}')")
         shutil.rmtree(ckpt + ".tmp", ignore_errors=True)
-        run_child([sys.executable, "-c", code, HERE, json.dumps(shape), ckpt, str(a.seed)], env=env)
+        try:
+            run_child([sys.executable, "-c", code, HERE, json.dumps(shape), ckpt, str(a.seed)], env=env)
+        except RuntimeError as err:
+            sys.exit(f"error: building the checkpoint failed: {err}")
         os.replace(ckpt + ".tmp", ckpt)
         log(f"checkpoint written in {time.monotonic() - t0:.0f} s")
     max_seq = n_prompt + n_new
@@ -355,8 +392,10 @@ def main(argv=None) -> int:
                 os.replace(path + ".tmp", path)
             else:
                 w = workers[e]
-                _, rss, wall = run_child([w.python, os.path.join(HERE, w.script), "export", "--checkpoint", ckpt,
-                                          "--format", f, "--group-size", str(GROUP), "--out", path], env=env)
+                part = path[:len(path) - len(w.ext)] + ".part" + w.ext  # the worker may insist on its suffix
+                _, rss, wall = run_child([w.python, os.path.join(HERE, w.script),
+                                          *w.export_args(ckpt, f, GROUP, max_seq, part)], env=env)
+                os.replace(part, path)
             exports[(e, f)] = {"export_s": wall, "export_peak_rss_mib": rss}
             log(f"exported {LABEL[e]} {f}: {os.path.getsize(path) / 2**20:.1f} MiB in {wall:.0f} s "
                 f"(peak RSS {rss:.0f} MiB)")
@@ -371,6 +410,9 @@ def main(argv=None) -> int:
     special = {shape["bos_token_id"], shape["eos_token_id"]}
     prompt = [int(x) for x in rng.integers(3, shape["vocab_size"], size=n_prompt * 2) if int(x) not in special][:n_prompt]
     ban = str(shape["eos_token_id"])
+    prompt_file = os.path.join(kdir, f"prompt-{n_prompt}.json")
+    with open(prompt_file, "w") as fh:
+        json.dump(prompt, fh)
     results = {}  # (e, f, t) -> [per-round dict]
     busy = []
     for r in range(rounds):
@@ -383,9 +425,8 @@ def main(argv=None) -> int:
                            "--max-new-tokens", str(n_new), "--ignore-eos", "--threads", str(t), "--json"]
                 else:
                     w = workers[e]
-                    cmd = [w.python, os.path.join(HERE, w.script), "run", "--model", files[(e, f)], "--prompt-ids",
-                           ",".join(map(str, prompt)), "--max-new-tokens", str(n_new), "--threads", str(t),
-                           "--ban-ids", ban]
+                    cmd = [w.python, os.path.join(HERE, w.script),
+                           *w.run_args(files[(e, f)], prompt, prompt_file, n_new, t, ban)]
                 try:
                     o, rss, wall = run_child(cmd, env=dict(env, OMP_NUM_THREADS=str(t)))
                 except RuntimeError as err:
@@ -401,7 +442,7 @@ def main(argv=None) -> int:
                     f"peak RSS {rss:.0f} MiB (busy before {busy[-1]:.0%})")
 
     report = build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, prompt, pairs, files, exports,
-                          results, skipped, bw, busy, workers, started)
+                          results, skipped, bw, busy, workers, started, idle_wait)
     print(report["markdown"])
     if a.json:
         with open(a.json, "w") as fh:
@@ -436,7 +477,7 @@ def _f(x, spec: str = ".1f", none: str = "–") -> str:
 
 
 def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, prompt, pairs, files, exports, results,
-                 skipped, bw, busy, workers, started) -> dict:
+                 skipped, bw, busy, workers, started, idle_wait) -> dict:
     """The Markdown report and the JSON data from the measurements."""
     desc = machine.cpu_description()
     rows = []
@@ -452,7 +493,8 @@ def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, promp
             if runs and "version" in runs[0]:
                 versions[e] = runs[0]["version"]
                 system_info = runs[0].get("system_info") or system_info
-            row = {"engine": e, "format": f, "threads": t, "file_bytes": size,
+            native = workers[e].format_names.get(f) if e in workers else (f"{f} g{GROUP}" if f != "fp32" else None)
+            row = {"engine": e, "format": f, "native_format": native, "threads": t, "file_bytes": size,
                    "bits_per_weight": 8 * size / pc["total"], "rounds": len(runs), "errors": errs,
                    "prefill_tokens_per_s": _med([o["prefill_tokens_per_s"] for o in runs]),
                    "decode_tokens_per_s": _med([o["decode_tokens_per_s"] for o in runs]),
@@ -539,7 +581,7 @@ def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, promp
              f"(os.wait4), interpreter included for the Python workers.")
     if busy:
         L.append(f"- Shared machine: busy before the runs {min(busy):.0%}–{max(busy):.0%} (median "
-                 f"{statistics.median(busy):.0%}); waited up to {a.idle_wait if a.idle_wait is not None else 10:.0f} s "
+                 f"{statistics.median(busy):.0%}); waited up to {idle_wait:.0f} s "
                  f"for < {a.idle_threshold:.0%} before each run.")
     if bw:
         L.append("- Read bandwidth (bench/membw.cpp, best of 5 passes over 1 GiB): " +
@@ -555,7 +597,8 @@ def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, promp
     L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         err = f" (failed: {len(r['errors'])})" if r["errors"] else ""
-        L.append(f"| {LABEL[r['engine']]}{err} | {r['format']} | {r['bits_per_weight']:.2f} | {r['file_bytes'] / 2**20:.0f} "
+        fmt = r["format"] + (f" ({r['native_format']})" if r["native_format"] and r["native_format"] != r["format"] else "")
+        L.append(f"| {LABEL[r['engine']]}{err} | {fmt} | {r['bits_per_weight']:.2f} | {r['file_bytes'] / 2**20:.0f} "
                  f"| {r['threads']} | {_f(r['prefill_tokens_per_s'])} | {_f(r['decode_tokens_per_s'], '.2f')} | "
                  f"{_f(r['time_to_first_token_ms'], '.0f')} | {_f(r['load_s'], '.2f')} | {_f(r['peak_rss_mib'], '.0f')} "
                  f"| {_f(r['decode_limit_tokens_per_s'], '.2f')} | {_f(r['fraction_of_limit'], '.0%')} |")
