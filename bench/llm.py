@@ -225,7 +225,7 @@ def estimate_bytes(shape: dict, engine: str, fmt: str) -> int:
     if engine == "checkpoint" or fmt == "fp32":
         return 4 * pc["total"]
     if engine == "kiln":  # quantized projections (+ float32 scales) and the float32 embedding table for the gather
-        bits = 8 + 32 / GROUP if fmt == "w8" else 4 + 64 / GROUP
+        bits = 8.1 if fmt == "w8" else 4 + 64 / GROUP  # w8: per output channel scales
         return int(pc["read_per_token"] * bits / 8 + 4 * pc["embedding"])
     return int(pc["total"] * MIN_BITS[fmt] / 8)
 
@@ -347,7 +347,7 @@ def main(argv=None) -> int:
     def out_path(e: str, f: str) -> str:
         if e == "kiln":
             # the KV cache capacity is part of a Kiln program: prompt + new tokens
-            return os.path.join(kdir, f"kiln-{kiln_version}-{f}-g{GROUP}-ctx{n_prompt + n_new}.kiln")
+            return os.path.join(kdir, f"kiln-{kiln_version}-{f}{'-g%d' % GROUP if f == 'w4' else ''}-ctx{n_prompt + n_new}.kiln")
         w = workers[e]
         return ckpt if not w.exports else os.path.join(
             kdir, f"{e}-{w.version_key}-{f}-g{GROUP}-ctx{n_prompt + n_new}{w.ext}")
@@ -386,8 +386,10 @@ def main(argv=None) -> int:
             if e == "kiln":
                 cmd = [sys.executable, "-m", "kiln", "export-llm", ckpt, "--max-seq-len", str(max_seq),
                        "-o", path + ".tmp", "-q"]
-                if f != "fp32":
+                if f == "w4":
                     cmd += ["--quantize", f, "--group-size", str(GROUP)]
+                elif f == "w8":  # Kiln's w8 is symmetric with one scale per output channel (no groups)
+                    cmd += ["--quantize", f]
                 rss, wall = _run_plain(cmd, env)
                 os.replace(path + ".tmp", path)
             else:
@@ -493,7 +495,8 @@ def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, promp
             if runs and "version" in runs[0]:
                 versions[e] = runs[0]["version"]
                 system_info = runs[0].get("system_info") or system_info
-            native = workers[e].format_names.get(f) if e in workers else (f"{f} g{GROUP}" if f != "fp32" else None)
+            native = workers[e].format_names.get(f) if e in workers else \
+                {"w4": f"w4 g{GROUP}", "w8": "w8 per channel"}.get(f)
             row = {"engine": e, "format": f, "native_format": native, "threads": t, "file_bytes": size,
                    "bits_per_weight": 8 * size / pc["total"], "rounds": len(runs), "errors": errs,
                    "prefill_tokens_per_s": _med([o["prefill_tokens_per_s"] for o in runs]),
