@@ -11,8 +11,8 @@ assertions: CI does not run it.
 Weights: bench/llm_models.py builds a seeded float32 LlamaForCausalLM / Qwen3ForCausalLM
 (transformers' init after torch.manual_seed(--seed)) with save_pretrained; every engine's file is
 made from that checkpoint: Kiln with `python -m kiln export-llm` (fp32; --quantize w8, one scale per
-output channel; --quantize w4 --group-size 32), llama.cpp as GGUF F32 / Q8_0 / Q4_0 (bench/llm_gguf.py), eager reads the checkpoint
-itself (fp32 only). Files are cached under --cache, keyed by config, layers, vocab, seed, format and
+output channel; --quantize w4 --group-size 32), llama.cpp as GGUF F32 / Q8_0 / Q4_0
+(bench/llm_gguf.py), eager reads the checkpoint itself (fp32 only). Files are cached under --cache, keyed by config, layers, vocab, seed, format and
 the tool's version (Kiln's commit; the llama.cpp virtualenv's requirements hash).
 
 Each run is one fresh process (so its peak RSS is its own, read with os.wait4): a prompt of
