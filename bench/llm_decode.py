@@ -33,7 +33,6 @@ import datetime
 import json
 import os
 import platform
-import re
 import statistics
 import subprocess
 import sys
@@ -45,11 +44,14 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, os.path.join(ROOT, "python"))
+sys.path.insert(0, HERE)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 import kiln  # noqa: E402
+import llm_models  # noqa: E402  (bench/llm_models.py)
+from machine import read_cpuinfo, wait_idle  # noqa: E402  (bench/machine.py)
 
 # Llama-3.2-1B: hidden 2048, 16 layers, 32 heads, 8 KV heads, head_dim 64, MLP 8192, vocab 128256,
 # rope_theta 500000. Here: 2 of its layers, vocab 2048.
@@ -58,29 +60,14 @@ FULL = dict(hidden_size=2048, num_attention_heads=32, num_key_value_heads=8, hea
 QUICK = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64, intermediate_size=1024,
              num_hidden_layers=2, vocab_size=512, caps=(128, 1024), fill=16, steps=16, rounds=2)
 
-SIMD_FLAGS = re.compile(r"^(sse4_2|avx|avx2|fma|f16c|avx512[a-z0-9_]*|avx_vnni|amx[a-z0-9_]*|asimd[a-z]*|"
-                        r"sve[0-9a-z]*|fphp|i8mm|bf16)$")
-
-
 def cpu_info() -> tuple[str, str]:
-    """(model, SIMD features) from /proc/cpuinfo, as scripts/test.sh prints them."""
-    model, simd = "unknown", ""
+    """(model, SIMD features) from /proc/cpuinfo, as scripts/test.sh prints them (bench/machine.py)."""
     try:
         with open("/proc/cpuinfo") as f:
-            lines = f.read().splitlines()
+            model, flags = read_cpuinfo(f.read())
     except OSError:
-        return platform.processor() or model, simd
-    for line in lines:
-        k, _, v = line.partition(":")
-        if k.strip() in ("model name", "Model name", "Hardware", "CPU part"):
-            model = v.strip()
-            break
-    for line in lines:
-        k, _, v = line.partition(":")
-        if k.strip() in ("flags", "Features"):
-            simd = " ".join(f for f in v.split() if SIMD_FLAGS.match(f))
-            break
-    return model, simd
+        model, flags = "", []
+    return model or platform.processor() or "unknown", " ".join(flags)
 
 
 def kiln_commit() -> str:
@@ -89,17 +76,12 @@ def kiln_commit() -> str:
 
 
 def build_checkpoint(size: dict, d: str, seed: int = 0) -> str:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(hidden_size=size["hidden_size"], num_attention_heads=size["num_attention_heads"],
-                      num_key_value_heads=size["num_key_value_heads"], head_dim=size["head_dim"],
-                      intermediate_size=size["intermediate_size"], num_hidden_layers=size["num_hidden_layers"],
-                      vocab_size=size["vocab_size"], max_position_embeddings=max(size["caps"]),
-                      rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)
-    model = LlamaForCausalLM(cfg).eval()  # transformers' init: normal(0, 0.02), seeded above
-    model.save_pretrained(d)
-    return d
+    """A seeded LlamaForCausalLM of `size` (untied lm_head, rope_theta 500000) saved into `d`
+    (bench/llm_models.py's build_checkpoint)."""
+    s = dict(arch="llama", tie_word_embeddings=False, rope_theta=500000.0, bos_token_id=1, eos_token_id=2,
+             **{k: size[k] for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+                                     "intermediate_size", "num_hidden_layers", "vocab_size")})
+    return llm_models.build_checkpoint(s, d, seed, max_position_embeddings=max(size["caps"]))
 
 
 def time_python(prog, session, prompt: np.ndarray, steps: int) -> tuple[float, list[float]]:
@@ -121,30 +103,6 @@ def time_python(prog, session, prompt: np.ndarray, steps: int) -> tuple[float, l
         times.append(time.perf_counter() - t0)
         tok = int(np.argmax(out[0]))
     return prefill_s, times
-
-
-def _cpu_times() -> tuple[int, int]:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    return sum(v), v[3] + (v[4] if len(v) > 4 else 0)
-
-
-def cpu_busy(sample_s: float = 0.3) -> float:
-    """Fraction of all cores busy (by any process) over sample_s seconds, from /proc/stat."""
-    t0, i0 = _cpu_times()
-    time.sleep(sample_s)
-    t1, i1 = _cpu_times()
-    return 0.0 if t1 == t0 else 1.0 - (i1 - i0) / (t1 - t0)
-
-
-def wait_idle(threshold: float, max_wait_s: float) -> float:
-    """Waits until the machine is busy less than `threshold` (at most max_wait_s); returns the last
-    busy fraction seen."""
-    deadline = time.monotonic() + max_wait_s
-    busy = cpu_busy()
-    while busy >= threshold and time.monotonic() < deadline:
-        busy = cpu_busy()
-    return busy
 
 
 def time_bench(cli: str, path: str, tok_npy: str, pos_npy: str, runs: int, threads: int) -> dict:

@@ -83,3 +83,32 @@ def cpu_summary(d: dict) -> str:
     (available: ...)"."""
     return (f"{d.get('model', 'unknown')} ({d.get('cores', '?')} cores, {d.get('machine', '?')}); "
             f"SIMD: {d.get('simd', '?')}; Kiln cpu kernels: {target_summary(d)}")
+
+
+# ---- machine state (shared by bench/llm_decode.py and bench/llm.py) ----
+
+def _cpu_times() -> tuple[int, int]:
+    """(total, idle + iowait) jiffies of all cores, from the first line of /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return sum(v), v[3] + (v[4] if len(v) > 4 else 0)
+
+
+def cpu_busy(sample_s: float = 0.3) -> float:
+    """Fraction of all cores busy (by any process) over sample_s seconds, from /proc/stat."""
+    import time
+    t0, i0 = _cpu_times()
+    time.sleep(sample_s)
+    t1, i1 = _cpu_times()
+    return 0.0 if t1 == t0 else 1.0 - (i1 - i0) / (t1 - t0)
+
+
+def wait_idle(threshold: float, max_wait_s: float) -> float:
+    """Waits until the machine is busy less than `threshold` (a fraction of all cores; at most
+    max_wait_s seconds); returns the last busy fraction seen."""
+    import time
+    deadline = time.monotonic() + max_wait_s
+    busy = cpu_busy()
+    while busy >= threshold and time.monotonic() < deadline:
+        busy = cpu_busy()
+    return busy
