@@ -11,7 +11,7 @@ assertions: CI does not run it.
 Weights: bench/llm_models.py builds a seeded float32 LlamaForCausalLM / Qwen3ForCausalLM
 (transformers' init after torch.manual_seed(--seed)) with save_pretrained; every engine's file is
 made from that checkpoint: Kiln with `python -m kiln export-llm` (fp32; --quantize w8, one scale per
-output channel; --quantize w4 --group-size 32), llama.cpp as GGUF F32 / Q8_0 / Q4_0
+output channel; --quantize w4 --group-size 32 --scale-dtype float16), llama.cpp as GGUF F32 / Q8_0 / Q4_0
 (bench/llm_gguf.py), eager reads the checkpoint itself (fp32 only). Files are cached under --cache, keyed by config, layers, vocab, seed, format and
 the tool's version (Kiln's commit; the llama.cpp virtualenv's requirements hash).
 
@@ -224,9 +224,9 @@ def estimate_bytes(shape: dict, engine: str, fmt: str) -> int:
     pc = llm_models.param_counts(shape)
     if engine == "checkpoint" or fmt == "fp32":
         return 4 * pc["total"]
-    if engine == "kiln":  # quantized projections (+ float32 scales) and the float32 embedding table for the gather
-        bits = 8.1 if fmt == "w8" else 4 + 64 / GROUP  # w8: per output channel scales
-        return int(pc["read_per_token"] * bits / 8 + 4 * pc["embedding"])
+    if engine == "kiln":  # every weight quantized, the embedding table too (shared with a tied projection)
+        bits = 8.1 if fmt == "w8" else 4 + 16 / GROUP  # w8: per output channel scales; w4: float16 scales
+        return int(pc["total"] * bits / 8)
     return int(pc["total"] * MIN_BITS[fmt] / 8)
 
 
@@ -386,8 +386,8 @@ def main(argv=None) -> int:
             if e == "kiln":
                 cmd = [sys.executable, "-m", "kiln", "export-llm", ckpt, "--max-seq-len", str(max_seq),
                        "-o", path + ".tmp", "-q"]
-                if f == "w4":
-                    cmd += ["--quantize", f, "--group-size", str(GROUP)]
+                if f == "w4":  # groups of 32 with float16 scales: 4.5 bits per weight, Q4_0's size
+                    cmd += ["--quantize", f, "--group-size", str(GROUP), "--scale-dtype", "float16"]
                 elif f == "w8":  # Kiln's w8 is symmetric with one scale per output channel (no groups)
                     cmd += ["--quantize", f]
                 rss, wall = _run_plain(cmd, env)
@@ -606,8 +606,8 @@ def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, promp
                  f"{_f(r['time_to_first_token_ms'], '.0f')} | {_f(r['load_s'], '.2f')} | {_f(r['peak_rss_mib'], '.0f')} "
                  f"| {_f(r['decode_limit_tokens_per_s'], '.2f')} | {_f(r['fraction_of_limit'], '.0%')} |")
     L.append("")
-    L.append("bits/weight = file bytes x 8 / parameters (Kiln's quantized files keep the float32 embedding "
-             "table for the token lookup besides the quantized output projection).")
+    L.append("bits/weight = file bytes x 8 / parameters (Kiln's quantized files hold the embedding table "
+             "quantized too, once when tied to the output projection; w4 uses float16 scales).")
     if ratios:
         L.append("")
         L.append("Kiln / peer, tokens/s (median of the per-round ratios; > 1.0: Kiln is faster):")
