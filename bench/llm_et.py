@@ -31,7 +31,7 @@ Quantization schemes (`--quant`), all through torchao `quantize_` as ET's source
   8da4w  the same with weight_dtype=int4, PerGroup(G), symmetric, scales by HQQ (ET's default
          `use_hqq`): 4 + 32/G bits per weight (5 at G=32); XNNPACK qd8-f32-qb4w GEMM.
   int8   ET's WeightOnlyInt8QuantHandler (int8 per channel, fp32 activations): not an XNNPACK
-         kernel (runs on ET's CPU kernels), kept for reference.
+         kernel (runs on ET's CPU kernels), kept for reference; not validated (nor timed) yet.
   The embedding table stays fp32 unless --embedding-quantize "BITS,GROUP" (ET's option, e.g.
   "8,0" or "4,32"; 0 = per row) is given. The tied output projection is a Linear and is quantized
   with the rest.
