@@ -292,12 +292,14 @@ PYBIND11_MODULE(_kiln, m) {
                          std::vector<std::string> backends, std::string require_delegation, bool fold_batch_norm,
                          const std::string& compute_dtype, std::vector<std::vector<std::string>> alternatives,
                          const std::string& quantize, int64_t group_size, bool symmetric, const std::string& scale_dtype,
-                         std::vector<std::string> quantize_exclude, const std::string& weights_dtype) {
+                         std::vector<std::string> quantize_exclude, bool quantize_embeddings,
+                         const std::string& weights_dtype) {
         CompileOptions o;
         auto wdt = dtype_from_name(weights_dtype);
         if (!wdt) check(Error(ErrorCode::InvalidArgument, "weights_dtype: unknown dtype '" + weights_dtype + "'"));
         o.weights_dtype = *wdt;
         o.quantize = quantize_options(quantize, group_size, symmetric, scale_dtype, std::move(quantize_exclude));
+        o.quantize.embeddings = quantize_embeddings;
         auto cdt = dtype_from_name(compute_dtype);
         if (!cdt) check(Error(ErrorCode::InvalidArgument, "compute_dtype: unknown dtype '" + compute_dtype + "'"));
         o.compute_dtype = *cdt;
@@ -369,7 +371,7 @@ PYBIND11_MODULE(_kiln, m) {
          py::arg("alternatives") = std::vector<std::vector<std::string>>{},
          py::arg("quantize") = "", py::arg("group_size") = 128, py::arg("symmetric") = true,
          py::arg("scale_dtype") = "float32", py::arg("quantize_exclude") = std::vector<std::string>{},
-         py::arg("weights_dtype") = "float32",
+         py::arg("quantize_embeddings") = false, py::arg("weights_dtype") = "float32",
          "Compiles; returns (program bytes, report dict). backends: delegate backends in order of "
          "preference; require_delegation: fail unless every node is delegated to that backend; "
          "fold_batch_norm: fold inference batch norms into the convolution/linear feeding them; "
@@ -380,7 +382,8 @@ PYBIND11_MODULE(_kiln, m) {
          "(replaces backends/require_delegation; report['methods'] then has one entry per alternative). "
          "quantize: '' (off), 'w8' (int8 per output channel) or 'w4' (int4 in groups of group_size along the "
          "reduction dim; symmetric or not); scale_dtype 'float32' or 'float16'; quantize_exclude: fnmatch patterns of "
-         "node debug names / weight names left in float32. weights_dtype: 'float32' or 'float16' (float32 constants of "
+         "node debug names / weight names left in float32; quantize_embeddings: also quantize aten.embedding tables "
+         "row by row. weights_dtype: 'float32' or 'float16' (float32 constants of "
          ">= 1024 elements stored as float16 in the file, widened to float32 at load).");
 #ifdef KILN_HAVE_ONNX
   m.def("import_onnx", [](const std::string& path, const std::map<std::string, std::vector<int64_t>>& input_shapes,

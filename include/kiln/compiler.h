@@ -148,6 +148,11 @@ struct QuantizeOptions {
   /// Layers left in float32: glob patterns (fnmatch, e.g. "features.0.*", "*classifier*") matched
   /// against the node's debug_name and its weight's name.
   std::vector<std::string> exclude;
+  /// Also quantize aten.embedding tables (float32 constants [V, D]) row by row with the same
+  /// scheme (kiln.weight_quantized_embedding); a table tied to a quantized output projection is
+  /// then stored once. Off by default: a model's numerics change only where asked
+  /// (kiln.export_llm turns it on).
+  bool embeddings = false;
 };
 
 /// Compile options.
@@ -327,8 +332,8 @@ Result<size_t> fuse_hardswish(Graph& graph);
 /// float32 constant and neither the node's debug_name nor the weight's name matches an exclude
 /// pattern: aten.linear(x, w [N, K], b?) and aten.mm(x [M, K], w [K, N]) and aten.addmm(b [N], x,
 /// w [K, N]) (alpha = beta = 1) by kiln.weight_quantized_linear; aten.convolution (2-D, not
-/// transposed, depthwise included) by kiln.weight_quantized_convolution; aten.embedding(w [V, D],
-/// indices) by kiln.weight_quantized_embedding, its table quantized row by row as a linear weight
+/// transposed, depthwise included) by kiln.weight_quantized_convolution; with options.embeddings,
+/// aten.embedding(w [V, D], indices) by kiln.weight_quantized_embedding, its table quantized row by row as a linear weight
 /// [N = V, K = D] is. A constant read by several such nodes is quantized once: a tied embedding and
 /// output projection (one constant in the exported graph) share one packed table. Quantizer (computed in
 /// double, the scale rounded to scale_dtype before the values are rounded against it):

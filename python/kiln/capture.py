@@ -1936,7 +1936,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
                      t0: float | None = None, alternatives: Sequence[Sequence[str]] = (),
                      compute_dtype: str = "float32",
                      quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
-                     scale_dtype: str = "float32", exclude: Sequence[str] = (),
+                     scale_dtype: str = "float32", exclude: Sequence[str] = (), quantize_embeddings: bool = False,
                      weights_dtype: str = "float32", metadata: Mapping[str, str] | None = None) -> ExportResult:
     """Compiles captured methods ({name: CaptureResult}) into one program with the C++ compiler,
     writes `out` (and the report as JSON to `report_json`) when given and prints the report unless
@@ -1944,7 +1944,8 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     "float32" (default), "float16" or "bfloat16", the precision delegates that support it (mlx)
     compute in (the program's types stay float32; docs/mlx.md "Precision"). Raises ExportError
     (code = the Kiln error code name when the compiler refused, e.g. "NotSupported" for
-    require_delegation). quantize/group_size/symmetric/scale_dtype/exclude: see export()."""
+    require_delegation). quantize/group_size/symmetric/scale_dtype/exclude/quantize_embeddings: see
+    export()."""
     if quantize not in (None, "", "none", "w8", "w4"):
         raise ExportError(f"quantize must be 'w8' or 'w4' (or None), got {quantize!r}")
     exclude = _check_quantize_options(quantize, group_size, symmetric, scale_dtype, exclude)
@@ -1976,7 +1977,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
                                   fold_batch_norm=fold_batch_norm, alternatives=alts, compute_dtype=compute_dtype,
                                   quantize=quantize or "", group_size=group_size, symmetric=symmetric,
                                   scale_dtype=scale_dtype, quantize_exclude=list(exclude),
-                                  weights_dtype=weights_dtype)
+                                  quantize_embeddings=bool(quantize_embeddings), weights_dtype=weights_dtype)
     except KilnError as e:
         code = e.args[1] if len(e.args) > 1 else None
         if require and code == "NotSupported" and "not delegated to required backend" in e.args[0]:
@@ -2036,7 +2037,7 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
                    report_json: str | os.PathLike | None = None, verbose: bool = True,
                    alternatives: Sequence[Sequence[str]] = (), compute_dtype: str = "float32",
                    quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
-                   scale_dtype: str = "float32", exclude: Sequence[str] = (),
+                   scale_dtype: str = "float32", exclude: Sequence[str] = (), quantize_embeddings: bool = False,
                    weights_dtype: str = "float32", dynamic_shapes: Mapping[str, Any] | None = None,
                    metadata: Mapping[str, str] | None = None) -> ExportResult:
     """Exports several methods into one program: ``{"encode": (module, args), "decode": (module2,
@@ -2079,7 +2080,8 @@ def export_program(methods: Mapping[str, tuple], *, out: str | os.PathLike | Non
                             report_json=report_json, verbose=verbose, t0=t0, alternatives=alternatives,
                             compute_dtype=compute_dtype,
                             quantize=quantize, group_size=group_size, symmetric=symmetric, scale_dtype=scale_dtype,
-                            exclude=exclude, weights_dtype=weights_dtype, metadata=metadata)
+                            exclude=exclude, quantize_embeddings=quantize_embeddings, weights_dtype=weights_dtype,
+                            metadata=metadata)
 
 
 def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", out: str | os.PathLike | None = None,
@@ -2087,7 +2089,7 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
            fold_batch_norm: bool = True, strict: bool = False, report_json: str | os.PathLike | None = None,
            verbose: bool = True, alternatives: Sequence[Sequence[str]] = (),
            quantize: str | None = None, group_size: int = 128, symmetric: bool = True,
-           scale_dtype: str = "float32", exclude: Sequence[str] = (),
+           scale_dtype: str = "float32", exclude: Sequence[str] = (), quantize_embeddings: bool = False,
            weights_dtype: str = "float32", compute_dtype: str = "float32", dynamic_shapes=None,
            metadata: Mapping[str, str] | None = None) -> ExportResult:
     """Exports ``module.<method>`` (default forward) for `example_inputs` (a tensor or tuple; the
@@ -2114,7 +2116,9 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
     nodes: "w8" (int8, symmetric, one scale per output channel) or "w4" (int4, groups of
     `group_size` values along the reduction dim, symmetric or (symmetric=False) with zeros);
     scale_dtype "float32" or "float16"; exclude: fnmatch patterns of module paths / weight names to
-    keep in float32 (e.g. ["features.0.*"]). Activations stay float32 (src/ir/ops/quant.h).
+    keep in float32 (e.g. ["features.0.*"]); quantize_embeddings: also quantize aten.embedding
+    tables row by row (a table tied to an output projection is then stored once; export_llm turns
+    it on). Activations stay float32 (src/ir/ops/quant.h).
     weights_dtype: "float16" stores the float32 constants the kernels read (>= 1024 elements) as
     float16 in the file; the loader widens them to float32 once at load.
     compute_dtype: "float32" (default), "float16" or "bfloat16": the precision of delegates that
@@ -2126,8 +2130,8 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
                           fold_batch_norm=fold_batch_norm, strict=strict, report_json=report_json,
                           verbose=verbose, alternatives=alternatives, quantize=quantize, group_size=group_size,
                           symmetric=symmetric, scale_dtype=scale_dtype, exclude=exclude,
-                          weights_dtype=weights_dtype, compute_dtype=compute_dtype,
-                          dynamic_shapes=None if dynamic_shapes is None else {method: dynamic_shapes},
+                          quantize_embeddings=quantize_embeddings, weights_dtype=weights_dtype,
+                          compute_dtype=compute_dtype, dynamic_shapes=None if dynamic_shapes is None else {method: dynamic_shapes},
                           metadata=metadata)
 
 

@@ -42,7 +42,7 @@ def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLi
 
     module, args, dynamic_shapes, metadata = prepare_llm_export(dir, max_seq_len)
     return export(module, args, out=out, dynamic_shapes=dynamic_shapes, metadata=metadata, quantize=quantize,
-                  group_size=group_size, scale_dtype=scale_dtype, backends=backends, weights_dtype=weights_dtype, verbose=verbose,
+                  group_size=group_size, scale_dtype=scale_dtype, quantize_embeddings=True, backends=backends, weights_dtype=weights_dtype, verbose=verbose,
                   report_json=report_json)
 
 

@@ -128,6 +128,7 @@ Result<size_t> quantize_weights(Graph& graph, const QuantizeOptions& o) {
     ValueId x = kNoValue, wid = kNoValue, bias = kNoValue;
     bool transpose = false, conv = false, embedding = false;
     if (n.op == "aten.embedding" && n.inputs.size() == 2) {
+      if (!o.embeddings) continue;
       // The table [V, D] quantized row by row as a linear weight [N = V, K = D]: an output
       // projection tied to it (the same constant) reuses the quantized constants below.
       wid = n.inputs[0], x = n.inputs[1], embedding = true;

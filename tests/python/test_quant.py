@@ -671,7 +671,7 @@ class TiedLM(torch.nn.Module):
 
 @pytest.mark.parametrize("scheme,group_size", [("w8", 128), ("w4", 32)])
 def test_tied_embedding_quantized_once(scheme, group_size):
-    """The embedding is quantized with the linears; a table tied to the output projection is stored
+    """With quantize_embeddings the embedding is quantized with the linears; a table tied to the output projection is stored
     once (the file is smaller than the untied one by one quantized table and holds no float32 copy),
     and the program equals eager with the table replaced by its dequantized quantization."""
     torch.manual_seed(3)
@@ -679,8 +679,11 @@ def test_tied_embedding_quantized_once(scheme, group_size):
     sizes = {}
     for tied in (True, False):
         m = TiedLM(tied).eval()
-        res = kiln.export(m, (ids,), quantize=scheme, group_size=group_size, verbose=False)
+        res = kiln.export(m, (ids,), quantize=scheme, group_size=group_size, quantize_embeddings=True, verbose=False)
         assert res.report["methods"][0]["num_quantized"] == 2
+        if tied:  # without quantize_embeddings only the projection is quantized (a float32 table stays)
+            plain = kiln.export(m, (ids,), quantize=scheme, group_size=group_size, verbose=False)
+            assert plain.report["methods"][0]["num_quantized"] == 1 and len(plain.data) > 96 * 64 * 4
         sizes[tied] = len(res.data)
         if not tied:
             continue
