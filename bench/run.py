@@ -111,29 +111,7 @@ def log(msg: str) -> None:
 
 # ---- machine state ----
 
-def _cpu_times() -> tuple[int, int]:
-    with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:]]
-    idle = v[3] + (v[4] if len(v) > 4 else 0)
-    return sum(v), idle
-
-
-def cpu_busy(sample_s: float = 0.5) -> float:
-    """Fraction of all cores busy (by any process) over sample_s seconds, from /proc/stat."""
-    t0, i0 = _cpu_times()
-    time.sleep(sample_s)
-    t1, i1 = _cpu_times()
-    return 0.0 if t1 == t0 else 1.0 - (i1 - i0) / (t1 - t0)
-
-
-def wait_idle(threshold: float, max_wait_s: float) -> float:
-    """Waits until the box is busy less than `threshold` (or max_wait_s passes); returns the
-    last busy fraction seen."""
-    deadline = time.monotonic() + max_wait_s
-    busy = cpu_busy()
-    while busy >= threshold and time.monotonic() < deadline:
-        busy = cpu_busy()
-    return busy
+cpu_busy, wait_idle = machine.cpu_busy, machine.wait_idle  # one implementation (bench/machine.py)
 
 
 def machine_info() -> dict:

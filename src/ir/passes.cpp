@@ -35,6 +35,16 @@ struct Uses {
   }
 };
 
+/// The index of the node producing `v` when it is `op`, not delegated, with one output that exactly
+/// one node reads (the pattern rewrites may then replace it); -1 otherwise.
+int single_use_producer_of(const Graph& graph, const Uses& uses, ValueId v, const char* op) {
+  if (v == kNoValue || uses.readers[static_cast<size_t>(v)] != 1) return -1;
+  const int pi = uses.producer[static_cast<size_t>(v)];
+  if (pi < 0) return -1;
+  const Node& n = graph.nodes()[static_cast<size_t>(pi)];
+  return n.op == op && n.outputs.size() == 1 && !n.delegate ? pi : -1;
+}
+
 }  // namespace
 
 size_t eliminate_dead_code(Graph& graph) {
@@ -450,14 +460,7 @@ Result<size_t> fuse_hardswish(Graph& graph) {
 Result<size_t> rewrite_quick_gelu(Graph& graph) {
   const auto& nodes = graph.nodes();
   const Uses uses(graph);
-  // The node producing `v` when it is `op` with one output and `v` is read by exactly one node.
-  auto single_use_producer = [&](ValueId v, const char* op) -> int {
-    if (v == kNoValue || uses.readers[static_cast<size_t>(v)] != 1) return -1;
-    const int pi = uses.producer[static_cast<size_t>(v)];
-    if (pi < 0) return -1;
-    const Node& n = nodes[static_cast<size_t>(pi)];
-    return n.op == op && n.outputs.size() == 1 && !n.delegate ? pi : -1;
-  };
+  auto single_use_producer = [&](ValueId v, const char* op) { return single_use_producer_of(graph, uses, v, op); };
   size_t rewritten = 0;
   for (size_t mi = 0; mi < nodes.size(); ++mi) {
     const Node& m = nodes[mi];
@@ -538,14 +541,7 @@ namespace kiln {
 Result<size_t> rewrite_rms_norm(Graph& graph) {
   const auto& nodes = graph.nodes();
   const Uses uses(graph);
-  // The node producing `v` when it is `op`, not delegated, with one output read by exactly one node.
-  auto single_use_producer = [&](ValueId v, const char* op) -> int {
-    if (v == kNoValue || uses.readers[static_cast<size_t>(v)] != 1) return -1;
-    const int pi = uses.producer[static_cast<size_t>(v)];
-    if (pi < 0) return -1;
-    const Node& n = nodes[static_cast<size_t>(pi)];
-    return n.op == op && n.outputs.size() == 1 && !n.delegate ? pi : -1;
-  };
+  auto single_use_producer = [&](ValueId v, const char* op) { return single_use_producer_of(graph, uses, v, op); };
   // For p = mul(x, r) (either order) with r = rsqrt(add(mean(pow(x, 2) | mul(x, x), [-1], keepdim), eps)),
   // each intermediate read once: x and eps. Otherwise {kNoValue, NaN}.
   auto normalized = [&](const Node& p) -> std::pair<ValueId, double> {
