@@ -138,6 +138,8 @@ NO_OPINFO: dict[str, str] = {
     "kiln.weight_quantized_linear": "Kiln's weight-only quantized op (no ATen OpInfo); tests/python/test_quant.py "
                                     "checks it against NumPy/PyTorch dequantization references",
     "kiln.weight_quantized_convolution": "as kiln.weight_quantized_linear (tests/python/test_quant.py)",
+    "kiln.weight_quantized_embedding": "as kiln.weight_quantized_linear (tests/python/test_quant.py: every scheme "
+                                       "against NumPy's dequantized table, out-of-range indices, tied tables)",
     "aten.arange": "no tensor inputs: the capture evaluates arange at export time (its OpInfo samples never reach "
                    "the Kiln op); tests/python/test_ops_sort.py runs the op itself against torch.arange",
     "aten.full": "as aten.arange (no tensor inputs; tests/python/test_ops_sort.py checks it against torch.full)",
