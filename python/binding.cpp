@@ -36,18 +36,20 @@ struct KilnError {
 
 void check(const Error& e);
 
-/// CompileOptions::quantize from the Python arguments ('' = off, 'w8', 'w4').
+/// CompileOptions::quantize from the Python arguments ('' = off, 'w8', 'w4', 'w8a8', 'w4a8').
 QuantizeOptions quantize_options(const std::string& scheme, int64_t group_size, bool symmetric,
                                  const std::string& scale_dtype, std::vector<std::string> exclude) {
   QuantizeOptions q;
   if (scheme.empty() || scheme == "none") return q;
-  if (scheme == "w8") {
+  if (scheme == "w8" || scheme == "w8a8") {
     q.bits = 8;
-  } else if (scheme == "w4") {
+  } else if (scheme == "w4" || scheme == "w4a8") {
     q.bits = 4;
   } else {
-    check(Error(ErrorCode::InvalidArgument, "quantize: unknown scheme '" + scheme + "' (expected 'w8' or 'w4')"));
+    check(Error(ErrorCode::InvalidArgument,
+                "quantize: unknown scheme '" + scheme + "' (expected 'w8', 'w4', 'w8a8' or 'w4a8')"));
   }
+  if (scheme.size() == 4) q.activation_bits = 8;  // w8a8 / w4a8: int8 activation blocks
   q.group_size = group_size;
   q.symmetric = symmetric;
   auto sd = dtype_from_name(scale_dtype);

@@ -138,8 +138,8 @@ class Graph {
   std::vector<StateDef> states_;
 };
 
-/// Weight-only quantization of constant weights (src/compiler/quantize.cpp; layout and formula:
-/// src/ir/ops/quant.h). Activations stay float32.
+/// Quantization of constant weights (src/compiler/quantize.cpp; layout and formula:
+/// src/ir/ops/quant.h). Activations stay float32 unless activation_bits = 8.
 struct QuantizeOptions {
   int bits = 0;                ///< 0 = off; 8 = int8 symmetric per output channel; 4 = int4 group-wise
   int64_t group_size = 128;    ///< 4-bit: columns per group (>= 2; capped at the row length); 8-bit ignores it
@@ -153,6 +153,11 @@ struct QuantizeOptions {
   /// then stored once. Off by default: a model's numerics change only where asked
   /// (kiln.export_llm turns it on).
   bool embeddings = false;
+  /// 0 (weight-only: float32 activations) or 8: quantized linear layers whose reduction length and
+  /// group size are multiples of 32 quantize their input to int8 blocks of 32 at run time and
+  /// multiply in integers (kiln.weight_quantized_linear activation_bits = 8, src/ir/ops/quant.h:
+  /// llama.cpp's Q8_0 activations); the other layers (and embeddings, convolutions) stay at 0.
+  int activation_bits = 0;
 };
 
 /// Compile options.

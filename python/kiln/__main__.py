@@ -212,9 +212,11 @@ def _add_delegation_args(p, built: str):
     p.add_argument("--report-json", metavar="PATH",
                    help="also write the compile report (per method: nodes, arena, constants, delegate segments "
                         "per backend, nodes left to CPU kernels by op with each backend's reason) as JSON")
-    p.add_argument("--quantize", choices=("w8", "w4"),
-                   help="weight-only quantization of linear/matmul/convolution weights: w8 = int8 per output "
-                        "channel, w4 = int4 in groups along the reduction dim (docs/quantization.md)")
+    p.add_argument("--quantize", choices=("w8", "w4", "w8a8", "w4a8"),
+                   help="quantization of linear/matmul/convolution weights: w8 = int8 per output "
+                        "channel, w4 = int4 in groups along the reduction dim; w8a8 / w4a8: the same weights, and "
+                        "linear inputs quantized to int8 blocks of 32 at run time, multiplied in integers "
+                        "(docs/quantization.md)")
     p.add_argument("--group-size", type=int, default=128, choices=(32, 64, 128),
                    help="w4: weights per group (default 128)")
     p.add_argument("--asymmetric", action="store_true", help="w4: min/max groups with zeros (default symmetric)")
@@ -253,6 +255,10 @@ def cmd_export_llm(args) -> int:
         backends = check_backends(tuple(args.backends))
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    if args.quantize in (None, "w8", "w8a8") and args.group_size != 128:
+        print(f"error: --group-size applies to --quantize w4 / w4a8 only ({args.quantize or 'no quantization'} "
+              "has no groups)", file=sys.stderr)
         return 2
     if not _check_output(args.output):
         return 2
@@ -500,10 +506,11 @@ def main(argv=None) -> int:
                    help="checkpoint folder written by save_pretrained (config.json + safetensors)")
     x.add_argument("--max-seq-len", type=int, required=True, metavar="N",
                    help="positions of the KV cache: prompt + generated tokens of one session at most (>= 2)")
-    x.add_argument("--quantize", choices=("w8", "w4"),
-                   help="weight-only quantization of the linear weights and the token embedding table (a tied "
-                        "output projection shares it): w8 = int8 per output channel, w4 = int4 in groups "
-                        "(docs/quantization.md)")
+    x.add_argument("--quantize", choices=("w8", "w4", "w8a8", "w4a8"),
+                   help="quantization of the linear weights and the token embedding table (a tied "
+                        "output projection shares it): w8 = int8 per output channel, w4 = int4 in groups; "
+                        "w8a8 / w4a8: the same weights, and the linear layers' inputs quantized to int8 blocks of "
+                        "32 at run time, multiplied in integers (faster decoding; docs/quantization.md)")
     x.add_argument("--group-size", type=int, default=128, choices=(32, 64, 128),
                    help="w4: weights per group (default 128)")
     x.add_argument("--scale-dtype", choices=("float32", "float16"), default="float32",

@@ -55,6 +55,9 @@ OP_SET_DOC = "docs/op-set.md"
 
 #: Backends a program can target (DESIGN.md); only those in BUILT_BACKENDS exist in this build.
 KNOWN_BACKENDS = ("portable", "cpu", "xnnpack", "mlx", "vulkan")
+# Quantization schemes (export(quantize=...), src/ir/ops/quant.h): weight-only int8 per output
+# channel / int4 group-wise, and the same weights with int8 activation blocks.
+QUANT_SCHEMES = ("w8", "w4", "w8a8", "w4a8")
 #: "portable" (Kiln's own kernels, always there) plus the delegate backends compiled into this
 #: build (``kiln._kiln.backend_names()``, e.g. "xnnpack").
 BUILT_BACKENDS = ("portable",) + tuple(n for n in _kiln.backend_names() if n != "portable")
@@ -1922,10 +1925,11 @@ def _check_quantize_options(quantize, group_size, symmetric, scale_dtype, exclud
                                         (f"scale_dtype={scale_dtype!r}", scale_dtype != "float32"),
                                         (f"group_size={group_size}", group_size != 128)) if on]
         if given:
-            raise ExportError(f"{', '.join(given)} only apply with quantize='w8' or 'w4'")
-    elif quantize == "w8" and (group_size != 128 or not symmetric):
+            raise ExportError(f"{', '.join(given)} only apply with quantize= one of {', '.join(QUANT_SCHEMES)}")
+    elif quantize in ("w8", "w8a8") and (group_size != 128 or not symmetric):
         raise ExportError((f"group_size={group_size}" if group_size != 128 else "symmetric=False") +
-                          " applies to quantize='w4' only (w8 is symmetric, one scale per output channel)")
+                          f" applies to quantize='w4' / 'w4a8' only ({quantize} is symmetric, one scale per output "
+                          "channel)")
     return exclude
 
 
@@ -1946,8 +1950,8 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     (code = the Kiln error code name when the compiler refused, e.g. "NotSupported" for
     require_delegation). quantize/group_size/symmetric/scale_dtype/exclude/quantize_embeddings: see
     export()."""
-    if quantize not in (None, "", "none", "w8", "w4"):
-        raise ExportError(f"quantize must be 'w8' or 'w4' (or None), got {quantize!r}")
+    if quantize not in (None, "", "none", *QUANT_SCHEMES):
+        raise ExportError(f"quantize must be one of {', '.join(map(repr, QUANT_SCHEMES))} (or None), got {quantize!r}")
     exclude = _check_quantize_options(quantize, group_size, symmetric, scale_dtype, exclude)
     alts = []
     if alternatives:
@@ -2018,7 +2022,7 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
         lines.append(f"[kiln]   {m['name']}{alt}: {cap.aten_nodes} {getattr(cap, 'source_label', 'ATen')} nodes -> {m['num_nodes']} Kiln nodes "
                      f"({m['num_folded']} folded{bn}{qn}, {m['num_dead']} dead), arena {_fmt_bytes(m['arena_bytes'])}, "
                      f"constants {_fmt_bytes(m['constant_bytes'])}")
-    if quantize in ("w8", "w4") and not any(m.get("num_quantized") for m in report["methods"]):
+    if quantize in QUANT_SCHEMES and not any(m.get("num_quantized") for m in report["methods"]):
         lines.append(f"[kiln]   warning: quantize={quantize!r} quantized nothing: no linear, matmul or convolution "
                      "with a constant float32 weight" + (f" outside the exclude patterns {list(exclude)}"
                                                            if exclude else ""))
@@ -2118,7 +2122,11 @@ def export(module: torch.nn.Module, example_inputs, *, method: str = "forward", 
     scale_dtype "float32" or "float16"; exclude: fnmatch patterns of module paths / weight names to
     keep in float32 (e.g. ["features.0.*"]); quantize_embeddings: also quantize aten.embedding
     tables row by row (a table tied to an output projection is then stored once; export_llm turns
-    it on). Activations stay float32 (src/ir/ops/quant.h).
+    it on). Activations stay float32 (src/ir/ops/quant.h), except with "w8a8" / "w4a8": the weights
+    as w8 / w4, and each quantized linear whose input length and group size are multiples of 32
+    quantizes its input at run time to int8 blocks of 32 (d = max|x| / 127 per block, llama.cpp's
+    Q8_0 activations) and multiplies in integers (src/ir/ops/quant.h; about 2^-8 relative error
+    of each input block, docs/quantization.md).
     weights_dtype: "float16" stores the float32 constants the kernels read (>= 1024 elements) as
     float16 in the file; the loader widens them to float32 once at load.
     compute_dtype: "float32" (default), "float16" or "bfloat16": the precision of delegates that

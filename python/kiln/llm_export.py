@@ -31,7 +31,8 @@ def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLi
     config.model_type; RoPE types kiln.llm.SUPPORTED_ROPE_TYPES) with a KV cache of `max_seq_len`
     positions (>= 2). quantize: None, "w8" or "w4" (weight-only: every linear weight and the token
     embedding table, row by row; a table tied to the output projection is stored once;
-    docs/quantization.md), with `group_size` columns per 4-bit group and scales stored as
+    docs/quantization.md), "w8a8" or "w4a8" (the same weights; the linear layers' inputs quantized
+    to int8 blocks of 32 at run time and multiplied in integers, src/ir/ops/quant.h), with `group_size` columns per 4-bit group and scales stored as
     `scale_dtype` ("float32" or "float16": w4 with groups of 32 and float16 scales is 4.5 bits per
     weight, llama.cpp's Q4_0 size). backends: delegates to try (nodes with symbolic sizes stay on
     Kiln's CPU kernels; each backend says why). Returns kiln.capture.ExportResult; raises

@@ -50,6 +50,9 @@ Error check_options(const QuantizeOptions& o) {
     return invalid(std::string("quantize: scale dtype must be float32 or float16, got ") + dtype_name(o.scale_dtype));
   }
   if (o.bits == 8 && !o.symmetric) return invalid("quantize: 8-bit quantization is symmetric only");
+  if (o.activation_bits != 0 && o.activation_bits != 8) {
+    return invalid("quantize: activation_bits must be 0 or 8, got " + std::to_string(o.activation_bits));
+  }
   return {};
 }
 
@@ -201,6 +204,10 @@ Result<size_t> quantize_weights(Graph& graph, const QuantizeOptions& o) {
     q.debug_name = n.debug_name;
     Attributes given{{"bits", int64_t{o.bits}}, {"group_size", int64_t{o.bits == 8 ? 0 : o.group_size}}};
     if (embedding) given.set("embedding_dim", k);
+    if (!embedding && !conv && o.activation_bits == 8) {
+      const int64_t gs = o.bits == 8 ? k : std::min(o.group_size, k);
+      if (k % kActivationBlock == 0 && gs % kActivationBlock == 0) given.set("activation_bits", int64_t{8});
+    }
     if (conv) {
       given.set("kernel_size", std::vector<int64_t>{wt.sizes[2], wt.sizes[3]});
       for (const char* a : {"stride", "padding", "dilation"}) given.set(a, n.attrs.get_ints(a));

@@ -2,7 +2,11 @@
 // and cpu kernels: dequantization of a column range of one row, without a full float copy.
 #pragma once
 
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "ir/ops/quant.h"
 #include "kernels/kernel.h"
@@ -38,8 +42,38 @@ Result<QuantView> quant_view(const KernelArgs& a, int64_t k);
 
 /// Runs the quantized linear (kiln.weight_quantized_linear) in fp32 for an input `x` [m, k]
 /// into `out` [m, rows]: out = x @ dequantize(w)^T (+ bias). Portable reference: double
-/// accumulation of the dequantized products.
+/// accumulation of the dequantized products; with activation_bits = 8 the integer block sums of
+/// src/ir/ops/quant.h (int64), scaled and summed in double.
 void quant_linear_reference(const QuantView& w, const float* x, const float* bias, int64_t m, float* out);
+
+/// Quantizes one input row x [k] (k a multiple of kActivationBlock) to int8 blocks by the exact rule
+/// of src/ir/ops/quant.h (activation_bits = 8): q [k] in [-127, 127], d [k / 32] the block scales
+/// (NaN for a block holding an inf or NaN; its q are 0), qsum [k / 32] the sum of each block's q.
+/// Float32 arithmetic, IEEE division, round half to even (the default rounding mode): every kernel
+/// calls this one function, so q and d are the same on every target.
+inline void quantize_activation_row(const float* x, int64_t k, int8_t* q, float* d, int32_t* qsum) {
+  for (int64_t b = 0; b * kActivationBlock < k; ++b) {
+    const float* xb = x + b * kActivationBlock;
+    int8_t* qb = q + b * kActivationBlock;
+    float amax = 0.0f;
+    bool finite = true;
+    for (int64_t c = 0; c < kActivationBlock; ++c) {
+      const float a = std::fabs(xb[c]);
+      if (!(a <= FLT_MAX)) finite = false;  // inf or NaN
+      amax = a > amax ? a : amax;
+    }
+    const float db = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    int32_t sum = 0;
+    for (int64_t c = 0; c < kActivationBlock; ++c) {
+      int v = 0;
+      if (db > 0.0f) v = static_cast<int>(std::clamp(std::nearbyint(xb[c] / db), -127.0f, 127.0f));
+      qb[c] = static_cast<int8_t>(v);
+      sum += v;
+    }
+    d[b] = db;
+    qsum[b] = sum;
+  }
+}
 
 inline void QuantView::dequantize(int64_t n, int64_t c0, int64_t len, float* out) const {
   const int64_t gs = layout.group_size;

@@ -579,8 +579,8 @@ def test_quantization_options_that_would_be_ignored_are_refused():
     x = torch.randn(2, 64)
     for kw, what in (({"exclude": ["0"]}, "exclude"), ({"symmetric": False}, "symmetric=False"),
                      ({"scale_dtype": "float16"}, "scale_dtype"), ({"group_size": 32}, "group_size=32"),
-                     ({"quantize": "w8", "group_size": 32}, "applies to quantize='w4' only"),
-                     ({"quantize": "w8", "symmetric": False}, "applies to quantize='w4' only"),
+                     ({"quantize": "w8", "group_size": 32}, "applies to quantize='w4' / 'w4a8' only"),
+                     ({"quantize": "w8a8", "symmetric": False}, "applies to quantize='w4' / 'w4a8' only"),
                      ({"quantize": "w4", "exclude": [3]}, "fnmatch patterns")):
         with pytest.raises(ExportError, match=re.escape(what)):
             kiln.export(lin, (x,), verbose=False, **kw)

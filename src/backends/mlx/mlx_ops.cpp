@@ -615,8 +615,35 @@ std::vector<mx::array> prepare_quantized_linear(const NodeView& n, const Inputs&
   if (consts[3]) b = mx::add(b, mx::astype(*consts[3], mx::float32, dev), dev);
   return {mx::contiguous(w, false, dev), s, b};
 }
+mx::array quantized_linear_float_input(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>& prep,
+                                       int64_t k, int64_t gs);
+/// The input x [..., K] of a quantized linear with activation_bits = 8, quantized and dequantized by
+/// the rule of src/ir/ops/quant.h in float32: per block of 32 columns d = max|x| / 127,
+/// q = clamp(round-half-even(x / d), -127, 127) (0 where d = 0), x' = q * d (NaN through a block
+/// holding an inf or NaN), returned in x's dtype. The float linear of x' is the op's integer
+/// formula up to rounding, so the cpu kernels and this lowering give the same tokens.
+mx::array fake_quantize_activations(BuildCtx& c, const mx::array& x) {
+  mx::Shape bs = x.shape();
+  const int k = bs.back();
+  bs.back() = k / static_cast<int>(kActivationBlock);
+  bs.push_back(static_cast<int>(kActivationBlock));
+  const mx::array xb = mx::reshape(mx::astype(x, mx::float32, c.dev), bs, c.dev);
+  const mx::array d = mx::divide(mx::max(mx::abs(xb, c.dev), -1, true, c.dev), mx::array(127.0f), c.dev);
+  mx::array q = mx::clip(mx::round(mx::divide(xb, d, c.dev), 0, c.dev), mx::array(-127.0f), mx::array(127.0f), c.dev);
+  q = mx::where(mx::greater(d, mx::array(0.0f), c.dev), q, mx::array(0.0f), c.dev);
+  return mx::astype(mx::reshape(mx::multiply(q, d, c.dev), x.shape(), c.dev), x.dtype(), c.dev);
+}
 mx::array quantized_linear(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>& prep) {
   const int64_t k = quant_k(n), gs = quant_group(n, k);
+  if (n.attrs.get_int("activation_bits", 0) == 8) {
+    Inputs a8 = in;
+    a8[0] = fake_quantize_activations(c, *in[0]);
+    return quantized_linear_float_input(c, n, a8, prep, k, gs);
+  }
+  return quantized_linear_float_input(c, n, in, prep, k, gs);
+}
+mx::array quantized_linear_float_input(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>& prep,
+                                       int64_t k, int64_t gs) {
   if (!prep.empty()) {
     mx::array y = mx::quantized_matmul(*in[0], prep.at(0), prep.at(1), prep.at(2), true, static_cast<int>(gs), 4,
                                        "affine", c.dev);

@@ -122,16 +122,26 @@ Result<QuantLayout> quant_layout(const TensorType& weight, const TensorType& sca
     }
     q.has_zeros = true;
   }
+  const int64_t abits = attrs.get_int("activation_bits", 0);
+  if (abits != 0 && abits != 8) return invalid("activation_bits must be 0 (float32) or 8, got " + std::to_string(abits));
+  if (abits == 8 && (k % kActivationBlock != 0 || q.group_size % kActivationBlock != 0)) {
+    return invalid("activation_bits=8 needs the reduction length (" + std::to_string(k) + ") and the group size (" +
+                   std::to_string(q.group_size) + ") to be multiples of " + std::to_string(kActivationBlock));
+  }
+  q.activation_bits = static_cast<int>(abits);
   return q;
 }
 
 void register_quant_ops(OpRegistry& r) {
   r.add({"kiln.weight_quantized_linear",
          {{"input"}, {"weight"}, {"scales"}, {"zeros", true}, {"bias", true}},
-         {{"bits", AttrKind::Int, {}, true}, {"group_size", AttrKind::Int, int64_t{0}}},
+         {{"bits", AttrKind::Int, {}, true},
+          {"group_size", AttrKind::Int, int64_t{0}},
+          {"activation_bits", AttrKind::Int, int64_t{0}}},
          1, infer_linear,
-         "aten.linear(input, dequantize(weight, scales, zeros), bias) with a weight-only quantized weight "
-         "[N, K] (layout and formula: src/ir/ops/quant.h); float32 input and output"});
+         "aten.linear(input, dequantize(weight, scales, zeros), bias) with a quantized weight [N, K] (layout and "
+         "formula: src/ir/ops/quant.h); float32 input and output; activation_bits=8: the input quantized to int8 "
+         "in blocks of 32 columns and multiplied in integers (src/ir/ops/quant.h)"});
   r.add({"kiln.weight_quantized_convolution",
          {{"input"}, {"weight"}, {"scales"}, {"zeros", true}, {"bias", true}},
          {{"bits", AttrKind::Int, {}, true},

@@ -18,6 +18,19 @@
 //   aten/src/ATen/native/cpu/int4mm_kernel.cpp; the nibble order is MLX's, mlx/ops.cpp quantize,
 //   so the bytes read as little-endian uint32 words are MLX's packed layout.)
 // scales (and zeros): float32 or float16 [rows, G]; a float16 scale is widened to float32 exactly.
+//
+// Int8 activations (kiln.weight_quantized_linear with activation_bits = 8; requires k and the group
+// size to be multiples of kActivationBlock = 32): each row x[i, :] of the input is quantized in
+// blocks of 32 columns b, as llama.cpp's Q8_0 activations and ExecuTorch's 8da4w do, by this
+// exact rule (float32 arithmetic, IEEE division, round half to even):
+//   amax = max |x[i, c]| over the block;  d[i, b] = amax / 127  (d = NaN if the block holds an inf
+//   or NaN, which makes the output row NaN);  q[i, c] = d > 0 ? clamp(nearbyint(x / d), -127, 127) : 0
+// and the product is computed from integers per block, exact, then scaled:
+//   out[i, n] = bias[n] + sum_b d[i, b] * (s[n, g] * sum_c wq[n, c] q[i, c] + z[n, g] * sum_c q[i, c])
+// with g the group holding block b, wq = u - 8 (4-bit) or q (8-bit), z = 0 when symmetric: the
+// float op applied to the dequantized input q * d, up to float32 rounding (relative error of the
+// input about 2^-8 of the block's largest magnitude). The sums over blocks are float32 in the cpu
+// kernels (any order), double in the portable kernel.
 #pragma once
 
 #include <cstdint>
@@ -38,11 +51,16 @@ struct QuantLayout {
   int64_t row_bytes = 0;      ///< bytes of one packed row: k (8-bit) or ceil(k / 2) (4-bit)
   bool has_zeros = false;     ///< asymmetric (4-bit only)
   DType scale_dtype = DType::Float32;  ///< Float32 or Float16 (scales and zeros)
+  int activation_bits = 0;    ///< 0: float32 input; 8: int8 input blocks (see above; linear only)
 };
+
+/// Columns per int8 activation block (activation_bits = 8): the block of llama.cpp's Q8_0.
+inline constexpr int64_t kActivationBlock = 32;
 
 /// Checks a quantized weight (weight, scales, optional zeros) for a reduction length `k` and the
 /// attributes `bits` (4 or 8) and `group_size` (0 = per channel, i.e. one group of k columns; else
-/// >= 1, capped at k). InvalidArgument names the tensor whose dtype or shape does not match
+/// >= 1, capped at k), and `activation_bits` (absent or 0; 8 only where k and the group size are
+/// multiples of kActivationBlock). InvalidArgument names the tensor whose dtype or shape does not match
 /// (a hostile file cannot make a kernel read outside the packed weight, scales or zeros).
 Result<QuantLayout> quant_layout(const TensorType& weight, const TensorType& scales, const TensorType* zeros, int64_t k,
                                  const Attributes& attrs);

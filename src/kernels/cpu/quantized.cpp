@@ -47,6 +47,38 @@ struct QuantGemvInput {
   int64_t half = 0;                   ///< ceil(k / 2)
 };
 
+/// The int8 activations of a quantized matrix-vector product with activation_bits = 8
+/// (src/ir/ops/quant.h), prepared once per call for m <= 4 rows of x [m, k] by
+/// quantize_activation_row: B = k / 32 blocks per row. q holds each row's k values in the order the
+/// weights' bytes meet them: 8-bit weights, column order; 4-bit weights, per pair of blocks (2p,
+/// 2p + 1) the 16 even columns of 2p, the 16 even of 2p + 1, the 16 odd of 2p, the 16 odd of 2p + 1
+/// (the low and high nibbles of the pair's 32 packed bytes), and an unpaired last block its 16 even
+/// then 16 odd columns (A8EvenOdd gives the offsets).
+struct QuantGemvA8Input {
+  int64_t m = 0;
+  int64_t blocks = 0;         ///< B = k / 32
+  const int8_t* q = nullptr;  ///< [m, k]
+  const float* d = nullptr;   ///< [m, B] block scales
+  const float* e = nullptr;   ///< [m, G]: per weight group g, the sum over its blocks of d * (sum of q)
+  /// [m, B, 8]: the int32 lanes that remove the unsigned codes' offset from a block's vpdpbusd /
+  /// vpmaddwd lanes exactly, lane l = -offset * (sum of the 4 q that lane l multiplies): 4-bit
+  /// (offset 8), at block 2p for the pair (2p, 2p + 1) (q[64p + 4l ..] and q[64p + 32 + 4l ..]) and
+  /// at an unpaired last block for its 16 + 16 (lanes 0-3 only); 8-bit (offset 128), per block.
+  const int32_t* corr = nullptr;
+};
+
+/// Offsets in a 4-bit row of QuantGemvA8Input::q of block b's 16 even and 16 odd columns (B blocks).
+inline void A8EvenOdd(int64_t b, int64_t B, int64_t& even, int64_t& odd) {
+  const int64_t p = b / 2;
+  if (2 * p + 1 < B) {
+    even = 64 * p + 16 * (b & 1);
+    odd = even + 32;
+  } else {
+    even = 32 * b;
+    odd = even + 16;
+  }
+}
+
 /// Implicit im2col of one image and group: op(B)[r, j] = input[c, oy*s - p + ky*d, ox*s - p + kx*d]
 /// (0 outside), r = (c * kH + ky) * kW + kx, j = oy * OW + ox.
 struct QuantIm2col {
@@ -356,6 +388,226 @@ void WidenHalf(const uint16_t* HWY_RESTRICT src, int64_t count, float* HWY_RESTR
   for (; i < count; ++i) dst[i] = half_to_float(src[i]);
 }
 
+
+HWY_INLINE void TaskScales(const QuantView& w, int64_t j0, int64_t j1, const float*& scales, const float*& zeros) {
+  const int64_t G = w.layout.num_groups, count = (j1 - j0) * G;
+  scales = static_cast<const float*>(w.scales) + j0 * G;
+  zeros = w.zeros ? static_cast<const float*>(w.zeros) + j0 * G : nullptr;
+  if (w.layout.scale_dtype == DType::Float16) {
+    thread_local std::vector<float> widened;
+    widened.resize(static_cast<size_t>(2 * count));
+    WidenHalf(static_cast<const uint16_t*>(w.scales) + j0 * G, count, widened.data());
+    scales = widened.data();
+    if (w.zeros) {
+      WidenHalf(static_cast<const uint16_t*>(w.zeros) + j0 * G, count, widened.data() + count);
+      zeros = widened.data() + count;
+    }
+  }
+}
+
+/// The float32 scales (and zeros) of rows [j0, j1) of w, row r's group g at (r - j0) * G + g:
+/// w's own when they are float32, else widened into a buffer of the calling thread (once per task:
+/// 1/16 of the packed bytes at groups of 32).
+#undef KILN_A8_X86
+#if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
+#define KILN_A8_X86 1
+#if HWY_TARGET == HWY_AVX3_DL
+// vpdpbusd (EVEX: AVX512-VNNI + VL, which Highway's AVX3_DL target requires at run time; its
+// compile flags name only the VEX AVX-VNNI, which AMD Zen 4 lacks): the helpers below and
+// QuantGemvA8 are compiled with it (popped after QuantGemvA8).
+#pragma GCC push_options
+#pragma GCC target("avx512vnni")
+HWY_INLINE __m256i DpBusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+#endif
+
+/// init + int32 lanes of sum over 4-byte groups of u * a (u unsigned 0..15, a signed -127..127) for
+/// the low nibbles `lo` against `ae` plus the high ones `hi` against `ao`: vpdpbusd (avx3_dl), else
+/// vpmaddubsw (each 16-bit sum at most 4 * 15 * 127, no saturation) and vpmaddwd.
+HWY_INLINE __m256i DotNibbles(__m256i init, __m256i lo, __m256i ae, __m256i hi, __m256i ao) {
+#if HWY_TARGET == HWY_AVX3_DL
+  return DpBusd(DpBusd(init, lo, ae), hi, ao);
+#else
+  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, ae), _mm256_maddubs_epi16(hi, ao));
+  return _mm256_add_epi32(init, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+#endif
+}
+
+/// [v[0] x4 | v[1] x4] of two floats.
+HWY_INLINE __m256 PairPattern(const float* v) {
+  const __m256 two = _mm256_castps128_ps256(_mm_castpd_ps(_mm_load_sd(reinterpret_cast<const double*>(v))));
+  return _mm256_permutevar8x32_ps(two, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+HWY_INLINE float HSum256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+#else
+#define KILN_A8_X86 0
+#endif
+
+/// sum over groups g < G of z[g] * e[g]: the zero points' part of a row (src/ir/ops/quant.h).
+HWY_INLINE float A8Correction(const float* HWY_RESTRICT z, const float* HWY_RESTRICT e, int64_t G) {
+  const DF d;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(d));
+  VF acc = hn::Zero(d);
+  int64_t g = 0;
+  for (; g + N <= G; g += N) acc = hn::MulAdd(hn::LoadU(d, z + g), hn::LoadU(d, e + g), acc);
+  float r = ReduceSum(d, acc);
+  for (; g < G; ++g) r += z[g] * e[g];
+  return r;
+}
+
+/// sum over blocks b in [b0, b1) of s[g(b)] * d[b] * (sum_c wq q) for one row, wq the signed
+/// codes (u - 8 for 4-bit, the int8 value for 8-bit): scalar code, exact integer block sums.
+HWY_INLINE float A8RowScalar(const uint8_t* HWY_RESTRICT row, const float* HWY_RESTRICT s, const int8_t* HWY_RESTRICT q,
+                             const float* HWY_RESTRICT dd, int bits, int64_t bpg, int64_t B, int64_t b0, int64_t b1) {
+  float acc = 0.0f;
+  for (int64_t b = b0; b < b1; ++b) {
+    int32_t dot = 0;
+    if (bits == 4) {
+      int64_t ev, od;
+      A8EvenOdd(b, B, ev, od);
+      const uint8_t* wb = row + b * 16;
+      for (int64_t t = 0; t < 16; ++t) dot += ((wb[t] & 0xF) - 8) * q[ev + t] + ((wb[t] >> 4) - 8) * q[od + t];
+    } else {
+      const uint8_t* wb = row + b * 32;
+      const int8_t* qb = q + b * 32;
+      for (int64_t t = 0; t < 32; ++t) dot += static_cast<int8_t>(wb[t]) * qb[t];
+    }
+    acc += s[b / bpg] * dd[b] * static_cast<float>(dot);
+  }
+  return acc;
+}
+
+/// out[i, j] for rows j in [j0, j1) and the in.m rows of x, activation_bits = 8 (src/ir/ops/quant.h):
+/// per block the integer dot product of the weights' codes with x's int8 values, exact in int32
+/// (x86: 4-bit weights as unsigned nibbles, vpdpbusd on avx3_dl, vpmaddubsw + vpmaddwd on avx2 /
+/// avx3; 8-bit weights + 128 as unsigned bytes with vpdpbusd, sign-extended to 16 bits with
+/// vpmaddwd otherwise; the unsigned codes' offset removed in int32 by starting from in.corr),
+/// times s * d, summed in float32 per row; zero points added once per row from the per-group sums
+/// in.e (A8Correction). Four weight rows at a time share the loads of x. Other targets and the
+/// blocks the vector code leaves: A8RowScalar.
+void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bias, float* out, int64_t j0, int64_t j1) {
+  const QuantLayout& L = w.layout;
+  const int64_t n = L.rows, G = L.num_groups, rb = L.row_bytes, B = in.blocks, k = L.k;
+  const int64_t bpg = L.group_size / kActivationBlock;
+  const float* scales = nullptr;
+  const float* zeros = nullptr;
+  TaskScales(w, j0, j1, scales, zeros);
+  const bool four = L.bits == 4;
+  for (int64_t i = 0; i < in.m; ++i) {
+    const int8_t* q = in.q + i * k;
+    const float* dd = in.d + i * B;
+    const float* e = in.e + i * G;
+    const int32_t* corr = in.corr + i * B * 8;
+    for (int64_t j = j0; j < j1; j += 4) {
+      const int64_t R = std::min<int64_t>(4, j1 - j);
+      int64_t jr[4];
+      for (int64_t r = 0; r < 4; ++r) jr[r] = j + std::min(r, R - 1);  // rows past R repeat (never stored)
+      const uint8_t* wr[4];
+      const float* sr[4];
+      for (int r = 0; r < 4; ++r) {
+        wr[r] = w.data + jr[r] * rb;
+        sr[r] = scales + (jr[r] - j0) * G;
+      }
+      float res[4] = {0, 0, 0, 0};
+      int64_t done = 0;  // blocks handled by the vector code
+#if KILN_A8_X86
+      __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      if (four && L.group_size == 32) {
+        const __m256i m0f = _mm256_set1_epi8(0x0F);
+        for (int64_t p = 0; 2 * p + 1 < B; ++p) {
+          if (i == 0 && (p & 1) == 0) {  // as QuantGemvU4Whole: the rows two blocks ahead
+            for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + 8 * rb + 32 * p);
+          }
+          const __m256i ae = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p));
+          const __m256i ao = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p + 32));
+          const __m256i c8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + 16 * p));
+          const __m256 dp = PairPattern(dd + 2 * p);
+          for (int r = 0; r < 4; ++r) {
+            const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + 32 * p));
+            const __m256i lo = _mm256_and_si256(wv, m0f);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m0f);
+            const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(DotNibbles(c8, lo, ae, hi, ao)), dp);
+            acc[r] = _mm256_fmadd_ps(f, PairPattern(sr[r] + 2 * p), acc[r]);
+          }
+        }
+        done = B / 2 * 2;
+      } else if (four && L.group_size % 64 == 0 && k % L.group_size == 0) {
+        const __m256i m0f = _mm256_set1_epi8(0x0F);
+        const int64_t ppg = bpg / 2;  // pairs per group
+        for (int64_t g = 0; g < G; ++g) {
+          __m256 ga[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+          for (int64_t p = g * ppg; p < (g + 1) * ppg; ++p) {
+            if (i == 0 && (p & 1) == 0) {
+              for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + 8 * rb + 32 * p);
+            }
+            const __m256i ae = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p));
+            const __m256i ao = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p + 32));
+            const __m256i c8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + 16 * p));
+            const __m256 dp = PairPattern(dd + 2 * p);
+            for (int r = 0; r < 4; ++r) {
+              const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + 32 * p));
+              const __m256i lo = _mm256_and_si256(wv, m0f);
+              const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m0f);
+              ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DotNibbles(c8, lo, ae, hi, ao)), dp, ga[r]);
+            }
+          }
+          for (int r = 0; r < 4; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_set1_ps(sr[r][g]), acc[r]);
+        }
+        done = B;
+      } else if (!four) {
+        for (int64_t g = 0; g < G; ++g) {
+          __m256 ga[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+          for (int64_t b = g * bpg, b1 = std::min(B, (g + 1) * bpg); b < b1; ++b) {
+            if (i == 0 && (b & 1) == 0) {
+              for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + 8 * rb + 32 * b);
+            }
+            const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * b));
+            const __m256 db = _mm256_set1_ps(dd[b]);
+#if HWY_TARGET == HWY_AVX3_DL
+            const __m256i x80 = _mm256_set1_epi8(static_cast<char>(0x80));
+            const __m256i c8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + 8 * b));
+            for (int r = 0; r < 4; ++r) {
+              const __m256i u = _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + 32 * b)), x80);
+              ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DpBusd(c8, u, qb)), db, ga[r]);
+            }
+#else
+            const __m256i q0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(qb));
+            const __m256i q1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(qb, 1));
+            for (int r = 0; r < 4; ++r) {
+              const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + 32 * b));
+              const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(wv));
+              const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(wv, 1));
+              const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(w0, q0), _mm256_madd_epi16(w1, q1));
+              ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), db, ga[r]);
+            }
+#endif
+          }
+          for (int r = 0; r < 4; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_set1_ps(sr[r][g]), acc[r]);
+        }
+        done = B;
+      }
+      for (int r = 0; r < 4; ++r) res[r] = HSum256(acc[r]);
+#endif
+      for (int r = 0; r < R; ++r) {
+        const float* zr = zeros ? zeros + (jr[r] - j0) * G : nullptr;
+        float v = res[r];
+        if (done < B) v += A8RowScalar(wr[r], sr[r], q, dd, L.bits, bpg, B, done, B);
+        if (zr) v += A8Correction(zr, e, G);
+        if (bias) v += bias[jr[r]];
+        out[i * n + jr[r]] = v;
+      }
+    }
+  }
+}
+#if HWY_TARGET == HWY_AVX3_DL
+#pragma GCC pop_options
+#endif
+
 /// QuantGemvBlocks for this weight: with zero points (asymmetric 4-bit) or without; 4-bit weights
 /// in whole-vector groups through QuantGemvU4Whole.
 void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* bias, float* out, int64_t j0,
@@ -364,19 +616,9 @@ void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* 
   const QuantLayout& L = w.layout;
   const int64_t N = static_cast<int64_t>(hn::Lanes(d));
   if (L.bits == 4 && L.group_size % (2 * N) == 0 && L.k % L.group_size == 0) {
-    const int64_t G = L.num_groups, count = (j1 - j0) * G;
-    const float* scales = static_cast<const float*>(w.scales) + j0 * G;
-    const float* zeros = w.zeros ? static_cast<const float*>(w.zeros) + j0 * G : nullptr;
-    if (L.scale_dtype == DType::Float16) {  // widened once per task (1/16 of the packed bytes)
-      thread_local std::vector<float> widened;
-      widened.resize(static_cast<size_t>(2 * count));
-      WidenHalf(static_cast<const uint16_t*>(w.scales) + j0 * G, count, widened.data());
-      scales = widened.data();
-      if (w.zeros) {
-        WidenHalf(static_cast<const uint16_t*>(w.zeros) + j0 * G, count, widened.data() + count);
-        zeros = widened.data() + count;
-      }
-    }
+    const float* scales = nullptr;
+    const float* zeros = nullptr;
+    TaskScales(w, j0, j1, scales, zeros);  // widened once per task (1/16 of the packed bytes)
     if (zeros != nullptr) {
       QuantGemvU4Whole<true>(w, scales, zeros, in, bias, out, j0, j1);
     } else {
@@ -570,6 +812,7 @@ HWY_AFTER_NAMESPACE();
 namespace kiln {
 namespace cpu {
 HWY_EXPORT(QuantGemvPacked);
+HWY_EXPORT(QuantGemvA8);
 HWY_EXPORT(QuantPackWeightPanel);
 HWY_EXPORT(QuantPackIm2col);
 HWY_EXPORT(QuantDequantizeRow);
@@ -611,6 +854,75 @@ void quant_gemv(const QuantView& w, const float* x, int64_t m, const float* bias
   });
 }
 
+/// quant_gemv for activation_bits = 8: the m <= 4 rows of x quantized once per call
+/// (quantize_activation_row; for 4-bit weights reordered into the nibble order of
+/// QuantGemvA8Input), then QuantGemvA8 over tasks of 16 weight rows.
+void quant_gemv_a8(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, ThreadPool* pool) {
+  const QuantLayout& L = w.layout;
+  const int64_t k = L.k, n = L.rows, B = k / kActivationBlock, G = L.num_groups, bpg = L.group_size / kActivationBlock;
+  thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> fbuf;
+  thread_local std::vector<int32_t> sbuf;
+  thread_local std::vector<int32_t> cbuf;
+  qbuf.resize(static_cast<size_t>((m + 1) * k));
+  fbuf.resize(static_cast<size_t>(m * (B + G)));
+  sbuf.resize(static_cast<size_t>(B));
+  cbuf.assign(static_cast<size_t>(m * B * 8), 0);
+  int8_t* nat = qbuf.data() + m * k;  // one row in column order (4-bit: reordered below)
+  float* d = fbuf.data();
+  float* e = d + m * B;
+  for (int64_t i = 0; i < m; ++i) {
+    int8_t* qi = qbuf.data() + i * k;
+    quantize_activation_row(x + i * k, k, L.bits == 4 ? nat : qi, d + i * B, sbuf.data());
+    if (L.bits == 4) {
+      for (int64_t b = 0; b < B; ++b) {
+        int64_t ev, od;
+        cpu::A8EvenOdd(b, B, ev, od);
+        for (int64_t t = 0; t < 16; ++t) {
+          qi[ev + t] = nat[b * 32 + 2 * t];
+          qi[od + t] = nat[b * 32 + 2 * t + 1];
+        }
+      }
+    }
+    int32_t* ci = cbuf.data() + i * B * 8;
+    if (L.bits == 4) {  // per pair (or unpaired last block): lane l = -8 * (q[4l..4l+3] + q[32 + 4l..])
+      for (int64_t b = 0; b < B; b += 2) {
+        const int8_t* qp = qi + b * 32;
+        const int64_t half = b + 1 < B ? 32 : 16;  // bytes of even (and of odd) columns
+        for (int64_t l = 0; l < half / 4; ++l) {
+          int32_t sum = 0;
+          for (int64_t t = 0; t < 4; ++t) sum += qp[4 * l + t] + qp[half + 4 * l + t];
+          ci[b * 8 + l] = -8 * sum;
+        }
+      }
+    } else {  // per block: lane l = -128 * q[4l..4l+3]
+      for (int64_t b = 0; b < B; ++b) {
+        for (int64_t l = 0; l < 8; ++l) {
+          int32_t sum = 0;
+          for (int64_t t = 0; t < 4; ++t) sum += qi[b * 32 + 4 * l + t];
+          ci[b * 8 + l] = -128 * sum;
+        }
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      float sum = 0.0f;
+      for (int64_t b = g * bpg, b1 = std::min(B, (g + 1) * bpg); b < b1; ++b) sum += d[i * B + b] * static_cast<float>(sbuf[static_cast<size_t>(b)]);
+      e[i * G + g] = sum;
+    }
+  }
+  cpu::QuantGemvA8Input in;
+  in.m = m;
+  in.blocks = B;
+  in.q = qbuf.data();
+  in.d = d;
+  in.e = e;
+  in.corr = cbuf.data();
+  constexpr int64_t kRowsPerTask = 16;
+  cpu::parallel_tasks(pool, (n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
+    KILN_CPU_DISPATCH(QuantGemvA8)(w, in, bias, out, t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
+  });
+}
+
 /// Dequantizes rows [r0, r0 + rows) into buf [rows, k] (one row per call).
 void dequantize_rows(const QuantView& w, int64_t r0, int64_t r, float* buf) {
   KILN_CPU_DISPATCH(QuantDequantizeRow)(w, r0, r, buf);
@@ -628,8 +940,29 @@ Error linear(const KernelArgs& a) {
   float* out = a.outputs[0]->data_as<float>();
   if (m == 0) return {};
   if (m <= 4) {  // decoding
-    quant_gemv(w, px, m, bias, out, a.pool);
+    if (w.layout.activation_bits == 8) {
+      quant_gemv_a8(w, px, m, bias, out, a.pool);
+    } else {
+      quant_gemv(w, px, m, bias, out, a.pool);
+    }
     return {};
+  }
+  if (w.layout.activation_bits == 8) {
+    // Prefill: the input quantized by the same rule and dequantized (q * d, exact in float32), then
+    // the float GEMM below: the integer formula of src/ir/ops/quant.h up to float32 rounding.
+    thread_local std::vector<float> xq;
+    xq.resize(static_cast<size_t>(m * k));
+    const int64_t B = k / kActivationBlock;
+    float* xqd = xq.data();  // the calling thread's buffer (a thread_local named in the tasks is theirs)
+    cpu::parallel_tasks(a.pool, m, [&](int64_t i) {
+      std::vector<int8_t> q(static_cast<size_t>(k));
+      std::vector<float> d(static_cast<size_t>(B));
+      std::vector<int32_t> qs(static_cast<size_t>(B));
+      quantize_activation_row(px + i * k, k, q.data(), d.data(), qs.data());
+      float* row = xqd + i * k;
+      for (int64_t c = 0; c < k; ++c) row[c] = static_cast<float>(q[static_cast<size_t>(c)]) * d[static_cast<size_t>(c / kActivationBlock)];
+    });
+    px = xqd;
   }
   cpu::GemmEpilogue ep;
   if (bias) {

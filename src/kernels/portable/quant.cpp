@@ -22,7 +22,44 @@ Result<QuantView> quant_view(const KernelArgs& a, int64_t k) {
   return v;
 }
 
+namespace {
+
+/// quant_linear_reference with activation_bits = 8 (src/ir/ops/quant.h): per block the exact
+/// integer sums sum_c wq q and sum_c q, then d * (s * S1 + z * S2) summed over blocks in double.
+void quant_linear_reference_a8(const QuantView& w, const float* x, const float* bias, int64_t m, float* out) {
+  const QuantLayout& L = w.layout;
+  const int64_t k = L.k, n = L.rows, B = k / kActivationBlock;
+  std::vector<int8_t> q(static_cast<size_t>(k));
+  std::vector<float> d(static_cast<size_t>(B));
+  std::vector<int32_t> qsum(static_cast<size_t>(B));
+  for (int64_t i = 0; i < m; ++i) {
+    quantize_activation_row(x + i * k, k, q.data(), d.data(), qsum.data());
+    for (int64_t j = 0; j < n; ++j) {
+      const uint8_t* row = w.data + j * L.row_bytes;
+      double acc = bias ? static_cast<double>(bias[j]) : 0.0;
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t g = b * kActivationBlock / L.group_size;
+        int64_t s1 = 0;
+        for (int64_t c = b * kActivationBlock; c < (b + 1) * kActivationBlock; ++c) {
+          const int64_t wq = L.bits == 8 ? static_cast<int8_t>(row[c]) : static_cast<int64_t>((row[c >> 1] >> ((c & 1) * 4)) & 0xF) - 8;
+          s1 += wq * q[static_cast<size_t>(c)];
+        }
+        acc += static_cast<double>(d[static_cast<size_t>(b)]) *
+               (static_cast<double>(w.scale(j, g)) * static_cast<double>(s1) +
+                static_cast<double>(w.zero(j, g)) * static_cast<double>(qsum[static_cast<size_t>(b)]));
+      }
+      out[i * n + j] = static_cast<float>(acc);
+    }
+  }
+}
+
+}  // namespace
+
 void quant_linear_reference(const QuantView& w, const float* x, const float* bias, int64_t m, float* out) {
+  if (w.layout.activation_bits == 8) {
+    quant_linear_reference_a8(w, x, bias, m, out);
+    return;
+  }
   const int64_t k = w.layout.k, n = w.layout.rows;
   std::vector<float> row(static_cast<size_t>(k));
   for (int64_t j = 0; j < n; ++j) {
