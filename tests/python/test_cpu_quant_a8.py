@@ -133,6 +133,22 @@ def test_a8_non_finite_input_gives_nan_rows(m):
         assert_close(y[2:], expected[2:].astype(np.float32), 2e-6, kind)
 
 
+def test_a8_rounding_ties_to_even():
+    """Inputs whose x / d is exactly k + 0.5 (d = 1: the block's max |x| is 127) round half to even
+    (2.5 -> 2, 3.5 -> 4, -2.5 -> -2) on both kernel sets, as numpy.rint does."""
+    k, n = 64, 4
+    rng = np.random.default_rng(8)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    packed, s, z, _ = quantize(w, "w4", 32, True, "float32")
+    ties = np.array([127, 2.5, 3.5, -2.5, -3.5, 0.5, 1.5, -0.5, 126.5, -126.5] + [0.25] * 22, np.float32)
+    x = np.stack([np.concatenate([ties, ties[::-1]]), np.concatenate([ties * 2, -ties])]).astype(np.float32)
+    expected = a8_reference(x, packed, s, z, "w4a8", 32).astype(np.float32)
+    for m in (1, 2):
+        for y, kind in zip(run_both("kiln.weight_quantized_linear", x[:m], [packed, s, z, None],
+                                    {"bits": 4, "group_size": 32, "activation_bits": 8}), ("portable", "cpu")):
+            assert_close(y, expected[:m], 2e-6, f"{kind} m={m}")
+
+
 def test_a8_layouts_refused():
     """activation_bits other than 0 / 8, or 8 with K or the group size not a multiple of 32, is
     InvalidArgument at compile (the loader runs the same check)."""

@@ -608,6 +608,50 @@ void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bi
 #pragma GCC pop_options
 #endif
 
+/// quantize_activation_row (src/kernels/quantized.h) over vectors of this target: the same q, d and
+/// qsum bit for bit (|x| and max are exact, d = amax / 127 is the same scalar division, q the
+/// IEEE quotient rounded half to even by Round, clamped, converted exactly).
+void QuantizeActivationRow(const float* HWY_RESTRICT x, int64_t k, int8_t* HWY_RESTRICT q, float* HWY_RESTRICT d,
+                           int32_t* HWY_RESTRICT qsum) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<int8_t, DF> d8;
+  const int64_t N = static_cast<int64_t>(hn::Lanes(df));
+  if (kActivationBlock % N != 0) {
+    quantize_activation_row(x, k, q, d, qsum);
+    return;
+  }
+  const VF fmax = hn::Set(df, FLT_MAX), lo = hn::Set(df, -127.0f), hi = hn::Set(df, 127.0f);
+  for (int64_t b = 0; b * kActivationBlock < k; ++b) {
+    const float* xb = x + b * kActivationBlock;
+    int8_t* qb = q + b * kActivationBlock;
+    VF vmax = hn::Zero(df);
+    bool finite = true;
+    for (int64_t c = 0; c < kActivationBlock; c += N) {
+      const VF a = hn::Abs(hn::LoadU(df, xb + c));
+      finite = finite && hn::AllTrue(df, hn::Le(a, fmax));  // false for inf and NaN
+      vmax = hn::Max(vmax, a);
+    }
+    const float amax = hn::GetLane(hn::MaxOfLanes(df, vmax));
+    const float db = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    d[b] = db;
+    if (!(db > 0.0f)) {  // all zero, or not finite: q = 0
+      for (int64_t c = 0; c < kActivationBlock; ++c) qb[c] = 0;
+      qsum[b] = 0;
+      continue;
+    }
+    const VF vd = hn::Set(df, db);
+    auto isum = hn::Zero(di);
+    for (int64_t c = 0; c < kActivationBlock; c += N) {
+      const VF r = hn::Min(hn::Max(hn::Round(hn::Div(hn::LoadU(df, xb + c), vd)), lo), hi);
+      const auto iv = hn::ConvertTo(di, r);
+      isum = hn::Add(isum, iv);
+      hn::StoreU(hn::DemoteTo(d8, iv), d8, qb + c);
+    }
+    qsum[b] = hn::GetLane(hn::SumOfLanes(di, isum));
+  }
+}
+
 /// QuantGemvBlocks for this weight: with zero points (asymmetric 4-bit) or without; 4-bit weights
 /// in whole-vector groups through QuantGemvU4Whole.
 void QuantGemvPacked(const QuantView& w, const QuantGemvInput& in, const float* bias, float* out, int64_t j0,
@@ -813,6 +857,7 @@ namespace kiln {
 namespace cpu {
 HWY_EXPORT(QuantGemvPacked);
 HWY_EXPORT(QuantGemvA8);
+HWY_EXPORT(QuantizeActivationRow);
 HWY_EXPORT(QuantPackWeightPanel);
 HWY_EXPORT(QuantPackIm2col);
 HWY_EXPORT(QuantDequantizeRow);
@@ -873,7 +918,7 @@ void quant_gemv_a8(const QuantView& w, const float* x, int64_t m, const float* b
   float* e = d + m * B;
   for (int64_t i = 0; i < m; ++i) {
     int8_t* qi = qbuf.data() + i * k;
-    quantize_activation_row(x + i * k, k, L.bits == 4 ? nat : qi, d + i * B, sbuf.data());
+    KILN_CPU_DISPATCH(QuantizeActivationRow)(x + i * k, k, L.bits == 4 ? nat : qi, d + i * B, sbuf.data());
     if (L.bits == 4) {
       for (int64_t b = 0; b < B; ++b) {
         int64_t ev, od;
@@ -958,7 +1003,7 @@ Error linear(const KernelArgs& a) {
       std::vector<int8_t> q(static_cast<size_t>(k));
       std::vector<float> d(static_cast<size_t>(B));
       std::vector<int32_t> qs(static_cast<size_t>(B));
-      quantize_activation_row(px + i * k, k, q.data(), d.data(), qs.data());
+      KILN_CPU_DISPATCH(QuantizeActivationRow)(px + i * k, k, q.data(), d.data(), qs.data());
       float* row = xqd + i * k;
       for (int64_t c = 0; c < k; ++c) row[c] = static_cast<float>(q[static_cast<size_t>(c)]) * d[static_cast<size_t>(c / kActivationBlock)];
     });
