@@ -79,6 +79,31 @@ inline void A8EvenOdd(int64_t b, int64_t B, int64_t& even, int64_t& odd) {
   }
 }
 
+/// sum over blocks b in [b0, b1) of s[g(b)] * d[b] * (sum_c wq q) for one row, wq the signed
+/// codes (u - 8 for 4-bit, the int8 value for 8-bit): scalar code, exact integer block sums.
+/// Compiled once with the baseline flags and never inlined into the per-target code: the avx3_dl
+/// target's flags include the VEX-encoded AVX-VNNI, and GCC vectorizes this loop into VEX vpdpbusd,
+/// which AVX-512 CPUs without AVX-VNNI (AMD Zen 4, Intel Ice Lake) do not have (SIGILL).
+__attribute__((noinline)) inline float A8RowScalar(const uint8_t* __restrict row, const float* __restrict s,
+                                                  const int8_t* __restrict q, const float* __restrict dd, int bits, int64_t bpg, int64_t B, int64_t b0, int64_t b1) {
+  float acc = 0.0f;
+  for (int64_t b = b0; b < b1; ++b) {
+    int32_t dot = 0;
+    if (bits == 4) {
+      int64_t ev, od;
+      A8EvenOdd(b, B, ev, od);
+      const uint8_t* wb = row + b * 16;
+      for (int64_t t = 0; t < 16; ++t) dot += ((wb[t] & 0xF) - 8) * q[ev + t] + ((wb[t] >> 4) - 8) * q[od + t];
+    } else {
+      const uint8_t* wb = row + b * 32;
+      const int8_t* qb = q + b * 32;
+      for (int64_t t = 0; t < 32; ++t) dot += static_cast<int8_t>(wb[t]) * qb[t];
+    }
+    acc += s[b / bpg] * dd[b] * static_cast<float>(dot);
+  }
+  return acc;
+}
+
 /// Implicit im2col of one image and group: op(B)[r, j] = input[c, oy*s - p + ky*d, ox*s - p + kx*d]
 /// (0 outside), r = (c * kH + ky) * kW + kx, j = oy * OW + ox.
 struct QuantIm2col {
@@ -310,12 +335,13 @@ void QuantGemvU4Whole(const QuantView& w, const float* HWY_RESTRICT scales, cons
           // KiB a block of 4 rows spans 4 KiB pages that the hardware prefetchers, which stop at a
           // page boundary, would each start cold. One decode step of a 1.24 B-parameter w4 g32
           // model on 1 thread (AMD Zen 4, `kiln bench --profile`): 125 ms without, 98 ms one
-          // block ahead, 83-91 ms (median) two blocks ahead.
+          // block ahead, 83-91 ms (median) two blocks ahead. Into L2 (prefetcht2), not L1: a
+          // [128256, 2048] product took 14-17 ms that way against 17-18 ms (session 14).
           const int64_t ahead = 8 * rb + g * hg;
-          __builtin_prefetch(w0 + ahead);
-          __builtin_prefetch(w1 + ahead);
-          __builtin_prefetch(w2 + ahead);
-          __builtin_prefetch(w3 + ahead);
+          __builtin_prefetch(w0 + ahead, 0, 1);
+          __builtin_prefetch(w1 + ahead, 0, 1);
+          __builtin_prefetch(w2 + ahead, 0, 1);
+          __builtin_prefetch(w3 + ahead, 0, 1);
         }
         const VF vs0 = hn::Set(d, scales[oa + g]), vs1 = hn::Set(d, scales[ob + g]);
         const VF vs2 = hn::Set(d, scales[oc + g]), vs3 = hn::Set(d, scales[od + g]);
@@ -412,12 +438,14 @@ HWY_INLINE void TaskScales(const QuantView& w, int64_t j0, int64_t j1, const flo
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 #define KILN_A8_X86 1
 #if HWY_TARGET == HWY_AVX3_DL
-// vpdpbusd (EVEX: AVX512-VNNI + VL, which Highway's AVX3_DL target requires at run time; its
-// compile flags name only the VEX AVX-VNNI, which AMD Zen 4 lacks): the helpers below and
-// QuantGemvA8 are compiled with it (popped after QuantGemvA8).
-#pragma GCC push_options
-#pragma GCC target("avx512vnni")
-HWY_INLINE __m256i DpBusd(__m256i acc, __m256i u, __m256i s) { return _mm256_dpbusd_epi32(acc, u, s); }
+/// acc + vpdpbusd(u, s), EVEX-encoded (AVX512-VNNI + VL, which Highway's AVX3_DL target requires at
+/// run time). Inline assembly with an explicit {evex}: the target's compile flags also name the
+/// VEX-encoded AVX-VNNI, which AMD Zen 4 lacks (SIGILL there), and the compiler would pick that
+/// encoding for the intrinsic.
+HWY_INLINE __m256i DpBusd(__m256i acc, __m256i u, __m256i s) {
+  asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
 #endif
 
 /// init + int32 lanes of sum over 4-byte groups of u * a (u unsigned 0..15, a signed -127..127) for
@@ -460,27 +488,11 @@ HWY_INLINE float A8Correction(const float* HWY_RESTRICT z, const float* HWY_REST
   return r;
 }
 
-/// sum over blocks b in [b0, b1) of s[g(b)] * d[b] * (sum_c wq q) for one row, wq the signed
-/// codes (u - 8 for 4-bit, the int8 value for 8-bit): scalar code, exact integer block sums.
-HWY_INLINE float A8RowScalar(const uint8_t* HWY_RESTRICT row, const float* HWY_RESTRICT s, const int8_t* HWY_RESTRICT q,
-                             const float* HWY_RESTRICT dd, int bits, int64_t bpg, int64_t B, int64_t b0, int64_t b1) {
-  float acc = 0.0f;
-  for (int64_t b = b0; b < b1; ++b) {
-    int32_t dot = 0;
-    if (bits == 4) {
-      int64_t ev, od;
-      A8EvenOdd(b, B, ev, od);
-      const uint8_t* wb = row + b * 16;
-      for (int64_t t = 0; t < 16; ++t) dot += ((wb[t] & 0xF) - 8) * q[ev + t] + ((wb[t] >> 4) - 8) * q[od + t];
-    } else {
-      const uint8_t* wb = row + b * 32;
-      const int8_t* qb = q + b * 32;
-      for (int64_t t = 0; t < 32; ++t) dot += static_cast<int8_t>(wb[t]) * qb[t];
-    }
-    acc += s[b / bpg] * dd[b] * static_cast<float>(dot);
-  }
-  return acc;
-}
+/// Rows ahead that QuantGemvA8 prefetches (one 64-byte line per row per line consumed), into L2
+/// (prefetcht2, locality 1): prefetcht0 into L1 at any distance read 7.4 GB/s from DRAM against
+/// 13-18 GB/s this way (w4 g32 [128256, 2048] matrix-vector product, 1 thread, AMD Zen 4; distance
+/// 12-24 rows within noise of each other).
+constexpr int64_t kA8PrefetchRows = 16;
 
 /// out[i, j] for rows j in [j0, j1) and the in.m rows of x, activation_bits = 8 (src/ir/ops/quant.h):
 /// per block the integer dot product of the weights' codes with x's int8 values, exact in int32
@@ -521,7 +533,7 @@ void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bi
         const __m256i m0f = _mm256_set1_epi8(0x0F);
         for (int64_t p = 0; 2 * p + 1 < B; ++p) {
           if (i == 0 && (p & 1) == 0) {  // as QuantGemvU4Whole: the rows two blocks ahead
-            for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + 8 * rb + 32 * p);
+            for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + kA8PrefetchRows * rb + 32 * p, 0, 1);
           }
           const __m256i ae = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p));
           const __m256i ao = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p + 32));
@@ -543,7 +555,7 @@ void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bi
           __m256 ga[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
           for (int64_t p = g * ppg; p < (g + 1) * ppg; ++p) {
             if (i == 0 && (p & 1) == 0) {
-              for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + 8 * rb + 32 * p);
+              for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + kA8PrefetchRows * rb + 32 * p, 0, 1);
             }
             const __m256i ae = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p));
             const __m256i ao = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p + 32));
@@ -564,7 +576,7 @@ void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bi
           __m256 ga[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
           for (int64_t b = g * bpg, b1 = std::min(B, (g + 1) * bpg); b < b1; ++b) {
             if (i == 0 && (b & 1) == 0) {
-              for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + 8 * rb + 32 * b);
+              for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + kA8PrefetchRows * rb + 32 * b, 0, 1);
             }
             const __m256i qb = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 32 * b));
             const __m256 db = _mm256_set1_ps(dd[b]);
@@ -604,9 +616,6 @@ void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bi
     }
   }
 }
-#if HWY_TARGET == HWY_AVX3_DL
-#pragma GCC pop_options
-#endif
 
 /// quantize_activation_row (src/kernels/quantized.h) over vectors of this target: the same q, d and
 /// qsum bit for bit (|x| and max are exact, d = amax / 127 is the same scalar division, q the
@@ -865,6 +874,25 @@ HWY_EXPORT(QuantDequantizeRow);
 
 namespace {
 
+/// Calls fn(j0, j1) for the weight rows [0, n) of a matrix-vector product in calls of 16 rows (one
+/// widening of their scales each), on the pool's threads in contiguous chunks of n / (8 threads)
+/// rows (a multiple of 16) taken in turn: a thread streams a long run of consecutive rows, so the
+/// rows that the kernels prefetch ahead (8 or 16) are mostly its own next ones. With tasks of 16
+/// rows handed out alternately, each thread's prefetches fetched the other's rows into the wrong
+/// core's L2: one w4a8 decode step of a 1.24 B-parameter model took longer on 2 threads (72 ms
+/// median) than on 1 (50 ms), AMD Zen 4 (session 14).
+template <class Fn>
+void gemv_row_chunks(ThreadPool* pool, int64_t n, const Fn& fn) {
+  constexpr int64_t kRows = 16;
+  const int64_t threads = pool ? std::max<int64_t>(1, pool->num_threads()) : 1;
+  const int64_t blocks = (n + kRows - 1) / kRows;
+  const int64_t per_chunk = std::max<int64_t>(1, blocks / (8 * threads)) * kRows;
+  cpu::parallel_tasks(pool, (n + per_chunk - 1) / per_chunk, [&](int64_t t) {
+    const int64_t c1 = std::min(n, (t + 1) * per_chunk);
+    for (int64_t j = t * per_chunk; j < c1; j += kRows) fn(j, std::min(c1, j + kRows));
+  });
+}
+
 /// out[i, :] = x[i, :] @ dequantize(w)^T (+ bias) for the m rows of x [m, k] (row stride of out:
 /// w's rows), by QuantGemvPacked over tasks of 16 weight rows: the matrix-vector product of
 /// decoding, each row of w streamed once per row of x. For 4-bit weights x is split into its even
@@ -893,10 +921,7 @@ void quant_gemv(const QuantView& w, const float* x, int64_t m, const float* bias
     in.odd = odd;
     in.half = half;
   }
-  constexpr int64_t kRowsPerTask = 16;
-  cpu::parallel_tasks(pool, (n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
-    KILN_CPU_DISPATCH(QuantGemvPacked)(w, in, bias, out, t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
-  });
+  gemv_row_chunks(pool, n, [&](int64_t j0, int64_t j1) { KILN_CPU_DISPATCH(QuantGemvPacked)(w, in, bias, out, j0, j1); });
 }
 
 /// quant_gemv for activation_bits = 8: the m <= 4 rows of x quantized once per call
@@ -962,10 +987,7 @@ void quant_gemv_a8(const QuantView& w, const float* x, int64_t m, const float* b
   in.d = d;
   in.e = e;
   in.corr = cbuf.data();
-  constexpr int64_t kRowsPerTask = 16;
-  cpu::parallel_tasks(pool, (n + kRowsPerTask - 1) / kRowsPerTask, [&](int64_t t) {
-    KILN_CPU_DISPATCH(QuantGemvA8)(w, in, bias, out, t * kRowsPerTask, std::min(n, (t + 1) * kRowsPerTask));
-  });
+  gemv_row_chunks(pool, n, [&](int64_t j0, int64_t j1) { KILN_CPU_DISPATCH(QuantGemvA8)(w, in, bias, out, j0, j1); });
 }
 
 /// Dequantizes rows [r0, r0 + rows) into buf [rows, k] (one row per call).
