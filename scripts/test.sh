@@ -109,6 +109,14 @@ for t in avx2 scalar; do
     *) echo "--- $t: not available on this CPU, skipped" ;;
   esac
 done
+# Highway 1.0.3 compiles its avx3_dl target with the VEX-encoded AVX-VNNI enabled, which AVX-512 CPUs
+# without AVX-VNNI (AMD Zen 4, Intel Ice Lake) lack, and GCC may vectorize a plain integer loop in that
+# code into {vex} vpdpbusd (SIGILL there; src/kernels/cpu/quantized.cpp). None may be in the runtime.
+if command -v objdump >/dev/null; then
+  vex=$(objdump -d build/libkiln_runtime.a | grep -c '{vex} vpdp' || true)
+  echo "VEX-encoded AVX-VNNI instructions in libkiln_runtime.a: $vex"
+  [ "$vex" = 0 ] || { echo "error: {vex} vpdp* would SIGILL on AVX-512 CPUs without AVX-VNNI" >&2; exit 1; }
+fi
 section_done
 
 section install "install into build/install, build examples/app against it"
