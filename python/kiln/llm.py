@@ -68,7 +68,10 @@ def load_llm(dir: str | os.PathLike):
     dir = os.fspath(dir)
     if not os.path.isfile(os.path.join(dir, "config.json")):
         raise LLMExportError(f"{dir}: no config.json (expected a folder written by save_pretrained)")
-    config = AutoConfig.from_pretrained(dir, local_files_only=True)
+    try:
+        config = AutoConfig.from_pretrained(dir, local_files_only=True)
+    except (ValueError, KeyError, TypeError, AttributeError) as e:  # transformers' own config validation
+        raise LLMExportError(f"{dir}: transformers cannot read config.json ({type(e).__name__}: {e})") from e
     check_llm_config(config)
     model = AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, local_files_only=True)
     model.eval()

@@ -752,6 +752,14 @@ def test_cli_errors(llama, tmp_path, capsys):
     assert rc == 1 and "rope type 'dynamic' is not supported" in err, err
     assert "supported rope types: default, linear, llama3, yarn" in err and "GuardOnDataDependent" not in err, err
     assert not (tmp_path / "d.kiln").exists()
+    # a config transformers itself refuses (longrope without its factors): exit 1 naming config.json
+    cfg_json = json.loads((tmp_path / "llama_dynamic" / "config.json").read_text())
+    cfg_json["rope_scaling"] = {"rope_type": "longrope", "factor": 2.0}
+    cfg_json.pop("rope_parameters", None)
+    (tmp_path / "llama_dynamic" / "config.json").write_text(json.dumps(cfg_json))
+    rc, err = run("export-llm", tmp_path / "llama_dynamic", "--max-seq-len", 16, "-o", tmp_path / "d.kiln")
+    assert rc == 1 and ("cannot read config.json" in err or "rope type 'longrope' is not supported" in err), err
+    assert "Traceback" not in err, err
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=32))
     gpt2.save_pretrained(tmp_path / "gpt2")
     rc, err = run("export-llm", tmp_path / "gpt2", "--max-seq-len", 16, "-o", tmp_path / "g.kiln")
