@@ -494,6 +494,30 @@ HWY_INLINE float A8Correction(const float* HWY_RESTRICT z, const float* HWY_REST
 /// 12-24 rows within noise of each other).
 constexpr int64_t kA8PrefetchRows = 16;
 
+#if KILN_A8_X86
+/// For the pair of blocks (2p, 2p + 1) of one row of x and four 4-bit weight rows wr[r] (row bytes
+/// rb): f[r] = the pair's exact integer dot products (DotNibbles, the codes' offset removed by
+/// corr) as float32 lanes times [d[2p] x4 | d[2p + 1] x4]. prefetch: also fetch the rows
+/// kA8PrefetchRows ahead into L2 (one line per row every other pair).
+HWY_INLINE void A8PairProducts(const uint8_t* const* wr, int64_t rb, int64_t p, const int8_t* q, const int32_t* corr,
+                               const float* dd, bool prefetch, __m256 f[4]) {
+  if (prefetch && (p & 1) == 0) {
+    for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + kA8PrefetchRows * rb + 32 * p, 0, 1);
+  }
+  const __m256i m0f = _mm256_set1_epi8(0x0F);
+  const __m256i ae = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p));
+  const __m256i ao = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p + 32));
+  const __m256i c8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + 16 * p));
+  const __m256 dp = PairPattern(dd + 2 * p);
+  for (int r = 0; r < 4; ++r) {
+    const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + 32 * p));
+    const __m256i lo = _mm256_and_si256(wv, m0f);
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m0f);
+    f[r] = _mm256_mul_ps(_mm256_cvtepi32_ps(DotNibbles(c8, lo, ae, hi, ao)), dp);
+  }
+}
+#endif
+
 /// out[i, j] for rows j in [j0, j1) and the in.m rows of x, activation_bits = 8 (src/ir/ops/quant.h):
 /// per block the integer dot product of the weights' codes with x's int8 values, exact in int32
 /// (x86: 4-bit weights as unsigned nibbles, vpdpbusd on avx3_dl, vpmaddubsw + vpmaddwd on avx2 /
@@ -530,43 +554,20 @@ void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bi
 #if KILN_A8_X86
       __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
       if (four && L.group_size == 32) {
-        const __m256i m0f = _mm256_set1_epi8(0x0F);
         for (int64_t p = 0; 2 * p + 1 < B; ++p) {
-          if (i == 0 && (p & 1) == 0) {  // as QuantGemvU4Whole: the rows two blocks ahead
-            for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + kA8PrefetchRows * rb + 32 * p, 0, 1);
-          }
-          const __m256i ae = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p));
-          const __m256i ao = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p + 32));
-          const __m256i c8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + 16 * p));
-          const __m256 dp = PairPattern(dd + 2 * p);
-          for (int r = 0; r < 4; ++r) {
-            const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + 32 * p));
-            const __m256i lo = _mm256_and_si256(wv, m0f);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m0f);
-            const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(DotNibbles(c8, lo, ae, hi, ao)), dp);
-            acc[r] = _mm256_fmadd_ps(f, PairPattern(sr[r] + 2 * p), acc[r]);
-          }
+          __m256 f[4];
+          A8PairProducts(wr, rb, p, q, corr, dd, i == 0, f);
+          for (int r = 0; r < 4; ++r) acc[r] = _mm256_fmadd_ps(f[r], PairPattern(sr[r] + 2 * p), acc[r]);
         }
         done = B / 2 * 2;
       } else if (four && L.group_size % 64 == 0 && k % L.group_size == 0) {
-        const __m256i m0f = _mm256_set1_epi8(0x0F);
         const int64_t ppg = bpg / 2;  // pairs per group
         for (int64_t g = 0; g < G; ++g) {
           __m256 ga[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
           for (int64_t p = g * ppg; p < (g + 1) * ppg; ++p) {
-            if (i == 0 && (p & 1) == 0) {
-              for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + kA8PrefetchRows * rb + 32 * p, 0, 1);
-            }
-            const __m256i ae = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p));
-            const __m256i ao = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(q + 64 * p + 32));
-            const __m256i c8 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(corr + 16 * p));
-            const __m256 dp = PairPattern(dd + 2 * p);
-            for (int r = 0; r < 4; ++r) {
-              const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wr[r] + 32 * p));
-              const __m256i lo = _mm256_and_si256(wv, m0f);
-              const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(wv, 4), m0f);
-              ga[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(DotNibbles(c8, lo, ae, hi, ao)), dp, ga[r]);
-            }
+            __m256 f[4];
+            A8PairProducts(wr, rb, p, q, corr, dd, i == 0, f);
+            for (int r = 0; r < 4; ++r) ga[r] = _mm256_add_ps(ga[r], f[r]);
           }
           for (int r = 0; r < 4; ++r) acc[r] = _mm256_fmadd_ps(ga[r], _mm256_set1_ps(sr[r][g]), acc[r]);
         }
