@@ -70,12 +70,13 @@ CASES = [  # (scheme, group_size, symmetric, scale_dtype, K values)
 
 @pytest.mark.parametrize("scheme,group_size,symmetric,scale_dtype,ks", CASES)
 def test_a8_linear_matches_numpy(scheme, group_size, symmetric, scale_dtype, ks):
-    """Decode (m <= 4: the integer kernels) and prefill (m = 7, 17: the input quantized, then the
-    float GEMM) on the portable and cpu kernels, N = 1, 3, 17, with and without bias, 1 and 2
-    threads, against the NumPy reference."""
+    """Decode (m <= 4: the integer matrix-vector kernels) and prefill (m = 7, 17: the integer GEMM
+    on AVX512-VNNI, 4 rows x 32 columns per tile, with row and column tails; elsewhere the input
+    quantized, then the float GEMM) on the portable and cpu kernels, N = 1, 3, 17, 45, with and
+    without bias, 1 and 2 threads, against the NumPy reference."""
     rng = np.random.default_rng(11)
     bits = 8 if scheme.startswith("w8") else 4
-    for n in (1, 3, 17):
+    for n in (1, 3, 17, 45):
         for k in ks:
             w = rng.standard_normal((n, k)).astype(np.float32)
             packed, s, z, _ = quantize(w, scheme[:2], group_size, symmetric, scale_dtype)

@@ -104,6 +104,27 @@ __attribute__((noinline)) inline float A8RowScalar(const uint8_t* __restrict row
   return acc;
 }
 
+/// The int8 activations of the integer GEMM of prefill (QuantGemmA8; activation_bits = 8, m > 4),
+/// prepared once per call: the m rows of x [m, k] quantized by quantize_activation_row, B = k / 32
+/// blocks per row. For 4-bit weights each run of 8 columns is stored as its 4 even then its 4 odd
+/// columns (q[8j .. 8j + 3] = x[8j], x[8j + 2], x[8j + 4], x[8j + 6] quantized, q[8j + 4 ..] the
+/// odd ones), the order in which the weight panel holds the low and high nibbles of 4 packed bytes
+/// (QuantGemmA8PackPanels); 8-bit weights: column order.
+struct QuantGemmA8Input {
+  int64_t m = 0;
+  int64_t blocks = 0;           ///< B = k / 32
+  const int8_t* q = nullptr;    ///< [m, k]
+  const float* d = nullptr;     ///< [m, B] block scales
+  /// [m, B]: -offset * (sum of the block's q), offset 8 (4-bit codes u = wq + 8) or 128 (8-bit
+  /// weights + 128): the start of a block's unsigned-times-signed sum, which then equals the block's
+  /// exact sum of wq * q.
+  const int32_t* corr = nullptr;
+  const float* e = nullptr;     ///< [m, G] with zero points (else null): per group, sum of d * (sum of q)
+};
+
+/// Output columns of one QuantGemmA8 task: two 16-lane panels.
+inline constexpr int64_t kA8GemmCols = 32;
+
 /// Implicit im2col of one image and group: op(B)[r, j] = input[c, oy*s - p + ky*d, ox*s - p + kx*d]
 /// (0 outside), r = (c * kH + ky) * kW + kx, j = oy * OW + ox.
 struct QuantIm2col {
@@ -539,6 +560,9 @@ void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bi
     const float* dd = in.d + i * B;
     const float* e = in.e + i * G;
     const int32_t* corr = in.corr + i * B * 8;
+#if !KILN_A8_X86
+    (void)corr, (void)four;  // the vector paths' inputs
+#endif
     for (int64_t j = j0; j < j1; j += 4) {
       const int64_t R = std::min<int64_t>(4, j1 - j);
       int64_t jr[4];
@@ -616,6 +640,196 @@ void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bi
       }
     }
   }
+}
+
+#if HWY_TARGET == HWY_AVX3_DL
+/// acc + vpdpbusd(u, s) on 512-bit vectors (inline assembly: Highway 1.0.3's avx3_dl flags do not
+/// name avx512vnni, so the intrinsic does not compile here; a zmm operand is EVEX-only).
+HWY_INLINE __m512i DpBusd512(__m512i acc, __m512i u, __m512i s) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
+
+/// acc + vpdpbusd(u, the 4 int8 at p broadcast to every lane): the broadcast is the instruction's
+/// memory operand ({1to16}), no separate broadcast instruction.
+HWY_INLINE __m512i DpBusd512Bcast(__m512i acc, __m512i u, const int8_t* p) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(u), "m"(*reinterpret_cast<const int32_t*>(p)));
+  return acc;
+}
+
+/// Transposes 16 vectors of 16 int32 (v[i] lane j becomes v[j] lane i): 32-bit then 64-bit
+/// interleaves within 128-bit lanes, then two rounds of 128-bit lane shuffles.
+HWY_INLINE void Transpose16x16(__m512i v[16]) {
+  __m512i t[16], u[16];
+  for (int i = 0; i < 8; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; ++i) {  // u[4i + c] lane L = rows 4i .. 4i + 3 at column 4L + c
+    u[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {  // v[4L + c] lane block i = u[4i + c] lane block L
+    const __m512i a = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44), b = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xEE);
+    const __m512i e = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44), f = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xEE);
+    v[c] = _mm512_shuffle_i32x4(a, e, 0x88);
+    v[4 + c] = _mm512_shuffle_i32x4(a, e, 0xDD);
+    v[8 + c] = _mm512_shuffle_i32x4(b, f, 0x88);
+    v[12 + c] = _mm512_shuffle_i32x4(b, f, 0xDD);
+  }
+}
+
+/// Bytes ahead in each weight row that QuantGemmA8PackPanels prefetches.
+constexpr int64_t kA8PackAhead = 256;
+
+/// Packs output columns [n0, n0 + 32) of the integer GEMM (rows of w; rows past the last repeat it,
+/// their results never stored) into `panel` as unsigned bytes for vpdpbusd: for each step s of 4
+/// reduction columns, 128 bytes, two 64-byte vectors (columns n0 .. n0 + 15, then n0 + 16 ..), lane t
+/// holding the 4 bytes of row n0 + t (+ 16) that the step's 4 int8 activations multiply:
+/// 4-bit, the steps 2j and 2j + 1 of the 8 columns 8j .. 8j + 7 (the row's packed dword j) are the
+/// low nibbles (the even columns) and the high nibbles (the odd ones), u = wq + 8; 8-bit, the bytes
+/// of columns 4s .. 4s + 3 plus 128 (xor 0x80). 64 bytes of 16 rows are loaded, then transposed
+/// (Transpose16x16) so that each vector holds one dword of every row. `scales` [G, 32] (and `zeros`
+/// with zero points) receive the rows' float32 scales per group from TaskScales.
+void QuantGemmA8PackPanels(const QuantView& w, int64_t n0, uint8_t* HWY_RESTRICT panel, float* HWY_RESTRICT scales,
+                           float* HWY_RESTRICT zeros) {
+  const QuantLayout& L = w.layout;
+  const int64_t cols = std::min<int64_t>(kA8GemmCols, L.rows - n0), G = L.num_groups, rb = L.row_bytes;
+  const float* rs = nullptr;
+  const float* rz = nullptr;
+  TaskScales(w, n0, n0 + cols, rs, rz);
+  for (int64_t g = 0; g < G; ++g) {
+    for (int64_t t = 0; t < kA8GemmCols; ++t) {
+      const int64_t r = std::min(t, cols - 1);
+      scales[g * kA8GemmCols + t] = rs[r * G + g];
+      if (rz != nullptr) zeros[g * kA8GemmCols + t] = rz[r * G + g];
+    }
+  }
+  const __m512i m0f = _mm512_set1_epi8(0x0F), x80 = _mm512_set1_epi8(static_cast<char>(0x80));
+  for (int64_t p = 0; p < 2; ++p) {
+    const uint8_t* row[16];
+    for (int t = 0; t < 16; ++t) row[t] = w.data + (n0 + std::min<int64_t>(16 * p + t, cols - 1)) * rb;
+    uint8_t* dst = panel + 64 * p;
+    for (int64_t c0 = 0; c0 < rb; c0 += 64) {  // 64 bytes of each row: 16 dwords
+      const int64_t nb = std::min<int64_t>(64, rb - c0);
+      const __mmask64 keep = nb == 64 ? ~__mmask64{0} : (__mmask64{1} << nb) - 1;
+      __m512i v[16];
+      for (int t = 0; t < 16; ++t) {
+        if (c0 + kA8PackAhead < rb) __builtin_prefetch(row[t] + c0 + kA8PackAhead, 0, 3);
+        v[t] = _mm512_maskz_loadu_epi8(keep, row[t] + c0);
+      }
+      Transpose16x16(v);  // v[j] lane t = dword j of row t
+      const int64_t words = nb / 4;
+      for (int64_t j = 0; j < words; ++j) {
+        const int64_t word = c0 / 4 + j;
+        if (L.bits == 4) {  // 8 columns 8 word .. 8 word + 7: even ones (low nibbles), then odd ones
+          _mm512_store_si512(dst + 2 * word * 128, _mm512_and_si512(v[j], m0f));
+          _mm512_store_si512(dst + (2 * word + 1) * 128, _mm512_and_si512(_mm512_srli_epi32(v[j], 4), m0f));
+        } else {  // 4 columns 4 word .. 4 word + 3
+          _mm512_store_si512(dst + word * 128, _mm512_xor_si512(v[j], x80));
+        }
+      }
+    }
+  }
+}
+
+/// out[i, n0 + c] for the MR rows i0 .. i0 + MR - 1 of x and the `cols` (<= 32) columns of one
+/// packed panel pair (QuantGemmA8PackPanels), src/ir/ops/quant.h's formula: per block, the exact
+/// int32 sum of wq * q (vpdpbusd of the panel's unsigned bytes with 4 broadcast int8 activations,
+/// started from in.corr), then out += float(sum) * s * d in float32; zero points add z * e per
+/// group; bias last. MR x 2 int32 and MR x 2 float32 accumulators stay in registers.
+template <int MR>
+HWY_INLINE void QuantGemmA8Tile(const QuantGemmA8Input& in, int64_t k, int64_t G, int64_t bpg, const uint8_t* HWY_RESTRICT panel,
+                                const float* HWY_RESTRICT scales, const float* zeros, const float* bias, int64_t i0,
+                                int64_t cols, float* out, int64_t ldo) {
+  const int64_t B = in.blocks;
+  __m512 accf[MR][2];
+  for (int r = 0; r < MR; ++r) accf[r][0] = accf[r][1] = _mm512_setzero_ps();
+  const int8_t* xq = in.q + i0 * k;
+  for (int64_t b = 0; b < B; ++b) {
+    __m512i acc[MR][2];
+    for (int r = 0; r < MR; ++r) acc[r][0] = acc[r][1] = _mm512_set1_epi32(in.corr[(i0 + r) * B + b]);
+    const uint8_t* pb = panel + b * 8 * 128;
+    const int8_t* xb = xq + b * kActivationBlock;
+    for (int64_t s = 0; s < 8; ++s) {
+      const __m512i w0 = _mm512_load_si512(pb + s * 128);
+      const __m512i w1 = _mm512_load_si512(pb + s * 128 + 64);
+      for (int r = 0; r < MR; ++r) {
+        acc[r][0] = DpBusd512Bcast(acc[r][0], w0, xb + r * k + 4 * s);
+        acc[r][1] = DpBusd512Bcast(acc[r][1], w1, xb + r * k + 4 * s);
+      }
+    }
+    const float* sg = scales + (b / bpg) * kA8GemmCols;
+    const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16);
+    for (int r = 0; r < MR; ++r) {
+      const __m512 dv = _mm512_set1_ps(in.d[(i0 + r) * B + b]);
+      accf[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_mul_ps(s0, dv), accf[r][0]);
+      accf[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][1]), _mm512_mul_ps(s1, dv), accf[r][1]);
+    }
+  }
+  if (zeros != nullptr) {
+    for (int64_t g = 0; g < G; ++g) {
+      const __m512 z0 = _mm512_loadu_ps(zeros + g * kA8GemmCols), z1 = _mm512_loadu_ps(zeros + g * kA8GemmCols + 16);
+      for (int r = 0; r < MR; ++r) {
+        const __m512 ev = _mm512_set1_ps(in.e[(i0 + r) * G + g]);
+        accf[r][0] = _mm512_fmadd_ps(z0, ev, accf[r][0]);
+        accf[r][1] = _mm512_fmadd_ps(z1, ev, accf[r][1]);
+      }
+    }
+  }
+  const __mmask16 k0 = static_cast<__mmask16>(cols >= 16 ? 0xFFFF : (1u << cols) - 1);
+  const __mmask16 k1 = static_cast<__mmask16>(cols >= 32 ? 0xFFFF : cols <= 16 ? 0 : (1u << (cols - 16)) - 1);
+  const __m512 b0 = bias ? _mm512_maskz_loadu_ps(k0, bias) : _mm512_setzero_ps();
+  const __m512 b1 = bias ? _mm512_maskz_loadu_ps(k1, bias + 16) : _mm512_setzero_ps();
+  for (int r = 0; r < MR; ++r) {
+    float* o = out + (i0 + r) * ldo;
+    _mm512_mask_storeu_ps(o, k0, _mm512_add_ps(accf[r][0], b0));
+    _mm512_mask_storeu_ps(o + 16, k1, _mm512_add_ps(accf[r][1], b1));
+  }
+}
+#endif
+
+#ifndef KMR
+#define KMR 6
+#endif
+/// Whether QuantGemmA8 runs on this target (AVX512-VNNI: Highway's avx3_dl); elsewhere prefill with
+/// int8 activations dequantizes them and runs the float GEMM.
+bool QuantGemmA8Available() { return HWY_TARGET == HWY_AVX3_DL; }
+
+/// The integer GEMM of prefill (activation_bits = 8): out[i, n] for every row i < in.m and the
+/// columns [32 t, 32 t + 32) of task t: the weights of those columns unpacked once into a panel of
+/// the calling thread (QuantGemmA8PackPanels, 32 * k bytes), then QuantGemmA8Tile over the rows of
+/// x, 4 at a time. Only on avx3_dl (QuantGemmA8Available); does nothing elsewhere.
+void QuantGemmA8(const QuantView& w, const QuantGemmA8Input& in, const float* bias, float* out, int64_t t) {
+#if HWY_TARGET == HWY_AVX3_DL
+  const QuantLayout& L = w.layout;
+  const int64_t k = L.k, G = L.num_groups, n0 = t * kA8GemmCols, cols = std::min(kA8GemmCols, L.rows - n0);
+  const int64_t bpg = L.group_size / kActivationBlock;
+  thread_local std::vector<uint8_t> panel_buf;
+  thread_local std::vector<float> scale_buf;
+  panel_buf.resize(static_cast<size_t>(k / 4 * 128 + 64));
+  scale_buf.resize(static_cast<size_t>(2 * G * kA8GemmCols));
+  auto* panel = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(panel_buf.data()) + 63) & ~uintptr_t{63});
+  const float* sc = scale_buf.data();
+  float* zeros = w.zeros != nullptr ? scale_buf.data() + G * kA8GemmCols : nullptr;
+  QuantGemmA8PackPanels(w, n0, panel, scale_buf.data(), zeros);
+  const float* b = bias ? bias + n0 : nullptr;
+  float* o = out + n0;
+  const int64_t n = L.rows;
+  int64_t i = 0;
+  for (; i + KMR <= in.m; i += KMR) QuantGemmA8Tile<KMR>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n);
+  for (; i + 4 <= in.m; i += 4) QuantGemmA8Tile<4>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n);
+  switch (in.m - i) {
+    case 3: QuantGemmA8Tile<3>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
+    case 2: QuantGemmA8Tile<2>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
+    case 1: QuantGemmA8Tile<1>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
+    default: break;
+  }
+#else
+  (void)w, (void)in, (void)bias, (void)out, (void)t;
+#endif
 }
 
 /// quantize_activation_row (src/kernels/quantized.h) over vectors of this target: the same q, d and
@@ -867,6 +1081,8 @@ namespace kiln {
 namespace cpu {
 HWY_EXPORT(QuantGemvPacked);
 HWY_EXPORT(QuantGemvA8);
+HWY_EXPORT(QuantGemmA8Available);
+HWY_EXPORT(QuantGemmA8);
 HWY_EXPORT(QuantizeActivationRow);
 HWY_EXPORT(QuantPackWeightPanel);
 HWY_EXPORT(QuantPackIm2col);
@@ -991,6 +1207,58 @@ void quant_gemv_a8(const QuantView& w, const float* x, int64_t m, const float* b
   gemv_row_chunks(pool, n, [&](int64_t j0, int64_t j1) { KILN_CPU_DISPATCH(QuantGemvA8)(w, in, bias, out, j0, j1); });
 }
 
+/// The prefill product with activation_bits = 8 (m > 4 rows of x [m, k]) as an integer GEMM
+/// (QuantGemmA8, avx3_dl): the rows quantized in parallel (QuantizeActivationRow; 4-bit weights:
+/// each run of 8 columns reordered to its even then odd columns, QuantGemmA8Input), with the
+/// blocks' offset corrections and, with zero points, the per-group sums e; then one task per 32
+/// output columns.
+void quant_gemm_a8(const QuantView& w, const float* x, int64_t m, const float* bias, float* out, ThreadPool* pool) {
+  const QuantLayout& L = w.layout;
+  const int64_t k = L.k, B = k / kActivationBlock, G = L.num_groups, bpg = L.group_size / kActivationBlock;
+  const int32_t offset = L.bits == 4 ? 8 : 128;
+  thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> fbuf;
+  thread_local std::vector<int32_t> cbuf;
+  qbuf.resize(static_cast<size_t>(m * k));
+  fbuf.resize(static_cast<size_t>(m * (B + G)));
+  cbuf.resize(static_cast<size_t>(m * B));
+  int8_t* q = qbuf.data();  // the calling thread's buffers (a thread_local named in the tasks is theirs)
+  float* d = fbuf.data();
+  float* e = d + m * B;
+  int32_t* corr = cbuf.data();
+  const bool four = L.bits == 4;
+  cpu::parallel_tasks(pool, m, [&](int64_t i) {
+    int8_t* qi = q + i * k;
+    int32_t* ci = corr + i * B;
+    KILN_CPU_DISPATCH(QuantizeActivationRow)(x + i * k, k, qi, d + i * B, ci);  // ci = block sums of q
+    if (four) {
+      for (int64_t c = 0; c < k; c += 8) {
+        int8_t t[8];
+        for (int64_t h = 0; h < 4; ++h) {
+          t[h] = qi[c + 2 * h];
+          t[4 + h] = qi[c + 2 * h + 1];
+        }
+        std::memcpy(qi + c, t, 8);
+      }
+    }
+    for (int64_t g = 0; g < G; ++g) {
+      float sum = 0.0f;
+      for (int64_t b = g * bpg, b1 = std::min(B, (g + 1) * bpg); b < b1; ++b) sum += d[i * B + b] * static_cast<float>(ci[b]);
+      e[i * G + g] = sum;
+    }
+    for (int64_t b = 0; b < B; ++b) ci[b] *= -offset;
+  });
+  cpu::QuantGemmA8Input in;
+  in.m = m;
+  in.blocks = B;
+  in.q = q;
+  in.d = d;
+  in.corr = corr;
+  in.e = w.zeros != nullptr ? e : nullptr;
+  cpu::parallel_tasks(pool, (L.rows + cpu::kA8GemmCols - 1) / cpu::kA8GemmCols,
+                      [&](int64_t t) { KILN_CPU_DISPATCH(QuantGemmA8)(w, in, bias, out, t); });
+}
+
 /// Dequantizes rows [r0, r0 + rows) into buf [rows, k] (one row per call).
 void dequantize_rows(const QuantView& w, int64_t r0, int64_t r, float* buf) {
   KILN_CPU_DISPATCH(QuantDequantizeRow)(w, r0, r, buf);
@@ -1015,8 +1283,12 @@ Error linear(const KernelArgs& a) {
     }
     return {};
   }
+  if (w.layout.activation_bits == 8 && KILN_CPU_DISPATCH(QuantGemmA8Available)()) {
+    quant_gemm_a8(w, px, m, bias, out, a.pool);
+    return {};
+  }
   if (w.layout.activation_bits == 8) {
-    // Prefill: the input quantized by the same rule and dequantized (q * d, exact in float32), then
+    // Prefill without AVX512-VNNI: the input quantized by the same rule and dequantized (q * d, exact in float32), then
     // the float GEMM below: the integer formula of src/ir/ops/quant.h up to float32 rounding.
     thread_local std::vector<float> xq;
     xq.resize(static_cast<size_t>(m * k));
