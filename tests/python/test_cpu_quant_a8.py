@@ -63,6 +63,7 @@ CASES = [  # (scheme, group_size, symmetric, scale_dtype, K values)
     ("w4a8", 64, True, "float32", (64, 320)),
     ("w4a8", 96, False, "float16", (96, 288)),        # 3 blocks per group: pairs straddle groups
     ("w4a8", 128, True, "float16", (128, 384)),
+    ("w4a8", 160, False, "float32", (160,)),          # one group per row, zero points
     ("w8a8", 0, True, "float32", (32, 96, 1056)),
     ("w8a8", 0, True, "float16", (224,)),
 ]

@@ -739,8 +739,10 @@ void QuantGemmA8PackPanels(const QuantView& w, int64_t n0, uint8_t* HWY_RESTRICT
 /// packed panel pair (QuantGemmA8PackPanels), src/ir/ops/quant.h's formula: per block, the exact
 /// int32 sum of wq * q (vpdpbusd of the panel's unsigned bytes with 4 broadcast int8 activations,
 /// started from in.corr), then out += float(sum) * s * d in float32; zero points add z * e per
-/// group; bias last. MR x 2 int32 and MR x 2 float32 accumulators stay in registers.
-template <int MR>
+/// group; bias last. MR x 2 int32 and MR x 2 float32 accumulators stay in registers. kOneGroup
+/// (one group per row: w8 per channel): the blocks' sums are weighted by d only and the scale is
+/// applied once at the end, s * sum_b d * sum (one multiplication per block fewer).
+template <int MR, bool kOneGroup>
 HWY_INLINE void QuantGemmA8Tile(const QuantGemmA8Input& in, int64_t k, int64_t G, int64_t bpg, const uint8_t* HWY_RESTRICT panel,
                                 const float* HWY_RESTRICT scales, const float* zeros, const float* bias, int64_t i0,
                                 int64_t cols, float* out, int64_t ldo) {
@@ -761,12 +763,27 @@ HWY_INLINE void QuantGemmA8Tile(const QuantGemmA8Input& in, int64_t k, int64_t G
         acc[r][1] = DpBusd512Bcast(acc[r][1], w1, xb + r * k + 4 * s);
       }
     }
+    if (kOneGroup) {  // the scale is applied once, below
+      for (int r = 0; r < MR; ++r) {
+        const __m512 dv = _mm512_set1_ps(in.d[(i0 + r) * B + b]);
+        accf[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][0]), dv, accf[r][0]);
+        accf[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][1]), dv, accf[r][1]);
+      }
+      continue;
+    }
     const float* sg = scales + (b / bpg) * kA8GemmCols;
     const __m512 s0 = _mm512_loadu_ps(sg), s1 = _mm512_loadu_ps(sg + 16);
     for (int r = 0; r < MR; ++r) {
       const __m512 dv = _mm512_set1_ps(in.d[(i0 + r) * B + b]);
       accf[r][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][0]), _mm512_mul_ps(s0, dv), accf[r][0]);
       accf[r][1] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][1]), _mm512_mul_ps(s1, dv), accf[r][1]);
+    }
+  }
+  if (kOneGroup) {
+    const __m512 s0 = _mm512_loadu_ps(scales), s1 = _mm512_loadu_ps(scales + 16);
+    for (int r = 0; r < MR; ++r) {
+      accf[r][0] = _mm512_mul_ps(accf[r][0], s0);
+      accf[r][1] = _mm512_mul_ps(accf[r][1], s1);
     }
   }
   if (zeros != nullptr) {
@@ -789,11 +806,24 @@ HWY_INLINE void QuantGemmA8Tile(const QuantGemmA8Input& in, int64_t k, int64_t G
     _mm512_mask_storeu_ps(o + 16, k1, _mm512_add_ps(accf[r][1], b1));
   }
 }
+
+/// QuantGemmA8Tile over all rows of x: 6 at a time, then the rest.
+template <bool kOneGroup>
+HWY_INLINE void QuantGemmA8Rows(const QuantGemmA8Input& in, int64_t k, int64_t G, int64_t bpg, const uint8_t* HWY_RESTRICT panel,
+                                const float* HWY_RESTRICT sc, const float* zeros, const float* b, int64_t cols, float* o, int64_t n) {
+  int64_t i = 0;
+  for (; i + 6 <= in.m; i += 6) QuantGemmA8Tile<6, kOneGroup>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n);
+  switch (in.m - i) {
+    case 5: QuantGemmA8Tile<5, kOneGroup>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
+    case 4: QuantGemmA8Tile<4, kOneGroup>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
+    case 3: QuantGemmA8Tile<3, kOneGroup>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
+    case 2: QuantGemmA8Tile<2, kOneGroup>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
+    case 1: QuantGemmA8Tile<1, kOneGroup>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
+    default: break;
+  }
+}
 #endif
 
-#ifndef KMR
-#define KMR 6
-#endif
 /// Whether QuantGemmA8 runs on this target (AVX512-VNNI: Highway's avx3_dl); elsewhere prefill with
 /// int8 activations dequantizes them and runs the float GEMM.
 bool QuantGemmA8Available() { return HWY_TARGET == HWY_AVX3_DL; }
@@ -801,7 +831,7 @@ bool QuantGemmA8Available() { return HWY_TARGET == HWY_AVX3_DL; }
 /// The integer GEMM of prefill (activation_bits = 8): out[i, n] for every row i < in.m and the
 /// columns [32 t, 32 t + 32) of task t: the weights of those columns unpacked once into a panel of
 /// the calling thread (QuantGemmA8PackPanels, 32 * k bytes), then QuantGemmA8Tile over the rows of
-/// x, 4 at a time. Only on avx3_dl (QuantGemmA8Available); does nothing elsewhere.
+/// x, 6 at a time. Only on avx3_dl (QuantGemmA8Available); does nothing elsewhere.
 void QuantGemmA8(const QuantView& w, const QuantGemmA8Input& in, const float* bias, float* out, int64_t t) {
 #if HWY_TARGET == HWY_AVX3_DL
   const QuantLayout& L = w.layout;
@@ -818,14 +848,10 @@ void QuantGemmA8(const QuantView& w, const QuantGemmA8Input& in, const float* bi
   const float* b = bias ? bias + n0 : nullptr;
   float* o = out + n0;
   const int64_t n = L.rows;
-  int64_t i = 0;
-  for (; i + KMR <= in.m; i += KMR) QuantGemmA8Tile<KMR>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n);
-  for (; i + 4 <= in.m; i += 4) QuantGemmA8Tile<4>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n);
-  switch (in.m - i) {
-    case 3: QuantGemmA8Tile<3>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
-    case 2: QuantGemmA8Tile<2>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
-    case 1: QuantGemmA8Tile<1>(in, k, G, bpg, panel, sc, zeros, b, i, cols, o, n); break;
-    default: break;
+  if (G == 1) {
+    QuantGemmA8Rows<true>(in, k, G, bpg, panel, sc, zeros, b, cols, o, n);
+  } else {
+    QuantGemmA8Rows<false>(in, k, G, bpg, panel, sc, zeros, b, cols, o, n);
   }
 #else
   (void)w, (void)in, (void)bias, (void)out, (void)t;
