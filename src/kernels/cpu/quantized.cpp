@@ -435,7 +435,9 @@ void WidenHalf(const uint16_t* HWY_RESTRICT src, int64_t count, float* HWY_RESTR
   for (; i < count; ++i) dst[i] = half_to_float(src[i]);
 }
 
-
+/// The float32 scales (and zeros) of rows [j0, j1) of w, row r's group g at (r - j0) * G + g:
+/// w's own when they are float32, else widened into a buffer of the calling thread (once per task:
+/// 1/16 of the packed bytes at groups of 32).
 HWY_INLINE void TaskScales(const QuantView& w, int64_t j0, int64_t j1, const float*& scales, const float*& zeros) {
   const int64_t G = w.layout.num_groups, count = (j1 - j0) * G;
   scales = static_cast<const float*>(w.scales) + j0 * G;
@@ -452,9 +454,6 @@ HWY_INLINE void TaskScales(const QuantView& w, int64_t j0, int64_t j1, const flo
   }
 }
 
-/// The float32 scales (and zeros) of rows [j0, j1) of w, row r's group g at (r - j0) * G + g:
-/// w's own when they are float32, else widened into a buffer of the calling thread (once per task:
-/// 1/16 of the packed bytes at groups of 32).
 #undef KILN_A8_X86
 #if HWY_TARGET == HWY_AVX2 || HWY_TARGET == HWY_AVX3 || HWY_TARGET == HWY_AVX3_DL
 #define KILN_A8_X86 1
@@ -465,6 +464,13 @@ HWY_INLINE void TaskScales(const QuantView& w, int64_t j0, int64_t j1, const flo
 /// encoding for the intrinsic.
 HWY_INLINE __m256i DpBusd(__m256i acc, __m256i u, __m256i s) {
   asm("%{evex%} vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
+  return acc;
+}
+
+/// acc + vpdpbusd(u, s) on 512-bit vectors (inline assembly: Highway 1.0.3's avx3_dl flags do not
+/// name avx512vnni, so the intrinsic does not compile here; a zmm operand is EVEX-only).
+HWY_INLINE __m512i DpBusd512(__m512i acc, __m512i u, __m512i s) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
   return acc;
 }
 #endif
@@ -539,6 +545,35 @@ HWY_INLINE void A8PairProducts(const uint8_t* const* wr, int64_t rb, int64_t p, 
 }
 #endif
 
+#if HWY_TARGET == HWY_AVX3_DL
+/// A8PairProducts on 512-bit vectors for the pairs p and p + 1 (blocks 4h .. 4h + 3, p = 2h): one
+/// 64-byte load per weight row, the two pairs' activations (and offset lanes) joined into one
+/// vector per call and shared by the 4 rows; f[r] = the 4 blocks' exact integer dot products as
+/// float32 lanes (4 per block) times [d[4h] x4 | .. | d[4h + 3] x4]. Prefetches as A8PairProducts.
+HWY_INLINE void A8QuadProducts(const uint8_t* const* wr, int64_t rb, int64_t p, const int8_t* q, const int32_t* corr,
+                               const float* dd, bool prefetch, __m512 f[4]) {
+  if (prefetch) {
+    for (int r = 0; r < 4; ++r) __builtin_prefetch(wr[r] + kA8PrefetchRows * rb + 32 * p, 0, 1);
+  }
+  const auto join = [](const void* a, const void* b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(a))),
+                              _mm256_loadu_si256(static_cast<const __m256i*>(b)), 1);
+  };
+  const __m512i m0f = _mm512_set1_epi8(0x0F);
+  const __m512i ae = join(q + 64 * p, q + 64 * p + 64);
+  const __m512i ao = join(q + 64 * p + 32, q + 64 * p + 96);
+  const __m512i c16 = join(corr + 16 * p, corr + 16 * p + 16);
+  const __m512 dp = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3),
+                                          _mm512_castps128_ps512(_mm_loadu_ps(dd + 2 * p)));
+  for (int r = 0; r < 4; ++r) {
+    const __m512i wv = _mm512_loadu_si512(wr[r] + 32 * p);
+    const __m512i lo = _mm512_and_si512(wv, m0f);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(wv, 4), m0f);
+    f[r] = _mm512_mul_ps(_mm512_cvtepi32_ps(DpBusd512(DpBusd512(c16, lo, ae), hi, ao)), dp);
+  }
+}
+#endif
+
 /// out[i, j] for rows j in [j0, j1) and the in.m rows of x, activation_bits = 8 (src/ir/ops/quant.h):
 /// per block the integer dot product of the weights' codes with x's int8 values, exact in int32
 /// (x86: 4-bit weights as unsigned nibbles, vpdpbusd on avx3_dl, vpmaddubsw + vpmaddwd on avx2 /
@@ -578,7 +613,23 @@ void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bi
 #if KILN_A8_X86
       __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
       if (four && L.group_size == 32) {
-        for (int64_t p = 0; 2 * p + 1 < B; ++p) {
+        int64_t p = 0;
+#if HWY_TARGET == HWY_AVX3_DL
+        __m512 acc16[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+        const __m512i quad = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        for (; 2 * p + 3 < B; p += 2) {
+          __m512 f[4];
+          A8QuadProducts(wr, rb, p, q, corr, dd, i == 0, f);
+          for (int r = 0; r < 4; ++r) {
+            const __m512 sp = _mm512_permutexvar_ps(quad, _mm512_castps128_ps512(_mm_loadu_ps(sr[r] + 2 * p)));
+            acc16[r] = _mm512_fmadd_ps(f[r], sp, acc16[r]);
+          }
+        }
+        for (int r = 0; r < 4; ++r) {
+          acc[r] = _mm256_add_ps(_mm512_castps512_ps256(acc16[r]), _mm512_extractf32x8_ps(acc16[r], 1));
+        }
+#endif
+        for (; 2 * p + 1 < B; ++p) {
           __m256 f[4];
           A8PairProducts(wr, rb, p, q, corr, dd, i == 0, f);
           for (int r = 0; r < 4; ++r) acc[r] = _mm256_fmadd_ps(f[r], PairPattern(sr[r] + 2 * p), acc[r]);
@@ -643,13 +694,6 @@ void QuantGemvA8(const QuantView& w, const QuantGemvA8Input& in, const float* bi
 }
 
 #if HWY_TARGET == HWY_AVX3_DL
-/// acc + vpdpbusd(u, s) on 512-bit vectors (inline assembly: Highway 1.0.3's avx3_dl flags do not
-/// name avx512vnni, so the intrinsic does not compile here; a zmm operand is EVEX-only).
-HWY_INLINE __m512i DpBusd512(__m512i acc, __m512i u, __m512i s) {
-  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u), "v"(s));
-  return acc;
-}
-
 /// acc + vpdpbusd(u, the 4 int8 at p broadcast to every lane): the broadcast is the instruction's
 /// memory operand ({1to16}), no separate broadcast instruction.
 HWY_INLINE __m512i DpBusd512Bcast(__m512i acc, __m512i u, const int8_t* p) {
