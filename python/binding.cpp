@@ -568,13 +568,15 @@ PYBIND11_MODULE(_kiln, m) {
   py::class_<Program, std::shared_ptr<Program>>(m, "Program", "A loaded, verified .kiln program.")
       .def_static(
           "load",
-          [](const std::string& path, const std::map<std::string, std::string>& settings) {
+          [](const std::string& path, const std::map<std::string, std::string>& settings, bool prefault) {
             LoadOptions o;
             o.backend_settings.assign(settings.begin(), settings.end());
+            o.prefault = prefault;
             return unwrap(Program::load(path, o));
           },
-          py::arg("path"), py::arg("backend_settings") = std::map<std::string, std::string>{},
-          "Maps and verifies a program. backend_settings: {'<backend>.<key>': value}, e.g. {'mlx.device': 'cpu'}.")
+          py::arg("path"), py::arg("backend_settings") = std::map<std::string, std::string>{}, py::arg("prefault") = false,
+          "Maps and verifies a program. backend_settings: {'<backend>.<key>': value}, e.g. {'mlx.device': 'cpu'}. "
+          "prefault: map every page of the file at load (LoadOptions::prefault).")
       .def_static(
           "from_bytes",
           [](py::bytes b, const std::map<std::string, std::string>& settings) {

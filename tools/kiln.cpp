@@ -528,7 +528,9 @@ int cmd_generate(const GenerateArgs& a) {
   if (a.max_new_tokens < 0) {
     return usage_fail("generate", Error(ErrorCode::InvalidArgument, "--max-new-tokens must be >= 0"));
   }
-  auto program = Program::load(a.file);
+  LoadOptions load_options;
+  load_options.prefault = true;  // every step reads every weight: no page faults in the first prefill
+  auto program = Program::load(a.file, load_options);
   if (!program.ok()) return fail("generate", program.error());
   const Program& p = *program.value();
   auto max_seq_len = llm_int(p, "llm.max_seq_len");

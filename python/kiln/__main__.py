@@ -263,6 +263,10 @@ def cmd_export_llm(args) -> int:
     if not _check_output(args.output):
         return 2
     from .llm_export import export_llm
+    if args.quiet:  # transformers' own loading progress bar and report too
+        from transformers.utils import logging as hf_logging
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
     try:
         result = export_llm(d, args.max_seq_len, out=args.output, quantize=args.quantize, group_size=args.group_size,
                             scale_dtype=args.scale_dtype,
@@ -338,8 +342,8 @@ def cmd_generate(args) -> int:
     if args.max_new_tokens < 0:
         print("error: --max-new-tokens must be >= 0", file=sys.stderr)
         return 2
-    if args.threads < 0:
-        print("error: --threads must be >= 0", file=sys.stderr)
+    if not 0 <= args.threads <= 256:  # the runtime's limit, as the C++ `kiln generate` says it
+        print(f"error: --threads must be between 1 and 256 (0: the default pool), got {args.threads}", file=sys.stderr)
         return 2
     if args.seed < 0:
         print("error: --seed must be >= 0", file=sys.stderr)
@@ -351,7 +355,7 @@ def cmd_generate(args) -> int:
         print(f"error: {e.args[0]}", file=sys.stderr)
         return 2
     if not _check_input_file(args.file, "a .kiln program"):
-        return 2
+        return 1  # the program cannot be loaded (exit 1, as the C++ `kiln generate`)
     tokenizer = None
     try:
         if args.tokenizer is not None:
@@ -361,7 +365,8 @@ def cmd_generate(args) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        program = load(args.file, num_threads=args.threads, portable_kernels_only=args.kernels == "portable")
+        program = load(args.file, num_threads=args.threads, portable_kernels_only=args.kernels == "portable",
+                       prefault=True)
         limits = llm_limits(program)
     except KilnError as e:
         print(f"error: cannot load {args.file}: {e.args[0]}", file=sys.stderr)
@@ -389,8 +394,8 @@ def cmd_generate(args) -> int:
     try:
         ids, stats = generate(program, prompt_ids, args.max_new_tokens, temperature=args.temperature,
                               top_k=args.top_k, top_p=args.top_p, seed=args.seed, ignore_eos=args.ignore_eos)
-    except ValueError as e:  # kiln.generate's own checks of the ids and the seed
-        print(f"error: prompt: {e}", file=sys.stderr)
+    except ValueError as e:  # kiln.generate's own checks of the request (ids, seed, threads)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     except KilnError as e:
         print(f"error: generate failed: {e.args[0]}", file=sys.stderr)

@@ -62,7 +62,10 @@ class LLMExportError(ValueError):
 
 def load_llm(dir: str | os.PathLike):
     """Loads a causal LM from a ``save_pretrained`` folder (local files only), float32, eval mode.
-    Returns (hf_model, config). Raises LLMExportError for a config this path cannot export."""
+    Returns (hf_model, config). Raises LLMExportError for a config this path cannot export, for a
+    config or weights file that transformers refuses (its message quoted), and for a checkpoint
+    that lacks weights of the model its config describes (transformers would initialize those at
+    random and load the rest: a silently wrong model) or whose tensors have other shapes."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dir = os.fspath(dir)
@@ -70,12 +73,37 @@ def load_llm(dir: str | os.PathLike):
         raise LLMExportError(f"{dir}: no config.json (expected a folder written by save_pretrained)")
     try:
         config = AutoConfig.from_pretrained(dir, local_files_only=True)
-    except (ValueError, KeyError, TypeError, AttributeError) as e:  # transformers' own config validation
-        raise LLMExportError(f"{dir}: transformers cannot read config.json ({type(e).__name__}: {e})") from e
+    except Exception as e:  # transformers' / huggingface_hub's own config validation
+        raise LLMExportError(f"{dir}: transformers cannot read config.json ({type(e).__name__}: {_one_line(e)})") from e
     check_llm_config(config)
-    model = AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, local_files_only=True)
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(dir, dtype=torch.float32, local_files_only=True,
+                                                           output_loading_info=True)
+    except (OSError, MemoryError):  # a missing file: the caller's message names it
+        raise
+    except Exception as e:  # a config the model class refuses, a damaged safetensors file, mismatched shapes
+        raise LLMExportError(f"{dir}: transformers cannot build the model ({type(e).__name__}: {_one_line(e)})") from e
+    missing = sorted(info.get("missing_keys") or [])
+    mismatched = [k if isinstance(k, str) else k[0] for k in (info.get("mismatched_keys") or [])]
+    if missing or mismatched:
+        what = [f"missing {_name_list(missing)}"] if missing else []
+        what += [f"of another shape {_name_list(mismatched)}"] if mismatched else []
+        raise LLMExportError(f"{dir}: the checkpoint does not hold the weights its config.json describes: "
+                             f"{'; '.join(what)} (transformers would initialize them at random)")
     model.eval()
     return model, model.config
+
+
+def _one_line(e: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line (its lines joined), at most `limit` characters."""
+    text = " ".join(ln.strip() for ln in str(e).splitlines() if ln.strip()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _name_list(names: list[str], shown: int = 5) -> str:
+    """'a, b, c and N more' for a list of tensor names."""
+    head = ", ".join(names[:shown])
+    return head + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _built_class_name(config) -> str | None:
@@ -297,7 +325,8 @@ def llm_metadata(config, max_seq_len: int, dir: str | os.PathLike | None = None)
         "llm.arch": str(config.model_type),
         "llm.vocab_size": str(int(config.vocab_size)),
         "llm.bos_id": "" if bos is None else str(int(bos)),
-        "llm.eos_ids": ",".join(str(i) for i in _eos_ids(config, dir)),
+        # ids outside the vocabulary are left out: the model cannot emit them
+        "llm.eos_ids": ",".join(str(i) for i in _eos_ids(config, dir) if 0 <= i < int(config.vocab_size)),
         "llm.max_seq_len": str(int(max_seq_len)),
         "llm.cache": (f"kv:layers={layers},kv_heads={kvh},head_dim={hd},dtype=float32,"
                       "layout=[1,kv_heads,max_seq_len,head_dim]"),

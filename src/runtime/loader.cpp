@@ -771,7 +771,7 @@ Result<std::unique_ptr<FileBytes>> FileBytes::copy(std::span<const uint8_t> byte
   return fbytes;
 }
 
-Result<std::unique_ptr<FileBytes>> FileBytes::map(const std::string& path, bool use_mmap) {
+Result<std::unique_ptr<FileBytes>> FileBytes::map(const std::string& path, bool use_mmap, bool prefault) {
   // O_NONBLOCK: opening a FIFO must not wait for a writer (it is rejected below as not regular).
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) return Error(ErrorCode::NotFound, "cannot open '" + path + "': " + std::strerror(errno));
@@ -783,7 +783,7 @@ Result<std::unique_ptr<FileBytes>> FileBytes::map(const std::string& path, bool 
   const auto size = static_cast<uint64_t>(st.st_size);
   auto fbytes = std::unique_ptr<FileBytes>(new FileBytes());
   if (use_mmap && size > 0) {
-    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    void* p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE | (prefault ? MAP_POPULATE : 0), fd, 0);
     ::close(fd);
     if (p == MAP_FAILED) return Error(ErrorCode::MemoryAllocationFailed, "cannot map '" + path + "': " + std::strerror(errno));
     fbytes->data_ = static_cast<const uint8_t*>(p);

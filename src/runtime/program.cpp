@@ -20,7 +20,7 @@ Program::~Program() = default;
 Result<std::shared_ptr<Program>> Program::load(const std::string& path, const LoadOptions& options) {
   // A KILN_CPU_TARGET that cannot be honoured is refused before anything runs at another target.
   if (Error target = cpu_target_status(); !target.ok()) return target;
-  auto bytes = detail::FileBytes::map(path, options.use_mmap);
+  auto bytes = detail::FileBytes::map(path, options.use_mmap, options.prefault);
   if (!bytes.ok()) return bytes.error();
   auto data = detail::verify_and_plan(std::move(bytes.value()), options.defer_backend_errors, options.backend_settings);
   if (!data.ok()) return Error(data.error().code(), path + ": " + data.error().message());

@@ -16,7 +16,8 @@ namespace kiln::detail {
 /// Bytes of a program file: a read-only mapping or an owned aligned buffer.
 class FileBytes {
  public:
-  static Result<std::unique_ptr<FileBytes>> map(const std::string& path, bool use_mmap);
+  /// prefault: MAP_POPULATE (LoadOptions::prefault).
+  static Result<std::unique_ptr<FileBytes>> map(const std::string& path, bool use_mmap, bool prefault = false);
   static Result<std::unique_ptr<FileBytes>> copy(std::span<const uint8_t> bytes);
   ~FileBytes();
   const uint8_t* data() const { return data_; }

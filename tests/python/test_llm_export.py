@@ -232,6 +232,15 @@ def test_python_generate_matches_cli(arch):
     assert stats["decode_tokens_per_s"] > 0 and stats["peak_rss_mib"] > 0
 
 
+def test_prefault_load_gives_the_same_tokens(llama):
+    """kiln.load(prefault=True) (MAP_POPULATE, what both generate commands use) runs the same
+    program: the same greedy tokens as a plain load."""
+    ref = llama.ref(5)
+    plain, _ = kiln.generate(llama.program("cpu"), ref.prompt, NEW, ignore_eos=True)
+    pre, _ = kiln.generate(kiln.load(llama.path, num_threads=1, prefault=True), ref.prompt, NEW, ignore_eos=True)
+    assert pre == plain
+
+
 # ------------------------------------------------------------------------------------------------
 # limits: one program for 1..max_seq_len, errors leave the session unchanged
 
@@ -765,6 +774,38 @@ def test_cli_errors(llama, tmp_path, capsys):
     rc, err = run("export-llm", tmp_path / "gpt2", "--max-seq-len", 16, "-o", tmp_path / "g.kiln")
     assert rc == 1 and "GPT2LMHeadModel: architecture not supported" in err, err
     assert not (tmp_path / "m.kiln").exists() and not (tmp_path / "g.kiln").exists()
+    # checkpoints that do not hold the model their config describes: transformers would initialize the
+    # missing weights at random and load the rest; the export refuses, naming them (exit 1, no traceback)
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    def variant(name, edit_config=None, edit_tensors=None, truncate=None):
+        d = tmp_path / name
+        shutil.copytree(llama.dir, d)
+        if edit_config:
+            cfg = json.loads((d / "config.json").read_text())
+            edit_config(cfg)
+            (d / "config.json").write_text(json.dumps(cfg))
+        st = d / "model.safetensors"
+        if edit_tensors:
+            tensors = load_file(st)
+            edit_tensors(tensors)
+            save_file(tensors, st, metadata={"format": "pt"})
+        if truncate:
+            st.write_bytes(st.read_bytes()[:truncate])
+        rc, err = run("export-llm", d, "--max-seq-len", 16, "-o", tmp_path / f"{name}.kiln")
+        assert rc == 1 and "Traceback" not in err and not (tmp_path / f"{name}.kiln").exists(), (name, rc, err)
+        return err
+
+    err = variant("drop", edit_tensors=lambda t: t.pop("model.layers.0.self_attn.q_proj.weight"))
+    assert "missing model.layers.0.self_attn.q_proj.weight" in err and "at random" in err, err
+    err = variant("nolayers", edit_config=lambda c: c.pop("num_hidden_layers"))  # transformers' default: 32
+    assert "missing model.layers." in err and "more" in err, err
+    err = variant("heads", edit_config=lambda c: c.update(num_attention_heads=5))
+    assert "not a multiple of the number of attention heads" in err, err
+    err = variant("truncated", truncate=5000)
+    assert "cannot build the model" in err, err
     # missing / empty folders, bad arguments
     rc, err = run("export-llm", tmp_path / "nope", "--max-seq-len", 16, "-o", tmp_path / "x.kiln")
     assert rc == 2 and "no such folder" in err and "nope" in err, err
@@ -807,7 +848,9 @@ def test_cli_errors(llama, tmp_path, capsys):
     rc, err = run("generate", llama.path, "--prompt-ids", "1,x", "-n", 2)
     assert rc == 2 and "'x' is not a token id" in err, err
     rc, err = run("generate", tmp_path / "missing.kiln", "--prompt-ids", "1", "-n", 2)
-    assert rc == 2 and "no such file" in err, err
+    assert rc == 1 and "no such file" in err, err  # cannot be loaded: exit 1, as the C++ runner
+    rc, err = run("generate", llama.path, "--prompt-ids", "1", "-n", 2, "--threads", 1000)
+    assert rc == 2 and "--threads must be between 1 and 256" in err and "prompt" not in err, err
     rc, err = run("generate", llama.path, "--tokenizer", tmp_path / "empty", "--prompt", "hi", "-n", 2)
     assert rc == 2 and "no tokenizer.json" in err, err
     rc, err = run("generate", llama.path, "--prompt-ids", "1", "--kernels", "gpu")
