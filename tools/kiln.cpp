@@ -266,7 +266,8 @@ int cmd_inspect(const InspectArgs& a) {
   }
   if (!p.metadata().empty()) {
     o << "metadata\n";
-    for (const auto& [k, v] : p.metadata()) o << "    " << k << " = " << v << "\n";
+    // values may hold control characters (terminal escapes): shown escaped, as \xNN
+    for (const auto& [k, v] : p.metadata()) o << "    " << k << " = " << printable(v) << "\n";
   }
   for (const MethodMeta& m : metas) {
     size_t name_width = 0;
@@ -507,18 +508,24 @@ Result<std::vector<int64_t>> parse_ids(const std::string& text) {
   return ids;
 }
 
-/// The llm.* metadata value `key` as an integer; NotFound / InvalidArgument naming the key.
+/// The llm.* metadata value `key` as a positive integer (decimal digits only, at most 2^62); NotFound
+/// naming the key when absent, InvalidProgram quoting the value otherwise ("2x6", "-12", "0").
 Result<int64_t> llm_int(const Program& p, const char* key) {
   const std::string* v = p.metadata_value(key);
   if (v == nullptr) {
     return Error(ErrorCode::NotFound, std::string("the program has no '") + key +
                                           "' metadata: export it with `python -m kiln export-llm`");
   }
-  try {
-    return static_cast<int64_t>(std::stoll(*v));
-  } catch (...) {
-    return Error(ErrorCode::InvalidArgument, std::string("metadata '") + key + "' is '" + printable(*v) + "', not an integer");
+  int64_t value = 0;
+  bool ok = !v->empty() && v->size() <= 18;
+  for (size_t i = 0; ok && i < v->size(); ++i) {
+    ok = (*v)[i] >= '0' && (*v)[i] <= '9';
+    value = value * 10 + ((*v)[i] - '0');
   }
+  if (!ok || value < 1) {
+    return Error(ErrorCode::InvalidProgram, std::string("metadata '") + key + "' is '" + printable(*v) + "', not a positive integer");
+  }
+  return value;
 }
 
 int cmd_generate(const GenerateArgs& a) {

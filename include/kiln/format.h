@@ -14,6 +14,11 @@ namespace kiln {
 /// surrogates, or code points past U+10FFFF).
 bool is_valid_utf8(std::string_view text);
 
+/// Whether `text` is a name a program file may hold (methods, values, symbols, states, ops,
+/// attributes, backends, metadata keys): valid UTF-8 without ASCII control characters (< 0x20,
+/// 0x7F). The loader refuses a file with any other name; the compiler refuses to write one.
+bool is_printable_name(std::string_view text);
+
 /// `text` made safe to quote in a message: every byte that is not part of a valid UTF-8 sequence,
 /// and every ASCII control character, written as \xNN. Strings read from a program file go
 /// through this before they reach an error message (a damaged file must not put raw bytes there).

@@ -49,15 +49,23 @@ def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLi
 
 def llm_limits(program) -> dict:
     """The ``llm.*`` metadata a generation needs, parsed: {max_seq_len, vocab_size, eos_ids, bos_id}.
-    Raises ValueError when the program was not exported by export_llm."""
+    Raises ValueError when the program was not exported by export_llm or a value is not a decimal
+    integer in range (a damaged file)."""
     meta = program.metadata
     if "llm.max_seq_len" not in meta:
         raise ValueError("the program has no llm.* metadata (export it with kiln.export_llm / "
                          "python -m kiln export-llm)")
-    eos = [int(x) for x in meta.get("llm.eos_ids", "").split(",") if x.strip()]
+
+    def number(key: str, text: str, least: int) -> int:  # decimal digits only, as the C++ runner reads them
+        if not (text.isascii() and text.isdigit()) or int(text) < least:
+            raise ValueError(f"metadata {key!r} is {text!r}, not {'a positive' if least else 'a non-negative'} integer")
+        return int(text)
+
+    eos = [number("llm.eos_ids", x.strip(), 0) for x in meta.get("llm.eos_ids", "").split(",") if x.strip()]
     bos = meta.get("llm.bos_id", "")
-    return {"max_seq_len": int(meta["llm.max_seq_len"]), "vocab_size": int(meta.get("llm.vocab_size", "0")),
-            "eos_ids": eos, "bos_id": int(bos) if bos else None}
+    return {"max_seq_len": number("llm.max_seq_len", meta["llm.max_seq_len"], 1),
+            "vocab_size": number("llm.vocab_size", meta.get("llm.vocab_size", ""), 1),
+            "eos_ids": eos, "bos_id": number("llm.bos_id", bos, 0) if bos else None}
 
 
 def generate(program, prompt_ids: Sequence[int], max_new_tokens: int, *, temperature: float = 0.0, top_k: int = 0,

@@ -158,6 +158,15 @@ bool is_valid_utf8(std::string_view text) {
   return true;
 }
 
+bool is_printable_name(std::string_view text) {
+  if (!is_valid_utf8(text)) return false;
+  for (const char ch : text) {
+    const auto c = static_cast<unsigned char>(ch);
+    if (c < 0x20 || c == 0x7F) return false;
+  }
+  return true;
+}
+
 std::string printable(std::string_view text) {
   static const char kHex[] = "0123456789abcdef";
   std::string out;

@@ -8,6 +8,7 @@
 
 #include "common/file_write.h"
 #include "kiln/compiler.h"
+#include "kiln/format.h"
 #include "program_generated.h"
 #include "runtime/file_format.h"
 
@@ -138,6 +139,14 @@ void ProgramBuilder::set_metadata(std::string key, std::string value) {
 
 Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) const {
   if (methods_.empty()) return Error(ErrorCode::InvalidArgument, "program has no methods");
+  for (const auto& [k, v] : metadata_) {  // what the loader accepts (a file it refuses is never written)
+    if (!is_printable_name(k)) {
+      return Error(ErrorCode::InvalidArgument, "metadata key '" + printable(k) + "' is not a printable UTF-8 name");
+    }
+    if (!is_valid_utf8(v)) {
+      return Error(ErrorCode::InvalidArgument, "metadata '" + printable(k) + "': the value is not valid UTF-8");
+    }
+  }
   CompiledProgram result;
   ConstantTable constants;
   flatbuffers::FlatBufferBuilder b(1 << 16);

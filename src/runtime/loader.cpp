@@ -70,12 +70,7 @@ Error check_strings(const fb::Program* prog) {
   const auto check = [](const flatbuffers::String* s, bool name, const std::function<std::string()>& what) -> Error {
     if (s == nullptr) return {};
     const std::string_view v(s->c_str(), s->size());
-    bool ok = is_valid_utf8(v);
-    for (size_t i = 0; ok && name && i < v.size(); ++i) {
-      const auto c = static_cast<unsigned char>(v[i]);
-      ok = c >= 0x20 && c != 0x7F;
-    }
-    if (ok) return {};
+    if (name ? is_printable_name(v) : is_valid_utf8(v)) return {};
     return bad(what() + " is not " + (name ? "a printable UTF-8 name" : "valid UTF-8") + ": '" + printable(v) + "'");
   };
   if (prog->methods()) {

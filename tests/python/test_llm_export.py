@@ -374,6 +374,9 @@ def test_corrupted_strings_give_printable_errors(llama, tmp_path, old, junk):
     if junk == b"\x1b[" and old == b"llama":
         program = kiln.load(path, num_threads=1)
         assert program.metadata["llm.arch"] == new.decode()
+        # `kiln inspect` shows the value with the escape written as \x1b, not raw (a terminal escape)
+        r = subprocess.run([KILN_CLI, "inspect", str(path)], capture_output=True, timeout=60)
+        assert r.returncode == 0 and b"\x1b" not in r.stdout and b"llm.arch = ll\\x1b[a" in r.stdout, r.stdout
         return
     with pytest.raises(kiln.KilnError) as ei:
         kiln.load(path, num_threads=1)
@@ -386,6 +389,40 @@ def test_corrupted_strings_give_printable_errors(llama, tmp_path, old, junk):
     assert r.returncode == 1
     err = r.stderr.decode("utf-8")  # valid UTF-8
     assert "InvalidProgram" in err and err.strip().isprintable(), err
+
+
+def test_malformed_llm_metadata_is_an_invalid_program(llama, tmp_path, capsys):
+    """llm.* integers that are not decimal positive integers (a damaged file) make both generate
+    commands fail with exit 1 naming the value, not a request error (exit 2) or a partial parse."""
+    data = open(llama.path, "rb").read()
+    for i, (old, new) in enumerate(((b"256", b"2x6"), (b"256", b"-12"), (b"48", b"00"))):
+        path = tmp_path / f"bad{i}.kiln"
+        path.write_bytes(_with_flatbuffer_string_replaced(data, old, new))
+        r = subprocess.run([KILN_CLI, "generate", str(path), "--prompt-ids", "1", "-n", "1"], capture_output=True,
+                           text=True, timeout=60)
+        assert r.returncode == 1 and f"is '{new.decode()}', not a positive integer" in r.stderr, r.stderr
+        rc = kiln_main(["generate", str(path), "--prompt-ids", "1", "-n", "1"])
+        err = capsys.readouterr().err
+        assert rc == 1 and f"is '{new.decode()}', not a positive integer" in err, err
+
+
+def test_compile_refuses_a_metadata_key_the_loader_would_refuse():
+    """A metadata key with a control character is refused when the program is compiled (the loader
+    refuses such a file), naming it escaped; a value may hold one (valid UTF-8)."""
+    g = kiln.Graph()
+    x = g.add_input("x", "float32", [2])
+    g.set_outputs(list(g.add_node("aten.relu", [x], {})))
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    pb.set_metadata("k\x1bey", "v")
+    with pytest.raises(kiln.KilnError) as ei:
+        pb.compile()
+    assert ei.value.args[1] == "InvalidArgument" and "metadata key 'k\\x1bey'" in ei.value.args[0], ei.value.args
+    pb = kiln.ProgramBuilder()
+    pb.add_method("forward", g)
+    pb.set_metadata("key", "v\x1b[0m")
+    data, _ = pb.compile()
+    assert kiln.load_bytes(data).metadata["key"] == "v\x1b[0m"
 
 
 @pytest.mark.parametrize("rope", [{"rope_type": "linear", "factor": 2.0},
