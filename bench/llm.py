@@ -307,6 +307,9 @@ def main(argv=None) -> int:
     p.add_argument("--kiln-weight-only", action="store_true",
                    help="Kiln's w8 / w4 rows with float32 activations (weight-only: --quantize w8 / w4) instead of "
                         "the default w8a8 / w4a8 (int8 activation blocks, as the peers' quantized formats)")
+    p.add_argument("--kiln-no-mmap", action="store_true",
+                   help="run `kiln generate --no-mmap` (the program read into memory instead of mapped; "
+                        "docs/generative.md)")
     p.add_argument("--idle-threshold", type=float, default=0.25)
     p.add_argument("--idle-wait", type=float, help="seconds to wait for an idle CPU before each run (default 10; --quick 0)")
     a = p.parse_args(argv)
@@ -441,7 +444,8 @@ def main(argv=None) -> int:
                 busy.append(machine.wait_idle(a.idle_threshold, idle_wait))
                 if e == "kiln":
                     cmd = [a.cli, "generate", files[(e, f)], "--prompt-ids", ",".join(map(str, prompt)),
-                           "--max-new-tokens", str(n_new), "--ignore-eos", "--threads", str(t), "--json"]
+                           "--max-new-tokens", str(n_new), "--ignore-eos", "--threads", str(t), "--json",
+                           *(["--no-mmap"] if a.kiln_no_mmap else [])]
                 else:
                     w = workers[e]
                     cmd = [w.python, os.path.join(HERE, w.script),

@@ -568,15 +568,18 @@ PYBIND11_MODULE(_kiln, m) {
   py::class_<Program, std::shared_ptr<Program>>(m, "Program", "A loaded, verified .kiln program.")
       .def_static(
           "load",
-          [](const std::string& path, const std::map<std::string, std::string>& settings, bool prefault) {
+          [](const std::string& path, const std::map<std::string, std::string>& settings, bool prefault, bool use_mmap) {
             LoadOptions o;
             o.backend_settings.assign(settings.begin(), settings.end());
             o.prefault = prefault;
+            o.use_mmap = use_mmap;
             return unwrap(Program::load(path, o));
           },
           py::arg("path"), py::arg("backend_settings") = std::map<std::string, std::string>{}, py::arg("prefault") = false,
+          py::arg("use_mmap") = true,
           "Maps and verifies a program. backend_settings: {'<backend>.<key>': value}, e.g. {'mlx.device': 'cpu'}. "
-          "prefault: map every page of the file at load (LoadOptions::prefault).")
+          "prefault: map every page of the file at load (LoadOptions::prefault). use_mmap=False: read the file "
+          "into memory instead (LoadOptions::use_mmap).")
       .def_static(
           "from_bytes",
           [](py::bytes b, const std::map<std::string, std::string>& settings) {

@@ -481,6 +481,7 @@ struct GenerateArgs {
   uint64_t seed = 0;
   bool ignore_eos = false;
   bool json = false;
+  bool no_mmap = false;
   ExecOptions exec;
 };
 
@@ -537,6 +538,7 @@ int cmd_generate(const GenerateArgs& a) {
   }
   LoadOptions load_options;
   load_options.prefault = true;  // every step reads every weight: no page faults in the first prefill
+  load_options.use_mmap = !a.no_mmap;
   auto program = Program::load(a.file, load_options);
   if (!program.ok()) return fail("generate", program.error());
   const Program& p = *program.value();
@@ -1227,6 +1229,9 @@ int main(int argc, char** argv) {
           "", "non-negative"))
       ->capture_default_str();
   gen->add_flag("--ignore-eos", ga.ignore_eos, "Never choose an eos id (its logit set to -inf before sampling)");
+  gen->add_flag("--no-mmap", ga.no_mmap,
+                "Read the program into memory (huge pages where the kernel grants them) instead of mapping the file: "
+                "load copies the file; decoding read the weights faster so on some machines (docs/generative.md)");
   gen->add_option("--method,-m", ga.method, "Method to run")->capture_default_str();
   add_exec_options(gen, ga.exec);
   gen->add_flag("--json", ga.json, "Print one JSON object instead of the ids");

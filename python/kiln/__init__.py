@@ -131,13 +131,14 @@ class LoadedProgram:
 
 
 def load(path: str | os.PathLike, *, num_threads: int = 0, portable_kernels_only: bool = False,
-         backend_settings: dict | None = None, prefault: bool = False) -> LoadedProgram:
+         backend_settings: dict | None = None, prefault: bool = False, use_mmap: bool = True) -> LoadedProgram:
     """Loads and verifies a .kiln file (memory-mapped). Raises KilnError on any problem.
     backend_settings: {"<backend>.<key>": value} for delegate backends, e.g. {"mlx.device": "cpu"}
     (run mlx segments on MLX's CPU device). prefault: map every page of the file at load
     (MAP_POPULATE; the first run takes no page faults on the weights, load takes longer; what
-    `generate` wants). Other options as for LoadedProgram."""
-    return LoadedProgram(_kiln.Program.load(os.fspath(path), dict(backend_settings or {}), prefault),
+    `generate` wants). use_mmap=False: read the file into memory (huge pages where granted) instead
+    of mapping it. Other options as for LoadedProgram."""
+    return LoadedProgram(_kiln.Program.load(os.fspath(path), dict(backend_settings or {}), prefault, use_mmap),
                          num_threads=num_threads, portable_kernels_only=portable_kernels_only)
 
 

@@ -366,7 +366,7 @@ def cmd_generate(args) -> int:
         return 2
     try:
         program = load(args.file, num_threads=args.threads, portable_kernels_only=args.kernels == "portable",
-                       prefault=True)
+                       prefault=True, use_mmap=not args.no_mmap)
         limits = llm_limits(program)
     except KilnError as e:
         print(f"error: cannot load {args.file}: {e.args[0]}", file=sys.stderr)
@@ -564,6 +564,8 @@ def main(argv=None) -> int:
     g.add_argument("--seed", type=int, default=0, help="seed of the sampler (same seed, same tokens; default 0)")
     g.add_argument("--ignore-eos", action="store_true",
                    help="never choose an eos id (its logit set to -inf before sampling)")
+    g.add_argument("--no-mmap", action="store_true",
+                   help="read the program into memory instead of mapping the file (docs/generative.md)")
     g.add_argument("--threads", type=int, default=0, metavar="N",
                    help="threads of the method's pool (0: the process-wide pool, KILN_NUM_THREADS or the core count)")
     g.add_argument("--kernels", choices=("cpu", "portable"), default="cpu",

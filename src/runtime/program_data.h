@@ -19,6 +19,9 @@ class FileBytes {
   /// prefault: MAP_POPULATE (LoadOptions::prefault).
   static Result<std::unique_ptr<FileBytes>> map(const std::string& path, bool use_mmap, bool prefault = false);
   static Result<std::unique_ptr<FileBytes>> copy(std::span<const uint8_t> bytes);
+  /// An owned buffer of `size` bytes (contents unset): 2 MiB-aligned and madvise(MADV_HUGEPAGE)
+  /// from 2 MiB up, else kSegmentAlignment-aligned.
+  static Result<std::unique_ptr<FileBytes>> allocate(uint64_t size);
   ~FileBytes();
   const uint8_t* data() const { return data_; }
   uint64_t size() const { return size_; }

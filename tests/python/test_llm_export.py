@@ -232,13 +232,17 @@ def test_python_generate_matches_cli(arch):
     assert stats["decode_tokens_per_s"] > 0 and stats["peak_rss_mib"] > 0
 
 
-def test_prefault_load_gives_the_same_tokens(llama):
-    """kiln.load(prefault=True) (MAP_POPULATE, what both generate commands use) runs the same
+def test_prefault_and_no_mmap_loads_give_the_same_tokens(llama):
+    """kiln.load(prefault=True) (MAP_POPULATE, what both generate commands use) and
+    kiln.load(use_mmap=False) / `kiln generate --no-mmap` (the file read into memory) run the same
     program: the same greedy tokens as a plain load."""
     ref = llama.ref(5)
     plain, _ = kiln.generate(llama.program("cpu"), ref.prompt, NEW, ignore_eos=True)
     pre, _ = kiln.generate(kiln.load(llama.path, num_threads=1, prefault=True), ref.prompt, NEW, ignore_eos=True)
     assert pre == plain
+    copied, _ = kiln.generate(kiln.load(llama.path, num_threads=1, use_mmap=False), ref.prompt, NEW, ignore_eos=True)
+    assert copied == plain
+    assert cli_generate(llama.path, ref.prompt, NEW, "--ignore-eos", "--no-mmap") == plain
 
 
 # ------------------------------------------------------------------------------------------------
