@@ -90,10 +90,12 @@ using BackendSettings = std::vector<std::pair<std::string, std::string>>;
 const std::string* find_setting(const BackendSettings& settings, std::string_view key);
 
 struct LoadOptions {
-  /// true: map the file (zero copy). false: read it into an owned buffer (a copy, aligned to 2 MiB
-  /// and madvise(MADV_HUGEPAGE) when larger: transparent huge pages where the kernel grants them).
+  /// true: map the file (zero copy; from 2 MiB up at a 2 MiB-aligned address, advised
+  /// MADV_HUGEPAGE, so that where the file system caches large folios the weights are mapped with
+  /// 2 MiB pages: see docs/generative.md). false: read it into an owned buffer (a copy, aligned to
+  /// 2 MiB and madvise(MADV_HUGEPAGE) when larger: transparent huge pages where the kernel grants them).
   bool use_mmap = true;
-  /// With use_mmap: map every page of the file at load (MAP_POPULATE), reading it from disk where
+  /// With use_mmap: map every page of the file at load (MADV_POPULATE_READ), reading it from disk where
   /// it is not in the page cache, so that the first execute takes no page faults on the constants.
   /// Load takes longer and all of the file counts in the resident size at once, also the parts no
   /// method reads (another alternative's segments). `kiln generate` sets it (every decode step reads

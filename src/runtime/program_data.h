@@ -16,7 +16,8 @@ namespace kiln::detail {
 /// Bytes of a program file: a read-only mapping or an owned aligned buffer.
 class FileBytes {
  public:
-  /// prefault: MAP_POPULATE (LoadOptions::prefault).
+  /// use_mmap: a read-only mapping, 2 MiB-aligned and advised MADV_HUGEPAGE from 2 MiB up (see
+  /// map_file in loader.cpp). prefault: every page populated at load (LoadOptions::prefault).
   static Result<std::unique_ptr<FileBytes>> map(const std::string& path, bool use_mmap, bool prefault = false);
   static Result<std::unique_ptr<FileBytes>> copy(std::span<const uint8_t> bytes);
   /// An owned buffer of `size` bytes (contents unset): 2 MiB-aligned and madvise(MADV_HUGEPAGE)
