@@ -30,6 +30,17 @@ Rounds: --rounds R; each round runs every engine x format at every thread count,
 its rounds; the ratios Kiln / peer of tokens/s are taken per round (same format and thread count)
 and their median is reported (> 1.0: Kiln is faster).
 
+Page cache: decode streams weights that each engine maps from (or reads out of) the page cache, and
+on Linux 6.x a file cached in 2 MiB folios is mapped with 2 MiB pages (few TLB misses), one cached
+in 4 KiB pages is not: on the Zen 4 VM of docs/llm.md, the same w4a8 file decoded 20-30% slower from
+small folios. Which one a file gets depends on how it was first read and on how fragmented memory
+was then, not on the engine. So before the first round every engine's files are evicted from the
+page cache (posix_fadvise DONTNEED) and, where writable (root), memory is compacted
+(/proc/sys/vm/compact_memory): every engine then reads its files cold, in round 1 (so round 1's load
+times include the disk). --keep-page-cache skips this. After the last round, the share of each file
+that is cached in 2 MiB folios is measured (mapped, populated, FilePmdMapped in smaps_rollup) and
+reported.
+
 Decode bandwidth limit: the read bandwidth of this machine measured at 1 and 2 threads by
 bench/membw.cpp (compiled here with g++ -O3 -march=native -fopenmp: the best of 5 passes summing a
 1 GiB buffer) divided by the bytes one decode step must read at least: every weight but the
@@ -40,6 +51,7 @@ whole - plus one embedding row and the filled KV cache (float16, at the mean fil
 from __future__ import annotations
 
 import argparse
+import ctypes
 import datetime as _dt
 import hashlib
 import json
@@ -276,6 +288,79 @@ def measure_bandwidth(cache: str, threads: list) -> dict:
     return out
 
 
+# ---- page cache ----
+
+def engine_file_paths(path: str) -> list:
+    """The regular files of one engine's model: path itself, or every file under a folder (a checkpoint)."""
+    if os.path.isdir(path):
+        return sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names)
+    return [path] if os.path.isfile(path) else []
+
+
+def evict_page_cache(paths: list) -> None:
+    """Drops the clean cached pages of every file in paths (posix_fadvise DONTNEED; pages another
+    process maps stay) and, where writable (root), compacts memory so that the next reads can get
+    2 MiB folios. Best effort: logs what it did."""
+    n = 0
+    for p in paths:
+        try:
+            fd = os.open(p, os.O_RDONLY)
+        except OSError:
+            continue
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            n += os.fstat(fd).st_size
+        finally:
+            os.close(fd)
+    compacted = False
+    try:
+        with open("/proc/sys/vm/compact_memory", "w") as fh:
+            fh.write("1\n")
+        compacted = True
+    except OSError:
+        pass
+    log(f"page cache: evicted {len(paths)} file(s), {n / 2**30:.1f} GiB"
+        f"{'; memory compacted' if compacted else ' (memory not compacted: /proc/sys/vm/compact_memory not writable)'}")
+
+
+def huge_folio_share(path: str) -> float | None:
+    """Share (0..1) of the file's bytes that the page cache holds in PMD-mappable (2 MiB) folios:
+    the file is mapped read-only, populated (MADV_POPULATE_READ, reading from disk what is not
+    cached), and this process's FilePmdMapped (/proc/self/smaps_rollup) is read before and after.
+    None where that is not available (not Linux 5.14+, or the file is under 2 MiB)."""
+    size = os.path.getsize(path)
+    if size < 2 << 20 or not os.path.exists("/proc/self/smaps_rollup"):
+        return None
+
+    def pmd_kib() -> int:
+        with open("/proc/self/smaps_rollup") as fh:
+            for line in fh:
+                if line.startswith("FilePmdMapped:"):
+                    return int(line.split()[1])
+        return 0
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    PROT_READ, MAP_PRIVATE, MADV_POPULATE_READ = 1, 2, 22
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        before = pmd_kib()
+        addr = libc.mmap(None, size, PROT_READ, MAP_PRIVATE, fd, 0)
+        if addr in (None, ctypes.c_void_p(-1).value):
+            return None
+        try:
+            if libc.madvise(addr, size, MADV_POPULATE_READ) != 0:
+                return None
+            return min(1.0, (pmd_kib() - before) * 1024 / size)
+        finally:
+            libc.munmap(addr, size)
+    finally:
+        os.close(fd)
+
+
 def decode_bytes_per_token(shape: dict, fmt: str, prompt: int, new: int) -> float:
     """The least bytes one decode step reads (see the module docstring): weights at MIN_BITS[fmt]
     plus the float16 KV cache at the mean fill (prompt + new / 2 positions)."""
@@ -310,6 +395,8 @@ def main(argv=None) -> int:
     p.add_argument("--kiln-no-mmap", action="store_true",
                    help="run `kiln generate --no-mmap` (the program read into memory instead of mapped; "
                         "docs/generative.md)")
+    p.add_argument("--keep-page-cache", action="store_true",
+                   help="do not evict the engines' files from the page cache before the first round (see above)")
     p.add_argument("--idle-threshold", type=float, default=0.25)
     p.add_argument("--idle-wait", type=float, help="seconds to wait for an idle CPU before each run (default 10; --quick 0)")
     a = p.parse_args(argv)
@@ -435,6 +522,8 @@ def main(argv=None) -> int:
     prompt_file = os.path.join(kdir, f"prompt-{n_prompt}.json")
     with open(prompt_file, "w") as fh:
         json.dump(prompt, fh)
+    if not a.keep_page_cache:
+        evict_page_cache([q for path in sorted(set(files.values())) for q in engine_file_paths(path)])
     results = {}  # (e, f, t) -> [per-round dict]
     busy = []
     for r in range(rounds):
@@ -464,8 +553,15 @@ def main(argv=None) -> int:
                     f"decode {o['decode_tokens_per_s']:.2f} tok/s, TTFT {o['time_to_first_token_ms']:.0f} ms, "
                     f"peak RSS {rss:.0f} MiB (busy before {busy[-1]:.0%})")
 
+    huge = {}  # file -> share cached in 2 MiB folios after the last round
+    for path in sorted(set(files.values())):
+        shares = [(os.path.getsize(q), huge_folio_share(q)) for q in engine_file_paths(path)]
+        known = [(n, h) for n, h in shares if h is not None]
+        if known:
+            huge[path] = sum(n * h for n, h in known) / sum(n for n, _ in known)
+            log(f"page cache after the runs: {huge[path]:.0%} of {os.path.basename(path)} in 2 MiB folios")
     report = build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, prompt, pairs, files, exports,
-                          results, skipped, bw, busy, workers, started, idle_wait)
+                          results, skipped, bw, busy, workers, started, idle_wait, huge)
     print(report["markdown"])
     if a.json:
         with open(a.json, "w") as fh:
@@ -500,8 +596,10 @@ def _f(x, spec: str = ".1f", none: str = "–") -> str:
 
 
 def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, prompt, pairs, files, exports, results,
-                 skipped, bw, busy, workers, started, idle_wait) -> dict:
-    """The Markdown report and the JSON data from the measurements."""
+                 skipped, bw, busy, workers, started, idle_wait, huge=None) -> dict:
+    """The Markdown report and the JSON data from the measurements. huge: {file: share of it cached
+    in 2 MiB folios after the runs} (huge_folio_share)."""
+    huge = huge or {}
     desc = machine.cpu_description()
     rows = []
     versions = {"kiln": f"Kiln {git('describe', '--always', '--dirty')} (Release build, `kiln generate`)"}
@@ -530,6 +628,7 @@ def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, promp
                    "ids_stable_across_rounds": all(o["ids"] == runs[0]["ids"] for o in runs) if runs else None,
                    "per_round": runs}
             row.update(exports.get((e, f), {}))
+            row["huge_folio_share"] = huge.get(files[(e, f)])
             lim = bw.get(t)
             row["decode_limit_tokens_per_s"] = lim * 1e9 / decode_bytes_per_token(shape, f, n_prompt, n_new) if lim else None
             row["fraction_of_limit"] = (row["decode_tokens_per_s"] / row["decode_limit_tokens_per_s"]
@@ -614,17 +713,21 @@ def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, promp
                  ". Decode limit = bandwidth / least bytes read per token (every weight but the embedding table at "
                  "the format's smallest encoding: fp32 32, w8 8.5, w4 4.5 bits; the tied output projection is the "
                  "embedding table, read whole; one embedding row; the float16 KV cache at the mean fill).")
+    L.append("- Page cache: " + ("left as it was (--keep-page-cache)" if a.keep_page_cache else
+             "every engine's files evicted before round 1, so each engine read its files cold in round 1 "
+             "(round 1's loads include the disk)") + ". Column 2M: the share of the file the page cache held in "
+             "2 MiB folios after the last round (mapped with 2 MiB pages; bench/llm.py's docstring says why it matters).")
     for k, v in skipped.items():
         L.append(f"- **Skipped {k}**: {v}")
     L.append("")
-    L.append("| engine | format | bits/weight | file MiB | threads | prefill tok/s | decode tok/s | TTFT ms | load s | "
+    L.append("| engine | format | bits/weight | file MiB | 2M | threads | prefill tok/s | decode tok/s | TTFT ms | load s | "
              "peak RSS MiB | decode limit tok/s | of limit |")
-    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    L.append("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         err = f" (failed: {len(r['errors'])})" if r["errors"] else ""
         fmt = r["format"] + (f" ({r['native_format']})" if r["native_format"] and r["native_format"] != r["format"] else "")
         L.append(f"| {LABEL[r['engine']]}{err} | {fmt} | {r['bits_per_weight']:.2f} | {r['file_bytes'] / 2**20:.0f} "
-                 f"| {r['threads']} | {_f(r['prefill_tokens_per_s'])} | {_f(r['decode_tokens_per_s'], '.2f')} | "
+                 f"| {_f(r['huge_folio_share'], '.0%')} | {r['threads']} | {_f(r['prefill_tokens_per_s'])} | {_f(r['decode_tokens_per_s'], '.2f')} | "
                  f"{_f(r['time_to_first_token_ms'], '.0f')} | {_f(r['load_s'], '.2f')} | {_f(r['peak_rss_mib'], '.0f')} "
                  f"| {_f(r['decode_limit_tokens_per_s'], '.2f')} | {_f(r['fraction_of_limit'], '.0%')} |")
     L.append("")
