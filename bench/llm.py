@@ -32,14 +32,15 @@ and their median is reported (> 1.0: Kiln is faster).
 
 Page cache: decode streams weights that each engine maps from (or reads out of) the page cache, and
 on Linux 6.x a file cached in 2 MiB folios is mapped with 2 MiB pages (few TLB misses), one cached
-in 4 KiB pages is not: on the Zen 4 VM of docs/llm.md, the same w4a8 file decoded 20-30% slower from
-small folios. Which one a file gets depends on how it was first read and on how fragmented memory
-was then, not on the engine. So before the first round every engine's files are evicted from the
-page cache (posix_fadvise DONTNEED) and, where writable (root), memory is compacted
-(/proc/sys/vm/compact_memory): every engine then reads its files cold, in round 1 (so round 1's load
-times include the disk). --keep-page-cache skips this. After the last round, the share of each file
-that is cached in 2 MiB folios is measured (mapped, populated, FilePmdMapped in smaps_rollup) and
-reported.
+in 4 KiB pages is not: on the Zen 4 VM of docs/llm.md the same files prefilled up to 2x and decoded
+20-30% slower from small folios. Which one a file gets depends on how fragmented memory was when it
+was read in, and with every engine's files together larger than memory, files are evicted and read
+back between runs under memory pressure. So before each run that run's files are evicted from the
+page cache (posix_fadvise DONTNEED), memory is compacted where writable (/proc/sys/vm/compact_memory,
+root), and the files are read back in with plain 8 MiB reads: every engine starts from its files
+cached, read the same way, and no engine's timing includes the disk. The share of the files held in
+2 MiB folios is then measured (mapped, populated, FilePmdMapped in smaps_rollup) and reported per
+row. --keep-page-cache skips all this (the files stay as the previous runs left them).
 
 Decode bandwidth limit: the read bandwidth of this machine measured at 1 and 2 threads by
 bench/membw.cpp (compiled here with g++ -O3 -march=native -fopenmp: the best of 5 passes summing a
@@ -297,11 +298,12 @@ def engine_file_paths(path: str) -> list:
     return [path] if os.path.isfile(path) else []
 
 
-def evict_page_cache(paths: list) -> None:
-    """Drops the clean cached pages of every file in paths (posix_fadvise DONTNEED; pages another
-    process maps stay) and, where writable (root), compacts memory so that the next reads can get
-    2 MiB folios. Best effort: logs what it did."""
-    n = 0
+def prepare_page_cache(paths: list) -> bool:
+    """Evicts the cached pages of every file in paths (posix_fadvise DONTNEED; pages another
+    process maps stay), compacts memory where /proc/sys/vm/compact_memory is writable (root), and
+    reads the files back in (8 MiB reads), so that the next run finds them cached, read in the same
+    way for every engine, in 2 MiB folios where the kernel could allocate them. Returns whether
+    memory was compacted."""
     for p in paths:
         try:
             fd = os.open(p, os.O_RDONLY)
@@ -309,7 +311,6 @@ def evict_page_cache(paths: list) -> None:
             continue
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            n += os.fstat(fd).st_size
         finally:
             os.close(fd)
     compacted = False
@@ -319,8 +320,11 @@ def evict_page_cache(paths: list) -> None:
         compacted = True
     except OSError:
         pass
-    log(f"page cache: evicted {len(paths)} file(s), {n / 2**30:.1f} GiB"
-        f"{'; memory compacted' if compacted else ' (memory not compacted: /proc/sys/vm/compact_memory not writable)'}")
+    for p in paths:
+        with open(p, "rb", buffering=0) as fh:
+            while fh.read(8 << 20):
+                pass
+    return compacted
 
 
 def huge_folio_share(path: str) -> float | None:
@@ -522,14 +526,21 @@ def main(argv=None) -> int:
     prompt_file = os.path.join(kdir, f"prompt-{n_prompt}.json")
     with open(prompt_file, "w") as fh:
         json.dump(prompt, fh)
-    if not a.keep_page_cache:
-        evict_page_cache([q for path in sorted(set(files.values())) for q in engine_file_paths(path)])
+    compacted = None
     results = {}  # (e, f, t) -> [per-round dict]
     busy = []
     for r in range(rounds):
         order = pairs[r % len(pairs):] + pairs[:r % len(pairs)] if pairs else []
         for t in a.threads:
             for e, f in order:
+                model_files = engine_file_paths(files[(e, f)])
+                if not a.keep_page_cache:
+                    compacted = prepare_page_cache(model_files)
+                    if not compacted and r == 0 and t == a.threads[0] and (e, f) == order[0]:
+                        log("page cache: memory not compacted (/proc/sys/vm/compact_memory is not writable)")
+                sizes = [(os.path.getsize(q), huge_folio_share(q)) for q in model_files]
+                known = [(n, h) for n, h in sizes if h is not None]
+                huge = sum(n * h for n, h in known) / sum(n for n, _ in known) if known else None
                 busy.append(machine.wait_idle(a.idle_threshold, idle_wait))
                 if e == "kiln":
                     cmd = [a.cli, "generate", files[(e, f)], "--prompt-ids", ",".join(map(str, prompt)),
@@ -547,21 +558,16 @@ def main(argv=None) -> int:
                     continue
                 o["peak_rss_mib"] = rss
                 o["wall_s"] = wall
+                o["huge_folio_share"] = huge
                 o["busy_before"] = busy[-1]
                 results.setdefault((e, f, t), []).append(o)
                 log(f"round {r + 1}/{rounds} {LABEL[e]} {f} {t}T: prefill {o['prefill_tokens_per_s']:.1f} tok/s, "
                     f"decode {o['decode_tokens_per_s']:.2f} tok/s, TTFT {o['time_to_first_token_ms']:.0f} ms, "
-                    f"peak RSS {rss:.0f} MiB (busy before {busy[-1]:.0%})")
+                    f"peak RSS {rss:.0f} MiB (busy before {busy[-1]:.0%}; "
+                    f"{'–' if huge is None else f'{huge:.0%}'} of the file in 2 MiB folios)")
 
-    huge = {}  # file -> share cached in 2 MiB folios after the last round
-    for path in sorted(set(files.values())):
-        shares = [(os.path.getsize(q), huge_folio_share(q)) for q in engine_file_paths(path)]
-        known = [(n, h) for n, h in shares if h is not None]
-        if known:
-            huge[path] = sum(n * h for n, h in known) / sum(n for n, _ in known)
-            log(f"page cache after the runs: {huge[path]:.0%} of {os.path.basename(path)} in 2 MiB folios")
     report = build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, prompt, pairs, files, exports,
-                          results, skipped, bw, busy, workers, started, idle_wait, huge)
+                          results, skipped, bw, busy, workers, started, idle_wait, compacted)
     print(report["markdown"])
     if a.json:
         with open(a.json, "w") as fh:
@@ -596,10 +602,9 @@ def _f(x, spec: str = ".1f", none: str = "–") -> str:
 
 
 def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, prompt, pairs, files, exports, results,
-                 skipped, bw, busy, workers, started, idle_wait, huge=None) -> dict:
-    """The Markdown report and the JSON data from the measurements. huge: {file: share of it cached
-    in 2 MiB folios after the runs} (huge_folio_share)."""
-    huge = huge or {}
+                 skipped, bw, busy, workers, started, idle_wait, compacted=None) -> dict:
+    """The Markdown report and the JSON data from the measurements. compacted: whether the page
+    cache preparation could compact memory (None: not prepared)."""
     desc = machine.cpu_description()
     rows = []
     versions = {"kiln": f"Kiln {git('describe', '--always', '--dirty')} (Release build, `kiln generate`)"}
@@ -628,7 +633,7 @@ def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, promp
                    "ids_stable_across_rounds": all(o["ids"] == runs[0]["ids"] for o in runs) if runs else None,
                    "per_round": runs}
             row.update(exports.get((e, f), {}))
-            row["huge_folio_share"] = huge.get(files[(e, f)])
+            row["huge_folio_share"] = _med([o.get("huge_folio_share") for o in runs])
             lim = bw.get(t)
             row["decode_limit_tokens_per_s"] = lim * 1e9 / decode_bytes_per_token(shape, f, n_prompt, n_new) if lim else None
             row["fraction_of_limit"] = (row["decode_tokens_per_s"] / row["decode_limit_tokens_per_s"]
@@ -713,10 +718,10 @@ def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, promp
                  ". Decode limit = bandwidth / least bytes read per token (every weight but the embedding table at "
                  "the format's smallest encoding: fp32 32, w8 8.5, w4 4.5 bits; the tied output projection is the "
                  "embedding table, read whole; one embedding row; the float16 KV cache at the mean fill).")
-    L.append("- Page cache: " + ("left as it was (--keep-page-cache)" if a.keep_page_cache else
-             "every engine's files evicted before round 1, so each engine read its files cold in round 1 "
-             "(round 1's loads include the disk)") + ". Column 2M: the share of the file the page cache held in "
-             "2 MiB folios after the last round (mapped with 2 MiB pages; bench/llm.py's docstring says why it matters).")
+    L.append("- Page cache: " + ("left as the previous runs left it (--keep-page-cache)" if a.keep_page_cache else
+             "before each run, that run's files evicted, memory " + ("compacted" if compacted else "not compacted (not root)") +
+             ", the files read back in; no timing includes the disk") + ". Column 2M: the share of the file held "
+             "in 2 MiB folios at the start of the run (median; bench/llm.py's docstring says why it matters).")
     for k, v in skipped.items():
         L.append(f"- **Skipped {k}**: {v}")
     L.append("")
