@@ -30,17 +30,14 @@ Rounds: --rounds R; each round runs every engine x format at every thread count,
 its rounds; the ratios Kiln / peer of tokens/s are taken per round (same format and thread count)
 and their median is reported (> 1.0: Kiln is faster).
 
-Page cache: decode streams weights that each engine maps from (or reads out of) the page cache, and
-on Linux 6.x a file cached in 2 MiB folios is mapped with 2 MiB pages (few TLB misses), one cached
-in 4 KiB pages is not: on the Zen 4 VM of docs/llm.md the same files prefilled up to 2x and decoded
-20-30% slower from small folios. Which one a file gets depends on how fragmented memory was when it
-was read in, and with every engine's files together larger than memory, files are evicted and read
-back between runs under memory pressure. So before each run that run's files are evicted from the
-page cache (posix_fadvise DONTNEED), memory is compacted where writable (/proc/sys/vm/compact_memory,
-root), and the files are read back in with plain 8 MiB reads: every engine starts from its files
-cached, read the same way, and no engine's timing includes the disk. The share of the files held in
-2 MiB folios is then measured (mapped, populated, FilePmdMapped in smaps_rollup) and reported per
-row. --keep-page-cache skips all this (the files stay as the previous runs left them).
+Page cache (bench/page_cache.py): a file cached in 2 MiB folios is mapped with 2 MiB pages, one in
+small folios with 4 KiB pages; on the Zen 4 VM of docs/llm.md the same files prefilled up to 2x and
+decoded 20-30% slower from small folios. With every engine's files together larger than memory,
+files are evicted and read back between runs under memory pressure. So before each run that run's
+files are evicted from the page cache, memory is compacted where writable (root), and the files are
+read back with plain reads: every engine starts from its files cached, read the same way, and no
+engine's timing includes the disk. The share held in 2 MiB folios is measured and reported per row.
+--keep-page-cache skips this (the files stay as the previous runs left them).
 
 Decode bandwidth limit: the read bandwidth of this machine measured at 1 and 2 threads by
 bench/membw.cpp (compiled here with g++ -O3 -march=native -fopenmp: the best of 5 passes summing a
@@ -52,7 +49,6 @@ whole - plus one embedding row and the filled KV cache (float16, at the mean fil
 from __future__ import annotations
 
 import argparse
-import ctypes
 import datetime as _dt
 import hashlib
 import json
@@ -72,6 +68,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import llm_models  # noqa: E402
+import page_cache  # noqa: E402
 import machine  # noqa: E402
 
 ENGINES = ["kiln", "llamacpp", "eager", "et"]
@@ -289,82 +286,6 @@ def measure_bandwidth(cache: str, threads: list) -> dict:
     return out
 
 
-# ---- page cache ----
-
-def engine_file_paths(path: str) -> list:
-    """The regular files of one engine's model: path itself, or every file under a folder (a checkpoint)."""
-    if os.path.isdir(path):
-        return sorted(os.path.join(d, n) for d, _, names in os.walk(path) for n in names)
-    return [path] if os.path.isfile(path) else []
-
-
-def prepare_page_cache(paths: list) -> bool:
-    """Evicts the cached pages of every file in paths (posix_fadvise DONTNEED; pages another
-    process maps stay), compacts memory where /proc/sys/vm/compact_memory is writable (root), and
-    reads the files back in (8 MiB reads), so that the next run finds them cached, read in the same
-    way for every engine, in 2 MiB folios where the kernel could allocate them. Returns whether
-    memory was compacted."""
-    for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    compacted = False
-    try:
-        with open("/proc/sys/vm/compact_memory", "w") as fh:
-            fh.write("1\n")
-        compacted = True
-    except OSError:
-        pass
-    for p in paths:
-        with open(p, "rb", buffering=0) as fh:
-            while fh.read(8 << 20):
-                pass
-    return compacted
-
-
-def huge_folio_share(path: str) -> float | None:
-    """Share (0..1) of the file's bytes that the page cache holds in PMD-mappable (2 MiB) folios:
-    the file is mapped read-only, populated (MADV_POPULATE_READ, reading from disk what is not
-    cached), and this process's FilePmdMapped (/proc/self/smaps_rollup) is read before and after.
-    None where that is not available (not Linux 5.14+, or the file is under 2 MiB)."""
-    size = os.path.getsize(path)
-    if size < 2 << 20 or not os.path.exists("/proc/self/smaps_rollup"):
-        return None
-
-    def pmd_kib() -> int:
-        with open("/proc/self/smaps_rollup") as fh:
-            for line in fh:
-                if line.startswith("FilePmdMapped:"):
-                    return int(line.split()[1])
-        return 0
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mmap.restype = ctypes.c_void_p
-    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    PROT_READ, MAP_PRIVATE, MADV_POPULATE_READ = 1, 2, 22
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        before = pmd_kib()
-        addr = libc.mmap(None, size, PROT_READ, MAP_PRIVATE, fd, 0)
-        if addr in (None, ctypes.c_void_p(-1).value):
-            return None
-        try:
-            if libc.madvise(addr, size, MADV_POPULATE_READ) != 0:
-                return None
-            return min(1.0, (pmd_kib() - before) * 1024 / size)
-        finally:
-            libc.munmap(addr, size)
-    finally:
-        os.close(fd)
-
-
 def decode_bytes_per_token(shape: dict, fmt: str, prompt: int, new: int) -> float:
     """The least bytes one decode step reads (see the module docstring): weights at MIN_BITS[fmt]
     plus the float16 KV cache at the mean fill (prompt + new / 2 positions)."""
@@ -533,14 +454,12 @@ def main(argv=None) -> int:
         order = pairs[r % len(pairs):] + pairs[:r % len(pairs)] if pairs else []
         for t in a.threads:
             for e, f in order:
-                model_files = engine_file_paths(files[(e, f)])
+                model_files = page_cache.engine_file_paths(files[(e, f)])
                 if not a.keep_page_cache:
-                    compacted = prepare_page_cache(model_files)
+                    compacted = page_cache.prepare(model_files)
                     if not compacted and r == 0 and t == a.threads[0] and (e, f) == order[0]:
                         log("page cache: memory not compacted (/proc/sys/vm/compact_memory is not writable)")
-                sizes = [(os.path.getsize(q), huge_folio_share(q)) for q in model_files]
-                known = [(n, h) for n, h in sizes if h is not None]
-                huge = sum(n * h for n, h in known) / sum(n for n, _ in known) if known else None
+                huge = page_cache.huge_folio_share_of(model_files)
                 busy.append(machine.wait_idle(a.idle_threshold, idle_wait))
                 if e == "kiln":
                     cmd = [a.cli, "generate", files[(e, f)], "--prompt-ids", ",".join(map(str, prompt)),
