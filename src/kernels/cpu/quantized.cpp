@@ -1227,6 +1227,17 @@ void quant_gemv(const QuantView& w, const float* x, int64_t m, const float* bias
   gemv_row_chunks(pool, n, [&](int64_t j0, int64_t j1) { KILN_CPU_DISPATCH(QuantGemvPacked)(w, in, bias, out, j0, j1); });
 }
 
+/// e[g] = sum over the blocks b of group g of d[b] * sums[b], for g < G (bpg blocks per group, the
+/// last group possibly shorter): the per-group sums of one quantized activation row (d: its B block
+/// scales, sums: its B blocks' integer sums) that the zero points multiply (src/ir/ops/quant.h).
+void group_sums(const float* d, const int32_t* sums, int64_t B, int64_t G, int64_t bpg, float* e) {
+  for (int64_t g = 0; g < G; ++g) {
+    float sum = 0.0f;
+    for (int64_t b = g * bpg, b1 = std::min(B, (g + 1) * bpg); b < b1; ++b) sum += d[b] * static_cast<float>(sums[b]);
+    e[g] = sum;
+  }
+}
+
 /// quant_gemv for activation_bits = 8: the m <= 4 rows of x quantized once per call
 /// (quantize_activation_row; for 4-bit weights reordered into the nibble order of
 /// QuantGemvA8Input), then QuantGemvA8 over tasks of 16 weight rows.
@@ -1277,11 +1288,7 @@ void quant_gemv_a8(const QuantView& w, const float* x, int64_t m, const float* b
         }
       }
     }
-    for (int64_t g = 0; g < G; ++g) {
-      float sum = 0.0f;
-      for (int64_t b = g * bpg, b1 = std::min(B, (g + 1) * bpg); b < b1; ++b) sum += d[i * B + b] * static_cast<float>(sbuf[static_cast<size_t>(b)]);
-      e[i * G + g] = sum;
-    }
+    group_sums(d + i * B, sbuf.data(), B, G, bpg, e + i * G);
   }
   cpu::QuantGemvA8Input in;
   in.m = m;
@@ -1327,11 +1334,7 @@ void quant_gemm_a8(const QuantView& w, const float* x, int64_t m, const float* b
         std::memcpy(qi + c, t, 8);
       }
     }
-    for (int64_t g = 0; g < G; ++g) {
-      float sum = 0.0f;
-      for (int64_t b = g * bpg, b1 = std::min(B, (g + 1) * bpg); b < b1; ++b) sum += d[i * B + b] * static_cast<float>(ci[b]);
-      e[i * G + g] = sum;
-    }
+    if (w.zeros != nullptr) group_sums(d + i * B, ci, B, G, bpg, e + i * G);
     for (int64_t b = 0; b < B; ++b) ci[b] *= -offset;
   });
   cpu::QuantGemmA8Input in;
