@@ -128,6 +128,42 @@ TEST(ProgramFormat, LoadFromFileMappedAndRead) {
   std::filesystem::remove(path);
 }
 
+// Files of 2 MiB or more are mapped at a 2 MiB-aligned address (the reservation around it given
+// back) and, with prefault, populated at load: the constant must read back exactly, from every
+// load path, for a file whose size is not a multiple of the page size.
+TEST(ProgramFormat, LargeFileLoadsMappedPrefaultedAndRead) {
+  constexpr int64_t kBig = (int64_t{3} << 20) / 4 + 1001;  // float32 constant of 3 MiB + 4004 bytes
+  std::vector<float> c(static_cast<size_t>(kBig));
+  for (int64_t i = 0; i < kBig; ++i) c[static_cast<size_t>(i)] = static_cast<float>(i % 9973) - 4000.0f;
+  ProgramBuilder pb;
+  {
+    Graph g;
+    ValueId x = g.add_input("x", {DType::Float32, {1, kBig}});
+    KILN_ASSERT_OK_AND_ASSIGN(cid, g.add_constant("c", {DType::Float32, {kBig}}, float_bytes(c)));
+    KILN_ASSERT_OK_AND_ASSIGN(y, g.add_node("aten.add", {x, cid}, {}));
+    ASSERT_TRUE(g.set_outputs({y[0]}).ok());
+    ASSERT_TRUE(pb.add_method("plus", std::move(g)).ok());
+  }
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, pb.compile());
+  ASSERT_GT(compiled.bytes.size(), uint64_t{2} << 20);
+  const std::string path = temp_path("kiln-large-file-test");
+  ASSERT_TRUE(write_file(path, compiled.bytes).ok());
+  std::vector<float> x(static_cast<size_t>(kBig), 0.25f);
+  for (const auto& [use_mmap, prefault] : {std::pair{true, false}, std::pair{true, true}, std::pair{false, false}}) {
+    SCOPED_TRACE(std::string(use_mmap ? "mmap" : "read") + (prefault ? " prefault" : ""));
+    LoadOptions o;
+    o.use_mmap = use_mmap;
+    o.prefault = prefault;
+    KILN_ASSERT_OK_AND_ASSIGN(program, Program::load(path, o));
+    EXPECT_EQ(program->file_size(), compiled.bytes.size());
+    KILN_ASSERT_OK_AND_ASSIGN(m, program->load_method("plus"));
+    KILN_ASSERT_OK_AND_ASSIGN(outs, m.execute({Tensor{DType::Float32, {1, kBig}, x.data()}}));
+    const float* y = outs[0].data_as<float>();
+    for (int64_t i = 0; i < kBig; ++i) ASSERT_EQ(y[i], c[static_cast<size_t>(i)] + 0.25f) << i;
+  }
+  std::filesystem::remove(path);
+}
+
 TEST(ProgramFormat, MethodOutlivesProgramHandle) {
   // A Method keeps its Program (and the mapping) alive.
   const std::vector<float> c = pattern(kCols, 4);
