@@ -13,6 +13,8 @@ the C++ generation loop and sampler (include/kiln/llm.h), the same code as ``kil
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from typing import Callable, Sequence
 
 import numpy as np
@@ -42,6 +44,14 @@ def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLi
     from .llm import prepare_llm_export
 
     module, args, dynamic_shapes, metadata = prepare_llm_export(dir, max_seq_len)
+    trained = getattr(module.model.config, "max_position_embeddings", None)
+    if isinstance(trained, int) and int(max_seq_len) > trained:
+        msg = (f"max_seq_len {int(max_seq_len)} is past the model's max_position_embeddings {trained}: "
+               f"positions from {trained} on were not trained, and its outputs there are unreliable")
+        if verbose:
+            print(f"[kiln] warning: {msg}", file=sys.stderr, flush=True)
+        else:
+            warnings.warn(msg, stacklevel=2)
     return export(module, args, out=out, dynamic_shapes=dynamic_shapes, metadata=metadata, quantize=quantize,
                   group_size=group_size, scale_dtype=scale_dtype, quantize_embeddings=True, backends=backends, weights_dtype=weights_dtype, verbose=verbose,
                   report_json=report_json)

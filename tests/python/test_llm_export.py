@@ -594,6 +594,21 @@ def test_xnnpack_declines_symbolic_sizes(llama, tmp_path):
 # ------------------------------------------------------------------------------------------------
 # python -m kiln export-llm / generate
 
+def test_export_past_max_position_embeddings_warns(llama, tmp_path, capsys):
+    """A KV cache longer than the positions the model was trained on exports (the user may know
+    better), with a warning that names both numbers; within them, no warning."""
+    trained = llama.config.max_position_embeddings
+    out = tmp_path / "long.kiln"
+    kiln.export_llm(llama.dir, trained + 8, out=out, verbose=True)
+    err = capsys.readouterr().err
+    assert f"max_seq_len {trained + 8} is past the model's max_position_embeddings {trained}" in err
+    assert kiln.load(out).metadata["llm.max_seq_len"] == str(trained + 8)
+    with pytest.warns(UserWarning, match="max_position_embeddings"):
+        kiln.export_llm(llama.dir, trained + 1, out=tmp_path / "long2.kiln", verbose=False)
+    kiln.export_llm(llama.dir, trained, out=tmp_path / "fits.kiln", verbose=True)
+    assert "max_position_embeddings" not in capsys.readouterr().err
+
+
 def test_cli_export_llm_w8_and_generate(llama, tmp_path, capsys):
     out, rj = tmp_path / "llama_w8.kiln", tmp_path / "w8.json"
     rc = kiln_main(["export-llm", llama.dir, "--max-seq-len", str(MAX_SEQ), "--quantize", "w8",
