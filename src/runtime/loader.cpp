@@ -791,7 +791,7 @@ namespace {
 /// Where huge pages are off, the advice is a no-op.
 ///
 /// prefault: populate every page now (MADV_POPULATE_READ, Linux 5.14; before that, one read per
-/// page), so that the first execute takes no page faults.
+/// page), so that the first execute takes no page faults; best effort, never a failure of load.
 void* map_file(int fd, uint64_t size, bool prefault) {
   constexpr uint64_t kHugePage = uint64_t{1} << 21;
   void* p = MAP_FAILED;
@@ -821,7 +821,10 @@ void* map_file(int fd, uint64_t size, bool prefault) {
   if (p == MAP_FAILED) p = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   if (p == MAP_FAILED || !prefault) return p;
 #ifdef MADV_POPULATE_READ
-  if (::madvise(p, size, MADV_POPULATE_READ) == 0) return p;
+  // Only a kernel without the advice (EINVAL, before 5.14) falls back to touching every page: on
+  // any other failure (EFAULT: the file shrank under the mapping; EINTR; ENOMEM) touching could
+  // raise SIGBUS, and load goes on without the prefault, as MAP_POPULATE did.
+  if (::madvise(p, size, MADV_POPULATE_READ) == 0 || errno != EINVAL) return p;
 #endif
   const auto page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
   const volatile uint8_t* bytes = static_cast<const uint8_t*>(p);
