@@ -844,6 +844,15 @@ Result<std::unique_ptr<FileBytes>> FileBytes::map(const std::string& path, bool 
     return Error(ErrorCode::InvalidProgram, "'" + path + "' is not a regular file");
   }
   const auto size = static_cast<uint64_t>(st.st_size);
+  // A file that does not start with Kiln's magic is refused before anything else is read: reading
+  // (or prefaulting) a large file of another kind first costs its whole size in time and memory.
+  char magic[sizeof(kFileMagic)] = {};
+  if (size >= sizeof(FileHeader) &&
+      (::pread(fd, magic, sizeof(magic), 0) != static_cast<ssize_t>(sizeof(magic)) ||
+       std::memcmp(magic, kFileMagic, sizeof(kFileMagic)) != 0)) {
+    ::close(fd);
+    return Error(ErrorCode::InvalidProgram, "'" + path + "' is not a Kiln program (wrong magic)");
+  }
   auto fbytes = std::unique_ptr<FileBytes>(new FileBytes());
   if (use_mmap && size > 0) {
     void* p = map_file(fd, size, prefault);

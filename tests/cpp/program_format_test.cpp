@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "ir/op_registry.h"
@@ -160,6 +161,28 @@ TEST(ProgramFormat, LargeFileLoadsMappedPrefaultedAndRead) {
     KILN_ASSERT_OK_AND_ASSIGN(outs, m.execute({Tensor{DType::Float32, {1, kBig}, x.data()}}));
     const float* y = outs[0].data_as<float>();
     for (int64_t i = 0; i < kBig; ++i) ASSERT_EQ(y[i], c[static_cast<size_t>(i)] + 0.25f) << i;
+  }
+  std::filesystem::remove(path);
+}
+
+// A large file of another kind is refused by its first bytes, before it is read or prefaulted.
+TEST(ProgramFormat, LargeFileOfAnotherKindIsRefusedByItsMagic) {
+  const std::string path = temp_path("kiln-not-a-program");
+  {
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    ASSERT_NE(f, nullptr);
+    std::fputs("GGUF and then nothing a Kiln loader should read", f);
+    std::fclose(f);
+  }
+  std::filesystem::resize_file(path, uint64_t{64} << 20);  // sparse: 64 MiB
+  for (bool use_mmap : {true, false}) {
+    LoadOptions o;
+    o.use_mmap = use_mmap;
+    o.prefault = true;
+    auto program = Program::load(path, o);
+    ASSERT_FALSE(program.ok());
+    EXPECT_EQ(program.error().code(), ErrorCode::InvalidProgram);
+    EXPECT_NE(program.error().message().find("wrong magic"), std::string::npos) << program.error().message();
   }
   std::filesystem::remove(path);
 }
