@@ -321,7 +321,8 @@ def main(argv=None) -> int:
                    help="run `kiln generate --no-mmap` (the program read into memory instead of mapped; "
                         "docs/generative.md)")
     p.add_argument("--keep-page-cache", action="store_true",
-                   help="do not evict the engines' files from the page cache before the first round (see above)")
+                   help="do not prepare the page cache before each run (evict the run's files, compact memory, read "
+                        "them back): the files stay as the previous runs left them (see above)")
     p.add_argument("--idle-threshold", type=float, default=0.25)
     p.add_argument("--idle-wait", type=float, help="seconds to wait for an idle CPU before each run (default 10; --quick 0)")
     a = p.parse_args(argv)
@@ -638,9 +639,11 @@ def build_report(a, argv, shape, config, key, pc, n_prompt, n_new, rounds, promp
                  "the format's smallest encoding: fp32 32, w8 8.5, w4 4.5 bits; the tied output projection is the "
                  "embedding table, read whole; one embedding row; the float16 KV cache at the mean fill).")
     L.append("- Page cache: " + ("left as the previous runs left it (--keep-page-cache)" if a.keep_page_cache else
-             "before each run, that run's files evicted, memory " + ("compacted" if compacted else "not compacted (not root)") +
+             "before each run, that run's files evicted, memory " + ("compacted" if compacted else
+             "not compacted (/proc/sys/vm/compact_memory not writable)") +
              ", the files read back in; no timing includes the disk") + ". Column 2M: the share of the file held "
-             "in 2 MiB folios at the start of the run (median; bench/llm.py's docstring says why it matters).")
+             "in 2 MiB folios at the start of the run (median; bench/page_cache.py; – : not measured, e.g. a file under "
+             "2 MiB; bench/llm.py's docstring says why it matters).")
     for k, v in skipped.items():
         L.append(f"- **Skipped {k}**: {v}")
     L.append("")

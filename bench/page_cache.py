@@ -7,7 +7,7 @@ weight, or a GEMM that packs panels from rows a few KiB apart, then takes a TLB 
 (on a VM, a two-level page walk). Which folios a file gets depends on how it was read in and on how
 fragmented memory was then, not on the engine that maps it.
 
-    python bench/page_cache.py FILE...     # prints each file's share in 2 MiB folios (populating it)
+    python bench/page_cache.py FILE...     # each file's share in 2 MiB folios (reads in what is not cached)
 """
 from __future__ import annotations
 
@@ -64,32 +64,45 @@ def _pmd_mapped_kib() -> int:
 
 
 def huge_folio_share(path: str) -> float | None:
-    """Share (0..1) of the file's bytes that the page cache holds in PMD-mappable (2 MiB) folios:
-    the file is mapped read-only, populated (MADV_POPULATE_READ, reading from disk what is not
-    cached), and this process's FilePmdMapped (/proc/self/smaps_rollup, KiB) read before and after.
-    The mapping counts in this process's peak RSS: call it in a child (huge_folio_share_of).
-    None where that cannot be measured (not Linux 5.14+, or the file is under 2 MiB)."""
+    """Share (0..1) of the file's whole 2 MiB pieces that the page cache holds in PMD-mappable
+    (2 MiB) folios (a tail under 2 MiB can never be one and is not counted): the file is mapped
+    read-only as Kiln's loader maps it (at a 2 MiB-aligned address, advised MADV_HUGEPAGE),
+    populated (MADV_POPULATE_READ: what is not cached is read in now, as a cold load would), and
+    this process's FilePmdMapped (/proc/self/smaps_rollup, KiB) read before and after. The mapping
+    counts in this process's peak RSS: call it in a child (huge_folio_share_of). None where that
+    cannot be measured (not Linux 5.14+, or the file is under 2 MiB). OSError if the file cannot be
+    opened."""
+    huge = 2 << 20
     size = os.path.getsize(path)
-    if size < 2 << 20 or not os.path.exists("/proc/self/smaps_rollup"):
+    if size < huge or not os.path.exists("/proc/self/smaps_rollup"):
         return None
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-    prot_read, map_private, madv_populate_read = 1, 2, 22  # <sys/mman.h>, Linux
+    # <sys/mman.h>, Linux
+    prot_none, prot_read, map_private, map_fixed, map_anonymous, map_noreserve = 0, 1, 2, 0x10, 0x20, 0x4000
+    madv_hugepage, madv_populate_read = 14, 22
+    failed = ctypes.c_void_p(-1).value
     fd = os.open(path, os.O_RDONLY)
     try:
         before = _pmd_mapped_kib()
-        addr = libc.mmap(None, size, prot_read, map_private, fd, 0)
-        if addr is None or addr == ctypes.c_void_p(-1).value:
+        span = size + huge  # reserve, map the file at the first aligned address, give the rest back
+        reserve = libc.mmap(None, span, prot_none, map_private | map_anonymous | map_noreserve, -1, 0)
+        if reserve in (None, failed):
             return None
+        aligned = (reserve + huge - 1) // huge * huge
+        addr = libc.mmap(aligned, size, prot_read, map_private | map_fixed, fd, 0)
         try:
+            if addr in (None, failed):
+                return None
+            libc.madvise(addr, size, madv_hugepage)
             if libc.madvise(addr, size, madv_populate_read) != 0:
                 return None
-            return min(1.0, (_pmd_mapped_kib() - before) * 1024 / size)
+            return min(1.0, (_pmd_mapped_kib() - before) * 1024 / (size // huge * huge))
         finally:
-            libc.munmap(addr, size)
+            libc.munmap(reserve, span)
     finally:
         os.close(fd)
 
@@ -108,17 +121,30 @@ def huge_folio_share_of(paths: list) -> float | None:
 
 
 def main(argv: list) -> int:
-    as_json = argv[:1] == ["--json"]
-    paths = argv[1:] if as_json else argv
-    if not paths:
-        print(__doc__.strip().splitlines()[-1].strip(), file=sys.stderr)
-        return 2
-    shares = [huge_folio_share(p) for p in paths]
-    if as_json:
+    import argparse
+    p = argparse.ArgumentParser(
+        prog="bench/page_cache.py",
+        description="Print the share of each file's whole 2 MiB pieces that the page cache holds in 2 MiB folios "
+                    "(mapped with 2 MiB pages). Reads in what is not cached, as a cold load would. "
+                    "'-' : not measured (under 2 MiB, not a regular file, or no /proc/self/smaps_rollup).")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--json", action="store_true", help="print one JSON list of shares (null: not measured)")
+    a = p.parse_args(argv)
+    shares = []
+    for f in a.files:
+        if not os.path.isfile(f):
+            print(f"error: {f}: {'not a regular file' if os.path.exists(f) else 'no such file'}", file=sys.stderr)
+            return 1
+        try:
+            shares.append(huge_folio_share(f))
+        except OSError as e:
+            print(f"error: {f}: {e.strerror or e}", file=sys.stderr)
+            return 1
+    if a.json:
         print(json.dumps(shares))
     else:
-        for p, h in zip(paths, shares):
-            print(f"{'–' if h is None else f'{h:.0%}'}  {p}")
+        for f, h in zip(a.files, shares):
+            print(f"{'-' if h is None else f'{h:.0%}'}  {f}")
     return 0
 
 

@@ -267,11 +267,16 @@ def cmd_export_llm(args) -> int:
         from transformers.utils import logging as hf_logging
         hf_logging.set_verbosity_error()
         hf_logging.disable_progress_bar()
+    import warnings
     try:
-        result = export_llm(d, args.max_seq_len, out=args.output, quantize=args.quantize, group_size=args.group_size,
-                            scale_dtype=args.scale_dtype,
-                            backends=backends, weights_dtype=args.weights_dtype, verbose=not args.quiet,
-                            report_json=args.report_json)
+        with warnings.catch_warnings(record=True) as caught:  # -q: export_llm warns instead of printing
+            warnings.simplefilter("always", UserWarning)
+            result = export_llm(d, args.max_seq_len, out=args.output, quantize=args.quantize,
+                                group_size=args.group_size, scale_dtype=args.scale_dtype,
+                                backends=backends, weights_dtype=args.weights_dtype, verbose=not args.quiet,
+                                report_json=args.report_json)
+        for w in caught:
+            print(f"[kiln] warning: {w.message}", file=sys.stderr)
     except LLMExportError as e:
         print(f"error: export-llm of {d} failed: {e}", file=sys.stderr)
         return 1

@@ -607,6 +607,13 @@ def test_export_past_max_position_embeddings_warns(llama, tmp_path, capsys):
         kiln.export_llm(llama.dir, trained + 1, out=tmp_path / "long2.kiln", verbose=False)
     kiln.export_llm(llama.dir, trained, out=tmp_path / "fits.kiln", verbose=True)
     assert "max_position_embeddings" not in capsys.readouterr().err
+    # the command line with -q: the same one-line warning, not a Python warning with a source line
+    rc = kiln_main(["export-llm", llama.dir, "--max-seq-len", str(trained + 2), "-o", str(tmp_path / "q.kiln"), "-q"])
+    captured = capsys.readouterr()
+    assert rc == 0, captured.err
+    assert captured.out.strip() == str(tmp_path / "q.kiln")
+    assert f"[kiln] warning: max_seq_len {trained + 2} is past" in captured.err
+    assert "UserWarning" not in captured.err
 
 
 def test_cli_export_llm_w8_and_generate(llama, tmp_path, capsys):
