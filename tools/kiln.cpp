@@ -1231,7 +1231,8 @@ int main(int argc, char** argv) {
   gen->add_flag("--ignore-eos", ga.ignore_eos, "Never choose an eos id (its logit set to -inf before sampling)");
   gen->add_flag("--no-mmap", ga.no_mmap,
                 "Read the program into memory (huge pages where the kernel grants them) instead of mapping the file: "
-                "load copies the file; decoding read the weights faster so on some machines (docs/generative.md)");
+                "load copies the file; for a machine whose page cache cannot hold it in 2 MiB folios "
+                "(docs/generative.md \"Huge pages\")");
   gen->add_option("--method,-m", ga.method, "Method to run")->capture_default_str();
   add_exec_options(gen, ga.exec);
   gen->add_flag("--json", ga.json, "Print one JSON object instead of the ids");

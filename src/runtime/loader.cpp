@@ -739,6 +739,14 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
 
 }  // namespace
 
+namespace {
+
+/// A transparent huge page (x86-64 and the common arm64 configuration): program buffers and
+/// mappings of this size or more start at a multiple of it and are advised MADV_HUGEPAGE.
+constexpr uint64_t kHugePage = uint64_t{1} << 21;
+
+}  // namespace
+
 void FileBytes::release_pages(const void* p, size_t n) const {
   if (!mapped_ || p == nullptr || n == 0) return;
   const auto lo = reinterpret_cast<uintptr_t>(data_), hi = lo + size_;
@@ -759,7 +767,6 @@ Result<std::unique_ptr<FileBytes>> FileBytes::allocate(uint64_t size) {
   auto fbytes = std::unique_ptr<FileBytes>(new FileBytes());
   // Buffers of 2 MiB or more: aligned to 2 MiB and advised as huge pages (fewer TLB misses when a
   // kernel streams the weights; a no-op where transparent huge pages are off).
-  constexpr uint64_t kHugePage = uint64_t{1} << 21;
   const uint64_t align = size >= kHugePage ? kHugePage : kSegmentAlignment;
   const uint64_t alloc = (size + align - 1) / align * align;
   if (alloc < size) return Error(ErrorCode::MemoryAllocationFailed, "cannot allocate program buffer");
@@ -783,8 +790,8 @@ namespace {
 /// Maps `size` bytes of the file `fd` read-only; MAP_FAILED (errno set) on failure.
 ///
 /// Files of 2 MiB or more are mapped at a 2 MiB-aligned address and advised MADV_HUGEPAGE before
-/// anything is read. Where the file system caches files in large folios (ext4 and XFS on Linux
-/// 6.x), pages the mapping reads in then come as 2 MiB folios mapped by one page-table entry each,
+/// anything is read. Where the file system caches files in large folios (XFS since Linux 5.18,
+/// ext4 since 6.16), pages the mapping reads in then come as 2 MiB folios mapped by one page-table entry each,
 /// so a kernel that streams every weight (an LLM decode step) takes no 4 KiB TLB misses: on a Zen 4
 /// VM a plain read of a 663 MiB mapped file went from 21.8 to 31 GB/s. Pages already cached in
 /// small folios (a file read before without the advice) keep them, until the cache drops them.
@@ -793,7 +800,6 @@ namespace {
 /// prefault: populate every page now (MADV_POPULATE_READ, Linux 5.14; before that, one read per
 /// page), so that the first execute takes no page faults; best effort, never a failure of load.
 void* map_file(int fd, uint64_t size, bool prefault) {
-  constexpr uint64_t kHugePage = uint64_t{1} << 21;
   void* p = MAP_FAILED;
   if (size >= kHugePage) {
     // Reserve size + 2 MiB of address space, map the file over its first aligned address, and
