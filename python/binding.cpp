@@ -171,6 +171,10 @@ py::dict meta_dict(const MethodMeta& m) {
   d["symbols"] = syms;
   d["states"] = m.states;
   d["arena_bytes"] = m.arena_bytes;
+  d["num_kernel_calls"] = m.num_kernel_calls;
+  d["num_delegate_calls"] = m.num_delegate_calls;
+  d["alternative"] = m.alternative;
+  d["num_alternatives"] = m.num_alternatives;
   return d;
 }
 
@@ -356,9 +360,19 @@ PYBIND11_MODULE(_kiln, m) {
             cd["reasons"] = reasons;
             cpu.append(cd);
           }
+          py::list sts;
+          for (const auto& st : mr.delegation.states) {
+            py::dict sd;
+            sd["state"] = st.state;
+            sd["backend"] = st.backend;
+            sd["resident"] = st.resident;
+            sd["reason"] = st.reason;
+            sts.append(sd);
+          }
           py::dict del;
           del["backends"] = dbs;
           del["cpu_ops"] = cpu;
+          del["states"] = sts;
           d["delegation"] = del;
           methods.append(d);
         }
@@ -379,7 +393,7 @@ PYBIND11_MODULE(_kiln, m) {
          "fold_batch_norm: fold inference batch norms into the convolution/linear feeding them; "
          "compute_dtype: 'float32', 'float16' or 'bfloat16', the precision delegates that support it (mlx) compute in. "
          "report['methods'][i]['delegation'] = {backends: [{backend, segments, nodes, constant_bytes}], "
-         "cpu_ops: [{op, count, reasons: [(backend, reason)]}]}. alternatives: e.g. [['mlx'], ['xnnpack']]: every "
+         "cpu_ops: [{op, count, reasons: [(backend, reason)]}], states: [{state, backend, resident, reason}]}. alternatives: e.g. [['mlx'], ['xnnpack']]: every "
          "method is compiled once per backend list and the loader runs the first whose backends are available "
          "(replaces backends/require_delegation; report['methods'] then has one entry per alternative). "
          "quantize: '' (off), 'w8' (int8 per output channel) or 'w4' (int4 in groups of group_size along the "

@@ -1046,6 +1046,12 @@ std::string report_json(const CompiledProgram& c, const onnx::ImportedModel& m, 
       }
       o << "]}";
     }
+    o << "], \"states\": [";
+    for (size_t i = 0; i < r.delegation.states.size(); ++i) {
+      const auto& st = r.delegation.states[i];
+      o << (i ? ", " : "") << "{\"state\": " << json_str(st.state) << ", \"backend\": " << json_str(st.backend)
+        << ", \"resident\": " << (st.resident ? "true" : "false") << ", \"reason\": " << json_str(st.reason) << "}";
+    }
     o << "]}}";
   }
   o << "\n  ]\n}\n";

@@ -65,6 +65,10 @@ struct DelegateBlob {
   std::string backend;            ///< e.g. "xnnpack"
   std::vector<uint8_t> payload;   ///< stored as a payload segment (kind 1)
   std::vector<ValueId> constants; ///< constant values the payload refers to, by position
+  /// States the backend holds for the session (Subgraph::states, in the payload's order): indices
+  /// into the graph's states(). Their read value is not a boundary input and their update not a
+  /// boundary output; the serializer writes no StateUpdate for them.
+  std::vector<size_t> states;
 };
 
 /// One call of an ATen op, or (when `delegate` is set) of a delegate's lowered subgraph,
@@ -214,6 +218,14 @@ struct DelegationReport {
   std::vector<BackendSummary> backends;  ///< in the order requested
   std::vector<CpuOp> cpu_ops;            ///< sorted by op name
   std::vector<Declined> declined;        ///< every (node, backend) pair declined, in node order
+  /// Each state that a delegate segment reads or writes: held by that backend for the session
+  /// (`resident`: no copy across the boundary per call), or passed through the boundary, with why.
+  struct StatePlacement {
+    std::string state, backend;
+    bool resident = false;
+    std::string reason;  ///< why it goes through the boundary (empty when resident)
+  };
+  std::vector<StatePlacement> states;
 };
 
 /// What the compiler did with one method.
@@ -392,5 +404,19 @@ MemoryPlan plan_memory(const Graph& graph);
 /// happens at the end of the call. Other updates are copied into the state after the last
 /// instruction. Returns the number of updates made in place.
 size_t plan_state_updates(Graph& graph);
+
+/// True when `node` (of `graph`) has a symbolic attribute or reads or writes a value with symbolic
+/// sizes: what a delegate whose Backend::symbolic_sizes_reason() is not empty declines. (Inline:
+/// the backends' compile half, in the runtime library, uses it too.)
+inline bool has_symbolic_sizes(const Graph& graph, const Node& node) {
+  if (!node.sym_attrs.empty()) return true;
+  for (ValueId v : node.inputs) {
+    if (v != kNoValue && graph.value(v).is_dynamic()) return true;
+  }
+  for (ValueId v : node.outputs) {
+    if (graph.value(v).is_dynamic()) return true;
+  }
+  return false;
+}
 
 }  // namespace kiln

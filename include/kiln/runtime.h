@@ -24,6 +24,7 @@ namespace kiln {
 
 class Program;
 class Session;
+class DelegateState;
 namespace detail { struct ProgramData; struct MethodPlan; }
 
 /// A state tensor of a program (format version 2): persists across calls, owned by a Session.
@@ -244,7 +245,9 @@ class Session {
   ~Session();
   /// Restores every state to its initial value and clears failed().
   void reset();
-  /// A view of state `name` (valid for the session's life): NotFound when there is none.
+  /// A view of state `name` (valid for the session's life): NotFound when there is none. A state
+  /// that a delegate holds (docs/mlx.md "State in the delegate") is copied from the delegate into
+  /// the session's bytes first; the view shows it as of this call.
   Result<Tensor> state(std::string_view name) const;
   /// True after a call failed once it had written state in place; execute refuses until reset().
   bool failed() const { return !failure_.empty(); }
@@ -257,6 +260,9 @@ class Session {
   Session() = default;
   std::shared_ptr<const Program> program_;
   std::vector<void*> buffers_;  ///< per program state, 64-byte aligned
+  /// Per program state: the delegate's copy when a delegate holds it (created by the delegate's
+  /// first call after new_session / reset, from buffers_, which hold the initial value until then).
+  std::vector<std::unique_ptr<DelegateState>> held_;
   std::string failure_;
 };
 

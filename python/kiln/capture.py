@@ -1858,6 +1858,10 @@ def format_delegation(report: dict) -> list[str]:
         for b in d["backends"]:
             lines.append(f"[kiln]     {b['backend']}: {b['segments']} segment(s), {b['nodes']} node(s), "
                          f"constants {_fmt_bytes(b['constant_bytes'])}")
+        for st in d.get("states", []):
+            where = (f"held by {st['backend']} (no copy across the boundary per call)" if st["resident"]
+                     else f"through the {st['backend']} boundary: {st['reason']}")
+            lines.append(f"[kiln]     state {st['state']}: {where}")
         cpu = d.get("cpu_ops", [])
         if not cpu:
             lines.append("[kiln]     CPU kernels: none (every node is delegated)")

@@ -34,6 +34,17 @@ struct Subgraph {
   /// CompileOptions::compute_dtype: Float32, or Float16/BFloat16 for backends that support
   /// reduced precision (others ignore it and compute in float32).
   DType compute_dtype = DType::Float32;
+  /// States the backend holds (only for a backend whose holds_state() is true): the graph's state
+  /// `state` (index into graph->states()), whose start-of-call value `read` (kNoValue when the
+  /// nodes do not read it) only these nodes read, and whose new value `update` (kNoValue: unchanged)
+  /// these nodes produce and nothing outside reads. Neither is in `inputs` / `outputs`: at run time
+  /// the backend keeps the value between calls (Backend::execute's ExecuteContext::states).
+  struct State {
+    size_t state = 0;
+    ValueId read = kNoValue;
+    ValueId update = kNoValue;
+  };
+  std::vector<State> states;
 };
 
 /// What `init` receives for a lowered subgraph, taken from its graph: the constants' bytes (in
@@ -49,6 +60,33 @@ struct SubgraphBoundary {
 class DelegateHandle {
  public:
   virtual ~DelegateHandle() = default;
+};
+
+/// A program state held by a backend for one session (a KV cache kept in MLX's memory): created by
+/// the backend at the first call that needs it, from the state's initial bytes, and destroyed by
+/// Session::reset() (the next call creates it again) or with the session.
+class DelegateState {
+ public:
+  virtual ~DelegateState() = default;
+  /// Copies the current value into `dst` (`nbytes`: the state's TensorType::nbytes(), in its
+  /// dtype), for Session::state(). Internal on failure.
+  virtual Error read(void* dst, size_t nbytes) const = 0;
+};
+
+/// One state a delegate call holds (Subgraph::states), as the runtime hands it to execute.
+struct DelegateStateSlot {
+  std::unique_ptr<DelegateState>* state = nullptr;  ///< the session's slot; null object = not created yet
+  TensorType type;                                  ///< the state's type
+  std::span<const uint8_t> initial;                 ///< its initial value (type.nbytes() bytes)
+};
+
+/// What a call carries besides its boundary tensors.
+struct ExecuteContext {
+  /// The method's symbol values for this call (indexed like the graph's symbols; empty without).
+  std::span<const int64_t> symbols;
+  /// The held states, in the payload's order (Subgraph::states). A backend replaces a slot's
+  /// object (or updates it) only when the call succeeds: a failed call leaves every state as it was.
+  std::span<const DelegateStateSlot> states;
 };
 
 /// Run-time settings for one delegate handle, from the method's load options.
@@ -75,9 +113,14 @@ class Backend {
   virtual Error support(size_t node, const Graph& graph) const = 0;
   /// Why this backend declines a node with symbolic sizes (a dynamic dim or a symbolic attribute;
   /// the partitioner asks no further). Backends that build for fixed shapes say what stops them.
+  /// Empty when the backend lowers nodes with symbolic sizes (its payload then carries the
+  /// expressions; execute gets the call's symbol values in ExecuteContext::symbols).
   virtual std::string symbolic_sizes_reason() const {
     return "symbolic sizes: the " + name() + " delegate runs fixed shapes only";
   }
+  /// True when the backend can hold program states between calls (Subgraph::states): the
+  /// partitioner then gives it the states that only its segment reads and writes.
+  virtual bool holds_state() const { return false; }
   /// Lowers a subgraph whose every node `support` accepted into payload bytes.
   virtual Result<std::vector<uint8_t>> lower(const Subgraph& subgraph) const = 0;
   /// Proves at compile time that `payload` (what `lower` wrote for `subgraph`) builds, by running
@@ -105,9 +148,17 @@ class Backend {
                                                        std::span<const TensorType> inputs,
                                                        std::span<const TensorType> outputs,
                                                        const DelegateOptions& options) const = 0;
-  /// Runs the handle: inputs/outputs are contiguous tensors of the types given to init.
+  /// Runs the handle: inputs/outputs are contiguous tensors of the types given to init (for a
+  /// payload with symbolic sizes: of this call's sizes, within those bounds).
   virtual Error execute(DelegateHandle& handle, std::span<const Tensor* const> inputs,
                         std::span<Tensor* const> outputs) const = 0;
+  /// execute with the call's symbol values and held states (what the runtime calls); the default,
+  /// for backends with neither, calls execute(handle, inputs, outputs).
+  virtual Error execute_in_context(DelegateHandle& handle, std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs,
+                        const ExecuteContext& context) const {
+    (void)context;
+    return execute(handle, inputs, outputs);
+  }
   /// Releases the handle (default: deletes it).
   virtual void destroy(std::unique_ptr<DelegateHandle> handle) const { handle.reset(); }
 };

@@ -87,19 +87,6 @@ struct Groups {
   }
 };
 
-// True when node i has a symbolic attribute or reads or writes a value with symbolic sizes.
-bool node_is_symbolic(const Graph& g, size_t i) {
-  const Node& node = g.nodes()[i];
-  if (!node.sym_attrs.empty()) return true;
-  for (ValueId v : node.inputs) {
-    if (v != kNoValue && g.value(v).is_dynamic()) return true;
-  }
-  for (ValueId v : node.outputs) {
-    if (g.value(v).is_dynamic()) return true;
-  }
-  return false;
-}
-
 // Boundary of a set of nodes (sorted indices) of `g`.
 Subgraph make_subgraph(const Graph& g, std::vector<size_t> nodes) {
   Subgraph sg;
@@ -128,6 +115,49 @@ Subgraph make_subgraph(const Graph& g, std::vector<size_t> nodes) {
     }
   }
   return sg;
+}
+
+// The states of `sg` (a group of backend `backend`): each state that the group's nodes read or
+// update. One that only they read and write becomes a held state of the subgraph when the backend
+// holds state (its read value leaves `inputs`, its update `outputs`); every other one goes through
+// the boundary, and the report says why.
+void place_states(const Graph& g, const Backend& backend, Subgraph& sg, DelegationReport& report) {
+  const std::set<size_t> inside(sg.nodes.begin(), sg.nodes.end());
+  const std::set<ValueId> method_outputs(g.outputs().begin(), g.outputs().end());
+  for (size_t s = 0; s < g.states().size(); ++s) {
+    const StateDef& st = g.states()[s];
+    const ValueId update = st.update == st.value ? kNoValue : st.update;
+    bool read_in = false, read_out = false, update_in = false, update_read_out = false;
+    for (size_t i = 0; i < g.nodes().size(); ++i) {
+      const Node& node = g.nodes()[i];
+      const bool in = inside.count(i) > 0;
+      for (ValueId v : node.inputs) {
+        if (v == st.value) (in ? read_in : read_out) = true;
+        if (v == update && update != kNoValue && !in) update_read_out = true;
+      }
+      for (ValueId v : node.outputs) {
+        if (v == update && update != kNoValue && in) update_in = true;
+      }
+    }
+    if (!read_in && !update_in) continue;
+    std::string why;
+    if (!backend.holds_state()) {
+      why = "the " + backend.name() + " delegate does not hold state";
+    } else if (read_out) {
+      why = "nodes outside the segment read it";
+    } else if (method_outputs.count(st.value)) {
+      why = "the method returns its value";
+    } else if (update != kNoValue && !update_in) {
+      why = "its new value is computed outside the segment";
+    } else if (update_read_out || (update != kNoValue && method_outputs.count(update))) {
+      why = "its new value is also read outside the segment";
+    }
+    report.states.push_back({st.name, backend.name(), why.empty(), why});
+    if (!why.empty()) continue;
+    sg.states.push_back({s, read_in ? st.value : kNoValue, update});
+    std::erase(sg.inputs, st.value);
+    if (update != kNoValue) std::erase(sg.outputs, update);
+  }
 }
 
 }  // namespace
@@ -169,7 +199,7 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
         Error why;
         if (auto r = refused.find({i, bi}); r != refused.end()) {
           why = Error(ErrorCode::NotSupported, r->second);
-        } else if (node_is_symbolic(graph, i)) {
+        } else if (has_symbolic_sizes(graph, graph.nodes()[i]) && !bs[bi]->symbolic_sizes_reason().empty()) {
           why = Error(ErrorCode::NotSupported, bs[bi]->symbolic_sizes_reason());
         } else {
           auto s = support_of.find({i, bi});
@@ -210,6 +240,7 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
       const size_t bi = static_cast<size_t>(owner[nodes.front()]);
       Subgraph sg = make_subgraph(graph, nodes);
       sg.compute_dtype = compute_dtype;
+      place_states(graph, *bs[bi], sg, report);
       auto payload = bs[bi]->lower(sg);
       if (!payload.ok()) {
         const Node& first = graph.nodes()[nodes.front()];
@@ -240,6 +271,7 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
       blob->backend = bs[bi]->name();
       blob->payload = std::move(payload.value());
       blob->constants = sg.constants;
+      for (const Subgraph::State& st : sg.states) blob->states.push_back(st.state);
       DelegationReport::BackendSummary& sum = report.backends[bi];
       ++sum.segments;
       sum.nodes += nodes.size();

@@ -180,6 +180,10 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
   };
   auto write_expr = [&b](const SymExpr& e) { return fb::CreateSizeExpr(b, b.CreateVector(e.code())); };
 
+  // Held states (DelegateBlob::states): per (alternative, program state), the backend holding it
+  // ("" = the session's bytes) and the first method that decided so. Every method of one
+  // alternative must agree, since they share the session's state.
+  std::map<std::pair<size_t, int32_t>, std::pair<std::string, std::string>> holder;
   std::string require_failures;  // require_delegation: the undelegated nodes of every method
   // Alternatives: each method is compiled once per backend list, in preference order; the file
   // holds one method entry per alternative (same name), and the loader runs the first whose
@@ -274,6 +278,22 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
           continue;
         }
       }
+      std::vector<std::string> held_by(g.states().size());  // per graph state: its holding backend, or ""
+      for (const Node& n : g.nodes()) {
+        if (!n.delegate) continue;
+        for (size_t st : n.delegate->states) held_by[st] = n.delegate->backend;
+      }
+      for (size_t st = 0; st < g.states().size(); ++st) {
+        const auto key = std::make_pair(alt, program_state(g.states()[st].name));
+        auto [it, added] = holder.emplace(key, std::make_pair(held_by[st], name));
+        if (!added && it->second.first != held_by[st]) {
+          auto where = [](const std::string& backend) { return backend.empty() ? std::string("the session") : "the " + backend + " delegate"; };
+          return Error(ErrorCode::NotSupported, "state '" + g.states()[st].name + "' is held by " + where(it->second.first) +
+                                                    " in method '" + it->second.second + "' but by " + where(held_by[st]) +
+                                                    " in method '" + name + "': methods sharing a state must delegate "
+                                                    "its reads and writes alike");
+        }
+      }
       plan_state_updates(g);
       MemoryPlan plan = plan_memory(g);
       rep.arena_bytes = plan.arena_bytes;
@@ -326,10 +346,13 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
             consts.push_back(constants.add(cb));
             rep.constant_bytes += cb->size();
           }
+          std::vector<uint32_t> held;
+          for (size_t st : n.delegate->states) held.push_back(static_cast<uint32_t>(program_state(g.states()[st].name)));
           payloads.push_back(n.delegate);
           const auto segment = static_cast<uint32_t>(payloads.size());  // segment 0 holds the constants
           auto call = fb::CreateDelegateCall(b, b.CreateString(n.delegate->backend), segment, b.CreateVector(args),
-                                             b.CreateVector(res), b.CreateVector(consts));
+                                             b.CreateVector(res), b.CreateVector(consts),
+                                             held.empty() ? 0 : b.CreateVector(held));
           instrs.push_back(fb::CreateInstructionEntry(b, fb::Instruction::DelegateCall, call.Union()));
           continue;
         }
@@ -349,8 +372,9 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
       }
       for (ValueId id : g.outputs()) outs.push_back(use(id));
       std::vector<flatbuffers::Offset<fb::StateUpdate>> updates;
-      for (const StateDef& st : g.states()) {
-        if (st.update == kNoValue || st.update == st.value) continue;
+      for (size_t si = 0; si < g.states().size(); ++si) {
+        const StateDef& st = g.states()[si];
+        if (st.update == kNoValue || st.update == st.value || !held_by[si].empty()) continue;
         updates.push_back(fb::CreateStateUpdate(b, static_cast<uint32_t>(program_state(st.name)), use(st.update)));
       }
       std::vector<flatbuffers::Offset<fb::Symbol>> symbols;
@@ -459,6 +483,12 @@ std::string CompiledProgram::report() const {
         os << "        " << c.op << " x" << c.count << "\n";
         for (const auto& [backend, reason] : c.reasons) os << "          " << backend << ": " << reason << "\n";
       }
+    }
+    for (const auto& st : d.states) {
+      os << "      state " << st.state << ": "
+         << (st.resident ? "held by " + st.backend + " (no copy across the boundary per call)"
+                         : "through the " + st.backend + " boundary: " + st.reason)
+         << "\n";
     }
   }
   return os.str();

@@ -323,6 +323,7 @@ Error plan_symbols_and_state(const fb::Method* m, MethodPlan& plan, const std::v
       const int32_t v = u->value();
       if (st >= states.size() || v < 0 || static_cast<size_t>(v) >= nv) return bad(where + ": state update out of range");
       if (updated[st]) return bad(where + ": state " + std::to_string(st) + " updated twice");
+      if (!plan.state_holder[st].empty()) return bad(where + ": state '" + states[st].name + "' is held by a delegate and updated by the method");
       updated[st] = true;
       if (!defined[static_cast<size_t>(v)]) return bad(where + ": state update reads a value that is never written");
       if (!(plan.value_types[static_cast<size_t>(v)] == states[st].type) || !plan.value_sym[static_cast<size_t>(v)].empty()) {
@@ -343,6 +344,9 @@ Error plan_symbols_and_state(const fb::Method* m, MethodPlan& plan, const std::v
     if (plan.value_state[v] >= 0) used.insert(states[static_cast<size_t>(plan.value_state[v])].name);
   }
   for (const auto& u : plan.state_copies) used.insert(states[u.first].name);
+  for (size_t st = 0; st < states.size(); ++st) {
+    if (!plan.state_holder[st].empty()) used.insert(states[st].name);
+  }
   plan.meta.states.assign(used.begin(), used.end());
   (void)state_read;
   // Symbols: each bound by the first input dim that is exactly that symbol.
@@ -377,7 +381,7 @@ Error plan_symbols_and_state(const fb::Method* m, MethodPlan& plan, const std::v
     }
     for (size_t k = 0; k < plan.instructions.size(); ++k) {
       const PlannedInstruction& pi = plan.instructions[k];
-      if (!pi.dynamic) continue;
+      if (!pi.dynamic || !pi.backend_name.empty()) continue;  // a delegate checks its own sizes
       const OpDef* def = OpRegistry::get().find(pi.op);
       Attributes at = pi.attrs;
       for (const auto& sa : pi.sym_attrs) {
@@ -442,6 +446,7 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
   const auto bindings = check_bindings(plan.symbols);
   plan.value_sym.resize(nv);
   plan.value_state.assign(nv, -1);
+  plan.state_holder.assign(states.size(), std::string());
   for (size_t i = 0; i < nv; ++i) {
     const fb::Tensor* t = m->values()->Get(static_cast<flatbuffers::uoffset_t>(i));
     const std::string vw = where + " value " + std::to_string(i);
@@ -565,15 +570,33 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
       auto pi = plan_delegate(d, iw, nv, segments, constants, plan, defined, defer_backend_errors, settings);
       if (!pi.ok()) return pi.error();
       for (int32_t v : pi->args) {
-        if (!plan.value_sym[static_cast<size_t>(v)].empty()) return bad(iw + ": a delegate call reads a value with symbolic sizes");
+        pi->dynamic = pi->dynamic || !plan.value_sym[static_cast<size_t>(v)].empty();
         if (plan.value_state[static_cast<size_t>(v)] >= 0 && state_written_at[static_cast<size_t>(plan.value_state[static_cast<size_t>(v)])] >= 0 &&
             v == state_read[static_cast<size_t>(plan.value_state[static_cast<size_t>(v)])]) {
           return bad(iw + ": reads a state's old value after it was written in place");
         }
       }
       for (int32_t v : pi->outputs) {
-        if (!plan.value_sym[static_cast<size_t>(v)].empty()) return bad(iw + ": a delegate call writes a value with symbolic sizes");
+        pi->dynamic = pi->dynamic || !plan.value_sym[static_cast<size_t>(v)].empty();
         if (plan.value_state[static_cast<size_t>(v)] >= 0) return bad(iw + ": a delegate call writes a state in place");
+      }
+      // Held states: the backend keeps them; no value of this method is their bytes, no other call
+      // holds them, and no StateUpdate names them (plan_symbols_and_state).
+      if (d->states()) {
+        for (uint32_t st : *d->states()) {
+          if (st >= states.size()) return bad(iw + ": held state " + std::to_string(st) + " out of range");
+          if (!plan.state_holder[st].empty()) return bad(iw + ": state '" + states[st].name + "' held twice");
+          for (size_t v = 0; v < nv; ++v) {
+            if (plan.value_state[v] == static_cast<int32_t>(st)) {
+              return bad(iw + ": state '" + states[st].name + "' is held by the delegate but a value of the method is its bytes");
+            }
+          }
+          if (pi->backend_name.empty()) return bad(iw + ": held state without a backend");
+          plan.state_holder[st] = pi->backend_name;
+          pi->held_states.push_back(st);
+          plan.uses_state = true;
+        }
+        pi->writes_state = !pi->held_states.empty();
       }
       KILN_RETURN_IF_ERROR(check_no_aliasing(plan, pi.value(), iw));
       plan.instructions.push_back(std::move(pi.value()));
@@ -1009,6 +1032,20 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
     chosen.meta.skipped_alternatives = std::move(skipped);
     if (pick < chosen.meta.skipped_alternatives.size()) chosen.meta.skipped_alternatives.resize(pick);
     data->methods.push_back(std::move(chosen));
+  }
+  // Methods share the session's states: one that a delegate holds in one method must be held by
+  // the same backend in every method that uses it (else one method would read stale bytes).
+  for (size_t st = 0; st < data->states.size(); ++st) {
+    const MethodPlan* first = nullptr;
+    for (const MethodPlan& mp : data->methods) {
+      const bool uses = std::find(mp.meta.states.begin(), mp.meta.states.end(), data->states[st].name) != mp.meta.states.end();
+      if (!uses) continue;
+      if (first != nullptr && first->state_holder[st] != mp.state_holder[st]) {
+        return bad("state '" + data->states[st].name + "' is held by '" + first->state_holder[st] + "' in method '" +
+                   first->meta.name + "' and by '" + mp.state_holder[st] + "' in method '" + mp.meta.name + "'");
+      }
+      if (first == nullptr) first = &mp;
+    }
   }
   // Float16-stored constants are read once, to widen them: their file pages are dropped again
   // (re-read from the file if a delegate or a later load reads them), so that an fp16-weights

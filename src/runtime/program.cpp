@@ -70,15 +70,18 @@ Result<std::unique_ptr<Session>> Program::new_session() const {
     }
     session->buffers_.push_back(p);
   }
+  session->held_.resize(data_->states.size());
   session->reset();
   return session;
 }
 
 Session::~Session() {
+  held_.clear();
   for (void* p : buffers_) std::free(p);
 }
 
 void Session::reset() {
+  for (auto& h : held_) h.reset();  // the delegate creates it again from the initial value
   const auto& states = program_->data_->states;
   for (size_t i = 0; i < states.size(); ++i) {
     const size_t n = states[i].type.nbytes();
@@ -95,7 +98,13 @@ void Session::reset() {
 Result<Tensor> Session::state(std::string_view name) const {
   const auto& states = program_->data_->states;
   for (size_t i = 0; i < states.size(); ++i) {
-    if (states[i].name == name) return Tensor{states[i].type.dtype, states[i].type.sizes, buffers_[i]};
+    if (states[i].name != name) continue;
+    if (i < held_.size() && held_[i]) {
+      if (Error e = held_[i]->read(buffers_[i], states[i].type.nbytes()); !e.ok()) {
+        return Error(e.code(), "state '" + std::string(name) + "': " + e.message());
+      }
+    }
+    return Tensor{states[i].type.dtype, states[i].type.sizes, buffers_[i]};
   }
   return Error(ErrorCode::NotFound, "no state '" + std::string(name) + "' in the program");
 }
@@ -547,7 +556,7 @@ Error Method::bind_sizes(std::span<const Tensor> inputs) {
   std::vector<const TensorType*> in_ptrs;
   for (size_t k = 0; k < plan.instructions.size(); ++k) {
     const auto& ins = plan.instructions[k];
-    if (!ins.dynamic) continue;
+    if (!ins.dynamic || !ins.backend_name.empty()) continue;  // a delegate checks its own sizes
     const OpDef* def = OpRegistry::get().find(ins.op);
     in_types.clear();
     in_types.reserve(ins.args.size());
@@ -641,8 +650,25 @@ Result<std::vector<Tensor>> Method::execute_impl(Session* session, std::span<con
     std::chrono::steady_clock::time_point t0;
     if (im.profiling) t0 = std::chrono::steady_clock::now();
     const Attributes& attrs = ins.sym_attrs.empty() ? ins.attrs : im.call_attrs[k];
-    Error err = ins.backend ? ins.backend->execute(*im.handles[k], im.args[k], im.outs[k])
-                            : im.kernels[k](KernelArgs{im.args[k], im.outs[k], attrs, im.pool, im.states[k].get()});
+    Error err;
+    if (ins.backend) {
+      DelegateStateSlot slots[8];
+      std::vector<DelegateStateSlot> many;
+      std::span<DelegateStateSlot> held;
+      if (!ins.held_states.empty()) {
+        if (ins.held_states.size() > std::size(slots)) many.resize(ins.held_states.size());
+        held = many.empty() ? std::span<DelegateStateSlot>(slots, ins.held_states.size()) : std::span<DelegateStateSlot>(many);
+        const auto& states = im.program->data_->states;
+        for (size_t j = 0; j < ins.held_states.size(); ++j) {
+          const uint32_t st = ins.held_states[j];
+          held[j] = DelegateStateSlot{&session->held_[st], states[st].type,
+                                      {static_cast<const uint8_t*>(session->buffers_[st]), states[st].type.nbytes()}};
+        }
+      }
+      err = ins.backend->execute_in_context(*im.handles[k], im.args[k], im.outs[k], ExecuteContext{im.symbol_values, held});
+    } else {
+      err = im.kernels[k](KernelArgs{im.args[k], im.outs[k], attrs, im.pool, im.states[k].get()});
+    }
     if (im.profiling) {
       const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
       im.prof_ns[k] += ns;

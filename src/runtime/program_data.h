@@ -62,6 +62,9 @@ struct PlannedInstruction {
   std::vector<SymAttr> sym_attrs;
   bool dynamic = false;          // reads or writes a value with symbolic sizes, or has sym_attrs
   bool writes_state = false;     // writes a state's bytes in place (an index_put into a KV cache)
+  /// Delegate calls: the program states the backend holds for the session (DelegateCall.states),
+  /// in the payload's order. Such a call counts as writing state (writes_state).
+  std::vector<uint32_t> held_states;
 };
 
 /// A method after verification: everything needed to instantiate it.
@@ -86,6 +89,9 @@ struct MethodPlan {
   std::vector<int32_t> value_state;
   std::vector<std::pair<uint32_t, int32_t>> state_copies;
   bool uses_state = false;
+  /// Per program state: the backend holding it in this method (a delegate call's held_states), or
+  /// "" when the method keeps it in the session's bytes or does not use it.
+  std::vector<std::string> state_holder;
 };
 
 /// A state tensor of the program (format version 2).
