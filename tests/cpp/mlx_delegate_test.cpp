@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "backends/backend.h"
+#include "kv_cache_program.h"
 #include "runtime_test_util.h"
 
 namespace kiln {
@@ -220,6 +221,125 @@ TEST(MlxDelegate, MethodInstancesOnTwoThreadsAreIndependent) {
   tb.join();
   for (const auto& r : ra) EXPECT_EQ(r, ya);
   for (const auto& r : rb) EXPECT_EQ(r, yb);
+}
+
+
+// ---------------------------------------------------------------- held state, symbolic sizes
+
+/// tests/cpp/kv_cache_program.h's program (symbol seq, a KV cache written by index_put, a counter)
+/// delegated to mlx: the cache is held by the delegate (read and written only inside the segment),
+/// the counter, whose new value is a method output, goes through the boundary.
+std::shared_ptr<Program> load_kv_on_mlx(CompiledProgram* compiled_out = nullptr) {
+  auto g = testing::kv_cache_graph();
+  EXPECT_TRUE(g.ok());
+  ProgramBuilder pb;
+  EXPECT_TRUE(pb.add_method("forward", std::move(g.value())).ok());
+  CompileOptions o;
+  o.require_delegation = "mlx";
+  auto compiled = pb.compile(o);
+  EXPECT_TRUE(compiled.ok()) << compiled.error().to_string();
+  if (!compiled.ok()) return nullptr;
+  LoadOptions lo;
+  lo.backend_settings = {{"mlx.device", "cpu"}};
+  auto p = Program::load_from_buffer(compiled->bytes, lo);
+  EXPECT_TRUE(p.ok()) << p.error().to_string();
+  if (compiled_out) *compiled_out = compiled.value();
+  return p.ok() ? p.value() : nullptr;
+}
+
+std::vector<float> state_of(const Session& s, const char* name) {
+  auto t = s.state(name);
+  EXPECT_TRUE(t.ok()) << t.error().to_string();
+  if (!t.ok()) return {};
+  return std::vector<float>(t->data_as<float>(), t->data_as<float>() + t->numel());
+}
+
+bool near(float a, float b) { return std::abs(a - b) <= 1e-5f * (1.0f + std::abs(b)); }
+
+TEST(MlxDelegate, HoldsTheKvCacheAndRunsEverySymbolBinding) {
+  if (BackendRegistry::get().find("mlx") == nullptr) GTEST_SKIP() << "mlx backend not built";
+  using testing::kKvCapacity;
+  using testing::kKvDim;
+  CompiledProgram compiled;
+  auto program = load_kv_on_mlx(&compiled);
+  ASSERT_NE(program, nullptr);
+  const DelegationReport& d = compiled.methods.at(0).delegation;
+  ASSERT_EQ(d.backends.size(), 1u);
+  EXPECT_EQ(d.backends[0].segments, 2u);  // the counter's add is not connected to the rest
+  EXPECT_TRUE(d.cpu_ops.empty());
+  ASSERT_EQ(d.states.size(), 2u);
+  for (const auto& st : d.states) {
+    if (st.state == "cache") EXPECT_TRUE(st.resident) << st.reason;
+    if (st.state == "counter") {
+      EXPECT_FALSE(st.resident);
+      EXPECT_NE(st.reason.find("also read outside the segment"), std::string::npos) << st.reason;
+    }
+  }
+  KILN_ASSERT_OK_AND_ASSIGN(method, program->load_method("forward"));
+  EXPECT_EQ(method.meta().num_delegate_calls, 2u);
+  EXPECT_EQ(method.meta().num_kernel_calls, 0u);
+  // The cache is no boundary input or output: 2 of the 3 method inputs (x, gate, input_pos) and
+  // the 3 outputs plus the counter's new value cross it, never a [1, 32, 8] tensor.
+  KILN_ASSERT_OK_AND_ASSIGN(session, program->new_session());
+  testing::KvReference ref;
+  // Ten distinct lengths, more than the handle keeps graphs for (kGraphCacheSize = 8): 7 is built
+  // again at the end, after it was evicted.
+  const std::vector<std::pair<int64_t, int64_t>> calls = {{7, 0}, {1, 7}, {1, 8}, {5, 9}, {1, 14}, {kKvCapacity, 0},
+                                                          {3, 29}, {1, 31}, {2, 0}, {16, 16}, {4, 20}, {6, 24},
+                                                          {9, 2}, {7, 11}, {1, 18}};
+  uint32_t seed = 100;
+  auto run = [&](int64_t seq, int64_t pos, Session& s, testing::KvReference& r) {
+    SCOPED_TRACE("seq " + std::to_string(seq) + " pos " + std::to_string(pos));
+    auto x = pattern(static_cast<size_t>(seq * kKvDim), seed);
+    auto gate = pattern(static_cast<size_t>(seq), seed + 7777);
+    ++seed;
+    std::vector<int64_t> p = {pos};
+    auto outs = method.execute(s, {Tensor{DType::Float32, {1, seq, kKvDim}, x.data()},
+                                   Tensor{DType::Float32, {1, seq, 1}, gate.data()}, Tensor{DType::Int64, {1}, p.data()}});
+    ASSERT_TRUE(outs.ok()) << outs.error().to_string();
+    const auto want = r.step(x, gate, pos);
+    ASSERT_EQ(outs->size(), 3u);
+    ASSERT_EQ((*outs)[0].sizes, (std::vector<int64_t>{1, seq, kKvDim}));
+    for (size_t i = 0; i < want.hg.size(); ++i) ASSERT_TRUE(near((*outs)[0].data_as<float>()[i], want.hg[i])) << i;
+    for (size_t i = 0; i < want.total.size(); ++i) ASSERT_TRUE(near((*outs)[1].data_as<float>()[i], want.total[i])) << i;
+    EXPECT_EQ((*outs)[2].data_as<float>()[0], want.counter);
+    const auto cache = state_of(s, "cache");  // read back from MLX
+    ASSERT_EQ(cache.size(), r.cache.size());
+    for (size_t i = 0; i < cache.size(); ++i) ASSERT_TRUE(near(cache[i], r.cache[i])) << i;
+    EXPECT_EQ(state_of(s, "counter"), std::vector<float>{r.counter});
+  };
+  for (const auto& [seq, pos] : calls) run(seq, pos, *session, ref);
+
+  // Positions past the cache: the delegate's index_put check fails the call before anything is
+  // kept, so the held cache and the counter are unchanged and the session goes on.
+  const auto cache0 = state_of(*session, "cache");
+  const auto counter0 = state_of(*session, "counter");
+  for (int64_t pos : {kKvCapacity - 2, int64_t{-40}}) {
+    auto x = pattern(4 * kKvDim, 1);
+    std::vector<float> gate(4, 1.0f);
+    std::vector<int64_t> p = {pos};
+    auto r = method.execute(*session, {Tensor{DType::Float32, {1, 4, kKvDim}, x.data()},
+                                       Tensor{DType::Float32, {1, 4, 1}, gate.data()}, Tensor{DType::Int64, {1}, p.data()}});
+    ASSERT_FALSE(r.ok()) << "ran at position " << pos;
+    EXPECT_EQ(r.error().code(), ErrorCode::InvalidArgument) << r.error().to_string();
+    EXPECT_EQ(state_of(*session, "cache"), cache0);
+    EXPECT_EQ(state_of(*session, "counter"), counter0);
+    EXPECT_FALSE(session->failed()) << session->failure();
+  }
+  run(3, 4, *session, ref);
+
+  // reset(): the delegate's copy is dropped and made again from the initial value.
+  session->reset();
+  EXPECT_EQ(state_of(*session, "cache"), std::vector<float>(static_cast<size_t>(kKvCapacity * kKvDim), 0.0f));
+  testing::KvReference fresh;
+  run(5, 0, *session, fresh);
+
+  // A second session on the same method is independent of the first.
+  KILN_ASSERT_OK_AND_ASSIGN(other, program->new_session());
+  testing::KvReference other_ref;
+  run(2, 3, *other, other_ref);
+  run(1, 5, *session, fresh);
+  run(1, 5, *other, other_ref);
 }
 
 }  // namespace

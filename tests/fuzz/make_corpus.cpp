@@ -301,6 +301,9 @@ std::vector<std::pair<std::string, GraphFn>> delegate_programs() {
     KILN_RETURN_IF_ERROR(g.set_outputs({ln[0], gn[0]}));
     return g;
   });
+  // symbols and state: mlx lowers it whole (payload version 2: size expressions, symbolic
+  // attributes, a held KV cache); xnnpack takes the nodes of fixed sizes
+  p.emplace_back("kv-cache", []() -> Result<Graph> { return testing::kv_cache_graph(); });
   p.emplace_back("tensor-ops", []() -> Result<Graph> {  // layout, indexing, attention (mlx)
     Graph g;
     ValueId x = g.add_input("x", {DType::Float32, {2, 3, 4}});

@@ -2,17 +2,22 @@
 // from the `mlx` Python package) and runs them on MLX's GPU (Metal or CUDA) or, with
 // KILN_MLX_DEVICE=cpu, on MLX's CPU device.
 //
-// Payload (little-endian; version 1):
+// Payload (little-endian; version 2; init also reads version 1, which has no symbol, state or
+// symbolic-attribute sections):
 //   u32 'KMLX', u32 version, u8 compute dtype (Kiln DType: float32, float16 or bfloat16; float32
 //   values are computed in it, boundaries stay as the program says),
-//   u32 num_inputs, u32 num_outputs, u32 num_constants,
-//   per input and per constant: u8 dtype, u8 rank, i64 dims[rank],
+//   u32 num_symbols, per symbol: str name, i64 min, i64 max   (0 for a segment of fixed shapes),
+//   u32 num_inputs, u32 num_outputs, u32 num_constants, u32 num_states,
+//   per input: type (its upper bound), u8 symbolic, if 1: one expr per dim,
+//   per state and per constant: type,
 //   u32 num_nodes, per node: str op, u32 num_inputs, i32 value ids (-1 = None),
 //                            u32 num_attrs, per attr: str name, u8 kind, value,
-//   i32 output value ids[num_outputs].
-//   str = u32 length + bytes; attr kinds: 0 None, 1 bool (u8), 2 int (i64), 3 float (f64),
-//   4 str, 5 ints (u32 n + i64s), 6 floats (u32 n + f64s).
-//   Value ids: [0, inputs) the delegate inputs, then the constants, then one per node.
+//                            u32 num_sym_attrs, per: str name, i64 index (-1: the int itself), expr,
+//   i32 output value ids[num_outputs], per state: i32 value id of its new value (-1 = unchanged).
+//   str = u32 length + bytes; expr = u32 n + i64 tokens[n] (SymExpr's postfix code); attr kinds:
+//   0 None, 1 bool (u8), 2 int (i64), 3 float (f64), 4 str, 5 ints (u32 n + i64s), 6 floats.
+//   Value ids: [0, inputs) the delegate inputs, then one per held state (its value at the start of
+//   the call), then the constants, then one per node.
 // Nodes carry Kiln op names and Kiln attributes: init re-runs Kiln's own op definitions
 // (OpDef::normalize_attributes + infer_types, which validate every attribute) and the mlx op
 // table's check on every node, so a payload that init accepts is one `lower` could have written.
@@ -41,6 +46,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <list>
 #include <limits>
 #include <map>
 #include <memory>
@@ -57,7 +63,7 @@ namespace mx = mlx::core;
 using mlxb::NodeView;
 
 constexpr uint32_t kMagic = 0x584C4D4Bu;  // "KMLX"
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 // ---------------------------------------------------------------- payload writer / reader
 
@@ -71,6 +77,10 @@ class Writer {
   void str(const std::string& s) {
     u32(static_cast<uint32_t>(s.size()));
     raw(s.data(), s.size());
+  }
+  void expr(const SymExpr& e) {
+    u32(static_cast<uint32_t>(e.code().size()));
+    for (int64_t x : e.code()) i64(x);
   }
   void type(const TensorType& t) {
     u8(static_cast<uint8_t>(t.dtype));
@@ -129,6 +139,16 @@ class Reader {
     for (uint8_t i = 0; i < rank; ++i) t.sizes.push_back(i64());
     return t;
   }
+  /// An expression of at most kMaxSymExprTokens tokens over `num_symbols` symbols (else !ok()).
+  SymExpr expr(size_t num_symbols) {
+    const uint32_t n = u32();
+    if (!ok_ || n > kMaxSymExprTokens || n > left() / 8) return fail(), SymExpr();
+    std::vector<int64_t> code(n);
+    for (auto& x : code) x = i64();
+    SymExpr e = SymExpr::from_code(std::move(code));
+    if (!e.validate(num_symbols).ok()) fail();
+    return e;
+  }
   AttrValue attr() {
     switch (u8()) {
       case 0: return std::monostate{};
@@ -171,7 +191,15 @@ class Reader {
 
 // ---------------------------------------------------------------- compile half
 
-NodeView view_of(const Graph& g, const Node& n) {
+/// Node n of g as the mlx table sees it at the symbol values `binding` (empty for a graph of fixed
+/// shapes): each input's and the output's sizes evaluated, symbolic attributes set.
+Result<NodeView> view_at(const Graph& g, const Node& n, std::span<const int64_t> binding) {
+  auto type_of = [&](ValueId id) -> Result<TensorType> {
+    const Value& v = g.value(id);
+    TensorType t = v.type;
+    if (v.is_dynamic()) KILN_RETURN_IF_ERROR(eval_sizes(v.sym_sizes, binding, &t.sizes));
+    return t;
+  };
   NodeView v;
   v.op = n.op;
   for (ValueId id : n.inputs) {
@@ -179,42 +207,85 @@ NodeView view_of(const Graph& g, const Node& n) {
       v.in.emplace_back(std::nullopt);
       v.in_const.push_back(false);
     } else {
-      v.in.emplace_back(g.value(id).type);
+      auto t = type_of(id);
+      if (!t.ok()) return t.error();
+      v.in.emplace_back(std::move(t.value()));
       v.in_const.push_back(g.value(id).constant != nullptr);
     }
   }
   v.attrs = n.attrs;
-  if (!n.outputs.empty()) v.out = g.value(n.outputs[0]).type;
+  for (const SymAttr& sa : n.sym_attrs) {
+    auto x = sa.expr.eval(binding);
+    if (!x.ok()) return x.error();
+    KILN_RETURN_IF_ERROR(set_int_attribute(v.attrs, sa.name, sa.index, x.value()));
+  }
+  if (!n.outputs.empty()) {
+    auto t = type_of(n.outputs[0]);
+    if (!t.ok()) return t.error();
+    v.out = std::move(t.value());
+  }
   return v;
 }
 
 Error trace_node(const NodeView& v);  // run half, below: builds the node alone with MLX
 
+/// A node is lowered when the table's check accepts it and it builds alone: a node with symbolic
+/// sizes at every check binding of the graph's symbols (check_bindings: the corners of the box of
+/// symbol ranges, a midpoint, min + 1), the bindings at which the loader checks kernel calls.
 Error support_node(const Graph& g, const Node& n) {
   if (n.delegate) return Error(ErrorCode::NotSupported, "already delegated");
   if (n.outputs.size() != 1) {
     return Error(ErrorCode::NotSupported, "op " + n.op + " has " + std::to_string(n.outputs.size()) + " outputs");
   }
-  const NodeView v = view_of(g, n);
-  KILN_RETURN_IF_ERROR(mlxb::check_node(v));
-  return trace_node(v);
+  std::vector<std::vector<int64_t>> bindings{{}};
+  if (has_symbolic_sizes(g, n)) bindings = check_bindings(g.symbols());
+  for (const auto& b : bindings) {
+    auto v = view_at(g, n, b);
+    if (!v.ok()) return Error(ErrorCode::NotSupported, "its sizes at a check binding: " + v.error().message());
+    KILN_RETURN_IF_ERROR(mlxb::check_node(v.value()));
+    KILN_RETURN_IF_ERROR(trace_node(v.value()));
+  }
+  return {};
 }
 
 Result<std::vector<uint8_t>> lower_subgraph(const Subgraph& sg) {
   const Graph& g = *sg.graph;
+  bool symbolic = false;
+  for (size_t i : sg.nodes) symbolic = symbolic || has_symbolic_sizes(g, g.nodes()[i]);
   std::map<ValueId, int32_t> ids;
   int32_t next = 0;
   for (ValueId v : sg.inputs) ids[v] = next++;
+  for (const Subgraph::State& st : sg.states) {
+    if (st.read != kNoValue) ids[st.read] = next;
+    ++next;
+  }
   for (ValueId v : sg.constants) ids[v] = next++;
   Writer w;
   w.u32(kMagic);
   w.u32(kVersion);
   if (!is_compute_float(sg.compute_dtype)) return Error(ErrorCode::InvalidArgument, "mlx: compute dtype must be a float type");
   w.u8(static_cast<uint8_t>(sg.compute_dtype));
+  w.u32(symbolic ? static_cast<uint32_t>(g.symbols().size()) : 0u);
+  if (symbolic) {
+    for (const SymbolDef& sd : g.symbols()) {
+      w.str(sd.name);
+      w.i64(sd.min);
+      w.i64(sd.max);
+    }
+  }
   w.u32(static_cast<uint32_t>(sg.inputs.size()));
   w.u32(static_cast<uint32_t>(sg.outputs.size()));
   w.u32(static_cast<uint32_t>(sg.constants.size()));
-  for (ValueId v : sg.inputs) w.type(g.value(v).type);
+  w.u32(static_cast<uint32_t>(sg.states.size()));
+  for (ValueId v : sg.inputs) {
+    const Value& val = g.value(v);
+    w.type(val.type);
+    w.u8(val.is_dynamic() ? 1 : 0);
+    if (val.is_dynamic()) {
+      for (const SymExpr& e : val.sym_sizes) w.expr(e);
+    }
+  }
+  for (const Subgraph::State& st : sg.states) w.type(g.states()[st.state].type);
   for (ValueId v : sg.constants) w.type(g.value(v).type);
   w.u32(static_cast<uint32_t>(sg.nodes.size()));
   for (size_t i : sg.nodes) {
@@ -236,11 +307,26 @@ Result<std::vector<uint8_t>> lower_subgraph(const Subgraph& sg) {
       w.str(name);
       w.attr(value);
     }
+    w.u32(static_cast<uint32_t>(n.sym_attrs.size()));
+    for (const SymAttr& sa : n.sym_attrs) {
+      w.str(sa.name);
+      w.i64(sa.index);
+      w.expr(sa.expr);
+    }
     ids[n.outputs[0]] = next++;
   }
   for (ValueId v : sg.outputs) {
     auto it = ids.find(v);
     if (it == ids.end()) return Error(ErrorCode::Internal, "mlx: subgraph output not produced");
+    w.i32(it->second);
+  }
+  for (const Subgraph::State& st : sg.states) {
+    if (st.update == kNoValue) {
+      w.i32(-1);
+      continue;
+    }
+    auto it = ids.find(st.update);
+    if (it == ids.end()) return Error(ErrorCode::Internal, "mlx: a held state's new value is not produced in the segment");
     w.i32(it->second);
   }
   return w.take();
@@ -347,17 +433,22 @@ struct Step {
   std::vector<mx::array> prepared;   // from OpLowering::prepare, evaluated at init
 };
 
-/// Everything the traced function needs; shared by the raw and the compiled function.
+/// Everything the traced function needs at one binding of the symbols (for a segment of fixed
+/// shapes, the only one); shared by the raw and the compiled function.
 struct Plan {
   mx::Device dev = mx::Device(mx::Device::cpu);
   mx::Dtype compute = mx::float32;  // float32 values are computed in this dtype
   bool taps_conv = false;           // BuildCtx::taps_conv
   size_t num_inputs = 0;
+  size_t num_states = 0;
   std::vector<mx::array> constants;
   std::vector<Step> steps;
   std::vector<int32_t> outputs;
+  std::vector<int32_t> state_updates;  // per held state: the value id of its new value, -1 = unchanged
   std::vector<TensorType> value_types;
   std::vector<bool> is_output;  // per value id: a delegate output
+  /// The first value id after the inputs, states and constants (= the first node's).
+  size_t first_node() const { return num_inputs + num_states + constants.size(); }
 };
 
 /// Where init failed: the payload node (index into the payload's node list, which is also the
@@ -369,7 +460,7 @@ struct BuildSite {
 };
 /// Points `site` at the node that produces value `id` (none for inputs and constants).
 void point_at(BuildSite* site, const Plan& p, int32_t id) {
-  const size_t first = p.num_inputs + p.constants.size();
+  const size_t first = p.first_node();
   if (id < 0 || static_cast<size_t>(id) < first || static_cast<size_t>(id) - first >= p.steps.size()) return;
   site->node = static_cast<size_t>(id) - first;
   site->op = p.steps[site->node].node.op;
@@ -412,15 +503,27 @@ mx::array build_step(mlxb::BuildCtx& ctx, const Step& s, const std::vector<std::
   return y;
 }
 
-/// Builds the outputs (made contiguous) followed by the runtime-check flags. `building`, when
-/// given, is the index of the step being built while it is built (SIZE_MAX after the last), so
-/// that a caller catching MLX's exception knows which payload node threw.
+/// The dtype a held state of Kiln dtype `d` is kept in inside MLX: a float32 state in the compute
+/// dtype (a float16 KV cache for a float16 segment: no conversion per call), others as they are.
+mx::Dtype state_storage(DType d, mx::Dtype compute) {
+  return d == DType::Float32 ? compute : mlxb::to_mx(d);
+}
+
+/// Builds the outputs (made contiguous), then the new values of the held states that change (in
+/// their storage dtype), then the runtime-check flags. `inputs` holds the delegate inputs followed
+/// by the held states' current values. `building`, when given, is the index of the step being
+/// built while it is built (SIZE_MAX after the last), so that a caller catching MLX's exception
+/// knows which payload node threw.
 std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inputs, std::vector<std::string>* messages,
                                 size_t* building = nullptr) {
   std::vector<std::optional<mx::array>> vals;
   vals.reserve(p.value_types.size());
   const bool reduced = p.compute != mx::float32;
-  for (const auto& a : inputs) vals.emplace_back(reduced && a.dtype() == mx::float32 ? mx::astype(a, p.compute, p.dev) : a);
+  for (size_t i = 0; i < p.num_inputs; ++i) {
+    const mx::array& a = inputs[i];
+    vals.emplace_back(reduced && a.dtype() == mx::float32 ? mx::astype(a, p.compute, p.dev) : a);
+  }
+  for (size_t i = 0; i < p.num_states; ++i) vals.emplace_back(inputs[p.num_inputs + i]);  // already stored in compute
   for (const auto& a : p.constants) vals.emplace_back(a);  // converted at init
   std::vector<mlxb::RuntimeCheck> checks;
   mlxb::BuildCtx ctx{p.dev, &checks, p.compute, p.taps_conv};
@@ -435,6 +538,13 @@ std::vector<mx::array> run_plan(const Plan& p, const std::vector<mx::array>& inp
     const mx::array& v = *vals[static_cast<size_t>(id)];
     const mx::Dtype dt = mlxb::to_mx(p.value_types[static_cast<size_t>(id)].dtype);
     out.push_back(mx::contiguous(v.dtype() == dt ? v : mx::astype(v, dt, p.dev), false, p.dev));
+  }
+  for (size_t i = 0; i < p.num_states; ++i) {
+    const int32_t id = p.state_updates[i];
+    if (id < 0) continue;
+    const mx::array& v = *vals[static_cast<size_t>(id)];
+    const mx::Dtype dt = state_storage(p.value_types[p.num_inputs + i].dtype, p.compute);
+    out.push_back(v.dtype() == dt ? v : mx::astype(v, dt, p.dev));
   }
   for (auto& c : checks) {
     out.push_back(c.flag);
@@ -489,18 +599,93 @@ Error trace_node(const mlxb::NodeView& v) {
 /// KILN_MLX_PROFILE=1 at load: per handle, the time of each execute phase, printed to stderr when
 /// the handle is destroyed. wrap = wrapping inputs (a copy on MLX's CPU device), dispatch = calling
 /// the compiled function (replaying its graph), eval = MLX's evaluation (one synchronization),
-/// copy = runtime checks and output copies. Everything but eval is the boundary cost.
+/// copy = runtime checks and output copies. Everything but eval is the boundary cost. Also counted:
+/// the host<->device copies of each execute (one per input and per output, with their bytes), the
+/// held states uploaded (created from their initial value: once per session and reset) and the
+/// graphs built for new symbol bindings.
 struct Profile {
   bool on = false;
   uint64_t runs = 0;
   double wrap = 0, dispatch = 0, eval = 0, copy = 0;  // seconds
+  uint64_t copies_in = 0, bytes_in = 0, copies_out = 0, bytes_out = 0;
+  uint64_t state_uploads = 0, state_upload_bytes = 0, graphs_built = 0;
+  double build = 0;  // seconds building graphs for new bindings (not in wrap)
+  // Executes of a graph that had run before (the steady decode loop: no trace, no first-run kernel
+  // compile): their count, total time and time outside evaluation.
+  uint64_t steady_runs = 0;
+  double steady_total = 0, steady_outside = 0;
 };
 
-struct MlxHandle : DelegateHandle {
+/// A held state (a KV cache) in MLX's memory, in its storage dtype (state_storage).
+struct MlxState : DelegateState {
+  mx::array value;
+  mx::Device dev;
+  MlxState(mx::array v, mx::Device d) : value(std::move(v)), dev(d) {}
+  Error read(void* dst, size_t nbytes) const override {
+    try {
+      // The state's own dtype is float32 when stored in a reduced compute dtype.
+      const mx::Dtype want = value.dtype() == mx::float16 || value.dtype() == mx::bfloat16 ? mx::float32 : value.dtype();
+      mx::array a = mx::contiguous(value.dtype() == want ? value : mx::astype(value, want, dev), false, dev);
+      mx::eval(a);
+      if (a.nbytes() != nbytes) return Error(ErrorCode::Internal, "mlx: held state has " + std::to_string(a.nbytes()) + " bytes, expected " + std::to_string(nbytes));
+      std::memcpy(dst, a.data<uint8_t>(), nbytes);
+    } catch (const std::exception& e) {
+      return Error(ErrorCode::Internal, std::string("mlx: reading a held state failed: ") + e.what());
+    }
+    return {};
+  }
+};
+
+/// A decoded payload (not yet checked against Kiln's op definitions: `instantiate` does that at each
+/// binding of the symbols).
+struct Payload {
+  struct Node {
+    std::string op;
+    std::vector<int32_t> inputs;
+    Attributes given;  // as written (symbolic attributes hold placeholders)
+    std::vector<SymAttr> sym;
+  };
+  DType compute = DType::Float32;
+  std::vector<SymbolDef> symbols;  // empty: fixed shapes
+  std::vector<TensorType> inputs;  // upper bounds
+  std::vector<std::vector<SymExpr>> input_sym;
+  std::vector<TensorType> states, constants;
+  std::vector<Node> nodes;
+  std::vector<int32_t> outputs, state_updates;
+  size_t first_node() const { return inputs.size() + states.size() + constants.size(); }
+};
+
+/// What every binding's plan shares: the constants as MLX arrays (converted to the compute dtype,
+/// released where only prepared forms read them) and the prepared arrays of nodes without
+/// symbolic attributes (prepared once, at init).
+struct Shared {
+  mx::Device dev = mx::Device(mx::Device::cpu);
+  mx::Dtype compute = mx::float32;
+  bool taps_conv = false;
+  uint64_t max_bytes = UINT64_MAX;
+  std::vector<mx::array> constants;
+  std::vector<std::optional<std::vector<mx::array>>> prepared;  // per payload node
+};
+
+/// One binding's plan and its compiled function (MlxHandle::graphs).
+struct Graph1 {
+  std::vector<int64_t> binding;
   std::shared_ptr<Plan> plan;
   std::function<std::vector<mx::array>(const std::vector<mx::array>&)> fn;  // compiled
-  std::vector<TensorType> in_types, out_types;
   std::vector<std::string> check_messages;
+  uint64_t runs = 0;  // executes that reached evaluation
+};
+
+/// Compiled graphs a handle of a segment with symbolic sizes keeps, most recently used first: the
+/// decode step (seq = 1) stays while prompts of other lengths come and go. A binding not among them
+/// is instantiated, traced and compiled again (MLX's own compile cache keys on the shapes too).
+constexpr size_t kGraphCacheSize = 8;
+
+struct MlxHandle : DelegateHandle {
+  std::shared_ptr<const Payload> payload;
+  std::shared_ptr<Shared> shared;
+  std::list<Graph1> graphs;  // most recently used first
+  std::vector<TensorType> in_types, out_types;  // upper bounds (the program's boundary types)
   Profile profile;
   ~MlxHandle() override {
     const Profile& p = profile;
@@ -508,19 +693,344 @@ struct MlxHandle : DelegateHandle {
     const double n = static_cast<double>(p.runs), total = p.wrap + p.dispatch + p.eval + p.copy;
     std::fprintf(stderr,
                  "[kiln mlx] %llu executes, per execute: wrap %.3f ms, dispatch %.3f ms, eval %.3f ms, copy %.3f ms; "
-                 "outside eval %.2f%%\n",
+                 "outside eval %.2f%%; host<->device copies per execute: %.2f in (%.0f bytes), %.2f out (%.0f bytes); "
+                 "held states uploaded: %llu (%llu bytes); graphs built: %llu (%.1f ms); steady: %llu executes, "
+                 "%.3f ms each, outside eval %.2f%%\n",
                  static_cast<unsigned long long>(p.runs), 1e3 * p.wrap / n, 1e3 * p.dispatch / n, 1e3 * p.eval / n,
-                 1e3 * p.copy / n, total > 0 ? 100.0 * (total - p.eval) / total : 0.0);
+                 1e3 * p.copy / n, total > 0 ? 100.0 * (total - p.eval) / total : 0.0, static_cast<double>(p.copies_in) / n,
+                 static_cast<double>(p.bytes_in) / n, static_cast<double>(p.copies_out) / n,
+                 static_cast<double>(p.bytes_out) / n, static_cast<unsigned long long>(p.state_uploads),
+                 static_cast<unsigned long long>(p.state_upload_bytes), static_cast<unsigned long long>(p.graphs_built),
+                 1e3 * p.build, static_cast<unsigned long long>(p.steady_runs),
+                 p.steady_runs ? 1e3 * p.steady_total / static_cast<double>(p.steady_runs) : 0.0,
+                 p.steady_total > 0 ? 100.0 * p.steady_outside / p.steady_total : 0.0);
   }
 };
+
+mx::Shape to_shape(const std::vector<int64_t>& s) {
+  mx::Shape out;
+  for (int64_t d : s) out.push_back(static_cast<int32_t>(d));
+  return out;
+}
+
+uint64_t shape_rules_numel(const TensorType& t) {
+  uint64_t n = 1;
+  for (int64_t d : t.sizes) {
+    if (n > (1ull << 40) / static_cast<uint64_t>(d)) return ~0ull / 16;
+    n *= static_cast<uint64_t>(d);
+  }
+  return n;
+}
+
+/// Decodes a version 1 or 2 payload and checks it against the program's delegate call (boundary
+/// counts and types, constant byte sizes, value ids in range). InvalidProgram otherwise.
+Result<std::shared_ptr<Payload>> decode(std::span<const uint8_t> bytes, std::span<const std::span<const uint8_t>> constants,
+                                        std::span<const TensorType> inputs, std::span<const TensorType> outputs,
+                                        BuildSite* site) {
+  Reader r(bytes);
+  if (r.u32() != kMagic) return bad("wrong magic (not an mlx payload)");
+  const uint32_t version = r.u32();
+  if (version != 1 && version != kVersion) {
+    return bad("version " + std::to_string(version) + " (this runtime reads versions 1 and 2)");
+  }
+  const uint8_t compute = r.u8();
+  if (!r.ok() || !is_valid_dtype(compute) || !is_compute_float(static_cast<DType>(compute))) {
+    return bad("compute dtype must be float32, float16 or bfloat16");
+  }
+  auto p = std::make_shared<Payload>();
+  p->compute = static_cast<DType>(compute);
+  if (version >= 2) {
+    const uint32_t nsym = r.u32();
+    if (!r.ok() || nsym > 64) return bad("symbol count");
+    for (uint32_t i = 0; i < nsym; ++i) {
+      SymbolDef sd;
+      sd.name = r.str();
+      sd.min = r.i64();
+      sd.max = r.i64();
+      if (!r.ok() || sd.min < 0 || sd.min > sd.max || sd.max > kMaxSymbolValue) return bad("symbol " + std::to_string(i));
+      p->symbols.push_back(std::move(sd));
+    }
+  }
+  const uint32_t ni = r.u32(), no = r.u32(), nc = r.u32();
+  const uint32_t ns = version >= 2 ? r.u32() : 0;
+  if (!r.ok() || ni != inputs.size() || no != outputs.size() || nc != constants.size() || no == 0 || ns > 4096) {
+    return bad("boundary counts differ from the program's delegate call");
+  }
+  constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
+  auto sane = [&](const TensorType& t) {
+    for (int64_t d : t.sizes) {
+      if (d <= 0 || d > kMaxDim) return false;
+    }
+    return true;
+  };
+  for (uint32_t i = 0; i < ni; ++i) {
+    const TensorType t = r.type();
+    if (!r.ok() || t != inputs[i] || !sane(t)) return bad("input " + std::to_string(i) + " type differs from the program's");
+    p->inputs.push_back(t);
+    std::vector<SymExpr> sym;
+    if (version >= 2 && r.u8() != 0) {
+      for (size_t d = 0; d < t.sizes.size(); ++d) sym.push_back(r.expr(p->symbols.size()));
+      if (!r.ok()) return bad("input " + std::to_string(i) + " size expressions");
+    }
+    p->input_sym.push_back(std::move(sym));
+  }
+  for (uint32_t i = 0; i < ns; ++i) {
+    const TensorType t = r.type();
+    if (!r.ok() || !sane(t)) return bad("state " + std::to_string(i) + " type");
+    p->states.push_back(t);
+  }
+  for (uint32_t c = 0; c < nc; ++c) {
+    const TensorType t = r.type();
+    if (!r.ok() || !sane(t)) return bad("constant " + std::to_string(c) + " type");
+    if (shape_rules_numel(t) * dtype_size(t.dtype) != constants[c].size()) {
+      return bad("constant " + std::to_string(c) + " byte size differs from " + t.to_string());
+    }
+    p->constants.push_back(t);
+  }
+  const uint32_t nn = r.u32();
+  if (!r.ok() || nn > r.left()) return bad("node count");
+  const size_t first = p->first_node();
+  for (uint32_t k = 0; k < nn; ++k) {
+    const std::string where = "node " + std::to_string(k);
+    Payload::Node n;
+    n.op = r.str();
+    site->node = k;
+    site->op = n.op;
+    const uint32_t nin = r.u32();
+    if (!r.ok() || nin > r.left() / 4) return bad(where + ": truncated");
+    for (uint32_t i = 0; i < nin; ++i) {
+      const int32_t id = r.i32();
+      if (id < -1 || id >= static_cast<int32_t>(first + k)) return bad(where + ": input id out of range");
+      n.inputs.push_back(id);
+    }
+    const uint32_t na = r.u32();
+    if (!r.ok() || na > r.left()) return bad(where + ": truncated");
+    for (uint32_t a = 0; a < na; ++a) {
+      std::string name = r.str();
+      AttrValue v = r.attr();
+      if (!r.ok()) return bad(where + ": truncated attribute");
+      n.given.set(std::move(name), std::move(v));
+    }
+    if (version >= 2) {
+      const uint32_t nsa = r.u32();
+      if (!r.ok() || nsa > r.left()) return bad(where + ": truncated");
+      if (nsa > 0 && p->symbols.empty()) return bad(where + ": symbolic attributes without symbols");
+      for (uint32_t a = 0; a < nsa; ++a) {
+        SymAttr sa;
+        sa.name = r.str();
+        sa.index = r.i64();
+        sa.expr = r.expr(p->symbols.size());
+        if (!r.ok()) return bad(where + ": symbolic attribute");
+        Attributes probe = n.given;
+        if (!set_int_attribute(probe, sa.name, sa.index, 0).ok()) return bad(where + ": symbolic attribute '" + sa.name + "' is no int attribute");
+        n.sym.push_back(std::move(sa));
+      }
+    }
+    p->nodes.push_back(std::move(n));
+  }
+  site->node = SIZE_MAX;
+  const size_t nv = first + nn;
+  std::set<int32_t> seen;
+  for (uint32_t o = 0; o < no; ++o) {
+    const int32_t id = r.i32();
+    if (!r.ok() || id < static_cast<int32_t>(first) || id >= static_cast<int32_t>(nv) || !seen.insert(id).second) {
+      return bad("output " + std::to_string(o) + " id invalid or repeated");
+    }
+    p->outputs.push_back(id);
+  }
+  for (uint32_t i = 0; i < ns; ++i) {
+    const int32_t id = r.i32();
+    if (!r.ok() || id < -1 || (id >= 0 && (id < static_cast<int32_t>(first) || id >= static_cast<int32_t>(nv)))) {
+      return bad("state " + std::to_string(i) + " update id invalid");
+    }
+    p->state_updates.push_back(id);
+  }
+  if (!r.done()) return bad("trailing bytes");
+  return p;
+}
+
+/// The plan of payload `pl` at the symbol values `binding` (empty for fixed shapes): each node's
+/// symbolic attributes set, its attributes normalized and its type inferred by Kiln's own op
+/// definitions at this binding's sizes, the mlx table's check; prepared arrays taken from `sh`
+/// (nodes without symbolic attributes) or prepared now (and, with `keep_prepared`, stored there);
+/// new arrays converted to the compute dtype and evaluated. InvalidProgram / MemoryAllocationFailed
+/// with the node (`site`) at fault; MLX's exceptions propagate.
+Result<std::shared_ptr<Plan>> instantiate(const Payload& pl, Shared& sh, std::span<const int64_t> binding, BuildSite* site,
+                                          bool keep_prepared) {
+  auto plan = std::make_shared<Plan>();
+  plan->dev = sh.dev;
+  plan->compute = sh.compute;
+  plan->taps_conv = sh.taps_conv;
+  plan->num_inputs = pl.inputs.size();
+  plan->num_states = pl.states.size();
+  plan->constants = sh.constants;
+  plan->outputs = pl.outputs;
+  plan->state_updates = pl.state_updates;
+  for (size_t i = 0; i < pl.inputs.size(); ++i) {
+    TensorType t = pl.inputs[i];
+    if (!pl.input_sym[i].empty()) {
+      if (Error e = eval_sizes(pl.input_sym[i], binding, &t.sizes); !e.ok()) return bad("input " + std::to_string(i) + ": " + e.message());
+    }
+    plan->value_types.push_back(std::move(t));
+  }
+  for (const TensorType& t : pl.states) plan->value_types.push_back(t);
+  for (const TensorType& t : pl.constants) plan->value_types.push_back(t);
+  const int32_t ni = static_cast<int32_t>(pl.inputs.size() + pl.states.size());
+  const int32_t nc = static_cast<int32_t>(pl.constants.size());
+  std::vector<mx::array> to_eval;
+  for (size_t k = 0; k < pl.nodes.size(); ++k) {
+    const Payload::Node& pn = pl.nodes[k];
+    const std::string where = "node " + std::to_string(k);
+    site->node = k;
+    site->op = pn.op;
+    Step s;
+    s.node.op = pn.op;
+    s.inputs = pn.inputs;
+    std::vector<const TensorType*> types;
+    for (int32_t id : pn.inputs) {
+      types.push_back(id < 0 ? nullptr : &plan->value_types[static_cast<size_t>(id)]);
+      s.node.in.emplace_back(id < 0 ? std::nullopt : std::optional<TensorType>(plan->value_types[static_cast<size_t>(id)]));
+      s.node.in_const.push_back(id >= ni && id < ni + nc);
+    }
+    Attributes given = pn.given;
+    for (const SymAttr& sa : pn.sym) {
+      auto v = sa.expr.eval(binding);
+      if (!v.ok()) return bad(where + ": " + v.error().message());
+      if (Error e = set_int_attribute(given, sa.name, sa.index, v.value()); !e.ok()) return bad(where + ": " + e.message());
+    }
+    const OpDef* def = OpRegistry::get().find(s.node.op);
+    s.lowering = mlxb::find_lowering(s.node.op);
+    if (def == nullptr || s.lowering == nullptr) return bad(where + ": op '" + s.node.op + "' has no mlx lowering");
+    auto attrs = def->normalize_attributes(given);
+    if (!attrs.ok()) return bad(where + ": " + attrs.error().message());
+    auto out = def->infer_types(types, attrs.value());
+    if (!out.ok()) return bad(where + " (" + s.node.op + "): " + out.error().message());
+    if (out.value().size() != 1) return bad(where + ": ops with several outputs are not lowered");
+    s.node.attrs = std::move(attrs.value());
+    s.node.out = out.value()[0];
+    // Before check_node, which multiplies the sizes in int64 (an inferred type may overflow it).
+    if (const uint64_t nb = value_bytes(s.node.out); nb > sh.max_bytes) {
+      return Error(ErrorCode::MemoryAllocationFailed,
+                   "mlx: " + where + " (" + s.node.op + "): its output " + s.node.out.to_string() + " needs " +
+                       (nb == UINT64_MAX ? std::string("more than 2^64") : std::to_string(nb)) +
+                       " bytes, above the limit of " + std::to_string(sh.max_bytes) +
+                       " (load setting mlx.max_array_bytes; default: this machine's memory)");
+    }
+    if (Error e = mlxb::check_node(s.node); !e.ok()) return bad(where + " (" + s.node.op + "): " + e.message());
+    // Constant-only work: prepared once (nodes whose attributes do not depend on the symbols),
+    // evaluated here so that the traced graph reads it as constants.
+    if (s.lowering->prepare != nullptr) {
+      if (pn.sym.empty() && sh.prepared[k]) {
+        s.prepared = *sh.prepared[k];
+      } else {
+        mlxb::Inputs consts;
+        for (int32_t id : s.inputs) {
+          const bool is_const = id >= ni && id < ni + nc;
+          consts.push_back(is_const ? std::optional<mx::array>(sh.constants[static_cast<size_t>(id - ni)]) : std::nullopt);
+        }
+        s.prepared = s.lowering->prepare(s.node, consts, sh.dev);  // in float32, converted here
+        for (mx::array& a : s.prepared) {
+          if (!s.lowering->float32_inside && sh.compute != mx::float32 && a.dtype() == mx::float32) a = mx::astype(a, sh.compute, sh.dev);
+          to_eval.push_back(a);
+        }
+        if (pn.sym.empty() && keep_prepared) sh.prepared[k] = s.prepared;
+      }
+    }
+    plan->value_types.push_back(s.node.out);
+    plan->steps.push_back(std::move(s));
+  }
+  site->node = SIZE_MAX;
+  KILN_RETURN_IF_ERROR(check_array_sizes(to_eval, sh.max_bytes));
+  if (!to_eval.empty()) {
+    try {
+      mx::eval(to_eval);
+    } catch (const std::exception&) {
+      // Find the node whose prepared arrays fail, for the error (then rethrow).
+      for (size_t k = 0; k < plan->steps.size(); ++k) {
+        if (plan->steps[k].prepared.empty()) continue;
+        site->node = k;
+        site->op = plan->steps[k].node.op;
+        mx::eval(plan->steps[k].prepared);
+      }
+      site->node = SIZE_MAX;
+      throw;
+    }
+  }
+  for (size_t i = 0; i < pl.states.size(); ++i) {
+    const int32_t id = pl.state_updates[i];
+    if (id >= 0 && plan->value_types[static_cast<size_t>(id)] != pl.states[i]) {
+      point_at(site, *plan, id);
+      return bad("the new value of state " + std::to_string(i) + " is " + plan->value_types[static_cast<size_t>(id)].to_string() +
+                 ", the state is " + pl.states[i].to_string());
+    }
+  }
+  plan->is_output.assign(plan->value_types.size(), false);
+  for (int32_t id : plan->outputs) plan->is_output[static_cast<size_t>(id)] = true;
+  for (int32_t id : plan->state_updates) {
+    if (id >= 0) plan->is_output[static_cast<size_t>(id)] = true;
+  }
+  return plan;
+}
+
+/// Lazy zeros of the plan's input types and of the held states (storage dtype): for tracing.
+std::vector<mx::array> probe_inputs(const Plan& p) {
+  std::vector<mx::array> probe;
+  for (size_t i = 0; i < p.num_inputs + p.num_states; ++i) {
+    const TensorType& t = p.value_types[i];
+    const mx::Dtype dt = i < p.num_inputs ? mlxb::to_mx(t.dtype) : state_storage(t.dtype, p.compute);
+    probe.push_back(mx::zeros(to_shape(t.sizes), dt, p.dev));
+  }
+  return probe;
+}
+
+/// Traces `plan` once (lazy: nothing evaluated) to validate it: every array within the size limit,
+/// the outputs of the types `outputs` says (for a symbolic segment: `exact` false, each dim at most
+/// the bound). The runtime-check messages go to `messages`.
+Error trace_plan(const Plan& plan, uint64_t max_bytes, std::span<const TensorType> outputs, bool exact,
+                 std::vector<std::string>* messages, BuildSite* site) {
+  size_t building = SIZE_MAX;
+  std::vector<mx::array> traced;
+  try {
+    traced = run_plan(plan, probe_inputs(plan), messages, &building);
+  } catch (...) {
+    if (building < plan.steps.size()) {
+      site->node = building;
+      site->op = plan.steps[building].node.op;
+    }
+    throw;
+  }
+  KILN_RETURN_IF_ERROR(check_array_sizes(traced, max_bytes));
+  for (size_t o = 0; o < outputs.size(); ++o) {
+    bool fits = traced[o].dtype() == mlxb::to_mx(outputs[o].dtype) && traced[o].ndim() == outputs[o].sizes.size();
+    for (size_t d = 0; fits && d < outputs[o].sizes.size(); ++d) {
+      const int64_t got = traced[o].shape(static_cast<int>(d)), bound = outputs[o].sizes[d];
+      fits = exact ? got == bound : got <= bound;
+    }
+    if (!fits) {
+      point_at(site, plan, plan.outputs[o]);
+      return bad("output " + std::to_string(o) + " does not build to " + outputs[o].to_string());
+    }
+  }
+  return {};
+}
+
+/// A compiled graph for `plan` (its runtime-check messages from a trace).
+Graph1 compile_graph(std::shared_ptr<Plan> plan, std::vector<int64_t> binding, std::vector<std::string> messages) {
+  Graph1 g;
+  g.binding = std::move(binding);
+  g.check_messages = std::move(messages);
+  g.fn = mx::compile([plan](const std::vector<mx::array>& in) { return run_plan(*plan, in, nullptr); });
+  g.plan = std::move(plan);
+  return g;
+}
 
 class MlxBackend : public Backend {
  public:
   std::string name() const override { return "mlx"; }
-  std::string symbolic_sizes_reason() const override {
-    return "symbolic sizes: the mlx delegate builds its graph for fixed shapes (dynamic shapes on mlx are "
-           "not lowered yet)";
-  }
+  /// Symbolic sizes are lowered: the payload carries the expressions and each binding gets its own
+  /// graph (kGraphCacheSize of them kept per handle).
+  std::string symbolic_sizes_reason() const override { return ""; }
+  bool holds_state() const override { return true; }
 
   Error support(size_t node, const Graph& graph) const override { return support_node(graph, graph.nodes()[node]); }
 
@@ -582,34 +1092,111 @@ class MlxBackend : public Backend {
 
   Error execute(DelegateHandle& handle, std::span<const Tensor* const> inputs,
                 std::span<Tensor* const> outputs) const override {
+    return execute_in_context(handle, inputs, outputs, ExecuteContext{});
+  }
+
+  Error execute_in_context(DelegateHandle& handle, std::span<const Tensor* const> inputs, std::span<Tensor* const> outputs,
+                           const ExecuteContext& context) const override {
     auto& h = static_cast<MlxHandle&>(handle);
+    const Payload& pl = *h.payload;
     if (inputs.size() != h.in_types.size() || outputs.size() != h.out_types.size()) {
       return Error(ErrorCode::InvalidArgument, "mlx: wrong number of delegate inputs/outputs");
     }
-    for (size_t i = 0; i < inputs.size(); ++i) {
-      if (inputs[i]->type() != h.in_types[i]) return Error(ErrorCode::InvalidArgument, "mlx: input " + std::to_string(i) + " type");
+    if (context.states.size() != pl.states.size()) {
+      return Error(ErrorCode::InvalidArgument, "mlx: the call holds " + std::to_string(context.states.size()) +
+                                                   " states, the segment " + std::to_string(pl.states.size()));
     }
-    for (size_t o = 0; o < outputs.size(); ++o) {
-      if (outputs[o]->type() != h.out_types[o]) return Error(ErrorCode::InvalidArgument, "mlx: output " + std::to_string(o) + " type");
+    for (size_t i = 0; i < pl.states.size(); ++i) {
+      const DelegateStateSlot& slot = context.states[i];
+      if (slot.state == nullptr || slot.type != pl.states[i] || slot.initial.size() != slot.type.nbytes()) {
+        return Error(ErrorCode::InvalidArgument, "mlx: held state " + std::to_string(i) + " is not a " + pl.states[i].to_string());
+      }
+    }
+    const bool symbolic = !pl.symbols.empty();
+    if (symbolic && context.symbols.size() != pl.symbols.size()) {
+      return Error(ErrorCode::InvalidArgument, "mlx: the call binds " + std::to_string(context.symbols.size()) +
+                                                   " symbols, the segment has " + std::to_string(pl.symbols.size()));
     }
     try {
+      using clock = std::chrono::steady_clock;
+      const auto tb = clock::now();
+      // The graph of this binding: the most recent one, another kept one, or a new one.
+      const std::vector<int64_t> binding = symbolic ? std::vector<int64_t>(context.symbols.begin(), context.symbols.end())
+                                                    : std::vector<int64_t>();
+      auto it = std::find_if(h.graphs.begin(), h.graphs.end(), [&](const Graph1& g) { return g.binding == binding; });
+      if (it == h.graphs.end()) {
+        for (size_t s = 0; s < binding.size(); ++s) {
+          if (binding[s] < pl.symbols[s].min || binding[s] > pl.symbols[s].max) {
+            return Error(ErrorCode::InvalidArgument, "mlx: symbol '" + pl.symbols[s].name + "' = " + std::to_string(binding[s]) + " is outside [" +
+                                                         std::to_string(pl.symbols[s].min) + ", " + std::to_string(pl.symbols[s].max) + "]");
+          }
+        }
+        BuildSite site;
+        auto plan = instantiate(pl, *h.shared, binding, &site, false);
+        if (!plan.ok()) return plan.error();
+        std::vector<std::string> messages;
+        KILN_RETURN_IF_ERROR(trace_plan(*plan.value(), h.shared->max_bytes, h.out_types, false, &messages, &site));
+        h.graphs.push_front(compile_graph(std::move(plan.value()), binding, std::move(messages)));
+        if (h.graphs.size() > kGraphCacheSize) h.graphs.pop_back();
+        h.profile.graphs_built++;
+        it = h.graphs.begin();
+      } else if (it != h.graphs.begin()) {
+        h.graphs.splice(h.graphs.begin(), h.graphs, it);
+        it = h.graphs.begin();
+      }
+      Graph1& g = *it;
+      const Plan& plan = *g.plan;
+      const auto t0 = clock::now();
+      h.profile.build += std::chrono::duration<double>(t0 - tb).count();
+      for (size_t i = 0; i < inputs.size(); ++i) {
+        if (inputs[i]->type() != plan.value_types[i]) {
+          return Error(ErrorCode::InvalidArgument, "mlx: input " + std::to_string(i) + " is " + inputs[i]->type().to_string() +
+                                                       ", expected " + plan.value_types[i].to_string());
+        }
+      }
+      for (size_t o = 0; o < outputs.size(); ++o) {
+        const TensorType& want = plan.value_types[static_cast<size_t>(plan.outputs[o])];
+        if (outputs[o]->type() != want) {
+          return Error(ErrorCode::InvalidArgument, "mlx: output " + std::to_string(o) + " is " + outputs[o]->type().to_string() +
+                                                       ", the segment computes " + want.to_string());
+        }
+      }
       // Inputs are wrapped like constants (in place where MLX's allocator allows, else copied);
       // `held` keeps a second reference so that MLX never donates (writes into) their buffers.
-      using clock = std::chrono::steady_clock;
-      const auto t0 = clock::now();
       std::vector<mx::array> in, held;
       for (size_t i = 0; i < inputs.size(); ++i) {
-        in.emplace_back(inputs[i]->data, to_shape(h.in_types[i].sizes), mlxb::to_mx(h.in_types[i].dtype), [](void*) {});
+        in.emplace_back(inputs[i]->data, to_shape(inputs[i]->sizes), mlxb::to_mx(inputs[i]->dtype), [](void*) {});
+        h.profile.copies_in++;
+        h.profile.bytes_in += inputs[i]->nbytes();
+      }
+      // Held states: the session's MLX array, or (first call after new_session / reset) one made
+      // from the initial bytes; the slot is only set once the call succeeded.
+      std::vector<std::optional<mx::array>> fresh(pl.states.size());
+      for (size_t i = 0; i < pl.states.size(); ++i) {
+        const DelegateStateSlot& slot = context.states[i];
+        if (*slot.state) {
+          in.push_back(static_cast<const MlxState&>(**slot.state).value);
+          continue;
+        }
+        const TensorType& t = pl.states[i];
+        mx::array raw(const_cast<uint8_t*>(slot.initial.data()), to_shape(t.sizes), mlxb::to_mx(t.dtype), [](void*) {});
+        mx::array a = mx::astype(raw, state_storage(t.dtype, plan.compute), plan.dev);
+        mx::eval(a);  // its own buffer, not the session's bytes
+        fresh[i] = a;
+        in.push_back(a);
+        h.profile.state_uploads++;
+        h.profile.state_upload_bytes += t.nbytes();
       }
       held = in;
       const auto t1 = clock::now();
-      std::vector<mx::array> out = h.fn(in);
+      std::vector<mx::array> out = g.fn(in);
       const auto t2 = clock::now();
       mx::eval(out);
       const auto t3 = clock::now();
       struct Finish {  // adds the copy phase when the scope ends (also on an error return)
         MlxHandle& h;
         clock::time_point t0, t1, t2, t3;
+        bool steady;
         ~Finish() {
           if (!h.profile.on) return;
           const auto t4 = clock::now();
@@ -619,20 +1206,44 @@ class MlxBackend : public Backend {
           h.profile.dispatch += s(t1, t2);
           h.profile.eval += s(t2, t3);
           h.profile.copy += s(t3, t4);
+          if (steady) {
+            h.profile.steady_runs++;
+            h.profile.steady_total += s(t0, t4);
+            h.profile.steady_outside += s(t0, t4) - s(t2, t3);
+          }
         }
-      } finish{h, t0, t1, t2, t3};
-      if (out.size() != outputs.size() + h.check_messages.size()) return Error(ErrorCode::Internal, "mlx: output count");
-      for (size_t k = 0; k < h.check_messages.size(); ++k) {
-        if (out[outputs.size() + k].item<bool>()) return Error(ErrorCode::InvalidArgument, h.check_messages[k]);
+      } finish{h, t0, t1, t2, t3, g.runs > 0};
+      g.runs++;
+      size_t num_updates = 0;
+      for (int32_t id : plan.state_updates) num_updates += id >= 0 ? 1 : 0;
+      const size_t first_check = outputs.size() + num_updates;
+      if (out.size() != first_check + g.check_messages.size()) return Error(ErrorCode::Internal, "mlx: output count");
+      for (size_t k = 0; k < g.check_messages.size(); ++k) {
+        if (out[first_check + k].item<bool>()) return Error(ErrorCode::InvalidArgument, g.check_messages[k]);
       }
       for (size_t o = 0; o < outputs.size(); ++o) {
         const mx::array& a = out[o];
         const size_t nbytes = outputs[o]->nbytes();
         if (!a.flags().row_contiguous || a.nbytes() != nbytes) {
           return Error(ErrorCode::Internal, "mlx: output " + std::to_string(o) + " is not a contiguous " +
-                                                h.out_types[o].to_string());
+                                                outputs[o]->type().to_string());
         }
         std::memcpy(outputs[o]->data, a.data<uint8_t>(), nbytes);
+        h.profile.copies_out++;
+        h.profile.bytes_out += nbytes;
+      }
+      // The call succeeded: the held states take their new values (the old buffers are released).
+      size_t u = outputs.size();
+      for (size_t i = 0; i < pl.states.size(); ++i) {
+        std::unique_ptr<DelegateState>& slot = *context.states[i].state;
+        std::optional<mx::array> next = fresh[i];
+        if (plan.state_updates[i] >= 0) next = out[u++];
+        if (!next) continue;
+        if (slot) {
+          static_cast<MlxState&>(*slot).value = *next;
+        } else {
+          slot = std::make_unique<MlxState>(*next, plan.dev);
+        }
       }
     } catch (const std::exception& e) {
       return Error(ErrorCode::Internal, std::string("mlx: execute failed: ") + e.what());
@@ -643,12 +1254,6 @@ class MlxBackend : public Backend {
   }
 
  private:
-  static mx::Shape to_shape(const std::vector<int64_t>& s) {
-    mx::Shape out;
-    for (int64_t d : s) out.push_back(static_cast<int32_t>(d));
-    return out;
-  }
-
   /// init_on with every exception turned into an error value naming the payload node being
   /// built when it was thrown (`site`, also filled for the payload errors of one node).
   static Result<std::unique_ptr<DelegateHandle>> init_guarded(mx::Device dev, uint64_t max_bytes,
@@ -674,231 +1279,101 @@ class MlxBackend : public Backend {
   /// overrides the convolution form (default: the taps forms on MLX's CPU device unless
   /// KILN_MLX_CONV=native). `site` tracks the payload node being decoded, prepared or built.
   /// `max_bytes`: the largest array it may build (LoadOptions setting mlx.max_array_bytes).
+  /// A segment with symbolic sizes is instantiated and traced at every check binding of its
+  /// symbols (check_bindings) and compiled per binding at execute.
   static Result<std::unique_ptr<DelegateHandle>> init_on(mx::Device dev, uint64_t max_bytes,
                                                          std::span<const uint8_t> payload,
                                                          std::span<const std::span<const uint8_t>> constants,
                                                          std::span<const TensorType> inputs,
                                                          std::span<const TensorType> outputs,
                                                          std::optional<bool> taps_conv, BuildSite* site) {
-    Reader r(payload);
-    if (r.u32() != kMagic) return bad("wrong magic (not an mlx payload)");
-    const uint32_t version = r.u32();
-    if (version != kVersion) return bad("version " + std::to_string(version) + " (this runtime reads version 1)");
-    const uint8_t compute = r.u8();
-    if (!r.ok() || !is_valid_dtype(compute) || !is_compute_float(static_cast<DType>(compute))) {
-      return bad("compute dtype must be float32, float16 or bfloat16");
-    }
-    const uint32_t ni = r.u32(), no = r.u32(), nc = r.u32();
-    if (!r.ok() || ni != inputs.size() || no != outputs.size() || nc != constants.size() || no == 0) {
-      return bad("boundary counts differ from the program's delegate call");
-    }
-    auto plan = std::make_shared<Plan>();
-    plan->dev = dev;
-    plan->compute = mlxb::to_mx(static_cast<DType>(compute));
+    auto decoded = decode(payload, constants, inputs, outputs, site);
+    if (!decoded.ok()) return decoded.error();
+    std::shared_ptr<Payload> pl = std::move(decoded.value());
+    auto sh = std::make_shared<Shared>();
+    sh->dev = dev;
+    sh->compute = mlxb::to_mx(pl->compute);
+    sh->max_bytes = max_bytes;
     // KILN_MLX_CONV=native keeps MLX's own convolution on the CPU device too (tests use it).
     const char* conv_env = std::getenv("KILN_MLX_CONV");
-    plan->taps_conv = taps_conv ? *taps_conv : dev == mx::Device(mx::Device::cpu) && !(conv_env && std::string(conv_env) == "native");
-    plan->num_inputs = ni;
-    constexpr int64_t kMaxDim = std::numeric_limits<int32_t>::max();
-    auto sane = [&](const TensorType& t) {
-      for (int64_t d : t.sizes) {
-        if (d <= 0 || d > kMaxDim) return false;
-      }
-      return true;
-    };
-    for (uint32_t i = 0; i < ni; ++i) {
-      const TensorType t = r.type();
-      if (!r.ok() || t != inputs[i] || !sane(t)) return bad("input " + std::to_string(i) + " type differs from the program's");
-      plan->value_types.push_back(t);
-    }
-    for (uint32_t c = 0; c < nc; ++c) {
-      const TensorType t = r.type();
-      if (!r.ok() || !sane(t)) return bad("constant " + std::to_string(c) + " type");
-      if (shape_rules_numel(t) * dtype_size(t.dtype) != constants[c].size()) {
-        return bad("constant " + std::to_string(c) + " byte size differs from " + t.to_string());
-      }
+    sh->taps_conv = taps_conv ? *taps_conv : dev == mx::Device(mx::Device::cpu) && !(conv_env && std::string(conv_env) == "native");
+    for (size_t c = 0; c < constants.size(); ++c) {
       // MLX uses the mapped program file in place where its allocator can wrap it (else one copy,
-      // here, once). The program outlives the handle; the plan holds a reference, so MLX never
-      // donates (writes into) it.
-      plan->constants.emplace_back(const_cast<uint8_t*>(constants[c].data()), to_shape(t.sizes), mlxb::to_mx(t.dtype),
-                                   [](void*) {});
-      plan->value_types.push_back(t);
+      // here, once). The program outlives the handle; the shared state holds a reference, so MLX
+      // never donates (writes into) it.
+      const TensorType& t = pl->constants[c];
+      sh->constants.emplace_back(const_cast<uint8_t*>(constants[c].data()), to_shape(t.sizes), mlxb::to_mx(t.dtype), [](void*) {});
     }
-    const uint32_t nn = r.u32();
-    if (!r.ok() || nn > r.left()) return bad("node count");
-    for (uint32_t k = 0; k < nn; ++k) {
-      const std::string where = "node " + std::to_string(k);
-      Step s;
-      s.node.op = r.str();
-      site->node = k;
-      site->op = s.node.op;
-      const uint32_t nin = r.u32();
-      if (!r.ok() || nin > r.left() / 4) return bad(where + ": truncated");
-      std::vector<const TensorType*> types;
-      for (uint32_t i = 0; i < nin; ++i) {
-        const int32_t id = r.i32();
-        if (id < -1 || id >= static_cast<int32_t>(plan->value_types.size())) return bad(where + ": input id out of range");
-        s.inputs.push_back(id);
-        types.push_back(id < 0 ? nullptr : &plan->value_types[static_cast<size_t>(id)]);
-        s.node.in.emplace_back(id < 0 ? std::nullopt : std::optional<TensorType>(plan->value_types[static_cast<size_t>(id)]));
-        s.node.in_const.push_back(id >= static_cast<int32_t>(ni) && id < static_cast<int32_t>(ni + nc));
-      }
-      const uint32_t na = r.u32();
-      if (!r.ok() || na > r.left()) return bad(where + ": truncated");
-      Attributes given;
-      for (uint32_t a = 0; a < na; ++a) {
-        std::string name = r.str();
-        AttrValue v = r.attr();
-        if (!r.ok()) return bad(where + ": truncated attribute");
-        given.set(std::move(name), std::move(v));
-      }
-      const OpDef* def = OpRegistry::get().find(s.node.op);
-      s.lowering = mlxb::find_lowering(s.node.op);
-      if (def == nullptr || s.lowering == nullptr) return bad(where + ": op '" + s.node.op + "' has no mlx lowering");
-      auto attrs = def->normalize_attributes(given);
-      if (!attrs.ok()) return bad(where + ": " + attrs.error().message());
-      auto out = def->infer_types(types, attrs.value());
-      if (!out.ok()) return bad(where + " (" + s.node.op + "): " + out.error().message());
-      if (out.value().size() != 1) return bad(where + ": ops with several outputs are not lowered");
-      s.node.attrs = std::move(attrs.value());
-      s.node.out = out.value()[0];
-      // Before check_node, which multiplies the sizes in int64 (an inferred type may overflow it).
-      if (const uint64_t nb = value_bytes(s.node.out); nb > max_bytes) {
-        return Error(ErrorCode::MemoryAllocationFailed,
-                     "mlx: " + where + " (" + s.node.op + "): its output " + s.node.out.to_string() + " needs " +
-                         (nb == UINT64_MAX ? std::string("more than 2^64") : std::to_string(nb)) +
-                         " bytes, above the limit of " + std::to_string(max_bytes) +
-                         " (load setting mlx.max_array_bytes; default: this machine's memory)");
-      }
-      if (Error e = mlxb::check_node(s.node); !e.ok()) return bad(where + " (" + s.node.op + "): " + e.message());
-      plan->value_types.push_back(s.node.out);
-      plan->steps.push_back(std::move(s));
-    }
-    site->node = SIZE_MAX;
-    std::set<int32_t> seen;
-    for (uint32_t o = 0; o < no; ++o) {
-      const int32_t id = r.i32();
-      if (!r.ok() || id < static_cast<int32_t>(ni + nc) || id >= static_cast<int32_t>(plan->value_types.size()) ||
-          !seen.insert(id).second) {
-        return bad("output " + std::to_string(o) + " id invalid or repeated");
-      }
-      if (plan->value_types[static_cast<size_t>(id)] != outputs[o]) {
-        point_at(site, *plan, id);
-        return bad("output " + std::to_string(o) + " is " + plan->value_types[static_cast<size_t>(id)].to_string() +
-                   ", the program expects " + outputs[o].to_string());
-      }
-      plan->outputs.push_back(id);
-    }
-    plan->is_output.assign(plan->value_types.size(), false);
-    for (int32_t id : plan->outputs) plan->is_output[static_cast<size_t>(id)] = true;
-    if (!r.done()) return bad("trailing bytes");
-
-    // Constant-only work, once: evaluated here so that the traced graph reads it as constants.
-    std::vector<mx::array> to_eval;
-    for (size_t k = 0; k < plan->steps.size(); ++k) {
-      Step& s = plan->steps[k];
-      if (s.lowering->prepare == nullptr) continue;
-      site->node = k;
-      site->op = s.node.op;
-      mlxb::Inputs consts;
-      for (int32_t id : s.inputs) {
-        const bool is_const = id >= static_cast<int32_t>(ni) && id < static_cast<int32_t>(ni + nc);
-        consts.push_back(is_const ? std::optional<mx::array>(plan->constants[static_cast<size_t>(id) - ni]) : std::nullopt);
-      }
-      s.prepared = s.lowering->prepare(s.node, consts, dev);  // in float32, converted below
-    }
-    site->node = SIZE_MAX;
-    // Constants read only through prepared forms (conv weights, batch-norm statistics) are
-    // released once those are evaluated: a placeholder keeps the value ids.
-    std::vector<bool> still_read(nc, false);
-    for (const Step& s : plan->steps) {
-      for (size_t k = 0; k < s.inputs.size(); ++k) {
-        const int32_t id = s.inputs[k];
-        const bool replaced = !s.prepared.empty() && ((s.lowering->prepared_replaces >> k) & 1u);
-        if (!replaced && id >= static_cast<int32_t>(ni) && id < static_cast<int32_t>(ni + nc)) {
-          still_read[static_cast<size_t>(id) - ni] = true;
-        }
+    sh->prepared.resize(pl->nodes.size());
+    // Constants read only through prepared forms (conv weights, batch-norm statistics) by nodes
+    // without symbolic attributes are released once those are evaluated: a placeholder keeps the ids.
+    const int32_t ni = static_cast<int32_t>(pl->inputs.size() + pl->states.size());
+    const int32_t nc = static_cast<int32_t>(pl->constants.size());
+    std::vector<bool> still_read(static_cast<size_t>(nc), false);
+    for (size_t k = 0; k < pl->nodes.size(); ++k) {
+      const Payload::Node& pn = pl->nodes[k];
+      const mlxb::OpLowering* l = mlxb::find_lowering(pn.op);
+      for (size_t j = 0; j < pn.inputs.size(); ++j) {
+        const int32_t id = pn.inputs[j];
+        const bool replaced = l != nullptr && l->prepare != nullptr && pn.sym.empty() && ((l->prepared_replaces >> j) & 1u);
+        if (!replaced && id >= ni && id < ni + nc) still_read[static_cast<size_t>(id - ni)] = true;
       }
     }
-    // Reduced precision: float32 constants and prepared arrays converted once.
-    auto convert = [&](mx::array& a) {
-      if (plan->compute != mx::float32 && a.dtype() == mx::float32) a = mx::astype(a, plan->compute, dev);
-      to_eval.push_back(a);
-    };
-    for (Step& s : plan->steps) {
-      for (mx::array& a : s.prepared) {
-        if (s.lowering->float32_inside) {
-          to_eval.push_back(a);  // used in float32 (batch-norm statistics)
-        } else {
-          convert(a);
-        }
+    // Reduced precision: float32 constants converted once.
+    std::vector<mx::array> converted;
+    for (int32_t c = 0; c < nc; ++c) {
+      mx::array& a = sh->constants[static_cast<size_t>(c)];
+      if (still_read[static_cast<size_t>(c)] && sh->compute != mx::float32 && a.dtype() == mx::float32) {
+        a = mx::astype(a, sh->compute, dev);
+        converted.push_back(a);
       }
     }
-    for (uint32_t c = 0; c < nc; ++c) {
-      mx::array& a = plan->constants[c];
-      if (still_read[c] && plan->compute != mx::float32 && a.dtype() == mx::float32) convert(a);
+    KILN_RETURN_IF_ERROR(check_array_sizes(converted, max_bytes));
+    // The plan at the upper bound (every node prepared), then the constants no longer needed released.
+    std::vector<int64_t> bound;
+    for (const SymbolDef& sd : pl->symbols) bound.push_back(sd.max);
+    // (prepare reads the constants in float32: converted ones are only what the graph reads)
+    std::vector<mx::array> originals;
+    for (size_t c = 0; c < constants.size(); ++c) {
+      const TensorType& t = pl->constants[c];
+      originals.emplace_back(const_cast<uint8_t*>(constants[c].data()), to_shape(t.sizes), mlxb::to_mx(t.dtype), [](void*) {});
     }
-    KILN_RETURN_IF_ERROR(check_array_sizes(to_eval, max_bytes));
-    if (!to_eval.empty()) {
-      try {
-        mx::eval(to_eval);
-      } catch (const std::exception&) {
-        // Find the node whose prepared arrays fail, for the error (then rethrow).
-        for (size_t k = 0; k < plan->steps.size(); ++k) {
-          if (plan->steps[k].prepared.empty()) continue;
-          site->node = k;
-          site->op = plan->steps[k].node.op;
-          mx::eval(plan->steps[k].prepared);
-        }
-        site->node = SIZE_MAX;
-        throw;
-      }
+    std::swap(sh->constants, originals);
+    auto first = instantiate(*pl, *sh, bound, site, true);
+    std::swap(sh->constants, originals);
+    if (!first.ok()) return first.error();
+    if (!converted.empty()) mx::eval(converted);
+    for (int32_t c = 0; c < nc; ++c) {
+      if (!still_read[static_cast<size_t>(c)]) sh->constants[static_cast<size_t>(c)] = mx::array(0.0f);
     }
-    for (uint32_t c = 0; c < nc; ++c) {
-      if (!still_read[c]) plan->constants[c] = mx::array(0.0f);
-    }
+    first.value()->constants = sh->constants;
 
     auto h = std::make_unique<MlxHandle>();
     const char* prof = std::getenv("KILN_MLX_PROFILE");
     h->profile.on = prof != nullptr && std::string(prof) == "1";
-    h->plan = plan;
+    h->payload = pl;
+    h->shared = sh;
     h->in_types.assign(inputs.begin(), inputs.end());
     h->out_types.assign(outputs.begin(), outputs.end());
-    // Validate by tracing once (lazy: nothing is evaluated), then compile; the first compiled
-    // call traces and fuses (per thread: MLX's compile cache is thread-local).
-    std::vector<mx::array> probe;
-    for (const TensorType& t : h->in_types) probe.push_back(mx::zeros(to_shape(t.sizes), mlxb::to_mx(t.dtype), dev));
-    size_t building = SIZE_MAX;
-    std::vector<mx::array> traced;
-    try {
-      traced = run_plan(*plan, probe, &h->check_messages, &building);
-    } catch (...) {
-      if (building < plan->steps.size()) {
-        site->node = building;
-        site->op = plan->steps[building].node.op;
-      }
-      throw;
+    const bool symbolic = !pl->symbols.empty();
+    std::vector<std::string> messages;
+    KILN_RETURN_IF_ERROR(trace_plan(*first.value(), max_bytes, outputs, !symbolic, &messages, site));
+    if (!symbolic) {
+      // Validated by tracing once (lazy: nothing is evaluated), then compiled; the first compiled
+      // call traces and fuses (per thread: MLX's compile cache is thread-local).
+      h->graphs.push_back(compile_graph(first.value(), {}, std::move(messages)));
+      (void)h->graphs.front().fn(probe_inputs(*first.value()));
+      return std::unique_ptr<DelegateHandle>(std::move(h));
     }
-    // Every array the computation builds, within the limit (the graph is lazy: nothing allocated yet).
-    KILN_RETURN_IF_ERROR(check_array_sizes(traced, max_bytes));
-    for (size_t o = 0; o < no; ++o) {
-      if (!(traced[o].shape() == to_shape(outputs[o].sizes)) || traced[o].dtype() != mlxb::to_mx(outputs[o].dtype)) {
-        point_at(site, *plan, plan->outputs[o]);
-        return bad("output " + std::to_string(o) + " does not build to " + outputs[o].to_string());
-      }
+    // Symbolic sizes: valid at every check binding (as the loader checks kernel calls); the graphs
+    // themselves are compiled per binding at execute.
+    for (const auto& b : check_bindings(pl->symbols)) {
+      auto plan = instantiate(*pl, *sh, b, site, false);
+      if (!plan.ok()) return plan.error();
+      std::vector<std::string> unused;
+      KILN_RETURN_IF_ERROR(trace_plan(*plan.value(), max_bytes, outputs, false, &unused, site));
     }
-    h->fn = mx::compile([plan](const std::vector<mx::array>& in) { return run_plan(*plan, in, nullptr); });
-    (void)h->fn(probe);
     return std::unique_ptr<DelegateHandle>(std::move(h));
-  }
-
-  static uint64_t shape_rules_numel(const TensorType& t) {
-    uint64_t n = 1;
-    for (int64_t d : t.sizes) {
-      if (n > (1ull << 40) / static_cast<uint64_t>(d)) return ~0ull / 16;
-      n *= static_cast<uint64_t>(d);
-    }
-    return n;
   }
 };
 

@@ -40,6 +40,15 @@ Error float32_inputs(const NodeView& n) {
 }
 Error any_dtype(const NodeView&) { return ok(); }
 
+/// add / sub / mul: float32 inputs, or integer ones (int32 / int64, e.g. a KV-cache position plus
+/// an arange): MLX's integer arithmetic wraps around in two's complement as PyTorch's does, and
+/// the result dtype is PyTorch's (int32 with int64 gives int64), which Kiln's inference gave.
+Error arith_inputs(const NodeView& n) {
+  bool ints = true;
+  for (const auto& t : n.in) ints = ints && (!t || t->dtype == DType::Int64 || t->dtype == DType::Int32);
+  return ints ? ok() : float32_inputs(n);
+}
+
 mx::array scalar(double v, mx::Dtype dt) { return mx::array(static_cast<float>(v), dt); }
 
 // Param of shape [C] reshaped to broadcast over dim 1 of a rank-`rank` tensor: [C, 1, ..., 1].
@@ -54,7 +63,11 @@ mx::array channel_param(const mx::array& p, int64_t rank, mx::Device dev) {
 mx::array build_add_sub(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vector<mx::array>&) {
   const double alpha = n.attrs.get_float("alpha", 1.0);
   mx::array b = *in[1];
-  if (alpha != 1.0) b = mx::multiply(b, scalar(alpha, b.dtype()), c.dev);
+  if (alpha != 1.0) {
+    // Integer tensors: alpha is an integer in range (Kiln's inference checked it).
+    const bool integral = b.dtype() == mx::int64 || b.dtype() == mx::int32;
+    b = mx::multiply(b, integral ? mx::array(static_cast<int64_t>(alpha), b.dtype()) : scalar(alpha, b.dtype()), c.dev);
+  }
   return n.op == "aten.add" ? mx::add(*in[0], b, c.dev) : mx::subtract(*in[0], b, c.dev);
 }
 
@@ -1161,9 +1174,9 @@ mx::array pdist(BuildCtx& c, const NodeView& n, const Inputs& in, const std::vec
 const std::map<std::string, OpLowering, std::less<>>& table() {
   static const auto* t = [] {
     auto* m = add_math_lowerings(new std::map<std::string, OpLowering, std::less<>>{
-      {"aten.add", {float32_inputs, build_add_sub}},
-      {"aten.sub", {float32_inputs, build_add_sub}},
-      {"aten.mul", {float32_inputs, build_binary<mx::multiply>}},
+      {"aten.add", {arith_inputs, build_add_sub}},
+      {"aten.sub", {arith_inputs, build_add_sub}},
+      {"aten.mul", {arith_inputs, build_binary<mx::multiply>}},
       {"aten.div", {check_div, build_binary<mx::divide>}},
       {"aten.pow", {float32_inputs, build_binary<mx::power>}},
       {"aten.neg", {float32_inputs, build_unary<mx::negative>}},
@@ -1250,6 +1263,7 @@ const std::map<std::string, OpLowering, std::less<>>& table() {
       {"aten.upsample_bilinear2d", {check_upsample, upsample_bilinear}},
   });
     add_reduce_family_lowerings(*m);  // src/backends/mlx/mlx_ops_reduce.cpp
+    add_llm_lowerings(*m);            // src/backends/mlx/mlx_llm.cpp
     return m;
   }();
   return *t;

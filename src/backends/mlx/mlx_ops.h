@@ -86,6 +86,9 @@ std::map<std::string, OpLowering, std::less<>>* add_math_lowerings(std::map<std:
 /// Adds the lowerings of src/backends/mlx/mlx_ops_reduce.cpp (any, prod, var, flip, repeat,
 /// diagonal, as_strided, arange, full, fill, copy, ...) to the op table.
 void add_reduce_family_lowerings(std::map<std::string, OpLowering, std::less<>>& table);
+/// Adds the lowerings of src/backends/mlx/mlx_llm.cpp (kiln.sdpa_kv_cache, kiln.check_range:
+/// Kiln's ops for generative language models, src/ir/ops/llm.cpp) to the op table.
+void add_llm_lowerings(std::map<std::string, OpLowering, std::less<>>& table);
 /// NotSupported with `why` (a check's reason for declining a node).
 inline Error no(const std::string& why) { return Error(ErrorCode::NotSupported, why); }
 /// Kiln sizes as an MLX shape (check_node has already limited every size to int32).
