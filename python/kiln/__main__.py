@@ -236,7 +236,7 @@ def _add_delegation_args(p, built: str):
 
 
 def cmd_export_llm(args) -> int:
-    from .capture import ExportError, check_backends
+    from .capture import ExportError
     from .llm import LLMExportError
 
     d = args.dir
@@ -252,7 +252,7 @@ def cmd_export_llm(args) -> int:
         print(f"error: --max-seq-len must be >= 2, got {args.max_seq_len}", file=sys.stderr)
         return 2
     try:
-        backends = check_backends(tuple(args.backends))
+        backends, require = _check_delegation_args(args)
     except ExportError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -274,7 +274,8 @@ def cmd_export_llm(args) -> int:
             result = export_llm(d, args.max_seq_len, out=args.output, quantize=args.quantize,
                                 group_size=args.group_size, scale_dtype=args.scale_dtype,
                                 backends=backends, weights_dtype=args.weights_dtype, verbose=not args.quiet,
-                                report_json=args.report_json)
+                                report_json=args.report_json, require_delegation=require,
+                                compute_dtype=args.compute_dtype)
         for w in caught:
             print(f"[kiln] warning: {w.message}", file=sys.stderr)
     except LLMExportError as e:
@@ -527,8 +528,15 @@ def main(argv=None) -> int:
                    help="storage of the quantization scales (w4 g32 with float16 scales: 4.5 bits per weight, "
                         "the size of llama.cpp's Q4_0)")
     x.add_argument("--backends", nargs="+", default=[], metavar="NAME",
-                   help=f"delegate backends to try (built here: {built}); nodes with symbolic sizes stay on "
-                        "Kiln's CPU kernels where a backend cannot run them (the report says why)")
+                   help=f"delegate backends to try (built here: {built}): mlx takes the whole method with the KV "
+                        "cache held in MLX's memory; xnnpack declines nodes with symbolic sizes, which stay on "
+                        "Kiln's CPU kernels (the report says why)")
+    x.add_argument("--require-delegation", metavar="BACKEND",
+                   help="fail (exit 1, listing every node not delegated and why) unless BACKEND takes every "
+                        "node; implies --backends BACKEND when --backends is not given")
+    x.add_argument("--compute-dtype", choices=("float32", "float16", "bfloat16"), default="float32",
+                   help="precision of the delegates that support it (mlx computes its segment, KV cache "
+                        "included, in it; norms and softmax in float32); logits stay float32")
     x.add_argument("--weights-dtype", choices=("float32", "float16"), default="float32",
                    help="storage of the float32 weights not quantized: float16 halves them in the file (widened "
                         "to float32 at load)")

@@ -27,7 +27,8 @@ __all__ = ["export_llm", "generate", "llm_limits"]
 def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLike | None = None,
                quantize: str | None = None, group_size: int = 128, scale_dtype: str = "float32",
                backends: Sequence[str] = (), weights_dtype: str = "float32", verbose: bool = True,
-               report_json: str | os.PathLike | None = None):
+               report_json: str | os.PathLike | None = None, require_delegation: str | None = None,
+               compute_dtype: str = "float32", alternatives: Sequence[Sequence[str]] = ()):
     """Exports the causal LM in checkpoint folder `dir` (LlamaForCausalLM, Qwen2ForCausalLM,
     Qwen3ForCausalLM, MistralForCausalLM, Gemma3ForCausalLM: the class transformers builds from
     config.model_type; RoPE types kiln.llm.SUPPORTED_ROPE_TYPES) with a KV cache of `max_seq_len`
@@ -36,8 +37,12 @@ def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLi
     docs/quantization.md), "w8a8" or "w4a8" (the same weights; the linear layers' inputs quantized
     to int8 blocks of 32 at run time and multiplied in integers, src/ir/ops/quant.h), with `group_size` columns per 4-bit group and scales stored as
     `scale_dtype` ("float32" or "float16": w4 with groups of 32 and float16 scales is 4.5 bits per
-    weight, llama.cpp's Q4_0 size). backends: delegates to try (nodes with symbolic sizes stay on
-    Kiln's CPU kernels; each backend says why). Returns kiln.capture.ExportResult; raises
+    weight, llama.cpp's Q4_0 size). backends: delegates to try (mlx takes the whole method, symbolic
+    sizes and the KV cache included, docs/mlx.md; xnnpack declines nodes with symbolic sizes; each
+    backend says why); require_delegation: fail unless that backend takes every node;
+    compute_dtype: precision of the delegates that support it (mlx); alternatives: e.g. [("mlx",),
+    ()] stores an mlx lowering and a CPU-kernel one, the loader runs the first whose backends are
+    available (replaces backends / require_delegation). Returns kiln.capture.ExportResult; raises
     kiln.llm.LLMExportError for a config this path cannot export (naming the part) and
     kiln.ExportError for a capture or compile failure."""
     from .capture import export
@@ -53,8 +58,9 @@ def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLi
         else:
             warnings.warn(msg, stacklevel=2)
     return export(module, args, out=out, dynamic_shapes=dynamic_shapes, metadata=metadata, quantize=quantize,
-                  group_size=group_size, scale_dtype=scale_dtype, quantize_embeddings=True, backends=backends, weights_dtype=weights_dtype, verbose=verbose,
-                  report_json=report_json)
+                  group_size=group_size, scale_dtype=scale_dtype, quantize_embeddings=True, backends=backends,
+                  weights_dtype=weights_dtype, verbose=verbose, report_json=report_json,
+                  require_delegation=require_delegation, compute_dtype=compute_dtype, alternatives=alternatives)
 
 
 def llm_limits(program) -> dict:

@@ -30,6 +30,8 @@ import json
 import os
 import re
 import subprocess
+import sys
+import textwrap
 import threading
 import types
 import warnings
@@ -43,6 +45,11 @@ from kiln import llm
 from kiln.__main__ import main as kiln_main
 
 import llm_models
+
+# The mlx programs run on MLX's CPU device (no GPU here); set before kiln loads any program.
+os.environ.setdefault("KILN_MLX_DEVICE", "cpu")
+HAVE_MLX = "mlx" in kiln._kiln.backend_names()
+MLX_ARCHS = ("gemma3", "llama", "qwen3")  # issue 20: Llama, Qwen 3 and Gemma 3 delegated whole to mlx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KILN_CLI = os.environ.get("KILN_CLI", os.path.join(ROOT, "build", "tools", "kiln"))
@@ -129,9 +136,33 @@ class _Case:
         self._programs: dict[str, kiln.LoadedProgram] = {}
 
     def program(self, kernels: str = "cpu") -> kiln.LoadedProgram:
+        """kernels: "portable", "cpu", or "mlx" (the program exported with --require-delegation mlx,
+        on MLX's CPU device)."""
         if kernels not in self._programs:
-            self._programs[kernels] = kiln.load(self.path, portable_kernels_only=kernels == "portable", num_threads=1)
+            if kernels == "mlx":
+                self._programs[kernels] = kiln.load(self.mlx_path(), num_threads=1,
+                                                    backend_settings={"mlx.device": "cpu"})
+            else:
+                self._programs[kernels] = kiln.load(self.path, portable_kernels_only=kernels == "portable",
+                                                    num_threads=1)
         return self._programs[kernels]
+
+    def mlx_path(self) -> str:
+        """The program delegated whole to mlx (require_delegation), exported once; its report in
+        self.mlx_report."""
+        if not HAVE_MLX:
+            pytest.skip("the mlx backend is not built")
+        path = os.path.join(os.path.dirname(self.path), f"{self.name}_mlx.kiln")
+        if not os.path.exists(path):
+            rj = path + ".json"
+            kiln.export_llm(self.dir, MAX_SEQ, out=path, require_delegation="mlx", report_json=rj, verbose=False)
+            with open(rj) as f:
+                self.mlx_report = json.load(f)
+        return path
+
+    def path_for(self, kernels: str) -> tuple[str, str]:
+        """(program file, --kernels value) of `kiln generate` for kernels portable / cpu / mlx."""
+        return (self.mlx_path(), "cpu") if kernels == "mlx" else (self.path, kernels)
 
     @torch.no_grad()
     def ref(self, n: int) -> types.SimpleNamespace:
@@ -182,10 +213,17 @@ def llama(cases) -> _Case:
 # ------------------------------------------------------------------------------------------------
 # greedy against transformers
 
-@pytest.mark.parametrize("kernels", ["portable", "cpu"])
+def _skip_unless_mlx_arch(arch, kernels):
+    if kernels == "mlx" and arch.name not in MLX_ARCHS:
+        pytest.skip(f"issue 20 delegates {', '.join(MLX_ARCHS)} to mlx in the tests")
+
+
+@pytest.mark.parametrize("kernels", ["portable", "cpu", "mlx"])
 def test_step_logits_match_eager(arch, kernels):
     """Prefill then decode on one session, fed eager's tokens: every step's logits within 1e-4 of
-    eager's, the argmax (eos banned) eager's token except at an eager near-tie."""
+    eager's, the argmax (eos banned) eager's token except at an eager near-tie. mlx: the program
+    delegated whole to mlx, KV cache held in MLX's memory, on MLX's CPU device."""
+    _skip_unless_mlx_arch(arch, kernels)
     program = arch.program(kernels)
     method = program.method()
     for n in PROMPT_LENS:
@@ -209,12 +247,14 @@ def test_step_logits_match_eager(arch, kernels):
         assert not session.failed
 
 
-@pytest.mark.parametrize("kernels", ["portable", "cpu"])
+@pytest.mark.parametrize("kernels", ["portable", "cpu", "mlx"])
 def test_cli_greedy_matches_transformers_generate(arch, kernels):
     """`kiln generate --ignore-eos --json` (C++) with one program file for every prompt length."""
+    _skip_unless_mlx_arch(arch, kernels)
+    path, kset = arch.path_for(kernels)
     for n in PROMPT_LENS:
         ref = arch.ref(n)
-        got = cli_generate(arch.path, ref.prompt, NEW, "--ignore-eos", kernels=kernels)
+        got = cli_generate(path, ref.prompt, NEW, "--ignore-eos", kernels=kset)
         assert len(got) == NEW
         if got != ref.want:
             first = next(i for i, (a, b) in enumerate(zip(got, ref.want)) if a != b)
@@ -300,11 +340,14 @@ def test_max_seq_len_prompt_and_limits(llama):
         assert "max_seq_len of 48" in r.stderr, r.stderr
 
 
-def test_negative_input_pos_leaves_state_unchanged(llama):
+@pytest.mark.parametrize("kernels", ["cpu", "mlx"])
+def test_negative_input_pos_leaves_state_unchanged(llama, kernels):
     """input_pos -1 (index_put alone would take it as the last position, ATen's negative index): the
     export routes input_pos through kiln.check_range first, so the call fails before any cache
-    write; the state is unchanged and the session goes on."""
-    program = llama.program("cpu")
+    write; the state is unchanged and the session goes on. mlx: the same with the cache held by the
+    delegate (its check fails the call before the delegate keeps the new cache; session.state reads
+    MLX's copy)."""
+    program = llama.program(kernels)
     method = program.method()
     session = program.new_session()
     ref = llama.ref(7)
@@ -465,9 +508,10 @@ def test_static_rope_types_export(tmp_path, rope):
 # ------------------------------------------------------------------------------------------------
 # sessions
 
+@pytest.mark.parametrize("kernels", ["cpu", "mlx"])
 @pytest.mark.parametrize("own_methods", [True, False], ids=["method-per-thread", "shared-method"])
-def test_two_sessions_interleaved_threads(llama, own_methods):
-    program = llama.program("cpu")
+def test_two_sessions_interleaved_threads(llama, own_methods, kernels):
+    program = llama.program(kernels)
     prompts = [llama.ref(7).prompt, _prompt(20, seed=11)]
     n = 12
     alone = []
@@ -501,8 +545,9 @@ def test_two_sessions_interleaved_threads(llama, own_methods):
     assert results == alone
 
 
-def test_reset_gives_same_tokens(llama):
-    program = llama.program("cpu")
+@pytest.mark.parametrize("kernels", ["cpu", "mlx"])
+def test_reset_gives_same_tokens(llama, kernels):
+    program = llama.program(kernels)
     session = program.new_session()
     prompt = llama.ref(7).prompt
     first, _ = kiln.generate(program, prompt, 10, ignore_eos=True, session=session)
@@ -589,6 +634,135 @@ def test_xnnpack_declines_symbolic_sizes(llama, tmp_path):
     program = kiln.load(out, num_threads=1)
     ref = llama.ref(7)
     assert kiln.generate(program, ref.prompt, NEW, ignore_eos=True)[0] == ref.want
+
+
+@pytest.mark.parametrize("name", MLX_ARCHS)
+def test_mlx_delegates_the_whole_method(cases, name):
+    """require_delegation="mlx" succeeds for Llama, Qwen 3 and Gemma 3: one mlx segment, no node on
+    Kiln's CPU kernels, every KV-cache state held by the delegate (none crosses the boundary); the
+    file's only instruction is the delegate call."""
+    case = cases(name)
+    path = case.mlx_path()
+    (m,) = case.mlx_report["methods"]
+    d = m["delegation"]
+    assert [(b["backend"], b["segments"]) for b in d["backends"]] == [("mlx", 1)]
+    assert d["cpu_ops"] == []
+    assert sorted(st["state"] for st in d["states"]) == sorted(s["name"] for s in case.program("cpu").states)
+    assert all(st["resident"] and st["backend"] == "mlx" for st in d["states"]), d["states"]
+    meta = kiln.load(path, backend_settings={"mlx.device": "cpu"}).method_meta("forward")
+    assert meta["num_delegate_calls"] == 1 and meta["num_kernel_calls"] == 0, meta
+
+
+def _profile_line(stderr: str) -> dict:
+    """The numbers of the mlx handle's KILN_MLX_PROFILE=1 line (src/backends/mlx/mlx_backend.cpp)."""
+    m = re.search(r"\[kiln mlx\] (\d+) executes, .*outside eval ([\d.]+)%; host<->device copies per execute: "
+                  r"([\d.]+) in \((\d+) bytes\), ([\d.]+) out \((\d+) bytes\); held states uploaded: (\d+) "
+                  r"\((\d+) bytes\); graphs built: (\d+)", stderr)
+    assert m, stderr
+    keys = ("executes", "outside_pct", "copies_in", "bytes_in", "copies_out", "bytes_out", "uploads", "upload_bytes",
+            "graphs")
+    return dict(zip(keys, map(float, m.groups())))
+
+
+def test_mlx_step_copies_no_kv_cache(llama, monkeypatch):
+    """Per decode step the only host<->device copies are the boundary's: tokens and input_pos in (16
+    bytes), the logits out; the KV cache (4 states of [1, 2, 48, 16] float32 = 6 KiB each) is
+    uploaded once per session (from its initial value), never per step; one graph per prompt length
+    plus one for decode."""
+    monkeypatch.setenv("KILN_MLX_PROFILE", "1")
+    ref = llama.ref(7)
+    r = kiln_cli("generate", llama.mlx_path(), "--prompt-ids", ",".join(map(str, ref.prompt)), "-n", NEW,
+                 "--ignore-eos", "--threads", 1)
+    assert [int(t) for t in r.stdout.split(",")] == ref.want
+    p = _profile_line(r.stderr)
+    states = llama.program("cpu").states
+    cache_bytes = sum(int(np.prod(st["sizes"])) * 4 for st in states)
+    assert p["executes"] == NEW  # the prefill, then NEW - 1 decode steps
+    assert p["copies_in"] == 2 and p["copies_out"] == 1
+    # mean bytes per execute: the prefill's 7 tokens, then 1 token, and input_pos
+    assert p["bytes_in"] <= (7 * 8 + 8 + (NEW - 1) * 16) / NEW + 1
+    assert p["bytes_out"] == llm_models.VOCAB * 4
+    assert p["uploads"] == len(states) and p["upload_bytes"] == cache_bytes
+    assert p["graphs"] == 2
+
+
+def test_mlx_without_gpu_is_not_found_and_alternatives_run_on_cpu(llama, tmp_path):
+    """Without a GPU (and without KILN_MLX_DEVICE=cpu) the mlx program does not load (NotFound naming
+    mlx); a file with mlx and CPU-kernel alternatives loads the CPU one there and generates the same."""
+    path = llama.mlx_path()
+    alt = tmp_path / "llama_any.kiln"
+    kiln.export_llm(llama.dir, MAX_SEQ, out=alt, alternatives=[("mlx",), ()], verbose=False)
+    code = textwrap.dedent(f"""
+        import kiln
+        try:
+            kiln.load({str(path)!r})
+            print("GPU loaded")
+            raise SystemExit(0)
+        except kiln.KilnError as e:
+            print("ERR", e.args[1], e)
+        p = kiln.load({str(alt)!r})
+        print("ALT", p.method_meta("forward")["alternative"])
+        print("IDS", ",".join(map(str, kiln.generate(p, {llama.ref(7).prompt!r}, 8, ignore_eos=True)[0])))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "KILN_MLX_DEVICE"}
+    env["PYTHONPATH"] = os.path.join(ROOT, "python")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    if r.stdout.startswith("GPU"):
+        pytest.skip("this machine has an MLX GPU")
+    lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines())
+    assert lines["ERR"].startswith("NotFound") and "mlx" in lines["ERR"] and "no GPU device" in lines["ERR"], r.stdout
+    assert lines["ALT"] == "1"
+    assert lines["IDS"] == ",".join(map(str, llama.ref(7).want[:8]))
+
+
+def _greedy_against_reference(program, prompt, n, reference, eos, what) -> float:
+    """`n` greedy tokens of `program` after `prompt`, each checked against the argmax (eos banned) of
+    reference(ids) (last-position logits of a full forward over ids); returns the largest logit
+    error relative to the reference's largest logit, over the steps."""
+    ids, _ = kiln.generate(program, prompt, n, ignore_eos=True)
+    session = program.new_session()
+    logits = _execute(program.method(), session, prompt, 0)
+    errs = []
+    for step, tok in enumerate(ids):
+        want = reference(prompt + ids[:step])
+        errs.append(_rel_err(logits, want))
+        masked = want.copy()
+        masked[list(eos)] = -np.inf
+        assert tok == int(masked.argmax()), f"{what} step {step}: {tok}, the reference gives {int(masked.argmax())}"
+        logits = _execute(program.method(), session, [tok], len(prompt) + step)
+    print(f"{what}: max logit error {max(errs):.2e} of the largest logit")
+    return max(errs)
+
+
+def test_mlx_float16_matches_eager_float16(llama, tmp_path):
+    """compute_dtype float16 (KV cache held in float16, norms and softmax in float32) against eager
+    transformers in float16 on the CPU: the first 8 greedy tokens agree; the logit error against
+    that reference (docs/mlx.md) is within 2e-2 of the largest logit."""
+    out = tmp_path / "llama_mlx_f16.kiln"
+    kiln.export_llm(llama.dir, MAX_SEQ, out=out, require_delegation="mlx", compute_dtype="float16", verbose=False)
+    program = kiln.load(out, num_threads=1, backend_settings={"mlx.device": "cpu"})
+    hf = llm.load_llm(llama.dir)[0].to(torch.float16)
+
+    @torch.no_grad()
+    def reference(ids):
+        return hf(torch.tensor([ids]), use_cache=False).logits[0, -1].float().numpy()
+
+    err = _greedy_against_reference(program, llama.ref(7).prompt, 8, reference, llama.eos, "mlx float16 vs eager float16")
+    assert err <= 2e-2
+
+
+def test_mlx_w4_matches_dequantized_eager(llama, tmp_path):
+    """w4 (groups of 32) delegated whole to mlx (MLX's quantized matmul): the first 8 greedy tokens
+    those of eager transformers with the dequantized weights, every step's logits within 1e-4."""
+    out = tmp_path / "llama_mlx_w4.kiln"
+    kiln.export_llm(llama.dir, MAX_SEQ, out=out, quantize="w4", group_size=32, require_delegation="mlx",
+                    verbose=False)
+    program = kiln.load(out, num_threads=1, backend_settings={"mlx.device": "cpu"})
+    hf = _dequantized_eager(llama, "w4", 32)
+    err = _greedy_against_reference(program, llama.ref(7).prompt, 8, lambda ids: _last_logits(hf, ids), llama.eos,
+                                    "mlx w4 vs dequantized eager")
+    assert err <= RTOL
 
 
 # ------------------------------------------------------------------------------------------------
