@@ -12,7 +12,11 @@ first-run kernel compile) in ms and the share of it spent outside MLX's evaluati
 replaying the compiled function, copying the logits out: issue 20 asks for < 5% on MLX's CPU
 device), the host<->device copies per execute with their bytes (tokens and input_pos in, logits
 out; the KV cache is uploaded once per session from its initial value, never per step), and how
-many of the greedy tokens agree with the same weights on Kiln's CPU kernels (fp32: all of them).
+many of the greedy tokens agree with the same weights on Kiln's CPU kernels (fp32 and fp16 against
+the fp32 program, w4 against the CPU kernels' w4 program; fp32: all of them). "decode tok/s" is
+`kiln generate`'s, whose first decode step traces and compiles the seq = 1 graph (on MLX's CPU
+device, also the C++ of its fused kernels the first time on a machine): the steady step is the
+per-token cost.
 
     PYTHONPATH=python python bench/mlx_llm.py                     # MLX's CPU device, fp32
     PYTHONPATH=python python bench/mlx_llm.py --formats fp32,fp16,w4 --steps 64
@@ -94,12 +98,21 @@ def main(argv=None) -> int:
     if not os.path.exists(os.path.join(ckpt, "config.json")):
         llm_decode.build_checkpoint(size, ckpt)
     import kiln
-    cpu_path = os.path.join(work, "llama2l_cpu.kiln")
-    if not os.path.exists(cpu_path):
-        kiln.export_llm(ckpt, a.max_seq_len, out=cpu_path, verbose=False)
     prompt = np.random.default_rng(0).integers(3, size["vocab_size"], a.prompt).tolist()
     env = dict(os.environ, KILN_MLX_PROFILE="1", KILN_MLX_DEVICE=a.device)
-    base, _, _ = generate(a.cli, cpu_path, prompt, a.steps, dict(os.environ))
+    bases = {}  # the same weights on Kiln's CPU kernels: "fp32", and "w4" when asked
+
+    def base_for(fmt: str) -> dict:
+        key = "w4" if fmt == "w4" else "fp32"
+        if key not in bases:
+            path = os.path.join(work, f"llama2l_{key}_cpu.kiln")
+            if not os.path.exists(path):
+                kiln.export_llm(ckpt, a.max_seq_len, out=path, verbose=False,
+                                **({"quantize": "w4", "group_size": 32} if key == "w4" else {}))
+            bases[key], _, _ = generate(a.cli, path, prompt, a.steps, dict(os.environ))
+        return bases[key]
+
+    base = base_for("fp32")
     model, flags = llm_decode.cpu_info()
     print(f"# mlx delegate, generative model ({'quick' if a.quick else '2 Llama-3.2-1B-shaped layers'}, vocab "
           f"{size['vocab_size']}, max_seq_len {a.max_seq_len}, prompt {a.prompt}, {a.steps} new tokens)")
@@ -108,7 +121,7 @@ def main(argv=None) -> int:
           f"decode {base['decode_tokens_per_s']:.2f} tokens/s")
     print()
     print("| format | prefill tok/s | decode tok/s | steady step ms | outside eval (steady) | copies in / out per "
-          "execute (bytes) | KV uploads (bytes) | graphs built (ms) | tokens = CPU kernels |")
+          "execute (bytes) | KV uploads (bytes) | graphs built (ms) | leading tokens = CPU kernels |")
     print("|---|---|---|---|---|---|---|---|---|")
     for fmt in formats:
         path = export(ckpt, fmt, a.max_seq_len, work)
@@ -116,7 +129,8 @@ def main(argv=None) -> int:
         if err:
             print(f"| {fmt} | {err} |||||||")
             continue
-        agree = next((i for i, (x, y) in enumerate(zip(out["ids"], base["ids"])) if x != y), len(out["ids"]))
+        ids = base_for(fmt)["ids"]
+        agree = next((i for i, (x, y) in enumerate(zip(out["ids"], ids)) if x != y), len(out["ids"]))
         if prof is None:
             print(f"| {fmt} | {out['prefill_tokens_per_s']:.1f} | {out['decode_tokens_per_s']:.2f} | (no profile) |||||"
                   f" {agree}/{len(out['ids'])} |")

@@ -170,6 +170,7 @@ py::dict meta_dict(const MethodMeta& m) {
   d["outputs"] = outs;
   d["symbols"] = syms;
   d["states"] = m.states;
+  d["state_holders"] = m.state_holders;
   d["arena_bytes"] = m.arena_bytes;
   d["num_kernel_calls"] = m.num_kernel_calls;
   d["num_delegate_calls"] = m.num_delegate_calls;

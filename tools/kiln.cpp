@@ -232,6 +232,7 @@ int cmd_inspect(const InspectArgs& a) {
         << ",\n      \"input_dims\": " << json_dims(m.input_dims)
         << ",\n      \"output_dims\": " << json_dims(m.output_dims)
         << ",\n      \"states\": " << json_strings(m.states)
+        << ",\n      \"state_holders\": " << json_strings(m.state_holders)
         << ",\n      \"num_instructions\": " << m.num_instructions
         << ",\n      \"num_kernel_calls\": " << m.num_kernel_calls
         << ",\n      \"num_delegate_calls\": " << m.num_delegate_calls
@@ -289,7 +290,10 @@ int cmd_inspect(const InspectArgs& a) {
     }
     if (!m.states.empty()) {
       o << "  states         ";
-      for (size_t i = 0; i < m.states.size(); ++i) o << (i ? ", " : " ") << m.states[i];
+      for (size_t i = 0; i < m.states.size(); ++i) {
+        o << (i ? ", " : " ") << m.states[i];
+        if (i < m.state_holders.size() && !m.state_holders[i].empty()) o << " (held by " << m.state_holders[i] << ")";
+      }
       o << "\n";
     }
     o << "  inputs\n";

@@ -80,6 +80,9 @@ struct MethodMeta {
   std::vector<std::vector<std::string>> output_dims;
   /// Names of the program states this method reads or writes (it then runs with a Session).
   std::vector<std::string> states;
+  /// Per entry of `states`: the delegate backend that holds it for the session (e.g. "mlx": the
+  /// KV cache in MLX's memory), or "" when it lives in the session's bytes.
+  std::vector<std::string> state_holders;
 };
 
 /// Options for Program::load.

@@ -102,7 +102,7 @@ class LoadedProgram:
 
     def method_meta(self, name: str = "forward") -> dict:
         """{name, inputs: [{name, dtype, sizes (upper bounds), dims}], outputs, symbols: [(name, min,
-        max)], states, arena_bytes, num_kernel_calls, num_delegate_calls, alternative (the index of
+        max)], states, state_holders (per state the delegate holding it, e.g. "mlx", or ""), arena_bytes, num_kernel_calls, num_delegate_calls, alternative (the index of
         the alternative the loader chose), num_alternatives}; dims holds each dim's symbolic
         expression ('' when fixed)."""
         return dict(self._program.method_meta(name))

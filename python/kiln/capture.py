@@ -2010,9 +2010,12 @@ def compile_captures(captures: Mapping[str, CaptureResult], *, out: str | os.Pat
     except OSError as e:
         raise ExportError(f"cannot write {e.filename or path}: {e.strerror or e}") from None
     secs = time.perf_counter() - t0
+    # "mlx" alone when the delegates took every node of every method, else "+ portable/cpu kernels"
+    cpu_left = not delegates or any((m.get("delegation") or {}).get("cpu_ops") or not (m.get("delegation") or {}).get("backends")
+                                    for m in report["methods"])
     lines = [f"[kiln] {'wrote ' + path if path else 'compiled'}: {_fmt_bytes(len(data))} "
              f"(constants {_fmt_bytes(report['constant_bytes'])}), {secs:.1f} s, backends: "
-             f"{', '.join(delegates) + ' + portable/cpu kernels' if delegates else 'portable/cpu kernels'}"
+             f"{', '.join(delegates) + (' + portable/cpu kernels' if cpu_left else '') if delegates else 'portable/cpu kernels'}"
              + (", alternatives: " + " | ".join(", ".join(a) or "cpu kernels" for a in alts) if alts else "")]
     for m in report["methods"]:
         cap = captures[m["name"]]

@@ -48,6 +48,14 @@ def export_llm(dir: str | os.PathLike, max_seq_len: int, *, out: str | os.PathLi
     from .capture import export
     from .llm import prepare_llm_export
 
+    wants_mlx = "mlx" in tuple(backends) or require_delegation == "mlx" or any("mlx" in tuple(a) for a in alternatives)
+    if compute_dtype != "float32" and not wants_mlx:
+        msg = (f"compute_dtype {compute_dtype} applies to the mlx delegate only; without it every node runs "
+               "on Kiln's CPU kernels in float32")
+        if verbose:
+            print(f"[kiln] warning: {msg}", file=sys.stderr, flush=True)
+        else:
+            warnings.warn(msg, stacklevel=2)
     module, args, dynamic_shapes, metadata = prepare_llm_export(dir, max_seq_len)
     trained = getattr(module.model.config, "max_position_embeddings", None)
     if isinstance(trained, int) and int(max_seq_len) > trained:
@@ -107,9 +115,9 @@ def generate(program, prompt_ids: Sequence[int], max_new_tokens: int, *, tempera
         ids.append(int(t))
     if not 0 <= int(seed) < 2 ** 64:
         raise ValueError(f"seed must be in [0, 2^64), got {seed}")
+    m = program.method(method)  # before the session: a program that cannot load allocates nothing
     if session is None:
         session = program.new_session()
-    m = program.method(method)
 
     def step(tokens, pos):
         out = m.execute([np.asarray(tokens, dtype=np.int64).reshape(1, -1), np.array([pos], dtype=np.int64)], session)

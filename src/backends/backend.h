@@ -96,6 +96,10 @@ struct DelegateOptions {
   int num_threads = 1;
   /// The program's LoadOptions::backend_settings (never null while init runs).
   const BackendSettings* settings = nullptr;
+  /// The types of the program states the call holds (DelegateCall.states, in the payload's order):
+  /// init refuses a payload that expects others (InvalidProgram), at load_method, before a session
+  /// allocates them.
+  std::span<const TensorType> held_states;
 };
 
 /// One delegate backend. Implementations must be thread-safe for concurrent calls on

@@ -348,6 +348,13 @@ Error plan_symbols_and_state(const fb::Method* m, MethodPlan& plan, const std::v
     if (!plan.state_holder[st].empty()) used.insert(states[st].name);
   }
   plan.meta.states.assign(used.begin(), used.end());
+  for (const std::string& name : plan.meta.states) {
+    std::string holder;
+    for (size_t st = 0; st < states.size(); ++st) {
+      if (states[st].name == name) holder = plan.state_holder[st];
+    }
+    plan.meta.state_holders.push_back(holder);
+  }
   (void)state_read;
   // Symbols: each bound by the first input dim that is exactly that symbol.
   plan.symbol_binding.assign(plan.symbols.size(), {SIZE_MAX, 0});

@@ -433,6 +433,9 @@ Result<Method> Program::load_method(const std::string& name, const MethodOptions
     std::vector<TensorType> in_types, out_types;
     for (int32_t v : ins.args) in_types.push_back(plan->value_types[static_cast<size_t>(v)]);
     for (int32_t v : ins.outputs) out_types.push_back(plan->value_types[static_cast<size_t>(v)]);
+    std::vector<TensorType> held;
+    for (uint32_t st : ins.held_states) held.push_back(data_->states[st].type);
+    dopts.held_states = held;
     auto handle = ins.backend->init(ins.payload, ins.delegate_constants, in_types, out_types, dopts);
     if (!handle.ok()) {
       return Error(handle.error().code(), "method '" + name + "' instruction " + std::to_string(k) + ": backend '" +

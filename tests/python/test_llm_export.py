@@ -651,6 +651,31 @@ def test_mlx_delegates_the_whole_method(cases, name):
     assert all(st["resident"] and st["backend"] == "mlx" for st in d["states"]), d["states"]
     meta = kiln.load(path, backend_settings={"mlx.device": "cpu"}).method_meta("forward")
     assert meta["num_delegate_calls"] == 1 and meta["num_kernel_calls"] == 0, meta
+    assert meta["state_holders"] == ["mlx"] * len(meta["states"]), meta
+    r = kiln_cli("inspect", path)
+    assert re.search(r"states\s+k_cache_0 \(held by mlx\)", r.stdout), r.stdout
+
+
+def test_mlx_damaged_held_state_is_refused_before_a_session(llama, tmp_path):
+    """A file whose held-state sizes were damaged (the cache [1, 2, 48, 16] made 2^28 positions long,
+    a 256 GiB session) loads as a program, but its method does not: the mlx segment's payload
+    expects the cache it was compiled with (InvalidProgram naming the held state), and kiln.generate
+    loads the method before it allocates a session."""
+    data = open(llama.mlx_path(), "rb").read()
+    payload = data.find(b"KMLX")  # the mlx segment (page-aligned, after the program's FlatBuffer)
+    assert payload > 0 and payload % 4096 == 0
+    head = data[:payload]
+    old = np.array([1, 2, MAX_SEQ, 16], np.int64).tobytes()
+    assert head.count(old) == 4, "the 4 cache states of the tiny Llama, in the program's state table"
+    bad = tmp_path / "bad_state.kiln"
+    bad.write_bytes(head.replace(old, np.array([1, 2, 1 << 28, 16], np.int64).tobytes()) + data[payload:])
+    program = kiln.load(bad, backend_settings={"mlx.device": "cpu"})
+    with pytest.raises(kiln.KilnError, match=r"held state 0 is float32\[1, 2, 48, 16\] in the segment, "
+                                             r"float32\[1, 2, 268435456, 16\] in the program") as ei:
+        program.method()
+    assert ei.value.args[1] == "InvalidProgram"
+    with pytest.raises(kiln.KilnError, match="held state 0"):
+        kiln.generate(program, [1, 2, 3], 2)
 
 
 def _profile_line(stderr: str) -> dict:
@@ -752,16 +777,18 @@ def test_mlx_float16_matches_eager_float16(llama, tmp_path):
     assert err <= 2e-2
 
 
-def test_mlx_w4_matches_dequantized_eager(llama, tmp_path):
-    """w4 (groups of 32) delegated whole to mlx (MLX's quantized matmul): the first 8 greedy tokens
-    those of eager transformers with the dequantized weights, every step's logits within 1e-4."""
-    out = tmp_path / "llama_mlx_w4.kiln"
-    kiln.export_llm(llama.dir, MAX_SEQ, out=out, quantize="w4", group_size=32, require_delegation="mlx",
+@pytest.mark.parametrize("scheme,group_size", [("w4", 32), ("w8", 128)])
+def test_mlx_quantized_matches_dequantized_eager(llama, tmp_path, scheme, group_size):
+    """w4 (groups of 32: MLX's quantized matmul) and w8 (per channel: dequantized in the graph)
+    delegated whole to mlx: the first 8 greedy tokens those of eager transformers with the
+    dequantized weights, every step's logits within 1e-4."""
+    out = tmp_path / f"llama_mlx_{scheme}.kiln"
+    kiln.export_llm(llama.dir, MAX_SEQ, out=out, quantize=scheme, group_size=group_size, require_delegation="mlx",
                     verbose=False)
     program = kiln.load(out, num_threads=1, backend_settings={"mlx.device": "cpu"})
-    hf = _dequantized_eager(llama, "w4", 32)
+    hf = _dequantized_eager(llama, scheme, group_size)
     err = _greedy_against_reference(program, llama.ref(7).prompt, 8, lambda ids: _last_logits(hf, ids), llama.eos,
-                                    "mlx w4 vs dequantized eager")
+                                    f"mlx {scheme} vs dequantized eager")
     assert err <= RTOL
 
 

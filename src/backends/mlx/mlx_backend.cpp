@@ -1055,7 +1055,22 @@ class MlxBackend : public Backend {
     auto limit = max_array_bytes(settings);
     if (!limit.ok()) return limit.error();
     BuildSite site;
-    return init_guarded(dev.value(), limit.value(), payload, constants, inputs, outputs, std::nullopt, &site);
+    auto h = init_guarded(dev.value(), limit.value(), payload, constants, inputs, outputs, std::nullopt, &site);
+    if (!h.ok()) return h;
+    // The held states the payload expects are the program's (a damaged size would otherwise show
+    // only at the first call, after a session allocated the program's states).
+    const Payload& pl = *static_cast<MlxHandle&>(*h.value()).payload;
+    if (pl.states.size() != options.held_states.size()) {
+      return bad("the segment holds " + std::to_string(pl.states.size()) + " states, the program's call " +
+                 std::to_string(options.held_states.size()));
+    }
+    for (size_t i = 0; i < pl.states.size(); ++i) {
+      if (pl.states[i] != options.held_states[i]) {
+        return bad("held state " + std::to_string(i) + " is " + pl.states[i].to_string() + " in the segment, " +
+                   options.held_states[i].to_string() + " in the program");
+      }
+    }
+    return h;
   }
 
   /// Support decided by building: the segment is built as init builds it (decoded and
@@ -1185,7 +1200,7 @@ class MlxBackend : public Backend {
         fresh[i] = a;
         in.push_back(a);
         h.profile.state_uploads++;
-        h.profile.state_upload_bytes += t.nbytes();
+        h.profile.state_upload_bytes += a.nbytes();  // in the storage dtype (float16 for a float16 segment)
       }
       held = in;
       const auto t1 = clock::now();
@@ -1305,47 +1320,39 @@ class MlxBackend : public Backend {
       sh->constants.emplace_back(const_cast<uint8_t*>(constants[c].data()), to_shape(t.sizes), mlxb::to_mx(t.dtype), [](void*) {});
     }
     sh->prepared.resize(pl->nodes.size());
-    // Constants read only through prepared forms (conv weights, batch-norm statistics) by nodes
-    // without symbolic attributes are released once those are evaluated: a placeholder keeps the ids.
+    // The plan at the upper bound, every node prepared (prepare reads the constants in float32).
+    std::vector<int64_t> bound;
+    for (const SymbolDef& sd : pl->symbols) bound.push_back(sd.max);
+    auto first = instantiate(*pl, *sh, bound, site, true);
+    if (!first.ok()) return first.error();
+    // Constants read only through prepared forms (conv weights, batch-norm statistics, 4-bit
+    // weights for MLX's quantized matmul) by nodes without symbolic attributes are released now
+    // that those are evaluated: a placeholder keeps the ids. The rest are converted once to a
+    // reduced compute dtype (what later bindings' prepare reads too).
     const int32_t ni = static_cast<int32_t>(pl->inputs.size() + pl->states.size());
     const int32_t nc = static_cast<int32_t>(pl->constants.size());
     std::vector<bool> still_read(static_cast<size_t>(nc), false);
     for (size_t k = 0; k < pl->nodes.size(); ++k) {
-      const Payload::Node& pn = pl->nodes[k];
-      const mlxb::OpLowering* l = mlxb::find_lowering(pn.op);
-      for (size_t j = 0; j < pn.inputs.size(); ++j) {
-        const int32_t id = pn.inputs[j];
-        const bool replaced = l != nullptr && l->prepare != nullptr && pn.sym.empty() && ((l->prepared_replaces >> j) & 1u);
+      const Step& st = first.value()->steps[k];
+      const bool fixed = pl->nodes[k].sym.empty();
+      for (size_t j = 0; j < st.inputs.size(); ++j) {
+        const int32_t id = st.inputs[j];
+        const bool replaced = fixed && !st.prepared.empty() && ((st.lowering->prepared_replaces >> j) & 1u);
         if (!replaced && id >= ni && id < ni + nc) still_read[static_cast<size_t>(id - ni)] = true;
       }
     }
-    // Reduced precision: float32 constants converted once.
     std::vector<mx::array> converted;
     for (int32_t c = 0; c < nc; ++c) {
       mx::array& a = sh->constants[static_cast<size_t>(c)];
-      if (still_read[static_cast<size_t>(c)] && sh->compute != mx::float32 && a.dtype() == mx::float32) {
+      if (!still_read[static_cast<size_t>(c)]) {
+        a = mx::array(0.0f);
+      } else if (sh->compute != mx::float32 && a.dtype() == mx::float32) {
         a = mx::astype(a, sh->compute, dev);
         converted.push_back(a);
       }
     }
     KILN_RETURN_IF_ERROR(check_array_sizes(converted, max_bytes));
-    // The plan at the upper bound (every node prepared), then the constants no longer needed released.
-    std::vector<int64_t> bound;
-    for (const SymbolDef& sd : pl->symbols) bound.push_back(sd.max);
-    // (prepare reads the constants in float32: converted ones are only what the graph reads)
-    std::vector<mx::array> originals;
-    for (size_t c = 0; c < constants.size(); ++c) {
-      const TensorType& t = pl->constants[c];
-      originals.emplace_back(const_cast<uint8_t*>(constants[c].data()), to_shape(t.sizes), mlxb::to_mx(t.dtype), [](void*) {});
-    }
-    std::swap(sh->constants, originals);
-    auto first = instantiate(*pl, *sh, bound, site, true);
-    std::swap(sh->constants, originals);
-    if (!first.ok()) return first.error();
     if (!converted.empty()) mx::eval(converted);
-    for (int32_t c = 0; c < nc; ++c) {
-      if (!still_read[static_cast<size_t>(c)]) sh->constants[static_cast<size_t>(c)] = mx::array(0.0f);
-    }
     first.value()->constants = sh->constants;
 
     auto h = std::make_unique<MlxHandle>();
