@@ -1,8 +1,9 @@
 // The delegate contract (../shared/DESIGN.md "Backends"): one interface holding both halves of a
 // backend. The compile half decides support and lowers subgraphs to payload bytes; the run half
-// turns a payload back into an executable handle. Backends are registered by explicit function
-// calls (register_builtin_backends, register_backend), never by static initializers, so that a
-// backend linked from a static library is always present.
+// turns a payload back into an executable handle. A backend library registers its backend when it
+// is linked (KILN_REGISTER_BACKEND below: a registrar next to an anchor symbol that the library's
+// CMake target makes the linker resolve, so a static archive's member is never dropped; see
+// docs/packaging.md); applications and tests may add more with register_backend.
 #pragma once
 
 #include <cstdint>
@@ -167,8 +168,9 @@ class Backend {
   virtual void destroy(std::unique_ptr<DelegateHandle> handle) const { handle.reset(); }
 };
 
-/// The set of backends known to this process: the built-ins (registered by
-/// register_builtin_backends on first use) plus any added with register_backend.
+/// The set of backends known to this process: those whose libraries are linked into it
+/// (kiln::backend_xnnpack, kiln::backend_mlx: each registers itself at static initialization)
+/// plus any added with register_backend.
 class BackendRegistry {
  public:
   static BackendRegistry& get();
@@ -187,17 +189,22 @@ class BackendRegistry {
 
 /// Registers a backend in BackendRegistry::get() (applications and tests).
 void register_backend(std::unique_ptr<Backend> backend);
-/// Registers every backend compiled into this build (xnnpack when KILN_HAVE_XNNPACK, mlx when
-/// KILN_HAVE_MLX).
-void register_builtin_backends(BackendRegistry& registry);
 
-#ifdef KILN_HAVE_XNNPACK
-/// src/backends/xnnpack/xnnpack_backend.cpp
-std::unique_ptr<Backend> make_xnnpack_backend();
-#endif
-#ifdef KILN_HAVE_MLX
-/// src/backends/mlx/mlx_backend.cpp
-std::unique_ptr<Backend> make_mlx_backend();
-#endif
+}  // namespace kiln
 
+/// Self-registration of a backend library: `KILN_REGISTER_BACKEND(xnnpack, std::make_unique<XnnpackBackend>)` at
+/// namespace scope of one of the library's source files defines `kiln_backend_xnnpack_anchor` (an
+/// extern "C" function that the CMake target kiln::backend_xnnpack names in its INTERFACE link
+/// options, `--undefined=kiln_backend_xnnpack_anchor`) and, in the same object file, a registrar
+/// that calls register_backend(factory()) during static initialization. Because the linker must
+/// resolve the anchor, the object file (and so the registrar) is linked whenever the target is,
+/// even from a static library that nothing else references. `factory` returns
+/// std::unique_ptr<Backend> and must be cheap (no device probing: that is is_available's job).
+#define KILN_REGISTER_BACKEND(name, factory)                                                      \
+  extern "C" __attribute__((used)) void kiln_backend_##name##_anchor() {}                         \
+  namespace {                                                                                     \
+  [[maybe_unused]] const bool kiln_backend_##name##_registered = (::kiln::register_backend(factory()), true); \
+  }
+
+namespace kiln {
 }  // namespace kiln

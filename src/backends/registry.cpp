@@ -1,14 +1,15 @@
-// BackendRegistry: explicit registration of delegate backends (no static initializers).
+// BackendRegistry: the delegate backends of this process (backend libraries register themselves
+// when linked: KILN_REGISTER_BACKEND in backend.h).
 #include "backends/backend.h"
+
+#include <algorithm>
 
 namespace kiln {
 
 BackendRegistry& BackendRegistry::get() {
-  static BackendRegistry* registry = [] {
-    auto* r = new BackendRegistry();
-    register_builtin_backends(*r);
-    return r;
-  }();
+  // Never destroyed: backends registered during static initialization of other objects, and
+  // pointers returned by find, must outlive every static destructor.
+  static BackendRegistry* registry = new BackendRegistry();
   return *registry;
 }
 
@@ -36,6 +37,8 @@ std::vector<std::string> BackendRegistry::names() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<std::string> out;
   for (const auto& b : backends_) out.push_back(b->name());
+  // Static initialization order across libraries is unspecified: sort, so that listings are stable.
+  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -64,15 +67,5 @@ Error Backend::check_build(const Subgraph& subgraph, std::span<const uint8_t> pa
 }
 
 void register_backend(std::unique_ptr<Backend> backend) { BackendRegistry::get().add(std::move(backend)); }
-
-void register_builtin_backends(BackendRegistry& registry) {
-  (void)registry;
-#ifdef KILN_HAVE_XNNPACK
-  registry.add(make_xnnpack_backend());
-#endif
-#ifdef KILN_HAVE_MLX
-  registry.add(make_mlx_backend());
-#endif
-}
 
 }  // namespace kiln

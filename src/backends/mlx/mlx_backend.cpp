@@ -1386,6 +1386,7 @@ class MlxBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_mlx_backend() { return std::make_unique<MlxBackend>(); }
-
 }  // namespace kiln
+
+// kiln::backend_mlx registers this backend when it is linked (KILN_REGISTER_BACKEND: backend.h).
+KILN_REGISTER_BACKEND(mlx, std::make_unique<kiln::MlxBackend>)

@@ -1253,6 +1253,7 @@ class XnnpackBackend : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_xnnpack_backend() { return std::make_unique<XnnpackBackend>(); }
-
 }  // namespace kiln
+
+// kiln::backend_xnnpack registers this backend when it is linked (KILN_REGISTER_BACKEND: backend.h).
+KILN_REGISTER_BACKEND(xnnpack, std::make_unique<kiln::XnnpackBackend>)
