@@ -186,7 +186,7 @@ def run_kiln(kiln_bin: str, path: str, method: str, work: str, threads: int, run
     # the output, for the error vs eager: `kiln run` writes it (output_0.npy)
     out_dir = os.path.join(work, f"out_kiln_{os.path.basename(path)}_{kernels}_{method}")
     cmd = [kiln_bin, "run", path, "--method", method, "--threads", str(threads), "--kernels", kernels,
-           "--output-dir", out_dir] + [x for k in INPUTS[method] for x in ("--input", os.path.join(work, f"{k}.npy"))]
+           "--output-dir", out_dir, "--numbered"] + [x for k in INPUTS[method] for x in ("--input", os.path.join(work, f"{k}.npy"))]
     q = subprocess.run(cmd, capture_output=True, text=True)
     r["output"] = os.path.join(out_dir, "output_0.npy") if q.returncode == 0 else None
     if q.returncode != 0:

@@ -343,7 +343,7 @@ def check_outputs(args, p: dict, engine: str, threads: int) -> tuple[float | Non
     out = p["dir"] / f"out-{engine}-{threads}"
     shutil.rmtree(out, ignore_errors=True)
     r = subprocess.run([args.kiln_cli, "run", str(kiln_file(p, engine)), "-i", str(p["dir"] / "x.npy"), "-o", str(out),
-                        "--threads", str(threads), "--kernels", kiln_kernels(engine)],
+                        "--numbered", "--threads", str(threads), "--kernels", kiln_kernels(engine)],
                        capture_output=True, text=True, timeout=3600, env=kiln_env(engine))
     if r.returncode != 0:
         raise RuntimeError(r.stderr.strip())

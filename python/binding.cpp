@@ -280,7 +280,14 @@ PYBIND11_MODULE(_kiln, m) {
         for (const SymExpr& e : g.value(id).sym_sizes) out.push_back(e.code());
         return out;
       }, "A value's size expressions (token lists; empty for fixed sizes).")
-      .def("set_outputs", [](Graph& g, std::vector<ValueId> outs) { check(g.set_outputs(std::move(outs))); })
+      .def("set_outputs", [](Graph& g, std::vector<ValueId> outs, std::optional<std::vector<std::string>> names) {
+        check(g.set_outputs(std::move(outs)));
+        if (names) check(g.set_output_names(std::move(*names)));
+      }, py::arg("outputs"), py::arg("names") = py::none(),
+         "Sets the method's outputs (value ids) and optionally their names (one per output, non-empty, distinct: "
+         "KilnError otherwise; see unique_output_names).")
+      .def_property_readonly("output_names", [](const Graph& g) { return g.output_names(); },
+                             "The outputs' names ([] when unnamed).")
       .def("value_type", [](const Graph& g, ValueId id) {
         if (id < 0 || static_cast<size_t>(id) >= g.values().size()) throw py::index_error("value id out of range");
         return type_dict(g.value(id).type);
@@ -433,11 +440,13 @@ PYBIND11_MODULE(_kiln, m) {
     return py::make_tuple(std::move(m.graph), info);
   }, py::arg("path"), py::arg("input_shapes") = std::map<std::string, std::vector<int64_t>>{},
      py::arg("constant_inputs") = std::map<std::string, py::array>{},
-     "Imports an ONNX model (opsets up to 17) into a Graph of Kiln ops; input_shapes: {name: sizes} for inputs "
+     "Imports an ONNX model (opsets up to 22) into a Graph of Kiln ops; input_shapes: {name: sizes} for inputs "
      "with dynamic dims; constant_inputs: {name: array} binds inputs to fixed values (they become constants). Returns (Graph, {input_names, output_names, opset, onnx_nodes, folded_nodes, notes}). "
      "Raises KilnError (NotFound, InvalidProgram, NotSupported naming the node/op/attribute, InvalidArgument).");
   m.def("onnx_supported_ops", [] { return onnx::supported_op_types(); },
         "ONNX op types the importer maps onto Kiln ops.");
+  m.def("onnx_opset_range", [] { return std::make_pair(onnx::kMinOpset, onnx::kMaxOpset); },
+        "(min, max) default-domain opsets the ONNX importer accepts.");
 #endif
   m.def("quantize_matrix", [](py::array_t<float, py::array::c_style | py::array::forcecast> w, const std::string& scheme,
                               int64_t group_size, bool symmetric, const std::string& scale_dtype) {

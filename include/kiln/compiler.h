@@ -122,8 +122,16 @@ class Graph {
   /// its attributes, infers output types. Errors name the op and debug_name.
   Result<std::vector<ValueId>> add_node(const std::string& op, std::vector<ValueId> inputs,
                                         const Attributes& attrs, std::string debug_name = {});
-  /// InvalidArgument when an id is out of range.
+  /// InvalidArgument when an id is out of range. Clears the output names (set_output_names).
   Error set_outputs(std::vector<ValueId> outputs);
+  /// Names the outputs (written to the program file as Method.output_names; `kiln inspect`,
+  /// `kiln run`'s .npy file names, MethodMeta::output_names): one per output, each non-empty,
+  /// printable UTF-8 (is_printable_name) and distinct (unique_output_names makes them so); an empty
+  /// list leaves the outputs unnamed.
+  /// InvalidArgument otherwise.
+  Error set_output_names(std::vector<std::string> names);
+  /// Empty (unnamed), or one name per output.
+  const std::vector<std::string>& output_names() const { return output_names_; }
 
   const std::vector<Value>& values() const { return values_; }
   std::vector<Value>& mutable_values() { return values_; }
@@ -138,6 +146,7 @@ class Graph {
   std::vector<Node> nodes_;
   std::vector<ValueId> inputs_;
   std::vector<ValueId> outputs_;
+  std::vector<std::string> output_names_;
   std::vector<SymbolDef> symbols_;
   std::vector<StateDef> states_;
 };
@@ -256,6 +265,13 @@ struct CompiledProgram {
   std::string report() const;
 };
 
+/// Metadata key under which ProgramBuilder::compile records each method's delegation (compact
+/// JSON, version 1: {"version":1,"methods":[{"name","alternative","nodes","requested":[backend...],
+/// "backends":[{"backend","segments","nodes","constant_bytes"}],"cpu_ops":[{"op","count",
+/// "reasons":[[backend, reason]...]}]}]}, one entry per method and alternative). `kiln report`
+/// shows it; files compiled before it was recorded do not have the key.
+inline constexpr const char* kDelegationMetadataKey = "kiln.delegation";
+
 /// Collects methods and compiles them into one program file.
 class ProgramBuilder {
  public:
@@ -279,6 +295,11 @@ class ProgramBuilder {
 Error write_file(const std::string& path, const std::vector<uint8_t>& bytes);
 
 // Passes (src/ir/passes.cpp, src/compiler/memory_planner.cpp); each fits on a screen.
+/// `names` made valid for Graph::set_output_names: an empty name becomes "output_<i>" (its
+/// position), control characters and invalid UTF-8 are written as \xNN (printable()), and a
+/// repeated name gets the first free suffix "_2", "_3", ... (order kept).
+std::vector<std::string> unique_output_names(std::vector<std::string> names);
+
 /// Removes nodes whose outputs are not (transitively) used by the graph outputs. Returns count.
 size_t eliminate_dead_code(Graph& graph);
 /// Evaluates nodes whose inputs are all constants with the portable kernels and replaces

@@ -143,6 +143,35 @@ struct InstructionProfile {
   uint64_t calls = 0;               ///< executions timed
   double total_ms = 0.0;            ///< milliseconds over all of them
   double min_ms = 0.0;              ///< fastest single execution (robust against preemption on a busy machine)
+  /// The latest timed execution: its start (std::chrono::steady_clock, nanoseconds since that clock's
+  /// epoch) and its duration in nanoseconds; 0 when none was timed. For timelines (`kiln bench --trace`).
+  int64_t last_start_ns = 0;
+  int64_t last_ns = 0;
+};
+
+/// One value an instruction reads or writes, as the loader verified it (Program::method_instructions).
+struct InstructionValue {
+  int32_t index = -1;         ///< value index in the method; -1 for a None argument (nothing else set)
+  std::string name;           ///< the compiler's debug name (may be empty; from the file: untrusted text)
+  TensorType type;            ///< dtype and sizes (a symbolic size at its upper bound)
+  int64_t arena_offset = -1;  ///< byte offset in the method's arena; -1 when not in the arena
+  bool constant = false;      ///< a constant stored in the file
+  std::string state;          ///< the program state whose bytes it is, or ""
+};
+
+/// One instruction of a method in execution order, as the loader resolved it: a kernel call (the op
+/// and the kernel set that runs it by default) or a delegate call (the backend and its payload).
+struct InstructionInfo {
+  size_t index = 0;                     ///< position in the method (InstructionProfile::index)
+  std::string op;                       ///< ATen op, or "delegate:<backend>"
+  std::string backend;                  ///< delegate calls: the backend; "" for kernel calls
+  std::string kernel;                   ///< "cpu" (optimized), "portable" or "delegate"
+  std::string debug_name;               ///< the compiler's name of the node (may be empty)
+  std::vector<InstructionValue> inputs;   ///< in schema order (delegate calls: the segment's inputs)
+  std::vector<InstructionValue> outputs;
+  uint64_t payload_bytes = 0;           ///< delegate calls: bytes of the payload segment
+  size_t delegate_constants = 0;        ///< delegate calls: constants the payload refers to
+  uint64_t delegate_constant_bytes = 0; ///< and their bytes
 };
 
 /// An executable instance of one method. Owns its activation state: separate Method
@@ -217,6 +246,14 @@ class Program : public std::enable_shared_from_this<Program> {
   std::vector<std::string> method_names() const;
   /// NotFound when there is no such method.
   Result<MethodMeta> method_meta(const std::string& name) const;
+  /// method_instructions' default: the alternative the loader chose (MethodMeta::alternative).
+  static constexpr size_t kChosenAlternative = static_cast<size_t>(-1);
+  /// The method's instructions in execution order, with each argument's type and arena offset, for
+  /// tools that show how a method runs (`kiln report`): of the alternative the loader chose, or of
+  /// alternative `alternative` (0 .. MethodMeta::num_alternatives - 1; one that was not chosen is
+  /// shown as the file has it, never run). NotFound for no such method or alternative.
+  Result<std::vector<InstructionInfo>> method_instructions(const std::string& name,
+                                                           size_t alternative = kChosenAlternative) const;
   /// NotFound (no such method), MemoryAllocationFailed (arena too small or allocation failed).
   Result<Method> load_method(const std::string& name, const MethodOptions& options = {}) const;
   /// Total bytes of constant data (stored once even when shared by methods).

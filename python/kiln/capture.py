@@ -351,6 +351,81 @@ def _attr(v):
 # --------------------------------------------------------------------------------------------------
 # the graph builder
 
+def _printable(name: str) -> str:
+    """`name` with control characters (and lone surrogates, as their UTF-8 bytes) written as \\xNN."""
+    out = []
+    for ch in name:
+        o = ord(ch)
+        if o < 0x20 or o == 0x7F:
+            out.append(f"\\x{o:02x}")
+        elif 0xD800 <= o <= 0xDFFF:
+            out.extend(f"\\x{b:02x}" for b in ch.encode("utf-8", "surrogatepass"))
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def unique_names(names) -> list:
+    """`names` (strings) made valid output names, as the C++ unique_output_names does: an empty name
+    becomes ``output_<i>`` (its position), control characters are written as ``\\xNN``. Names given
+    as they are keep them first: the first occurrence of each unchanged name keeps it exactly, then
+    altered names (``output_<i>``, escaped) take theirs if no one has it; every other (a repeat, or a
+    placeholder an explicit name already has) gets the first suffix ``_2``, ``_3``, ... that no
+    output has. Order is kept."""
+    names = list(names)
+    base = [_printable(n) if n else f"output_{i}" for i, n in enumerate(names)]
+    exact = [bool(n) and b == n for n, b in zip(names, base)]
+    out = [None] * len(base)
+    claimed = set()
+    for tier in (True, False):  # unchanged names first, then placeholders and escaped names
+        for i, b in enumerate(base):
+            if exact[i] == tier and b not in claimed:
+                out[i] = b
+                claimed.add(b)
+    taken = set(base) | claimed
+    for i, b in enumerate(base):
+        if out[i] is None:
+            k = 2
+            while f"{b}_{k}" in taken:
+                k += 1
+            out[i] = f"{b}_{k}"
+            taken.add(out[i])
+    return out
+
+
+def output_names(out_spec, count: int) -> list:
+    """Names of a module's `count` flattened outputs from torch.export's output TreeSpec
+    (``ExportedProgram.call_spec.out_spec``), docs/output-names.md: the pytree key path of
+    each leaf joined with '.': a dict / ModelOutput / namedtuple field gives its key (``logits``,
+    ``past_key_values.0.key``), a list or tuple its index, with ``output`` in front when the module
+    returns a tuple or list (``output.0``, ``output.1``); a single tensor is ``output``. Names are
+    made distinct (unique_names). Without a usable spec: ``output.<i>``."""
+    import torch.utils._pytree as pytree
+    fallback = [f"output.{i}" for i in range(count)]
+    try:
+        if out_spec is None or out_spec.num_leaves != count:
+            return fallback
+        paths = [p for p, _ in pytree.tree_flatten_with_path(pytree.tree_unflatten(list(range(count)), out_spec))[0]]
+    except Exception:  # noqa: BLE001 (a custom output class that cannot be rebuilt from ints)
+        return fallback
+    if len(paths) != count:
+        return fallback
+
+    def part(k) -> str:
+        for attr in ("key", "idx", "name"):  # MappingKey, SequenceKey, GetAttrKey
+            if hasattr(k, attr):
+                return str(getattr(k, attr))
+        return str(k)
+
+    names = []
+    for p in paths:
+        parts = [part(k) for k in p]
+        if not p or isinstance(p[0], pytree.SequenceKey):
+            parts.insert(0, "output")
+        names.append(".".join(parts))
+    return unique_names(names)
+
+
 class _Builder:
     """Walks one ExportedProgram (after decompositions) and builds a kiln.Graph."""
 
@@ -830,12 +905,14 @@ class _Builder:
             new_states = set()  # buffers forward updates that were read as constants: restart
             flat = list(n.args[0]) if isinstance(n.args[0], (list, tuple)) else [n.args[0]]
             user_index = -1
+            n_user = sum(1 for spec in sig.output_specs if spec.kind == OutputKind.USER_OUTPUT)
+            names = output_names(getattr(getattr(self.ep, "call_spec", None), "out_spec", None), n_user)
             for spec, a in zip(sig.output_specs, flat):
                 if spec.kind == OutputKind.USER_OUTPUT:
                     user_index += 1
                     v = self.env.get(a) if isinstance(a, torch.fx.Node) else a
                     try:
-                        outs.append(self.output_value(v, spec.arg.name).id)
+                        outs.append(self.output_value(v, names[user_index]).id)
                         self.output_index.append(user_index)
                     except ExportError as e:
                         if not self.collect_errors:
@@ -866,7 +943,7 @@ class _Builder:
                 raise _NeedState(new_states)
             self.node = None
             self.path = ""
-            self.g.set_outputs(outs)
+            self.g.set_outputs(outs, [names[i] for i in self.output_index])
         else:
             raise self.error(f"graph node kind '{n.op}' is not supported")
 

@@ -173,7 +173,8 @@ Result<DelegationReport> partition(Graph& graph, const std::vector<std::string>&
   std::vector<const Backend*> bs;
   for (const std::string& name : backends) {
     const Backend* b = BackendRegistry::get().find(name);
-    if (b == nullptr) return Error(ErrorCode::NotFound, "backend '" + name + "' is not compiled into this build");
+    if (b == nullptr) return Error(ErrorCode::NotFound, "backend '" + name + "' is not compiled into this build (not linked: "
+                                                 "link the CMake target kiln::backend_" + name + ")");
     if (std::find(bs.begin(), bs.end(), b) != bs.end()) {
       return Error(ErrorCode::InvalidArgument, "backend '" + name + "' requested twice");
     }

@@ -1,6 +1,7 @@
 // ProgramBuilder::compile: passes, memory planning and the one writer of .kiln files.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
@@ -16,6 +17,56 @@ namespace kiln {
 namespace {
 
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/// `s` as a JSON string: quotes, backslashes and every byte outside printable ASCII escaped as
+/// \u00XX (so the result is plain ASCII, valid UTF-8 whatever the input bytes are).
+std::string json_quote(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (c < 0x20 || c >= 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
+  return out + "\"";
+}
+
+/// The compact JSON stored under kDelegationMetadataKey: per compiled method entry (one per
+/// alternative), the backends requested, what each delegate took, and the ops left on the CPU with
+/// each backend's reason (DelegationReport::cpu_ops). Read by `kiln report`.
+std::string delegation_json(const std::vector<MethodReport>& reports, const std::vector<std::vector<std::string>>& alternatives) {
+  std::string j = "{\"version\":1,\"methods\":[";
+  for (size_t m = 0; m < reports.size(); ++m) {
+    const MethodReport& r = reports[m];
+    j += (m ? ",{" : "{") + std::string("\"name\":") + json_quote(r.name) + ",\"alternative\":" + std::to_string(r.alternative) +
+         ",\"nodes\":" + std::to_string(r.num_nodes) + ",\"requested\":[";
+    const auto& req = r.alternative < alternatives.size() ? alternatives[r.alternative] : std::vector<std::string>{};
+    for (size_t i = 0; i < req.size(); ++i) j += (i ? "," : "") + json_quote(req[i]);
+    j += "],\"backends\":[";
+    for (size_t i = 0; i < r.delegation.backends.size(); ++i) {
+      const auto& b = r.delegation.backends[i];
+      j += (i ? ",{" : "{") + std::string("\"backend\":") + json_quote(b.backend) + ",\"segments\":" + std::to_string(b.segments) +
+           ",\"nodes\":" + std::to_string(b.nodes) + ",\"constant_bytes\":" + std::to_string(b.constant_bytes) + "}";
+    }
+    j += "],\"cpu_ops\":[";
+    for (size_t i = 0; i < r.delegation.cpu_ops.size(); ++i) {
+      const auto& c = r.delegation.cpu_ops[i];
+      j += (i ? ",{" : "{") + std::string("\"op\":") + json_quote(c.op) + ",\"count\":" + std::to_string(c.count) + ",\"reasons\":[";
+      for (size_t k = 0; k < c.reasons.size(); ++k) {
+        j += (k ? ",[" : "[") + json_quote(c.reasons[k].first) + "," + json_quote(c.reasons[k].second) + "]";
+      }
+      j += "]}";
+    }
+    j += "]}";
+  }
+  return j + "]}";
+}
 
 flatbuffers::Offset<fb::Attribute> write_attr(flatbuffers::FlatBufferBuilder& b, const std::string& name,
                                               const AttrValue& v) {
@@ -382,7 +433,8 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
       fb_methods.push_back(fb::CreateMethod(b, b.CreateString(name), b.CreateVector(fb_values), b.CreateVector(ins),
                                             b.CreateVector(outs), b.CreateVector(instrs), plan.arena_bytes,
                                             symbols.empty() ? 0 : b.CreateVector(symbols),
-                                            updates.empty() ? 0 : b.CreateVector(updates)));
+                                            updates.empty() ? 0 : b.CreateVector(updates),
+                                            g.output_names().empty() ? 0 : b.CreateVectorOfStrings(g.output_names())));
       result.methods.push_back(rep);
     }
   }
@@ -395,7 +447,15 @@ Result<CompiledProgram> ProgramBuilder::compile(const CompileOptions& options) c
                                         b.CreateVector(st->type.sizes), initial));
   }
   std::vector<flatbuffers::Offset<fb::KeyValue>> meta;
-  for (const auto& [k, v] : metadata_) meta.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+  bool delegation_set = false;  // a caller's own value under the key is kept as given
+  for (const auto& [k, v] : metadata_) {
+    meta.push_back(fb::CreateKeyValue(b, b.CreateString(k), b.CreateString(v)));
+    delegation_set = delegation_set || k == kDelegationMetadataKey;
+  }
+  if (!delegation_set) {
+    meta.push_back(fb::CreateKeyValue(b, b.CreateString(kDelegationMetadataKey),
+                                      b.CreateString(delegation_json(result.methods, alternatives))));
+  }
   // The refs are written after the states: a state's initial value adds a constant.
   std::vector<flatbuffers::Offset<fb::ConstantRef>> refs;
   for (size_t i = 0; i < constants.data.size(); ++i) {

@@ -1,9 +1,11 @@
 // Graph construction: every node is typed by the op registry as it is added.
 #include <algorithm>
 #include <optional>
+#include <set>
 
 #include "ir/op_registry.h"
 #include "kiln/compiler.h"
+#include "kiln/format.h"
 #include "runtime/file_format.h"
 
 namespace kiln {
@@ -333,7 +335,59 @@ Error Graph::set_outputs(std::vector<ValueId> outputs) {
     }
   }
   outputs_ = std::move(outputs);
+  output_names_.clear();
   return {};
+}
+
+Error Graph::set_output_names(std::vector<std::string> names) {
+  if (!names.empty() && names.size() != outputs_.size()) {
+    return Error(ErrorCode::InvalidArgument, std::to_string(names.size()) + " output names for " +
+                                                 std::to_string(outputs_.size()) + " outputs");
+  }
+  std::set<std::string> seen;
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (names[i].empty()) return Error(ErrorCode::InvalidArgument, "output " + std::to_string(i) + " has an empty name");
+    if (!is_printable_name(names[i])) {
+      return Error(ErrorCode::InvalidArgument, "output " + std::to_string(i) + " name '" + printable(names[i]) +
+                                                   "' is not a printable UTF-8 name");
+    }
+    if (!seen.insert(names[i]).second) {
+      return Error(ErrorCode::InvalidArgument, "output name '" + names[i] + "' is given twice");
+    }
+  }
+  output_names_ = std::move(names);
+  return {};
+}
+
+std::vector<std::string> unique_output_names(std::vector<std::string> names) {
+  // Base names: an empty name is a placeholder "output_<i>", a non-printable one is escaped; only a
+  // name given as it is counts as exact. Exact names claim theirs first (first occurrence), then
+  // the altered ones; every other gets the first "_<k>" suffix that no output's name has.
+  std::vector<bool> exact(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    exact[i] = !names[i].empty() && is_printable_name(names[i]);
+    if (names[i].empty()) names[i] = "output_" + std::to_string(i);
+    if (!is_printable_name(names[i])) names[i] = printable(names[i]);  // control characters, bad UTF-8 -> \xNN
+  }
+  std::vector<bool> done(names.size(), false);
+  std::set<std::string> claimed;
+  for (bool tier : {true, false}) {
+    for (size_t i = 0; i < names.size(); ++i) {
+      if (exact[i] == tier && claimed.insert(names[i]).second) done[i] = true;
+    }
+  }
+  std::set<std::string> taken(names.begin(), names.end());
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (done[i]) continue;
+    for (int k = 2;; ++k) {
+      std::string c = names[i] + "_" + std::to_string(k);
+      if (taken.insert(c).second) {
+        names[i] = c;
+        break;
+      }
+    }
+  }
+  return names;
 }
 
 }  // namespace kiln

@@ -62,7 +62,7 @@ Result<TensorType> read_sizes(DType dtype, const flatbuffers::Vector<int64_t>* s
 }
 
 /// Every string of the file, checked before anything quotes it: valid UTF-8, and names (of
-/// methods, values, symbols, states, ops, attributes, backends, metadata keys) without control
+/// methods, values, outputs, symbols, states, ops, attributes, backends, metadata keys) without control
 /// characters. A damaged file's bytes thus never reach an error message, MethodMeta or the
 /// metadata raw (Python would get a UnicodeDecodeError or mojibake); the refusal quotes the string
 /// with those bytes escaped (printable()).
@@ -88,6 +88,12 @@ Error check_strings(const fb::Program* prog) {
         for (flatbuffers::uoffset_t k = 0; k < m->values()->size(); ++k) {
           KILN_RETURN_IF_ERROR(check(m->values()->Get(k)->name(), true,
                                      [&] { return mw + " value " + std::to_string(k) + ": the name"; }));
+        }
+      }
+      if (m->output_names()) {
+        for (flatbuffers::uoffset_t k = 0; k < m->output_names()->size(); ++k) {
+          KILN_RETURN_IF_ERROR(check(m->output_names()->Get(k), true,
+                                     [&] { return mw + " output " + std::to_string(k) + ": the name"; }));
         }
       }
       if (!m->instructions()) continue;
@@ -216,7 +222,8 @@ Result<PlannedInstruction> plan_delegate(const fb::DelegateCall* d, const std::s
   pi.backend_name = name;
   const Backend* backend = BackendRegistry::get().find(name);
   if (backend == nullptr) {
-    pi.backend_error = Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not compiled into this runtime");
+    pi.backend_error = Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not compiled into this runtime (not linked into this program: "
+                                                "link the CMake target kiln::backend_" + name + ")");
   } else if (Error avail = backend->is_available(settings); !avail.ok()) {
     pi.backend_error = Error(ErrorCode::NotFound, iw + ": backend '" + name + "' is not available: " + avail.message());
   }
@@ -703,8 +710,22 @@ Result<MethodPlan> plan_method(const fb::Method* m, const std::vector<SegmentSpa
     plan.meta.outputs.push_back(plan.value_types[static_cast<size_t>(o)]);
     plan.meta.output_names.push_back(names[static_cast<size_t>(o)]);
   }
+  if (const auto* on = m->output_names()) {  // absent in older files: the value names above
+    if (on->size() != plan.outputs.size()) {
+      return bad(where + ": " + std::to_string(on->size()) + " output names for " + std::to_string(plan.outputs.size()) +
+                 " outputs");
+    }
+    std::set<std::string_view> seen;
+    for (flatbuffers::uoffset_t i = 0; i < on->size(); ++i) {
+      const flatbuffers::String* n = on->Get(i);
+      if (n == nullptr || n->size() == 0) return bad(where + ": output " + std::to_string(i) + " has an empty name");
+      if (!seen.insert(n->string_view()).second) return bad(where + ": output name '" + n->str() + "' is given twice");
+      plan.meta.output_names[i] = n->str();
+    }
+  }
   KILN_RETURN_IF_ERROR(plan_symbols_and_state(m, plan, states, defined, state_read, state_written_at, bindings, where));
   plan.meta.num_instructions = plan.instructions.size();
+  plan.value_names = std::move(names);
   std::map<std::string, int> op_counts, cpu_op_counts, delegate_counts;
   for (const PlannedInstruction& pi : plan.instructions) {
     if (!pi.backend_name.empty()) {
@@ -1028,6 +1049,9 @@ Result<std::unique_ptr<ProgramData>> verify_and_plan(std::unique_ptr<FileBytes> 
       pick = 0;  // keep the preferred one; load_method returns NotFound with every alternative's reason
     }
     MethodPlan chosen = std::move(alts[pick]);
+    for (size_t a = 0; a < alts.size(); ++a) {
+      if (a != pick) data->other_alternatives[chosen.meta.name].emplace_back(a, std::move(alts[a]));
+    }
     if (!why.empty() && alts.size() > 1) {
       chosen.meta.unavailable = why;
       for (auto& ins : chosen.instructions) {

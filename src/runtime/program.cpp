@@ -124,6 +124,63 @@ Result<MethodMeta> Program::method_meta(const std::string& name) const {
   return Error(ErrorCode::NotFound, "no method '" + name + "' in program");
 }
 
+Result<std::vector<InstructionInfo>> Program::method_instructions(const std::string& name, size_t alternative) const {
+  const detail::MethodPlan* plan = nullptr;
+  for (const auto& m : data_->methods) {
+    if (m.meta.name == name) plan = &m;
+  }
+  if (plan == nullptr) return Error(ErrorCode::NotFound, "no method '" + name + "' in program");
+  if (alternative != kChosenAlternative && alternative != plan->meta.alternative) {
+    if (alternative >= plan->meta.num_alternatives) {
+      return Error(ErrorCode::NotFound, "method '" + name + "' has " + std::to_string(plan->meta.num_alternatives) +
+                                            " alternative(s), no alternative " + std::to_string(alternative));
+    }
+    plan = nullptr;
+    auto it = data_->other_alternatives.find(name);
+    if (it != data_->other_alternatives.end()) {
+      for (const auto& [a, other] : it->second) {
+        if (a == alternative) plan = &other;
+      }
+    }
+    if (plan == nullptr) return Error(ErrorCode::NotFound, "alternative " + std::to_string(alternative) + " of method '" + name + "' not found");
+  }
+  auto value = [&](int32_t v) {
+    InstructionValue iv;
+    iv.index = v;
+    if (v < 0) return iv;
+    const auto i = static_cast<size_t>(v);
+    iv.name = i < plan->value_names.size() ? plan->value_names[i] : std::string();
+    iv.type = plan->value_types[i];
+    iv.arena_offset = plan->arena_offsets[i];
+    iv.constant = plan->constant_data[i] != nullptr;
+    const int32_t st = plan->value_state[i];
+    if (st >= 0 && static_cast<size_t>(st) < data_->states.size()) iv.state = data_->states[static_cast<size_t>(st)].name;
+    return iv;
+  };
+  std::vector<InstructionInfo> out;
+  out.reserve(plan->instructions.size());
+  for (size_t k = 0; k < plan->instructions.size(); ++k) {
+    const detail::PlannedInstruction& pi = plan->instructions[k];
+    InstructionInfo info;
+    info.index = k;
+    info.op = pi.op;
+    info.debug_name = pi.debug_name;
+    if (!pi.backend_name.empty()) {
+      info.backend = pi.backend_name;
+      info.kernel = "delegate";
+      info.payload_bytes = pi.payload.size();
+      info.delegate_constants = pi.delegate_constants.size();
+      for (const auto& c : pi.delegate_constants) info.delegate_constant_bytes += c.size();
+    } else {
+      info.kernel = KernelRegistry::get().set_name(pi.kernel);
+    }
+    for (int32_t a : pi.args) info.inputs.push_back(value(a));
+    for (int32_t o : pi.outputs) info.outputs.push_back(value(o));
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
 struct Method::Impl {
   std::shared_ptr<const Program> program;  // keeps the mapping alive
   const detail::MethodPlan* plan = nullptr;
@@ -150,6 +207,7 @@ struct Method::Impl {
   std::vector<uint64_t> prof_calls;
   std::vector<int64_t> prof_ns;
   std::vector<int64_t> prof_min_ns;
+  std::vector<int64_t> prof_last_start_ns, prof_last_ns;  // the latest execution's start and duration
   // Symbolic sizes: per instruction with symbolic attributes, its attributes with this call's
   // values; the symbols' values of the current call.
   std::vector<Attributes> call_attrs;
@@ -183,6 +241,8 @@ void Method::set_profiling(bool on) {
   im.prof_calls.assign(n, 0);
   im.prof_ns.assign(n, 0);
   im.prof_min_ns.assign(n, INT64_MAX);
+  im.prof_last_start_ns.assign(n, 0);
+  im.prof_last_ns.assign(n, 0);
 }
 
 std::vector<InstructionProfile> Method::profile() const {
@@ -208,6 +268,8 @@ std::vector<InstructionProfile> Method::profile() const {
     p.calls = im.prof_calls[k];
     p.total_ms = static_cast<double>(im.prof_ns[k]) * 1e-6;
     p.min_ms = p.calls > 0 ? static_cast<double>(im.prof_min_ns[k]) * 1e-6 : 0.0;
+    p.last_start_ns = im.prof_last_start_ns[k];
+    p.last_ns = im.prof_last_ns[k];
     out.push_back(std::move(p));
   }
   return out;
@@ -676,6 +738,8 @@ Result<std::vector<Tensor>> Method::execute_impl(Session* session, std::span<con
       const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count();
       im.prof_ns[k] += ns;
       im.prof_min_ns[k] = std::min(im.prof_min_ns[k], ns);
+      im.prof_last_start_ns[k] = std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
+      im.prof_last_ns[k] = ns;
       ++im.prof_calls[k];
     }
     if (!err.ok()) {

@@ -74,6 +74,7 @@ struct MethodPlan {
   std::vector<const uint8_t*> constant_data;  // per value; null unless constant
   std::vector<uint8_t> stored_half;           // per value; 1 for a float32 constant stored as float16
   std::vector<int64_t> arena_offsets;         // per value; -1 for constants
+  std::vector<std::string> value_names;       // per value; the file's debug name (Program::method_instructions)
   std::vector<int32_t> inputs;
   std::vector<int32_t> outputs;
   std::vector<PlannedInstruction> instructions;
@@ -107,6 +108,9 @@ struct ProgramData {
   uint64_t constant_bytes = 0;
   BackendSettings backend_settings;  // LoadOptions::backend_settings, handed to delegate init
   std::vector<MethodPlan> methods;
+  /// The alternatives the loader did not choose, per method name: (alternative index, plan). Never
+  /// instantiated; kept for Program::method_instructions (tools that show every alternative).
+  std::map<std::string, std::vector<std::pair<size_t, MethodPlan>>> other_alternatives;
   std::vector<StatePlan> states;
   std::vector<StateInfo> state_infos;  // Program::states()
   std::vector<std::pair<std::string, std::string>> metadata;

@@ -381,3 +381,78 @@ TEST(MethodReuse, OutputsFedBackAsInputsAreNotClobbered) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Program::method_instructions: the loader's view of each instruction (what `kiln report` shows),
+// checked against the graph that was compiled and the method's planned arena.
+TEST(MethodInstructions, ListsOpsArgumentsAndArenaRanges) {
+  const std::vector<float> c = {1.0f, -2.0f, 3.0f, -4.0f};
+  KILN_ASSERT_OK_AND_ASSIGN(bytes, testing::compile_add_relu(3, 4, c, 0.5));
+  KILN_ASSERT_OK_AND_ASSIGN(program, Program::load_from_buffer(bytes));
+  KILN_ASSERT_OK_AND_ASSIGN(meta, program->method_meta("forward"));
+  KILN_ASSERT_OK_AND_ASSIGN(list, program->method_instructions("forward"));
+  ASSERT_EQ(list.size(), meta.num_instructions);
+  ASSERT_EQ(list.size(), 2u);
+  EXPECT_EQ(list[0].op, "aten.add");
+  EXPECT_EQ(list[0].debug_name, "add");
+  EXPECT_EQ(list[1].op, "aten.relu");
+  for (size_t k = 0; k < list.size(); ++k) {
+    EXPECT_EQ(list[k].index, k);
+    EXPECT_TRUE(list[k].kernel == "cpu" || list[k].kernel == "portable") << list[k].kernel;
+    EXPECT_TRUE(list[k].backend.empty());
+    for (const InstructionValue& v : list[k].outputs) {
+      ASSERT_GE(v.arena_offset, 0);
+      EXPECT_LE(static_cast<uint64_t>(v.arena_offset) + v.type.nbytes(), meta.arena_bytes);
+      EXPECT_EQ(v.type, (TensorType{DType::Float32, {3, 4}}));
+    }
+  }
+  // add(x, c): the input in the arena, the constant not; relu reads add's output.
+  ASSERT_EQ(list[0].inputs.size(), 2u);
+  EXPECT_EQ(list[0].inputs[0].name, "x");
+  EXPECT_FALSE(list[0].inputs[0].constant);
+  EXPECT_TRUE(list[0].inputs[1].constant);
+  EXPECT_EQ(list[0].inputs[1].arena_offset, -1);
+  EXPECT_EQ(list[0].inputs[1].type, (TensorType{DType::Float32, {4}}));
+  EXPECT_EQ(list[1].inputs[0].index, list[0].outputs[0].index);
+  EXPECT_EQ(list[1].inputs[0].arena_offset, list[0].outputs[0].arena_offset);
+
+  EXPECT_EQ(program->method_instructions("nope").error().code(), ErrorCode::NotFound);
+  EXPECT_EQ(program->method_instructions("forward", 1).error().code(), ErrorCode::NotFound);
+  KILN_ASSERT_OK_AND_ASSIGN(same, program->method_instructions("forward", 0));
+  EXPECT_EQ(same.size(), list.size());
+
+  // The compiler's delegation record is in the metadata (no backends requested here).
+  const std::string* d = program->metadata_value("kiln.delegation");
+  ASSERT_NE(d, nullptr);
+  EXPECT_NE(d->find("\"name\":\"forward\""), std::string::npos) << *d;
+  EXPECT_NE(d->find("\"requested\":[]"), std::string::npos) << *d;
+}
+
+TEST(MethodInstructions, EveryAlternativeIsListed) {
+  Graph g;
+  ValueId x = g.add_input("x", {DType::Float32, {2, 2}});
+  KILN_ASSERT_OK_AND_ASSIGN(r, g.add_node("aten.relu", {x}, {}, "relu"));
+  ASSERT_TRUE(g.set_outputs({r[0]}).ok());
+  ProgramBuilder pb;
+  ASSERT_TRUE(pb.add_method("forward", std::move(g)).ok());
+  CompileOptions co;
+  co.alternatives = {{}, {}};
+  KILN_ASSERT_OK_AND_ASSIGN(compiled, pb.compile(co));
+  KILN_ASSERT_OK_AND_ASSIGN(program, Program::load_from_buffer(compiled.bytes));
+  KILN_ASSERT_OK_AND_ASSIGN(meta, program->method_meta("forward"));
+  ASSERT_EQ(meta.num_alternatives, 2u);
+  EXPECT_EQ(meta.alternative, 0u);
+  KILN_ASSERT_OK_AND_ASSIGN(other, program->method_instructions("forward", 1));
+  ASSERT_EQ(other.size(), 1u);
+  EXPECT_EQ(other[0].op, "aten.relu");
+  EXPECT_EQ(program->method_instructions("forward", 2).error().code(), ErrorCode::NotFound);
+  // both alternatives recorded by the compiler
+  const std::string* d = program->metadata_value("kiln.delegation");
+  ASSERT_NE(d, nullptr);
+  EXPECT_NE(d->find("\"alternative\":1"), std::string::npos) << *d;
+}
+
+}  // namespace
+}  // namespace kiln

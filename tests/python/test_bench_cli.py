@@ -218,8 +218,8 @@ def test_bench_errors(cli, program, tmp_path):
 def test_run_threads_kernels_match_numpy(cli, program, tmp_path, threads, kernels):
     x = np.random.default_rng(5).standard_normal((1, 4, 10, 10)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    p = kiln_cmd(cli, "run", program, "-i", tmp_path / "x.npy", "-o", tmp_path, "--threads", threads,
-                 "--kernels", kernels)
+    p = kiln_cmd(cli, "run", program, "-i", tmp_path / "x.npy", "-o", tmp_path, "--numbered", "--threads",
+                 threads, "--kernels", kernels)
     assert p.returncode == 0, p.stderr
     got, want = np.load(tmp_path / "output_0.npy"), reference(x)
     assert np.max(np.abs(got - want)) <= 1e-5 * np.max(np.abs(want))
@@ -284,7 +284,7 @@ def test_inspect_and_bench_xnnpack_program(cli, tmp_path):
         check_stats(r, 5)
     x = np.random.default_rng(6).standard_normal((1, 4, 10, 10)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
-    p = kiln_cmd(cli, "run", path, "-i", tmp_path / "x.npy", "-o", tmp_path, "--threads", 2)
+    p = kiln_cmd(cli, "run", path, "-i", tmp_path / "x.npy", "-o", tmp_path, "--numbered", "--threads", 2)
     assert p.returncode == 0, p.stderr
     want = reference(x)
     assert np.max(np.abs(np.load(tmp_path / "output_0.npy") - want)) <= 1e-5 * np.max(np.abs(want))

@@ -198,8 +198,8 @@ def test_run_roundtrips_every_dtype(cli, programs, tmp_path):
         args += ["-i", path]
     p = kiln_cmd(cli, "run", d / "identity.kiln", *args, "-o", tmp_path / "out")
     assert p.returncode == 0, p.stderr
-    for i, a in enumerate(arrays):
-        got = np.load(tmp_path / "out" / f"output_{i}.npy")
+    for i, a in enumerate(arrays):  # the outputs are the inputs: named after them (files before output names)
+        got = np.load(tmp_path / "out" / f"in_{DTYPES[i]}.npy")
         assert got.dtype == a.dtype, (i, got.dtype)
         np.testing.assert_array_equal(got, a)
 
@@ -208,11 +208,11 @@ def test_run_bfloat16_through_float32(cli, programs, tmp_path):
     d, _ = programs
     x = np.array([1.0, -2.5, 1.00390625, 3.0e38, 1e-3], dtype=np.float32)  # 1.00390625 rounds in bf16
     np.save(tmp_path / "b.npy", x)
-    p = kiln_cmd(cli, "run", d / "bf16.kiln", "-i", tmp_path / "b.npy", "-o", tmp_path)
+    p = kiln_cmd(cli, "run", d / "bf16.kiln", "-i", tmp_path / "b.npy", "-o", tmp_path / "out")
     assert p.returncode == 0, p.stderr
     assert "written as float32" in p.stdout
     expected = torch.from_numpy(x).to(torch.bfloat16).to(torch.float32).numpy()
-    np.testing.assert_array_equal(np.load(tmp_path / "output_0.npy"), expected)
+    np.testing.assert_array_equal(np.load(tmp_path / "out" / "b.npy"), expected)  # named after input 'b' (the output)
 
 
 def test_run_without_output_dir_writes_nothing(cli, programs, tmp_path):

@@ -220,7 +220,7 @@ def test_model_matches_onnxruntime(model, config, programs, model_inputs, onnx_d
         np.save(tmp_path / f"x{k}.npy", x)
         method = f"w{REC_WIDTH}" if model == "rec" else "forward"
         r = subprocess.run([KILN_CLI, "run", programs[backend][model], "-m", method, "-i", str(tmp_path / f"x{k}.npy"),
-                            "-o", str(tmp_path / f"out{k}"), *common], capture_output=True, text=True, timeout=300,
+                            "-o", str(tmp_path / f"out{k}"), "--numbered", *common], capture_output=True, text=True, timeout=300,
                            env={**os.environ, **env})
         assert r.returncode == 0, r.stdout + r.stderr
         got = np.load(tmp_path / f"out{k}" / "output_0.npy")
