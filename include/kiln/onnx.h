@@ -57,7 +57,7 @@ struct ImportedModel {
 /// Reshape before 5 and BatchNormalization, Gemm, Clip, Cast, Dropout, Sum/Max/Min/Mean before 6;
 /// opset 6's legacy broadcast/axis attributes of the binary ops are honoured.
 constexpr int64_t kMinOpset = 1;
-constexpr int64_t kMaxOpset = 17;
+constexpr int64_t kMaxOpset = 22;
 
 /// Imports the ONNX model at `path`. External data files are read relative to the model's
 /// directory and must stay inside it. Errors (never exceptions, never crashes on hostile files):

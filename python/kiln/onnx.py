@@ -5,7 +5,7 @@
                                     input_shapes={"x": (1, 3, 640, 640)})
     prog = kiln.load("det.kiln")
 
-The importer maps ONNX ops (opsets 7..17) onto Kiln's ATen ops, folds shape-computing subgraphs
+The importer maps ONNX ops (default domain, opsets up to 22: ``opset_range()``) onto Kiln's ATen ops, folds shape-computing subgraphs
 for the given static input shapes and refuses what it cannot honour with a KilnError naming the
 node, the op type and the attribute. Available when Kiln was built with libonnx-dev and
 libprotobuf-dev (``available()``).
@@ -18,7 +18,7 @@ from typing import Mapping, Sequence
 
 from . import _kiln
 
-__all__ = ["available", "supported_ops", "import_onnx", "compile_onnx"]
+__all__ = ["available", "supported_ops", "opset_range", "import_onnx", "compile_onnx"]
 
 
 def available() -> bool:
@@ -30,6 +30,14 @@ def supported_ops() -> list[str]:
     """ONNX op types (default domain) the importer maps onto Kiln ops."""
     _require()
     return list(_kiln.onnx_supported_ops())
+
+
+def opset_range() -> tuple[int, int]:
+    """(min, max) default-domain ("" / "ai.onnx") opset versions the importer accepts; models
+    outside it are refused with KilnError code NotSupported."""
+    _require()
+    lo, hi = _kiln.onnx_opset_range()
+    return int(lo), int(hi)
 
 
 def _require():
@@ -70,17 +78,19 @@ def compile_onnx(path: str | os.PathLike, *, out: str | os.PathLike | None = Non
                  input_shapes: Mapping[str, Sequence[int]] | None = None, backends: Sequence[str] = (),
                  require_delegation: str | None = None, report_json: str | os.PathLike | None = None,
                  method: str = "forward", verbose: bool = False, alternatives: Sequence[Sequence[str]] = (),
-                 **quantization):
+                 constant_inputs: Mapping[str, "np.ndarray"] | None = None, **quantization):
     """Imports an ONNX model and compiles it into one program with the C++ compiler, exactly as
     kiln.export does for PyTorch models (same report, same backends / require_delegation /
     alternatives / report_json options; see kiln.capture.export; `quantization`: quantize, group_size,
-    symmetric, scale_dtype, exclude, weights_dtype as for kiln.capture.compile_captures). Returns kiln.capture.ExportResult
+    symmetric, scale_dtype, exclude, weights_dtype as for kiln.capture.compile_captures). constant_inputs:
+    {input name: NumPy array} binds inputs to fixed values, as for import_onnx (e.g. a Loop's trip count
+    fed as a graph input); they leave the program's inputs. Returns kiln.capture.ExportResult
     (path, data, report, text, ...). Raises KilnError for import errors and ExportError for compile
     errors."""
     from .capture import compile_captures  # imports torch (only for the report helpers)
 
     t0 = time.perf_counter()
-    graph, info = import_onnx(path, input_shapes)
+    graph, info = import_onnx(path, input_shapes, constant_inputs)
     return compile_captures({method: _OnnxCapture(graph, info)}, out=out, backends=backends,
                             require_delegation=require_delegation, report_json=report_json, verbose=verbose,
                             t0=t0, alternatives=alternatives, **quantization)

@@ -15,7 +15,11 @@ results that are exactly 0 in double-precision references). Each case is
 
 Data: node/ comes from Debian's libonnx-testdata (/usr/share/libonnx-testdata/data, ONNX 1.12,
 opsets <= 17) because the onnx 1.23 wheel no longer ships it; pytorch-converted/, pytorch-operator/
-and simple/ come from the installed onnx wheel (onnx/backend/test/data).
+and simple/ come from the installed onnx wheel (onnx/backend/test/data); node-opset18+/ holds the
+node cases of opset 18 and later generated from the installed wheel's case generators
+(generated_node_dir(): ~17 s once, cached under build/onnx-node-data/). Counts are reported
+separately for opsets <= 17 and for the generated cases (per opset; later opsets than the
+importer's kiln.onnx.opset_range() are refused and counted apart).
 
     python tests/python/onnx_conformance.py                 # print the summary
     python tests/python/onnx_conformance.py --write-doc     # also write docs/onnx-conformance.md
@@ -50,12 +54,14 @@ DEBIAN_DATA = "/usr/share/libonnx-testdata/data"
 # BFLOAT16.
 KILN_ONNX_TYPES = {1, 2, 3, 6, 7, 9, 10, 11, 16}
 RTOL, ATOL = 1e-3, 1e-5
+GEN_SUITE = "node-opset18+"
+MAX_OPSET = 22  # replaced by kiln.onnx.opset_range() in main()
 
 # Why op types without a converter are not supported (shown in the report; the default reason
 # is "no mapping onto Kiln's op set yet").
 UNSUPPORTED_REASONS = {
-    **{op: "control flow with subgraphs (Kiln programs are static dataflow graphs)" for op in
-       ("If", "Loop", "Scan")},
+    "Scan": "control flow that is not folded (Kiln programs are static dataflow graphs; If and Loop are folded "
+            "when their condition / trip count is known at import)",
     **{op: "sequence / optional values are not Kiln tensors" for op in
        ("SequenceAt", "SequenceConstruct", "SequenceEmpty", "SequenceErase", "SequenceInsert", "SequenceLength",
         "SplitToSequence", "ConcatFromSequence", "Optional", "OptionalGetElement", "OptionalHasElement",
@@ -71,8 +77,8 @@ UNSUPPORTED_REASONS = {
     **{op: "random number generators (results cannot be compared)" for op in
        ("RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial")},
     **{op: "no ATen op in Kiln's op set to map it onto yet" for op in
-       ("Acos", "Asin", "Atan", "BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "TopK", "Einsum", "MaxRoiPool", "RoiAlign", "MaxUnpool", "ReverseSequence", "Det",
-        "GridSample", "DFT", "STFT", "MelWeightMatrix", "Col2Im", "CenterCropPad", "GroupNormalization")},
+       ("BitShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot", "TopK", "Einsum", "MaxRoiPool", "RoiAlign", "MaxUnpool", "ReverseSequence", "Det",
+        "DFT", "STFT", "MelWeightMatrix", "DeformConv")},
 }
 
 
@@ -85,12 +91,70 @@ FAIL_NOTES = {
 }
 
 
+# Node cases generated from the installed onnx wheel's case generators (onnx/backend/test/case/node)
+# for models of these opsets: the Debian data stops at opset 17 (ONNX 1.12).
+GEN_MIN_OPSET = 18
+
+
+def model_opset(model) -> int:
+    """The model's default-domain opset (0 when it imports none)."""
+    return max([o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] or [0])
+
+
+def generated_node_dir() -> str | None:
+    """Node test data for opsets >= GEN_MIN_OPSET, generated once from the onnx wheel's case
+    generators into build/onnx-node-data/onnx-<version>/node (KILN_ONNX_GEN_DATA overrides the
+    folder). `python -m onnx.backend.test.cmd_tools generate-data` writes no node/ folder with
+    onnx 1.23: its generate_data() collects only onnx.backend.test.case.model's cases (the 'real'
+    models, written as data.json download stubs), never onnx.backend.test.case.node's. So the
+    node cases are collected here (node.collect_testcases(), ~17 s) and handed to that same
+    generate_data() writer, which writes model.onnx and test_data_set_0/{input,output}_*.pb as
+    upstream's data does. None when the generators cannot run."""
+    import onnx
+    root = os.environ.get("KILN_ONNX_GEN_DATA",
+                          os.path.join(ROOT, "build", "onnx-node-data", f"onnx-{onnx.__version__}"))
+    node = os.path.join(root, "node")
+    if os.path.isdir(node):
+        return node
+    import shutil
+    import tempfile
+    import types
+    import warnings
+    try:
+        import onnx.backend.test.case.node as node_cases
+        import onnx.backend.test.cmd_tools as cmd_tools
+        with warnings.catch_warnings(), np.errstate(all="ignore"):
+            warnings.simplefilter("ignore")
+            selected = [c for c in node_cases.collect_testcases() if model_opset(c.model) >= GEN_MIN_OPSET]
+            os.makedirs(os.path.dirname(root), exist_ok=True)
+            tmp = tempfile.mkdtemp(dir=os.path.dirname(root), prefix=".gen-")
+            real = cmd_tools.model_test
+            cmd_tools.model_test = types.SimpleNamespace(collect_testcases=lambda: selected)
+            try:
+                cmd_tools.generate_data(argparse.Namespace(output=tmp))
+            finally:
+                cmd_tools.model_test = real
+        if os.path.isdir(node):  # generated meanwhile by another process
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            os.makedirs(root, exist_ok=True)
+            os.rename(os.path.join(tmp, "node"), node)
+            shutil.rmtree(tmp, ignore_errors=True)
+    except Exception as e:  # noqa: BLE001
+        print(f"cannot generate ONNX node test data for opsets >= {GEN_MIN_OPSET}: {e}", file=sys.stderr)
+        return None
+    return node
+
+
 def suites() -> list[tuple[str, str]]:
     """(suite name, directory) of every test-data directory found."""
     out = []
     node = os.environ.get("KILN_ONNX_NODE_DATA", os.path.join(DEBIAN_DATA, "node"))
     if os.path.isdir(node):
         out.append(("node", node))
+    gen = generated_node_dir()
+    if gen:
+        out.append((GEN_SUITE, gen))
     import onnx
     wheel = os.path.join(os.path.dirname(onnx.__file__), "backend", "test", "data")
     for name in ("pytorch-converted", "pytorch-operator", "simple"):
@@ -154,6 +218,11 @@ def run_case(suite: str, path: str, supported: set) -> dict:
         return rec
     ops = sorted({(n.domain + ":" if n.domain not in ("", "ai.onnx") else "") + n.op_type for n in model.graph.node})
     rec["ops"] = ops
+    rec["opset"] = model_opset(model)
+    if rec["opset"] > MAX_OPSET:
+        rec["status"] = "unsupported"
+        rec["reason"] = f"opset {rec['opset']} is outside the supported range 1..{MAX_OPSET}"
+        return rec
     missing = [op for op in ops if op not in supported]
     if missing:
         rec["status"] = "unsupported"
@@ -284,8 +353,26 @@ def per_op(results: list[dict]) -> dict:
     return table
 
 
+def split_results(results: list[dict]) -> tuple[list[dict], list[dict], list[dict]]:
+    """(Debian node + wheel suites, generated opset-18+ cases within the importer's range, generated
+    cases of later opsets, which the importer refuses)."""
+    base = [r for r in results if r["suite"] != GEN_SUITE]
+    gen = [r for r in results if r["suite"] == GEN_SUITE]
+    return base, [r for r in gen if r.get("opset", 0) <= MAX_OPSET], [r for r in gen if r.get("opset", 0) > MAX_OPSET]
+
+
+def rate_line(label: str, s: dict) -> str:
+    return (f"| {label} | {s['cases']} | {s['pass']} | {s['fail']} | {s['unsupported']} | "
+            f"{s['supported_op_pass']}/{s['supported_op_cases']} ({100 * s['supported_op_pass_rate']:.1f}%) | "
+            f"{s['kiln_dtype_pass']}/{s['kiln_dtype_cases']} ({100 * s['kiln_dtype_pass_rate']:.1f}%) | "
+            f"{100 * s['attempted_pass_rate']:.1f}% |")
+
+
 def write_doc(path: str, results: list[dict], summary: dict, supported: set, seconds: float):
-    table = per_op(results)
+    all_results = results
+    results, gen_in, gen_out = split_results(all_results)
+    import onnx
+    table = per_op(results + gen_in)
     lines = [
         "# ONNX conformance",
         "",
@@ -301,9 +388,14 @@ def write_doc(path: str, results: list[dict], summary: dict, supported: set, sec
         "Test data: `node/` from Debian's `libonnx-testdata` (ONNX 1.12, opsets up to 17; "
         "`/usr/share/libonnx-testdata/data/node`) because the onnx 1.23 wheel no longer ships it; "
         "`pytorch-converted/`, `pytorch-operator/` and `simple/` from the installed onnx wheel "
-        "(`onnx/backend/test/data`).",
+        "(`onnx/backend/test/data`); for opsets 18 and later, `node-opset18+/`: the node cases "
+        f"generated from the installed onnx {onnx.__version__} wheel's case generators "
+        "(`onnx/backend/test/case/node`, each model at its op's latest opset) into "
+        "`build/onnx-node-data/` at the first run (section 'Opsets 18 and later').",
         "",
-        "## Summary",
+        f"The importer accepts opsets {kiln.onnx.opset_range()[0]}..{MAX_OPSET} (`kiln.onnx.opset_range()`).",
+        "",
+        "## Summary (opsets up to 17: Debian's node data and the wheel's model suites)",
         "",
         f"- cases: {summary['cases']} — pass {summary['pass']}, fail {summary['fail']}, "
         f"unsupported {summary['unsupported']}, invalid test data {summary['invalid']} ({seconds:.0f} s)",
@@ -328,9 +420,42 @@ def write_doc(path: str, results: list[dict], summary: dict, supported: set, sec
         rs = [r for r in results if r["suite"] == suite]
         c = collections.Counter(r["status"] for r in rs)
         lines.append(f"| {suite} | {len(rs)} | {c['pass']} | {c['fail']} | {c['unsupported']} | {c['invalid']} |")
+    g = summarize(gen_in, supported)
+    by_opset = collections.Counter(r.get("opset", 0) for r in gen_in + gen_out)
+    lines += [
+        "",
+        "## Opsets 18 and later (generated node test data)",
+        "",
+        f"The onnx {onnx.__version__} wheel's node case generators give {len(gen_in) + len(gen_out)} cases whose model "
+        f"imports opset 18 or later (cases per opset: "
+        + ", ".join(f"{o}: {n}" for o, n in sorted(by_opset.items())) + "). "
+        "`python -m onnx.backend.test.cmd_tools generate-data` writes no `node/` folder with this wheel: its "
+        "`generate_data()` collects only `onnx.backend.test.case.model`'s cases (the 'real' models, written as "
+        "`data.json` download stubs), never `onnx.backend.test.case.node`'s; `onnx_conformance.py` collects the "
+        "node cases itself and hands them to that same writer. The generators' expected outputs come from "
+        "onnx's reference implementation (`onnx.reference`).",
+        "",
+        f"Within the importer's range (opsets 18..{MAX_OPSET}): {len(gen_in)} cases "
+        f"({summary_seconds_note(gen_in)}); the {len(gen_out)} cases of opsets {MAX_OPSET + 1} and later are refused "
+        f"(NotSupported: 'opset N is outside the supported range 1..{MAX_OPSET}') and not counted below.",
+        "",
+        "| opsets | cases | pass | fail | unsupported | op types mapped: pass | and Kiln dtypes: pass | accepted: pass |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for o in range(GEN_MIN_OPSET, MAX_OPSET + 1):
+        lines.append(rate_line(str(o), summarize([r for r in gen_in if r.get("opset") == o], supported)))
+    lines.append(rate_line(f"**18–21**", summarize([r for r in gen_in if r.get("opset", 0) <= 21], supported)))
+    lines.append(rate_line(f"**18–{MAX_OPSET}**", g))
+    lines.append(rate_line("(≤17, above)", summary))
+    lines += [
+        "",
+        "Columns: 'op types mapped' counts the cases whose op types all have a Kiln mapping (the others name an op "
+        "the importer has no mapping for, listed under 'Unsupported op types'); 'and Kiln dtypes' those of them "
+        "whose inputs and outputs are all Kiln dtypes; 'accepted' the cases Kiln imported and compiled.",
+    ]
     lines += ["", "## Per op type (supported)", "",
-              "A case counts under every op type its model uses. Reasons are the importer's, compiler's or "
-              "comparison's messages (most frequent first).", "",
+              "A case counts under every op type its model uses (all suites, generated cases up to opset "
+              f"{MAX_OPSET}). Reasons are the importer's, compiler's or comparison's messages (most frequent first).", "",
               "| op type | cases | pass | fail | unsupported | reasons (not pass) |", "|---|---|---|---|---|---|"]
     for op in sorted(o for o in table if o in supported):
         t = table[op]
@@ -348,7 +473,7 @@ def write_doc(path: str, results: list[dict], summary: dict, supported: set, sec
             reason = "op domain " + op.split(":")[0] + " (only the default ONNX domain)"
         lines.append(f"| {op} | {table[op]['cases']} | {reason} |")
     lines += ["", "## Failing cases and invalid test data", ""]
-    fails = [r for r in results if r["status"] in ("fail", "invalid")]
+    fails = [r for r in results + gen_in if r["status"] in ("fail", "invalid")]
     if not fails:
         lines.append("None.")
     for r in fails:
@@ -357,6 +482,11 @@ def write_doc(path: str, results: list[dict], summary: dict, supported: set, sec
     lines.append("")
     with open(path, "w") as f:
         f.write("\n".join(lines))
+
+
+def summary_seconds_note(rs: list[dict]) -> str:
+    c = collections.Counter(r["status"] for r in rs)
+    return f"pass {c['pass']}, fail {c['fail']}, unsupported {c['unsupported']}, invalid test data {c['invalid']}"
 
 
 def main(argv=None) -> int:
@@ -370,6 +500,8 @@ def main(argv=None) -> int:
         print("Kiln was built without the ONNX importer", file=sys.stderr)
         return 2
     supported = set(kiln.onnx.supported_ops())
+    global MAX_OPSET
+    MAX_OPSET = kiln.onnx.opset_range()[1]
     t0 = time.perf_counter()
     results = []
     for suite, path in cases(args.k):
@@ -378,7 +510,9 @@ def main(argv=None) -> int:
         if args.verbose and r["status"] != "pass":
             print(f"{r['status']:11s} {suite}/{r['name']}: {r['reason']}", flush=True)
     secs = time.perf_counter() - t0
-    s = summarize(results, supported)
+    base, gen_in, gen_out = split_results(results)
+    s = summarize(base, supported)
+    g = summarize(gen_in, supported)
     print(f"ONNX conformance: {s['cases']} cases: pass {s['pass']}, fail {s['fail']}, unsupported {s['unsupported']}, "
           f"invalid test data {s['invalid']}; "
           f"cases with supported op types: {s['supported_op_pass']}/{s['supported_op_cases']} pass "
@@ -386,11 +520,18 @@ def main(argv=None) -> int:
           f"{s['kiln_dtype_cases']} ({100 * s['kiln_dtype_pass_rate']:.1f}%); accepted cases: "
           f"{100 * s['attempted_pass_rate']:.1f}% pass "
           f"({secs:.1f} s)")
+    if gen_in or gen_out:
+        print(f"ONNX conformance, generated node cases of opsets {GEN_MIN_OPSET}..{MAX_OPSET}: {g['cases']} cases: "
+              f"pass {g['pass']}, fail {g['fail']}, unsupported {g['unsupported']}; cases with supported op types: "
+              f"{g['supported_op_pass']}/{g['supported_op_cases']} pass ({100 * g['supported_op_pass_rate']:.1f}%), "
+              f"of those with Kiln dtypes only: {g['kiln_dtype_pass']}/{g['kiln_dtype_cases']} "
+              f"({100 * g['kiln_dtype_pass_rate']:.1f}%); accepted cases: {100 * g['attempted_pass_rate']:.1f}% pass; "
+              f"{len(gen_out)} cases of later opsets refused")
     if args.write_doc:
         write_doc(os.path.join(ROOT, "docs", "onnx-conformance.md"), results, s, supported, secs)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"summary": s, "results": results}, f, indent=1)
+            json.dump({"summary": s, "opset18": g, "max_opset": MAX_OPSET, "results": results}, f, indent=1)
     return 0
 
 

@@ -117,11 +117,26 @@ def test_scatter_elements_reduction_with_duplicates_matches_torch(reduction, axi
     assert_close(got[0], want[0], rel=1e-12)
 
 
-def test_scatter_reduction_max_is_still_refused(tmp_path):
+@pytest.mark.parametrize("reduction", ["max", "min"])
+@pytest.mark.parametrize("op", ["ScatterElements", "ScatterND"])
+def test_scatter_reduction_max_min_opset18_matches_onnxruntime(op, reduction, tmp_path):
+    # Opset 18 added reduction "max" / "min" (duplicates combine in update order).
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, 3)).astype(np.float32)
+    u = rng.standard_normal((5, 3)).astype(np.float32)
+    ind = (np.array([[0], [2], [0], [3], [0]], np.int64) if op == "ScatterND"
+           else np.array([[0, 1, 2], [2, 2, 2], [0, 1, 1], [3, 0, 0], [0, 1, 2]], np.int64))
+    data = model_bytes([helper.make_node(op, ["x", "ind", "u"], ["y"], reduction=reduction)],
+                       [vi("x", x), vi("u", u)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                       [numpy_helper.from_array(ind, "ind")], opset=18)
+    check(data, {"x": x, "u": u}, tmp_path)
+
+
+def test_scatter_reduction_max_before_opset18_is_refused(tmp_path):
     x = np.zeros((3,), np.float32)
     data = model_bytes([helper.make_node("ScatterElements", ["x", "ind", "u"], ["y"], reduction="max")],
                        [vi("x", x), vi("u", x)], [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
-                       [numpy_helper.from_array(np.array([0, 1, 1], np.int64), "ind")], opset=18)
+                       [numpy_helper.from_array(np.array([0, 1, 1], np.int64), "ind")], opset=16)
     path = tmp_path / "m.onnx"
     path.write_bytes(data)
     with pytest.raises(kiln.KilnError, match="reduction"):

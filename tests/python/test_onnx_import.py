@@ -158,8 +158,16 @@ def test_dangling_cyclic_and_duplicate_names(tmp_path):
 
 def test_opset_and_input_shape_errors(tmp_path):
     m = conv_model()
-    m.opset_import[0].version = 21
-    expect_error(save(m, tmp_path), "NotSupported", "opset 21 is outside the supported range")
+    m.opset_import[0].version = 23
+    expect_error(save(m, tmp_path), "NotSupported", "opset 23 is outside the supported range 1..22")
+    for first, second in (("", ""), ("", "ai.onnx"), ("ai.onnx", "")):  # the default domain listed twice
+        for versions in ((23, 18), (18, 23), (13, 13)):
+            m = conv_model()
+            del m.opset_import[:]
+            m.opset_import.extend([onnx.helper.make_opsetid(first, versions[0]),
+                                   onnx.helper.make_opsetid(second, versions[1])])
+            expect_error(save(m, tmp_path), "InvalidProgram",
+                         f"imports the default domain twice (opset {versions[0]} and opset {versions[1]})")
     p = save(conv_model(), tmp_path)
     expect_error(p, "InvalidArgument", "dynamic shape", shapes={})
     expect_error(p, "InvalidArgument", "not a graph input", shapes={"y": (1, 3, 8, 8)})

@@ -49,6 +49,14 @@ std::string onnx_type_name(int t) {
     case ::onnx::TensorProto::COMPLEX64: return "COMPLEX64";
     case ::onnx::TensorProto::COMPLEX128: return "COMPLEX128";
     case ::onnx::TensorProto::BFLOAT16: return "BFLOAT16";
+    // Later element types (onnx.proto of ONNX 1.14+; Debian's libonnx-dev 1.12 headers lack them).
+    case 17: return "FLOAT8E4M3FN";
+    case 18: return "FLOAT8E4M3FNUZ";
+    case 19: return "FLOAT8E5M2";
+    case 20: return "FLOAT8E5M2FNUZ";
+    case 21: return "UINT4";
+    case 22: return "INT4";
+    case 23: return "FLOAT4E2M1";
     default: return "type " + std::to_string(t);
   }
 }
@@ -519,6 +527,241 @@ Result<TensorType> input_type(const ::onnx::ValueInfoProto& vi, const ImportOpti
   return type;
 }
 
+Error convert_nodes(Importer& im, const ::onnx::GraphProto& g);
+
+constexpr int kMaxSubgraphDepth = 16;     ///< nested If / Loop bodies
+constexpr int64_t kMaxLoopUnroll = 4096;  ///< iterations of one folded Loop
+constexpr size_t kMaxUnrolledNodes = 1u << 20;  ///< ONNX nodes converted in all, unrolled bodies included
+
+// Converts a subgraph (an If branch or a Loop body) into the importer's graph: its inputs are
+// bound to `inputs`, its initializers become constants, outer-scope names stay visible and the
+// subgraph's own names are dropped afterwards (they may shadow outer ones). Returns the values of
+// its outputs.
+Result<std::vector<ValueId>> inline_graph(NodeCtx& ctx, const ::onnx::GraphProto& g, const std::vector<ValueId>& inputs,
+                                          const std::string& what) {
+  Importer& im = ctx.im;
+  if (im.depth >= kMaxSubgraphDepth) return ctx.unsupported(what + ": subgraphs nested more than " + std::to_string(kMaxSubgraphDepth) + " deep");
+  if (g.input_size() != static_cast<int>(inputs.size())) {
+    return ctx.invalid(what + " has " + std::to_string(g.input_size()) + " inputs, expected " + std::to_string(inputs.size()));
+  }
+  if (g.sparse_initializer_size() > 0) return ctx.unsupported(what + ": sparse initializers are not supported");
+  const std::map<std::string, ValueId> saved = im.names;
+  for (int i = 0; i < g.input_size(); ++i) im.names[g.input(i).name()] = inputs[static_cast<size_t>(i)];
+  for (int i = 0; i < g.initializer_size(); ++i) {
+    const auto& t = g.initializer(i);
+    auto h = read_tensor(t, im.base_dir, what + " initializer '" + t.name() + "'");
+    if (!h.ok()) return Error(h.error().code(), ctx.where() + ": " + h.error().message());
+    auto id = im.graph.add_constant(t.name(), h->type, std::move(h->bytes));
+    if (!id.ok()) return Error(ErrorCode::Internal, id.error().message());
+    im.names[t.name()] = *id;
+  }
+  ++im.depth;
+  Error err = convert_nodes(im, g);
+  --im.depth;
+  std::vector<ValueId> outs;
+  if (err.ok()) {
+    for (const auto& vi : g.output()) {
+      auto it = im.names.find(vi.name());
+      if (it == im.names.end()) {
+        err = ctx.invalid(what + ": output '" + vi.name() + "' is not produced");
+        break;
+      }
+      outs.push_back(it->second);
+    }
+  }
+  im.names = saved;
+  if (!err.ok()) {
+    // Errors inside the subgraph name the subgraph's node; say which If / Loop holds it.
+    return Error(err.code(), err.message() + " (in " + what + " of " + ctx.where() + ")");
+  }
+  return outs;
+}
+
+const ::onnx::GraphProto* graph_attr(NodeCtx& ctx, const std::string& name) {
+  const auto* a = ctx.attr(name);
+  if (a == nullptr || !a->has_g()) return nullptr;
+  return &a->g();
+}
+
+// A 0-d or one-element constant's truth value / integer; NotSupported (naming the node) when the
+// value is not known at import.
+Result<int64_t> known_scalar(NodeCtx& ctx, ValueId v, const std::string& what, const std::string& why) {
+  if (!ctx.is_const(v)) {
+    return ctx.unsupported(what + " must be a constant (after folding for the given input shapes): " + why);
+  }
+  auto vals = ctx.const_ints(v, what);
+  if (!vals.ok()) return vals.error();
+  if (vals->size() != 1) return ctx.invalid(what + " must have one element, got " + ctx.type(v).to_string());
+  return (*vals)[0];
+}
+
+// If: folded when the condition is known once the input shapes are fixed (a constant, or
+// computed from shapes): the chosen branch is inlined, the other is never converted.
+Error fold_if(NodeCtx& ctx) {
+  auto cond = ctx.input(0);
+  if (!cond.ok()) return cond.error();
+  const auto* then_g = graph_attr(ctx, "then_branch");
+  const auto* else_g = graph_attr(ctx, "else_branch");
+  if (then_g == nullptr || else_g == nullptr) return ctx.invalid("needs graph attributes 'then_branch' and 'else_branch'");
+  auto c = known_scalar(ctx, *cond, "the condition", "only If nodes whose condition is known at import are folded");
+  if (!c.ok()) return c.error();
+  const bool take_then = *c != 0;
+  auto outs = inline_graph(ctx, take_then ? *then_g : *else_g, {}, take_then ? "then_branch" : "else_branch");
+  if (!outs.ok()) return outs.error();
+  if (static_cast<int>(outs->size()) != ctx.num_outputs()) {
+    return ctx.invalid("the branch has " + std::to_string(outs->size()) + " outputs, the node " + std::to_string(ctx.num_outputs()));
+  }
+  for (int i = 0; i < ctx.num_outputs(); ++i) KILN_RETURN_IF_ERROR(ctx.set_output(i, (*outs)[static_cast<size_t>(i)]));
+  return {};
+}
+
+// Loop: unrolled when the trip count M is a known constant (cond absent: a for loop) or the
+// condition stays a known constant every iteration (cond given: a while loop, bounded by M when
+// M is given). Loop-carried values flow from one unrolled body to the next; scan outputs are
+// stacked along a new axis 0. Refused (NotSupported naming the node) otherwise: an unknown M or
+// condition, an infinite loop (neither given), more than kMaxLoopUnroll iterations, or scan
+// outputs of a loop that runs zero times (their shapes are unknown).
+Error fold_loop(NodeCtx& ctx) {
+  Importer& im = ctx.im;
+  const auto* body = graph_attr(ctx, "body");
+  if (body == nullptr) return ctx.invalid("needs the graph attribute 'body'");
+  const int n_carried = ctx.num_inputs() - 2;
+  if (n_carried < 0) return ctx.invalid("needs inputs M and cond (either may be empty)");
+  if (body->input_size() != n_carried + 2) {
+    return ctx.invalid("body has " + std::to_string(body->input_size()) + " inputs, expected " + std::to_string(n_carried + 2));
+  }
+  const int n_scan = body->output_size() - 1 - n_carried;
+  if (n_scan < 0) return ctx.invalid("body has " + std::to_string(body->output_size()) + " outputs, expected at least " + std::to_string(n_carried + 1));
+  if (ctx.num_outputs() > n_carried + n_scan) return ctx.invalid("more outputs than loop-carried values and scan outputs");
+  const std::string why = "only Loop nodes with a known trip count or condition are unrolled";
+  int64_t trips = -1;  // unbounded
+  if (ctx.has_input(0)) {
+    auto m = ctx.input(0);
+    if (!m.ok()) return m.error();
+    auto t = known_scalar(ctx, *m, "the trip count M", why);
+    if (!t.ok()) return t.error();
+    trips = std::max<int64_t>(*t, 0);
+  }
+  bool cond = true;
+  const bool use_cond = ctx.has_input(1);
+  if (use_cond) {
+    auto cv = ctx.input(1);
+    if (!cv.ok()) return cv.error();
+    auto c = known_scalar(ctx, *cv, "the condition", why);
+    if (!c.ok()) return c.error();
+    cond = *c != 0;
+  } else if (trips < 0) {
+    return ctx.unsupported("neither a trip count nor a condition: an infinite loop");
+  }
+  if (trips > kMaxLoopUnroll) {
+    return ctx.unsupported("trip count " + std::to_string(trips) + " exceeds the " + std::to_string(kMaxLoopUnroll) +
+                           " iterations a Loop is unrolled to");
+  }
+  std::vector<ValueId> carried;
+  for (int i = 0; i < n_carried; ++i) {
+    auto v = ctx.input(2 + i);
+    if (!v.ok()) return v.error();
+    carried.push_back(*v);
+  }
+  std::vector<std::vector<ValueId>> scans(static_cast<size_t>(n_scan));
+  int64_t it = 0;
+  for (; cond && (trips < 0 || it < trips); ++it) {
+    if (it >= kMaxLoopUnroll) {
+      return ctx.unsupported("the condition stays true after " + std::to_string(kMaxLoopUnroll) + " iterations (unroll limit)");
+    }
+    if (im.converted_nodes > kMaxUnrolledNodes) return ctx.unsupported("unrolling converts more than 2^20 nodes");
+    std::vector<uint8_t> ib(8);
+    std::memcpy(ib.data(), &it, 8);
+    auto iter = ctx.constant(TensorType{DType::Int64, {}}, std::move(ib));  // the iteration number, 0-d int64
+    if (!iter.ok()) return iter.error();
+    auto cin = ctx.scalar(DType::Bool, cond ? 1 : 0);
+    if (!cin.ok()) return cin.error();
+    std::vector<ValueId> ins{*iter, *cin};
+    ins.insert(ins.end(), carried.begin(), carried.end());
+    auto outs = inline_graph(ctx, *body, ins, "body iteration " + std::to_string(it));
+    if (!outs.ok()) return outs.error();
+    if (use_cond) {
+      auto c = known_scalar(ctx, (*outs)[0], "the body's condition output (iteration " + std::to_string(it) + ")", why);
+      if (!c.ok()) return c.error();
+      cond = *c != 0;
+    }
+    for (int i = 0; i < n_carried; ++i) carried[static_cast<size_t>(i)] = (*outs)[static_cast<size_t>(1 + i)];
+    for (int k = 0; k < n_scan; ++k) scans[static_cast<size_t>(k)].push_back((*outs)[static_cast<size_t>(1 + n_carried + k)]);
+  }
+  for (int i = 0; i < n_carried; ++i) KILN_RETURN_IF_ERROR(ctx.set_output(i, carried[static_cast<size_t>(i)]));
+  for (int k = 0; k < n_scan; ++k) {
+    if (!ctx.has_output(n_carried + k)) continue;
+    const auto& parts = scans[static_cast<size_t>(k)];
+    if (parts.empty()) return ctx.unsupported("scan output " + std::to_string(k) + " of a loop that runs zero times");
+    std::vector<ValueId> rows;
+    for (ValueId p : parts) {
+      auto u = ctx.emit("aten.unsqueeze", {p}, {{"dim", int64_t{0}}});
+      if (!u.ok()) return u.error();
+      rows.push_back(*u);
+    }
+    ValueId y = rows[0];
+    if (rows.size() > 1) {
+      auto cat = ctx.emit("aten.cat", rows, {{"dim", int64_t{0}}});
+      if (!cat.ok()) return cat.error();
+      y = *cat;
+    }
+    KILN_RETURN_IF_ERROR(ctx.set_output(n_carried + k, y));
+  }
+  if (it == 0) im.notes.push_back(ctx.where() + " runs zero times: its outputs are its initial values");
+  return {};
+}
+
+Error convert_nodes(Importer& im, const ::onnx::GraphProto& g) {
+  const auto& conv = converters();
+  for (int i = 0; i < g.node_size(); ++i) {
+    const auto& node = g.node(i);
+    NodeCtx ctx(im, node, static_cast<size_t>(i));
+    if (!node.domain().empty() && node.domain() != "ai.onnx") {
+      return ctx.unsupported("op domain '" + node.domain() + "' is not supported (only the default ONNX domain)");
+    }
+    const bool control_flow = node.op_type() == "If" || node.op_type() == "Loop";
+    if (node.op_type() == "Scan") {
+      return ctx.unsupported("control flow: Scan is not folded (only If with a condition and Loop with a trip count or "
+                             "condition known at import are)");
+    }
+    auto it = conv.find(node.op_type());
+    if (!control_flow && it == conv.end()) {
+      return ctx.unsupported("op type '" + node.op_type() + "' is not supported by Kiln's ONNX importer");
+    }
+    if (!control_flow && im.opset < it->second.min_opset) {
+      return ctx.unsupported("opset " + std::to_string(im.opset) + " (" + node.op_type() + " before opset " +
+                             std::to_string(it->second.min_opset) + " has other semantics)");
+    }
+    for (int k = 0; k < node.input_size(); ++k) {  // every named input must exist (dangling / cyclic graphs)
+      auto v = ctx.opt_input(k);
+      if (!v.ok()) return v.error();
+    }
+    for (const auto& a : node.attribute()) {
+      if ((a.type() == ::onnx::AttributeProto::GRAPH || a.type() == ::onnx::AttributeProto::GRAPHS) && !control_flow) {
+        return ctx.unsupported("attribute '" + a.name() + "' holds a subgraph (control flow is not supported)");
+      }
+      if (!a.ref_attr_name().empty()) return ctx.unsupported("attribute '" + a.name() + "' refers to a function attribute");
+    }
+    const size_t nodes_before = im.graph.nodes().size();
+    ++im.converted_nodes;
+    KILN_RETURN_IF_ERROR(control_flow ? (node.op_type() == "If" ? fold_if(ctx) : fold_loop(ctx)) : it->second.fn(ctx));
+    for (const auto& a : node.attribute()) {
+      if (!ctx.used_attrs.count(a.name())) {
+        return ctx.unsupported("attribute '" + a.name() + "' is not supported for " + node.op_type() + " (opset " +
+                               std::to_string(im.opset) + ")");
+      }
+    }
+    for (int k = 0; k < node.output_size(); ++k) {
+      if (!node.output(k).empty() && !im.names.count(node.output(k))) {
+        return ctx.unsupported("output " + std::to_string(k) + " ('" + node.output(k) + "') is not supported");
+      }
+    }
+    if (im.graph.nodes().size() == nodes_before) ++im.folded;
+  }
+
+  return {};
+}
+
 Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::string& base_dir,
                                    const ImportOptions& options) {
   Importer im;
@@ -527,6 +770,12 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
   bool has_default = false;
   for (const auto& os : model.opset_import()) {
     if (os.domain().empty() || os.domain() == "ai.onnx") {
+      // Two entries for the default domain ('' and 'ai.onnx' are the same) leave its opset
+      // ambiguous: refused, rather than letting the order of the list pick one.
+      if (has_default) {
+        return invalid_program("the model imports the default domain twice (opset " + std::to_string(im.opset) +
+                               " and opset " + std::to_string(os.version()) + ")");
+      }
       has_default = true;
       im.opset = os.version();
     }
@@ -597,44 +846,7 @@ Result<ImportedModel> import_proto(const ::onnx::ModelProto& model, const std::s
     im.names[vi.name()] = im.graph.add_input(vi.name(), *type);
     out.input_names.push_back(vi.name());
   }
-  const auto& conv = converters();
-  for (int i = 0; i < g.node_size(); ++i) {
-    const auto& node = g.node(i);
-    NodeCtx ctx(im, node, static_cast<size_t>(i));
-    if (!node.domain().empty() && node.domain() != "ai.onnx") {
-      return ctx.unsupported("op domain '" + node.domain() + "' is not supported (only the default ONNX domain)");
-    }
-    auto it = conv.find(node.op_type());
-    if (it == conv.end()) return ctx.unsupported("op type '" + node.op_type() + "' is not supported by Kiln's ONNX importer");
-    if (im.opset < it->second.min_opset) {
-      return ctx.unsupported("opset " + std::to_string(im.opset) + " (" + node.op_type() + " before opset " +
-                             std::to_string(it->second.min_opset) + " has other semantics)");
-    }
-    for (int k = 0; k < node.input_size(); ++k) {  // every named input must exist (dangling / cyclic graphs)
-      auto v = ctx.opt_input(k);
-      if (!v.ok()) return v.error();
-    }
-    for (const auto& a : node.attribute()) {
-      if (a.type() == ::onnx::AttributeProto::GRAPH || a.type() == ::onnx::AttributeProto::GRAPHS) {
-        return ctx.unsupported("attribute '" + a.name() + "' holds a subgraph (control flow is not supported)");
-      }
-      if (!a.ref_attr_name().empty()) return ctx.unsupported("attribute '" + a.name() + "' refers to a function attribute");
-    }
-    const size_t nodes_before = im.graph.nodes().size();
-    KILN_RETURN_IF_ERROR(it->second.fn(ctx));
-    for (const auto& a : node.attribute()) {
-      if (!ctx.used_attrs.count(a.name())) {
-        return ctx.unsupported("attribute '" + a.name() + "' is not supported for " + node.op_type() + " (opset " +
-                               std::to_string(im.opset) + ")");
-      }
-    }
-    for (int k = 0; k < node.output_size(); ++k) {
-      if (!node.output(k).empty() && !im.names.count(node.output(k))) {
-        return ctx.unsupported("output " + std::to_string(k) + " ('" + node.output(k) + "') is not supported");
-      }
-    }
-    if (im.graph.nodes().size() == nodes_before) ++im.folded;
-  }
+  KILN_RETURN_IF_ERROR(convert_nodes(im, g));
 
   std::vector<ValueId> outputs;
   for (const auto& vi : g.output()) {
@@ -726,6 +938,7 @@ Result<ImportedModel> import_model_bytes(std::span<const uint8_t> bytes, const s
   ImportedModel& m = r.value();
   for (auto& n : m.input_names) n = detail::printable(n);
   for (auto& n : m.output_names) n = detail::printable(n);
+  KILN_RETURN_IF_ERROR(m.graph.set_output_names(unique_output_names(m.output_names)));  // the program's names
   for (auto& n : m.notes) n = detail::printable(n);
   for (auto& v : m.graph.mutable_values()) v.name = detail::printable(v.name);
   for (auto& n : m.graph.mutable_nodes()) n.debug_name = detail::printable(n.debug_name);

@@ -40,6 +40,8 @@ struct Importer {
   size_t folded = 0;
   std::vector<std::string> notes;
   double max_constant_bytes = double(uint64_t{1} << 30);  ///< ImportOptions::max_constant_bytes
+  int depth = 0;               ///< If / Loop subgraphs being inlined
+  size_t converted_nodes = 0;  ///< ONNX nodes converted, unrolled Loop bodies included
 };
 
 /// One ONNX node being converted. Converters read inputs and attributes through it (every

@@ -706,6 +706,15 @@ Error conv_Split(NodeCtx& c) {
   }
   const int n = c.num_outputs();
   if (n < 1) return c.invalid("no outputs");
+  if (c.opset() >= 18 && c.has_attr("num_outputs")) {
+    // Split-18: num_outputs parts of ceil(dim / num_outputs), the last one smaller (exclusive with
+    // the split input).
+    TRY(parts, c.attr_int("num_outputs", 0));
+    if (!split.empty()) return c.invalid("both the split input and num_outputs are given");
+    if (parts != n) return c.invalid("num_outputs = " + std::to_string(parts) + " but the node has " + std::to_string(n) + " outputs");
+    const int64_t chunk = (dim + parts - 1) / parts;
+    for (int64_t i = 0; i < parts; ++i) split.push_back(std::max<int64_t>(0, std::min(chunk, dim - i * chunk)));
+  }
   if (split.empty()) {
     if (dim % n != 0) return c.invalid("dim of size " + std::to_string(dim) + " does not split into " + std::to_string(n) + " equal parts");
     split.assign(static_cast<size_t>(n), dim / n);
@@ -939,7 +948,9 @@ Error conv_Range(NodeCtx& c) {
 Error conv_Pad(NodeCtx& c) {
   TRY(x, c.input(0));
   TRY(mode, c.attr_string("mode", "constant"));
-  if (mode != "constant" && mode != "reflect" && mode != "edge") return c.unsupported("attribute 'mode' = '" + mode + "'");
+  if (mode != "constant" && mode != "reflect" && mode != "edge" && !(mode == "wrap" && c.opset() >= 19)) {
+    return c.unsupported("attribute 'mode' = '" + mode + "'");
+  }
   Ints pads;
   double value = 0;
   if (c.opset() < 11) {
@@ -958,6 +969,22 @@ Error conv_Pad(NodeCtx& c) {
     }
   }
   const int64_t r = c.rank(x);
+  if (c.opset() >= 18 && c.has_input(3)) {  // Pad-18: pads hold (begins, ends) of the listed axes only
+    TRY(av, c.input(3));
+    TRY(axes, c.const_ints(av, "axes"));
+    if (pads.size() != 2 * axes.size()) return c.invalid("pads needs " + std::to_string(2 * axes.size()) + " values for " +
+                                                         std::to_string(axes.size()) + " axes");
+    Ints full(static_cast<size_t>(2 * r), 0);
+    std::vector<bool> seen(static_cast<size_t>(r), false);
+    for (size_t k = 0; k < axes.size(); ++k) {
+      TRY(a, wrap_axis(c, axes[k], r, "axes"));
+      if (seen[static_cast<size_t>(a)]) return c.invalid("axis " + std::to_string(a) + " repeated in axes");
+      seen[static_cast<size_t>(a)] = true;
+      full[static_cast<size_t>(a)] = pads[k];
+      full[static_cast<size_t>(a + r)] = pads[k + axes.size()];
+    }
+    pads = full;
+  }
   if (static_cast<int64_t>(pads.size()) != 2 * r) return c.invalid("pads needs " + std::to_string(2 * r) + " values");
   if (mode != "constant") {
     // edge / reflect (numpy.pad modes): a gather per padded axis with constant source indices.
@@ -979,6 +1006,8 @@ Error conv_Pad(NodeCtx& c) {
         int64_t src = j - pb;
         if (mode == "edge") {
           src = std::clamp<int64_t>(src, 0, n - 1);
+        } else if (mode == "wrap") {  // Pad-19 (numpy.pad mode 'wrap')
+          src = ((src % n) + n) % n;
         } else if (n == 1) {
           src = 0;
         } else {
@@ -1071,6 +1100,45 @@ Error reduce(NodeCtx& c, const std::string& kind) {
     for (int64_t i = 0; i < r; ++i) dims.push_back(i);
   }
   const bool kd = keep != 0;
+  if (kind == "ReduceMax" || kind == "ReduceMin") {
+    // Opset 18's empty-set rule: max over no elements is the dtype's lowest value (-inf, false),
+    // min its highest (+inf, true); aten.amax / amin refuse an empty reduction.
+    const Ints xs = c.type(x).sizes;
+    bool empty = false;
+    for (int64_t d : dims) empty |= xs[static_cast<size_t>(d)] == 0;
+    if (empty) {
+      Ints os;
+      for (int64_t i = 0; i < r; ++i) {
+        const bool red = std::find(dims.begin(), dims.end(), i) != dims.end();
+        if (!red) os.push_back(xs[static_cast<size_t>(i)]);
+        else if (kd) os.push_back(1);
+      }
+      const bool hi = kind == "ReduceMin";
+      const DType dt = c.type(x).dtype;
+      std::vector<uint8_t> one(dtype_size(dt));
+      auto put = [&](auto v) { std::memcpy(one.data(), &v, sizeof(v)); };
+      const double inf = std::numeric_limits<double>::infinity();
+      switch (dt) {
+        case DType::Float32: put(static_cast<float>(hi ? inf : -inf)); break;
+        case DType::Float64: put(hi ? inf : -inf); break;
+        case DType::Float16: put(float_to_half(static_cast<float>(hi ? inf : -inf))); break;
+        case DType::BFloat16: put(float_to_bfloat16(static_cast<float>(hi ? inf : -inf))); break;
+        case DType::Int64: put(hi ? std::numeric_limits<int64_t>::max() : std::numeric_limits<int64_t>::lowest()); break;
+        case DType::Int32: put(hi ? std::numeric_limits<int32_t>::max() : std::numeric_limits<int32_t>::lowest()); break;
+        case DType::Int8: put(hi ? std::numeric_limits<int8_t>::max() : std::numeric_limits<int8_t>::lowest()); break;
+        case DType::UInt8: put(static_cast<uint8_t>(hi ? 255 : 0)); break;
+        case DType::Bool: put(static_cast<uint8_t>(hi ? 1 : 0)); break;
+      }
+      const int64_t n = numel_of(os);
+      KILN_RETURN_IF_ERROR(c.check_constant_size(static_cast<double>(n), static_cast<double>(one.size()), "the empty-set result"));
+      std::vector<uint8_t> bytes;
+      bytes.reserve(static_cast<size_t>(n) * one.size());
+      for (int64_t i = 0; i < n; ++i) bytes.insert(bytes.end(), one.begin(), one.end());
+      TRY(k, c.constant(TensorType{dt, os}, std::move(bytes)));
+      TRY(y, c.emit("aten.clone", {k}));
+      return c.set_output(0, y);
+    }
+  }
   ValueId in = x;
   std::string op = "aten.sum";
   if (kind == "ReduceMean") op = "aten.mean";
@@ -1967,14 +2035,22 @@ Error conv_Mod(NodeCtx& c) {
   return c.set_output(0, y);
 }
 
+// float16 / bfloat16 inputs of IsNaN / IsInf are widened to float32 first (exact).
+Result<ValueId> widen_half(NodeCtx& c, ValueId x) {
+  const DType dt = c.type(x).dtype;
+  if (dt != DType::Float16 && dt != DType::BFloat16) return x;
+  return c.emit("aten._to_copy", {x}, {{"dtype", std::string("float32")}});
+}
 Error conv_IsNaN(NodeCtx& c) {
-  TRY(x, c.input(0));
+  TRY(x0, c.input(0));
+  TRY(x, widen_half(c, x0));
   TRY(y, c.emit("aten.ne", {x, x}));
   return c.set_output(0, y);
 }
 
 Error conv_IsInf(NodeCtx& c) {
-  TRY(x, c.input(0));
+  TRY(x0, c.input(0));
+  TRY(x, widen_half(c, x0));
   TRY(pos, c.attr_int("detect_positive", 1));
   TRY(neg, c.attr_int("detect_negative", 1));
   KILN_RETURN_IF_ERROR(float_only(c, x));
@@ -2478,7 +2554,13 @@ Error conv_LpNormalization(NodeCtx& c) {
     TRY(v, c.emit("aten.sqrt", {sm}));
     norm = v;
   }
-  TRY(y, c.emit("aten.div", {x, norm}));
+  TRY(q, c.emit("aten.div", {x, norm}));
+  // A zero norm gives 0, not 0/0 (the onnx reference's LpNormalization, whose opset-22 test data
+  // covers it).
+  TRY(zero, scalar_for(c, norm, 0.0));
+  TRY(isz, c.emit("aten.eq", {norm, zero}));
+  TRY(zq, scalar_for(c, q, 0.0));
+  TRY(y, c.emit("aten.where", {isz, zq, q}));
   return c.set_output(0, y);
 }
 
@@ -2778,7 +2860,18 @@ Error conv_ReduceProd(NodeCtx& c) {
     if (!red[static_cast<size_t>(d)]) continue;
     const int64_t n = c.type(y).sizes[static_cast<size_t>(d)];
     if (n > 64) return c.unsupported("ReduceProd over an axis of more than 64 elements");
-    if (n == 0) return c.unsupported("ReduceProd over an empty axis");
+    if (n == 0) {  // the product of no elements is 1 (opset 18's empty-set rule): sum (0) + 1
+      TRY(s0, c.emit("aten.sum", {y}, {{"dim", Ints{d}}, {"keepdim", true}}));
+      ValueId z = s0;
+      if (c.type(s0).dtype != dt) {
+        TRY(v, c.emit("aten._to_copy", {s0}, {{"dtype", std::string(dtype_name(dt))}}));
+        z = v;
+      }
+      TRY(one, scalar_for(c, z, 1.0));
+      TRY(v, c.emit("aten.add", {z, one}));
+      y = v;
+      continue;
+    }
     TRY(acc0, c.emit("aten.slice", {y}, {{"dim", d}, {"start", int64_t{0}}, {"end", int64_t{1}}, {"step", int64_t{1}}}));
     ValueId acc = acc0;
     for (int64_t i = 1; i < n; ++i) {
@@ -2861,12 +2954,12 @@ Error scatter_by_map(NodeCtx& c, ValueId data, ValueId updates, const std::vecto
   return c.set_output(0, y);
 }
 
-// Scatter with reduction "add" / "mul" (ATen scatter_reduce / index_put_(accumulate=True)
+// Scatter with reduction "add" / "mul" / "max" / "min" (opset 18; ATen scatter_reduce / index_put_(accumulate=True)
 // semantics, as the ONNX reference: every update is combined into its element in update order).
 // `srcs[j]` lists, in order, the flat update indices landing on data element j. Round r combines
 // each element's r-th update: out = where(mask_r, out OP embedding(updates, idx_r), out), so
 // duplicates accumulate in the reference's order. Arithmetic dtypes only (float32, float64, int32,
-// int64: aten.add / aten.mul).
+// int64: aten.add / aten.mul / aten.maximum / aten.minimum).
 Error scatter_reduce_by_map(NodeCtx& c, ValueId data, ValueId updates, const std::vector<std::vector<int64_t>>& srcs,
                             const std::string& red) {
   const TensorType dt = c.type(data);
@@ -2891,7 +2984,8 @@ Error scatter_reduce_by_map(NodeCtx& c, ValueId data, ValueId updates, const std
     TRY(iv, c.constant(TensorType{DType::Int64, dt.sizes}, std::move(ib)));
     TRY(e, c.emit("aten.embedding", {uf, iv}));
     TRY(g, view(c, e, dt.sizes));
-    TRY(comb, c.emit(red == "add" ? "aten.add" : "aten.mul", {out, g}));
+    const char* op = red == "add" ? "aten.add" : red == "mul" ? "aten.mul" : red == "max" ? "aten.maximum" : "aten.minimum";
+    TRY(comb, c.emit(op, {out, g}));
     TRY(y, c.emit("aten.where", {mv, comb, out}));
     out = y;
   }
@@ -2909,7 +3003,9 @@ Error conv_ScatterND(NodeCtx& c) {
   TRY(iv, c.input(1));
   TRY(updates, c.input(2));
   TRY(red, c.attr_string("reduction", "none"));
-  if (red != "none" && red != "add" && red != "mul") return c.unsupported("attribute 'reduction' = '" + red + "'");
+  if (red != "none" && red != "add" && red != "mul" && !(c.opset() >= 18 && (red == "max" || red == "min"))) {
+    return c.unsupported("attribute 'reduction' = '" + red + "'");
+  }
   KILN_RETURN_IF_ERROR(check_same_dtype(c, data, updates));
   TRY(ind, c.const_ints(iv, "indices"));
   const Ints ds = c.type(data).sizes, is = c.type(iv).sizes;
@@ -2951,7 +3047,9 @@ Error conv_ScatterElements(NodeCtx& c) {
   TRY(updates, c.input(2));
   TRY(axis_raw, c.attr_int("axis", 0));
   TRY(red, c.attr_string("reduction", "none"));
-  if (red != "none" && red != "add" && red != "mul") return c.unsupported("attribute 'reduction' = '" + red + "'");
+  if (red != "none" && red != "add" && red != "mul" && !(c.opset() >= 18 && (red == "max" || red == "min"))) {
+    return c.unsupported("attribute 'reduction' = '" + red + "'");
+  }
   KILN_RETURN_IF_ERROR(check_same_dtype(c, data, updates));
   TRY(ind, c.const_ints(iv, "indices"));
   const Ints ds = c.type(data).sizes, is = c.type(iv).sizes;
@@ -3000,6 +3098,7 @@ struct ResizeSpec {
   std::string mode, coord, nearest;
   double cubic_a = -0.75, extrapolation = 0;
   bool exclude_outside = false;
+  bool antialias = false;  ///< Resize-18: linear / cubic filters stretched by 1 / scale when downscaling
 };
 
 // ONNX Resize (onnx/reference/ops/op_resize.py): source coordinate of output index o per
@@ -3010,7 +3109,18 @@ struct ResizeSpec {
 // are given, else the output size.
 AxisTaps axis_taps(const ResizeSpec& r, int64_t in, int64_t out, double scale, double len, double roi_start, double roi_end) {
   AxisTaps t;
-  const int n = r.mode == "nearest" ? 1 : r.mode == "linear" ? 2 : 4;
+  int n = r.mode == "nearest" ? 1 : r.mode == "linear" ? 2 : 4;
+  // Antialias (op_resize.py _linear_coeffs_antialias / _cubic_coeffs_antialias): taps at offsets
+  // i in [i0, 1 - i0] ... from floor(x), weights of the filter at min(scale, 1) * (i - ratio),
+  // normalized; i0 = floor(-support / s) + 1 (support 1 for linear, 2 for cubic).
+  const double aa_s = std::min(scale, 1.0);
+  const bool aa = r.antialias && n > 1;
+  int64_t i0 = 0;
+  if (aa) {
+    i0 = static_cast<int64_t>(std::floor(-(n == 2 ? 1.0 : 2.0) / aa_s)) + 1;
+    if (2 - 2 * i0 > 4096) i0 = -2047;  // absurd downscales: bounded (the constant size checks follow)
+    n = static_cast<int>(2 - 2 * i0);
+  }
   t.idx.assign(static_cast<size_t>(n), Ints(static_cast<size_t>(out)));
   t.w.assign(static_cast<size_t>(n), std::vector<double>(static_cast<size_t>(out)));
   t.valid.assign(static_cast<size_t>(out), true);
@@ -3018,6 +3128,11 @@ AxisTaps axis_taps(const ResizeSpec& r, int64_t in, int64_t out, double scale, d
     const double xo = static_cast<double>(o);
     double x;
     if (r.coord == "half_pixel") x = (xo + 0.5) / scale - 0.5;
+    else if (r.coord == "half_pixel_symmetric") {  // Resize-19: the ROI's center maps to the output's center
+      const double adjustment = static_cast<double>(out) / len;
+      const double offset = static_cast<double>(in) / 2 * (1 - adjustment);
+      x = offset + (xo + 0.5) / scale - 0.5;
+    }
     else if (r.coord == "pytorch_half_pixel") x = len > 1 ? (xo + 0.5) / scale - 0.5 : 0.0;
     else if (r.coord == "align_corners") x = len == 1 ? 0.0 : xo * static_cast<double>(in - 1) / (len - 1);
     else if (r.coord == "tf_half_pixel_for_nn") x = (xo + 0.5) / scale;
@@ -3048,7 +3163,21 @@ AxisTaps axis_taps(const ResizeSpec& r, int64_t in, int64_t out, double scale, d
     const double f = x == std::floor(x) ? x - 1 : std::floor(x);
     const double ratio = x - f;  // in (0, 1]
     std::vector<double> cf;
-    if (n == 2) {
+    if (aa) {
+      const double A = r.cubic_a;
+      double sum = 0;
+      for (int k = 0; k < n; ++k) {
+        const double a = std::abs(aa_s * (static_cast<double>(i0 + k) - ratio));
+        double v;
+        if (r.mode == "linear") v = std::clamp(1 - a, 0.0, 1.0);
+        else if (a <= 1) v = (A + 2) * a * a * a - (A + 3) * a * a + 1;
+        else if (a < 2) v = A * a * a * a - 5 * A * a * a + 8 * A * a - 4 * A;
+        else v = 0;
+        cf.push_back(v);
+        sum += v;
+      }
+      for (double& v : cf) v /= sum;
+    } else if (n == 2) {
       cf = {1 - ratio, ratio};
     } else {
       const double A = r.cubic_a, a1 = ratio + 1, b = 1 - ratio, b1 = b + 1;
@@ -3106,7 +3235,8 @@ bool matches_torch_nearest(const AxisTaps& t, int64_t in, int64_t out, std::opti
   return true;
 }
 
-// Resize (opset 10: X, scales; 11+: X, roi, scales, sizes; opset 18 attributes are out of range)
+// Resize (opset 10: X, scales; 11+: X, roi, scales, sizes; 18: antialias, axes,
+// keep_aspect_ratio_policy; 19: half_pixel_symmetric)
 // and Upsample (opset 7: scales attribute; 9: scales input), any rank. Fast paths onto
 // aten.upsample_nearest2d / upsample_bilinear2d when a 4-D resize of H and W computes exactly what
 // PyTorch's kernels compute (nearest: the same source indices; linear: align_corners, or half_pixel
@@ -3146,10 +3276,23 @@ Error resize(NodeCtx& c, bool is_upsample) {
     TRY(zv, c.opt_input(3));
     roi_v = rv, scales_v = sv, sizes_v = zv;
   }
+  Ints axes;  // Resize-18: scales / sizes / roi of these axes only
+  std::string policy = "stretch";
+  if (!is_upsample && c.opset() >= 18) {
+    TRY(aa, c.attr_int("antialias", 0));
+    TRY(ax, c.attr_ints("axes", {}));
+    TRY(kp, c.attr_string("keep_aspect_ratio_policy", "stretch"));
+    if (aa != 0 && aa != 1) return c.invalid("attribute 'antialias' must be 0 or 1");
+    if (kp != "stretch" && kp != "not_larger" && kp != "not_smaller") {
+      return c.invalid("attribute 'keep_aspect_ratio_policy' = '" + kp + "'");
+    }
+    r.antialias = aa == 1, axes = ax, policy = kp;
+  }
   if (r.mode != "nearest" && r.mode != "linear" && r.mode != "cubic") return c.unsupported("attribute 'mode' = '" + mode + "'");
   static const char* kCoords[] = {"half_pixel", "pytorch_half_pixel", "align_corners", "asymmetric", "tf_half_pixel_for_nn",
-                                  "tf_crop_and_resize"};
-  if (std::find(std::begin(kCoords), std::end(kCoords), r.coord) == std::end(kCoords)) {
+                                  "tf_crop_and_resize", "half_pixel_symmetric"};
+  if (std::find(std::begin(kCoords), std::end(kCoords), r.coord) == std::end(kCoords) ||
+      (r.coord == "half_pixel_symmetric" && c.opset() < 19)) {
     return c.invalid("coordinate_transformation_mode '" + r.coord + "'");
   }
   static const char* kNearest[] = {"round_prefer_floor", "round_prefer_ceil", "floor", "ceil"};
@@ -3166,9 +3309,45 @@ Error resize(NodeCtx& c, bool is_upsample) {
   }
   const Ints in = c.type(x).sizes;
   const size_t rank = in.size();
+  const bool has_axes = c.has_attr("axes");
+  if (has_axes) {  // expanded to every axis (onnx reference _interpolate_nd)
+    std::vector<bool> seen(rank, false);
+    for (int64_t& a : axes) {
+      TRY(w, wrap_axis(c, a, static_cast<int64_t>(rank), "axes"));
+      if (seen[static_cast<size_t>(w)]) return c.invalid("axis " + std::to_string(w) + " repeated in axes");
+      seen[static_cast<size_t>(w)] = true;
+      a = w;
+    }
+    const size_t na = axes.size();
+    if (!scales.empty()) {
+      if (scales.size() != na) return c.invalid("scales must have " + std::to_string(na) + " values (one per axis)");
+      std::vector<double> full(rank, 1.0);
+      for (size_t k = 0; k < na; ++k) full[static_cast<size_t>(axes[k])] = scales[k];
+      scales = full;
+    }
+    if (!sizes.empty()) {
+      if (sizes.size() != na) return c.invalid("sizes must have " + std::to_string(na) + " values (one per axis)");
+      Ints full = in;
+      for (size_t k = 0; k < na; ++k) full[static_cast<size_t>(axes[k])] = sizes[k];
+      sizes = full;
+    }
+  } else {
+    for (size_t i = 0; i < rank; ++i) axes.push_back(static_cast<int64_t>(i));
+  }
   if (r.coord == "tf_crop_and_resize") {
     if (roi_v == kNoValue) return c.invalid("tf_crop_and_resize needs roi");
-    TRY(rr, c.const_floats(roi_v, "roi"));
+    TRY(rr0, c.const_floats(roi_v, "roi"));
+    std::vector<double> rr = rr0;
+    if (has_axes) {
+      if (rr.size() != 2 * axes.size()) return c.invalid("roi needs " + std::to_string(2 * axes.size()) + " values");
+      std::vector<double> full(2 * rank);
+      for (size_t i = 0; i < rank; ++i) full[i] = 0, full[i + rank] = 1;
+      for (size_t k = 0; k < axes.size(); ++k) {
+        full[static_cast<size_t>(axes[k])] = rr[k];
+        full[static_cast<size_t>(axes[k]) + rank] = rr[k + axes.size()];
+      }
+      rr = full;
+    }
     if (rr.size() != 2 * rank) return c.invalid("roi needs " + std::to_string(2 * rank) + " values");
     roi = rr;
   }
@@ -3183,6 +3362,20 @@ Error resize(NodeCtx& c, bool is_upsample) {
       if (in[i] == 0) return c.invalid("cannot resize an empty dim");
       out[i] = sizes[i];
       scale[i] = static_cast<double>(out[i]) / static_cast<double>(in[i]);
+    }
+    if (policy != "stretch") {  // one scale for every listed axis; sizes rounded half up
+      double k = policy == "not_larger" ? 1e300 : 0;
+      for (int64_t a : axes) {
+        k = policy == "not_larger" ? std::min(k, scale[static_cast<size_t>(a)]) : std::max(k, scale[static_cast<size_t>(a)]);
+      }
+      for (int64_t a : axes) {
+        const size_t i = static_cast<size_t>(a);
+        const double o = std::floor(k * static_cast<double>(in[i]) + 0.5);
+        if (o < 1 || o > static_cast<double>(int64_t{1} << 24)) return c.invalid("bad output size with keep_aspect_ratio_policy");
+        out[i] = static_cast<int64_t>(o);
+        scale[i] = k;
+        given_scale[i] = true;  // the reference's length is in * scale, as for given scales
+      }
     }
   } else if (!scales.empty()) {
     if (scales.size() != rank) return c.invalid("scales must have " + std::to_string(rank) + " values");
@@ -3209,7 +3402,7 @@ Error resize(NodeCtx& c, bool is_upsample) {
   }
   // Fast paths: 4-D, only H and W resized.
   if (rank == 4 && !resized[0] && !resized[1] && c.type(x).dtype == DType::Float32 && !taps[2].any_invalid &&
-      !taps[3].any_invalid) {
+      !taps[3].any_invalid && !(r.antialias && (scale[2] < 1 || scale[3] < 1))) {
     std::optional<double> sh, sw;
     if (given_scale[2]) sh = scale[2], sw = scale[3];
     Attributes attrs{{"output_size", Ints{out[2], out[3]}}};
@@ -3300,6 +3493,249 @@ Error resize(NodeCtx& c, bool is_upsample) {
 Error conv_Resize(NodeCtx& c) { return resize(c, false); }
 Error conv_Upsample(NodeCtx& c) { return resize(c, true); }
 
+// ---- opset 18-20 ops ----
+
+// BitwiseAnd / Or / Xor / Not (opset 18): integer tensors, numpy broadcasting.
+Error conv_BitwiseAnd(NodeCtx& c) { return cmp(c, "aten.bitwise_and"); }
+Error conv_BitwiseOr(NodeCtx& c) { return cmp(c, "aten.bitwise_or"); }
+Error conv_BitwiseXor(NodeCtx& c) { return cmp(c, "aten.bitwise_xor"); }
+Error conv_BitwiseNot(NodeCtx& c) { return unary(c, "aten.bitwise_not"); }
+
+// Gelu (opset 20): approximate "none" (erf) or "tanh", as aten.gelu.
+Error conv_Gelu(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(approx, c.attr_string("approximate", "none"));
+  if (approx != "none" && approx != "tanh") return c.invalid("attribute 'approximate' = '" + approx + "'");
+  TRY(y, c.emit("aten.gelu", {x}, {{"approximate", approx}}));
+  return c.set_output(0, y);
+}
+
+// GroupNormalization (opset 18; 21): X (N, C, D1, ...), num_groups G dividing C. Opset 18's
+// scale and bias have one value per group (repeated over the group's C / G channels here);
+// opset 21's have one per channel. stash_type 1 (float32 statistics, the default): inputs of
+// another float dtype are normalized in float32 and converted back.
+Error conv_GroupNormalization(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(scale, c.input(1));
+  TRY(bias, c.input(2));
+  TRY(eps, c.attr_float("epsilon", 1e-5));
+  TRY(groups, c.attr_int("num_groups", 0));
+  TRY(stash, c.attr_int("stash_type", 1));
+  if (stash != 1) return c.unsupported("attribute 'stash_type' = " + std::to_string(stash) + " (float32 statistics only)");
+  if (!c.has_attr("num_groups")) return c.invalid("attribute 'num_groups' is required");
+  const Ints s = c.type(x).sizes;
+  if (s.size() < 2) return c.invalid("input must have rank >= 2");
+  const DType dt = c.type(x).dtype;
+  if (!is_floating(dt)) return c.invalid("input must be a float tensor, got " + c.type(x).to_string());
+  const int64_t ch = s[1];
+  if (groups <= 0 || ch % groups != 0) {
+    return c.invalid("num_groups " + std::to_string(groups) + " does not divide the " + std::to_string(ch) + " channels");
+  }
+  const int64_t per = c.opset() >= 21 ? ch : groups;
+  for (ValueId v : {scale, bias}) {
+    if (c.type(v).sizes != Ints{per}) {
+      return c.invalid("scale and bias must have shape [" + std::to_string(per) + "] (opset " + std::to_string(c.opset()) +
+                       "), got " + c.type(v).to_string());
+    }
+  }
+  ValueId w = scale, b = bias;
+  if (c.opset() < 21 && groups != ch) {  // per group -> per channel
+    Ints idx(static_cast<size_t>(ch));
+    for (int64_t i = 0; i < ch; ++i) idx[static_cast<size_t>(i)] = i / (ch / groups);
+    TRY(iv, c.int64_vector(idx));
+    TRY(w2, c.emit("aten.index_select", {scale, iv}, {{"dim", int64_t{0}}}));
+    TRY(b2, c.emit("aten.index_select", {bias, iv}, {{"dim", int64_t{0}}}));
+    w = w2, b = b2;
+  }
+  ValueId in = x;
+  const std::string f32 = "float32";
+  if (dt != DType::Float32) {
+    TRY(xf, c.emit("aten._to_copy", {x}, {{"dtype", f32}}));
+    in = xf;
+  }
+  if (c.type(w).dtype != DType::Float32) {
+    TRY(wf, c.emit("aten._to_copy", {w}, {{"dtype", f32}}));
+    w = wf;
+  }
+  if (c.type(b).dtype != DType::Float32) {
+    TRY(bf, c.emit("aten._to_copy", {b}, {{"dtype", f32}}));
+    b = bf;
+  }
+  int64_t hw = 1;
+  for (size_t i = 2; i < s.size(); ++i) hw *= s[i];
+  TRY(y0, c.emit("aten.native_group_norm", {in, w, b},
+                 {{"N", s[0]}, {"C", ch}, {"HxW", hw}, {"group", groups}, {"eps", eps}}));
+  ValueId y = y0;
+  if (dt != DType::Float32) {
+    TRY(yc, c.emit("aten._to_copy", {y0}, {{"dtype", std::string(dtype_name(dt))}}));
+    y = yc;
+  }
+  return c.set_output(0, y);
+}
+
+// Acos / Asin / Atan (opset 7; 22 adds bfloat16).
+Error conv_Acos(NodeCtx& c) { return unary(c, "aten.acos"); }
+Error conv_Asin(NodeCtx& c) { return unary(c, "aten.asin"); }
+Error conv_Atan(NodeCtx& c) { return unary(c, "aten.atan"); }
+
+// CenterCropPad (opset 18): per listed axis (all by default), a centered crop to the constant
+// target size (start (dim - target) / 2, rounded down) or a centered zero pad (begin (target - dim)
+// / 2, rounded down), as aten.slice and aten.constant_pad_nd.
+Error conv_CenterCropPad(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(sv, c.input(1));
+  TRY(shape, c.const_ints(sv, "shape"));
+  const int64_t r = c.rank(x);
+  Ints def(static_cast<size_t>(r));
+  std::iota(def.begin(), def.end(), int64_t{0});
+  TRY(axes0, c.attr_ints("axes", def));
+  if (shape.size() != axes0.size()) {
+    return c.invalid("shape has " + std::to_string(shape.size()) + " values for " + std::to_string(axes0.size()) + " axes");
+  }
+  std::vector<bool> seen(static_cast<size_t>(r), false);
+  Ints pad(static_cast<size_t>(2 * r), 0);  // (begin, end) per dim, aten order built below
+  ValueId y = x;
+  for (size_t k = 0; k < axes0.size(); ++k) {
+    TRY(a, wrap_axis(c, axes0[k], r, "axes"));
+    if (seen[static_cast<size_t>(a)]) return c.invalid("axis " + std::to_string(a) + " repeated in axes");
+    seen[static_cast<size_t>(a)] = true;
+    const int64_t dim = c.type(x).sizes[static_cast<size_t>(a)], want = shape[k];
+    if (want < 0 || want > (int64_t{1} << 31)) return c.invalid("bad target size " + std::to_string(want));
+    if (want < dim) {
+      const int64_t start = (dim - want) / 2;
+      TRY(v, c.emit("aten.slice", {y}, {{"dim", a}, {"start", start}, {"end", start + want}, {"step", int64_t{1}}}));
+      y = v;
+    } else if (want > dim) {
+      pad[static_cast<size_t>(2 * a)] = (want - dim) / 2;
+      pad[static_cast<size_t>(2 * a + 1)] = want - dim - (want - dim) / 2;
+    }
+  }
+  bool any_pad = false;
+  Ints aten;  // last dim first
+  for (int64_t i = r - 1; i >= 0; --i) {
+    aten.push_back(pad[static_cast<size_t>(2 * i)]);
+    aten.push_back(pad[static_cast<size_t>(2 * i + 1)]);
+    any_pad |= pad[static_cast<size_t>(2 * i)] != 0 || pad[static_cast<size_t>(2 * i + 1)] != 0;
+  }
+  if (any_pad) {
+    TRY(v, c.emit("aten.constant_pad_nd", {y}, {{"pad", aten}, {"value", 0.0}}));
+    y = v;
+  }
+  if (y == x) {
+    TRY(v, c.emit("aten.clone", {x}));
+    y = v;
+  }
+  return c.set_output(0, y);
+}
+
+// GridSample (opset 16: mode bilinear / nearest / bicubic on 4-D input; 20: linear / nearest /
+// cubic on any rank) as aten.grid_sampler_2d / 3d (float32; 4-D and 5-D input, cubic 4-D only).
+Error conv_GridSample(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(grid, c.input(1));
+  const bool v20 = c.opset() >= 20;
+  TRY(mode, c.attr_string("mode", v20 ? "linear" : "bilinear"));
+  TRY(padding, c.attr_string("padding_mode", "zeros"));
+  TRY(align, c.attr_int("align_corners", 0));
+  int64_t interp = -1;
+  if (mode == (v20 ? "linear" : "bilinear")) interp = 0;
+  else if (mode == "nearest") interp = 1;
+  else if (mode == (v20 ? "cubic" : "bicubic")) interp = 2;
+  else return c.invalid("attribute 'mode' = '" + mode + "' (opset " + std::to_string(c.opset()) + ")");
+  int64_t pad = -1;
+  if (padding == "zeros") pad = 0;
+  else if (padding == "border") pad = 1;
+  else if (padding == "reflection") pad = 2;
+  else return c.invalid("attribute 'padding_mode' = '" + padding + "'");
+  const int64_t r = c.rank(x);
+  if (r != 4 && r != 5) return c.unsupported("input of rank " + std::to_string(r) + " (4-D and 5-D only)");
+  if (c.type(x).dtype != DType::Float32 || c.type(grid).dtype != DType::Float32) {
+    return c.unsupported("dtype " + std::string(dtype_name(c.type(x).dtype)) + " (float32 only)");
+  }
+  TRY(y, c.emit(r == 4 ? "aten.grid_sampler_2d" : "aten.grid_sampler_3d", {x, grid},
+                {{"interpolation_mode", interp}, {"padding_mode", pad}, {"align_corners", align != 0}}));
+  return c.set_output(0, y);
+}
+
+// AffineGrid (opset 20): theta (N, 2, 3) / (N, 3, 4), constant size (N, C, [D,] H, W) -> grid
+// (N, [D,] H, W, 2 or 3) = base @ theta^T per batch, where base holds (x, y, [z,] 1) per output
+// position: -1 + 2 i / (n - 1) with align_corners, else -1 + (2 i + 1) / n (onnx reference
+// op_affine_grid.py). float32, as aten.bmm.
+Error conv_AffineGrid(NodeCtx& c) {
+  TRY(theta, c.input(0));
+  TRY(sv, c.input(1));
+  TRY(size, c.const_ints(sv, "size"));
+  TRY(align, c.attr_int("align_corners", 0));
+  if (size.size() != 4 && size.size() != 5) return c.invalid("size must have 4 or 5 values");
+  const int64_t nd = static_cast<int64_t>(size.size()) - 2, n = size[0];
+  const TensorType tt = c.type(theta);
+  if (tt.dtype != DType::Float32) return c.unsupported("dtype " + std::string(dtype_name(tt.dtype)) + " (float32 only)");
+  if (tt.sizes != Ints{n, nd, nd + 1}) {
+    return c.invalid("theta must have shape [" + std::to_string(n) + ", " + std::to_string(nd) + ", " +
+                     std::to_string(nd + 1) + "], got " + tt.to_string());
+  }
+  Ints spatial(size.begin() + 2, size.end());
+  double m = 1;
+  for (int64_t d : spatial) {
+    if (d < 1) return c.invalid("size must be positive");
+    m *= static_cast<double>(d);
+  }
+  KILN_RETURN_IF_ERROR(c.check_constant_size(m * static_cast<double>(n), 4.0 * static_cast<double>(nd + 1), "the base grid"));
+  const int64_t mi = static_cast<int64_t>(m);
+  auto coord = [&](int64_t i, int64_t len) {
+    if (align) return len == 1 ? -1.0 : -1.0 + 2.0 * static_cast<double>(i) / static_cast<double>(len - 1);
+    return -1.0 + (2.0 * static_cast<double>(i) + 1.0) / static_cast<double>(len);
+  };
+  std::vector<float> base(static_cast<size_t>(mi * (nd + 1)));
+  for (int64_t p = 0; p < mi; ++p) {
+    int64_t rem = p;
+    std::vector<int64_t> idx(static_cast<size_t>(nd));
+    for (int64_t d = nd - 1; d >= 0; --d) {
+      idx[static_cast<size_t>(d)] = rem % spatial[static_cast<size_t>(d)];
+      rem /= spatial[static_cast<size_t>(d)];
+    }
+    // (x, y, [z]): x runs over the last spatial dim (W), y over H, z over D.
+    for (int64_t k = 0; k < nd; ++k) {
+      const size_t d = static_cast<size_t>(nd - 1 - k);
+      base[static_cast<size_t>(p * (nd + 1) + k)] = static_cast<float>(coord(idx[d], spatial[d]));
+    }
+    base[static_cast<size_t>(p * (nd + 1) + nd)] = 1.0f;
+  }
+  std::vector<uint8_t> bytes(base.size() * 4);
+  if (!bytes.empty()) std::memcpy(bytes.data(), base.data(), bytes.size());
+  TRY(bv, c.constant(TensorType{DType::Float32, {1, mi, nd + 1}}, std::move(bytes)));
+  TRY(be, c.emit("aten.expand", {bv}, {{"size", Ints{n, mi, nd + 1}}}));
+  TRY(tt2, c.emit("aten.permute", {theta}, {{"dims", Ints{0, 2, 1}}}));
+  TRY(g, c.emit("aten.bmm", {be, tt2}));
+  Ints out{n};
+  out.insert(out.end(), spatial.begin(), spatial.end());
+  out.push_back(nd);
+  TRY(y, view(c, g, out));
+  return c.set_output(0, y);
+}
+
+// Col2Im (opset 18): input (N, C * prod(block_shape), L), constant image_shape and block_shape of
+// two spatial dims, as aten.col2im (2-D, the same padding at both ends of a dim).
+Error conv_Col2Im(NodeCtx& c) {
+  TRY(x, c.input(0));
+  TRY(isv, c.input(1));
+  TRY(bsv, c.input(2));
+  TRY(image, c.const_ints(isv, "image_shape"));
+  TRY(block, c.const_ints(bsv, "block_shape"));
+  if (image.size() != block.size()) return c.invalid("image_shape and block_shape have different lengths");
+  if (image.size() != 2) return c.unsupported(std::to_string(image.size()) + " spatial dims (2-D only, aten.col2im)");
+  TRY(dil, c.attr_ints("dilations", {1, 1}));
+  TRY(pads, c.attr_ints("pads", {0, 0, 0, 0}));
+  TRY(strides, c.attr_ints("strides", {1, 1}));
+  if (dil.size() != 2 || strides.size() != 2 || pads.size() != 4) return c.invalid("dilations, strides need 2 values, pads 4");
+  if (pads[0] != pads[2] || pads[1] != pads[3]) return c.unsupported("pads differing at the two ends of a dim");
+  if (c.rank(x) != 3) return c.invalid("input must have rank 3 (N, C * prod(block_shape), L)");
+  TRY(y, c.emit("aten.col2im", {x},
+                {{"output_size", image}, {"kernel_size", block}, {"dilation", dil}, {"padding", Ints{pads[0], pads[1]}},
+                 {"stride", strides}}));
+  return c.set_output(0, y);
+}
+
 #undef TRY
 
 }  // namespace
@@ -3330,6 +3766,10 @@ const std::map<std::string, OpConverter>& converters() {
       K(GlobalLpPool), K(LpPool), K(DequantizeLinear), K(QuantizeLinear), K(NegativeLogLikelihoodLoss),
       K(SoftmaxCrossEntropyLoss), K(ReduceProd), K(HannWindow), K(HammingWindow), K(BlackmanWindow), K(ScatterND),
       K(ScatterElements), {"Scatter", {conv_ScatterElements, 9}},
+      {"BitwiseAnd", {conv_BitwiseAnd, 18}}, {"BitwiseOr", {conv_BitwiseOr, 18}}, {"BitwiseXor", {conv_BitwiseXor, 18}},
+      {"BitwiseNot", {conv_BitwiseNot, 18}}, {"Col2Im", {conv_Col2Im, 18}}, {"GroupNormalization", {conv_GroupNormalization, 18}},
+      {"Gelu", {conv_Gelu, 20}}, {"CenterCropPad", {conv_CenterCropPad, 18}}, K(Acos), K(Asin), K(Atan),
+      {"GridSample", {conv_GridSample, 16}}, {"AffineGrid", {conv_AffineGrid, 20}},
 #undef K
 #undef K6
   };
@@ -3341,7 +3781,11 @@ const std::map<std::string, OpConverter>& converters() {
 namespace kiln::onnx {
 std::vector<std::string> supported_op_types() {
   std::vector<std::string> out;
-  for (const auto& [k, v] : detail::converters()) out.push_back(k);  // std::map: sorted
+  for (const auto& [k, v] : detail::converters()) out.push_back(k);
+  // Control flow folded by the importer itself (importer.cpp fold_if / fold_loop).
+  out.push_back("If");
+  out.push_back("Loop");
+  std::sort(out.begin(), out.end());
   return out;
 }
 }  // namespace kiln::onnx
