@@ -3,6 +3,7 @@
 //   kiln inspect model.kiln [--json]       what is in a program file (methods, types, ops, memory)
 //   kiln run model.kiln --input x.npy --output-dir out/    run a method on .npy inputs
 //   kiln bench model.kiln --threads 2 --runs 100 [--json]   time a method (latency, load, RSS)
+//   kiln report model.kiln [--profile] -o report.html   one HTML page: how each method runs
 //   kiln generate llm.kiln --prompt-ids 1,2,3 --max-new-tokens 16 [--json]   token ids from a language model
 //   kiln compile model.onnx --input-shape x=1x3x224x224 --backends xnnpack -o model.kiln
 //                                          import an ONNX model and compile it (when built with the
@@ -31,6 +32,7 @@
 #include <filesystem>
 #include <iostream>
 #include <sstream>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -39,6 +41,7 @@
 #include "kiln/llm.h"
 #include "kiln/runtime.h"
 #include "kiln/npy.h"
+#include "report_html.h"
 #ifdef KILN_HAVE_ONNX
 #include <fstream>
 
@@ -180,6 +183,16 @@ std::string delegate_summary(const MethodMeta& m) {
   return out.empty() ? "none" : out;
 }
 
+/// Writes `text` to `path` (created or truncated); InvalidArgument naming the path when it cannot.
+Error write_text(const std::string& path, const std::string& text) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return Error(ErrorCode::InvalidArgument, "cannot write '" + path + "': " + std::strerror(errno));
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size();
+  const bool closed = std::fclose(f) == 0;
+  if (!ok || !closed) return Error(ErrorCode::InvalidArgument, "cannot write '" + path + "': " + std::strerror(errno));
+  return Error();
+}
+
 // ---- kiln inspect ----
 
 struct InspectArgs {
@@ -268,7 +281,13 @@ int cmd_inspect(const InspectArgs& a) {
   if (!p.metadata().empty()) {
     o << "metadata\n";
     // values may hold control characters (terminal escapes): shown escaped, as \xNN
-    for (const auto& [k, v] : p.metadata()) o << "    " << k << " = " << printable(v) << "\n";
+    for (const auto& [k, v] : p.metadata()) {
+      if (k == "kiln.delegation") {  // the compiler's delegation record: long JSON, shown by `kiln report`
+        o << "    " << k << " = (" << v.size() << " bytes of JSON: which nodes each backend took and why; `kiln report` shows it)\n";
+        continue;
+      }
+      o << "    " << k << " = " << printable(v) << "\n";
+    }
   }
   for (const MethodMeta& m : metas) {
     size_t name_width = 0;
@@ -623,13 +642,58 @@ int cmd_generate(const GenerateArgs& a) {
   return 0;
 }
 
+/// A CLI check for an option naming a file to write: an empty path is a usage error (exit 2,
+/// before any work) rather than a silent no-op or a late "cannot write ''".
+CLI::Validator non_empty_path() {
+  return CLI::Validator([](std::string& v) { return v.empty() ? std::string("must not be empty: give a file path") : std::string(); },
+                        "PATH", "non-empty path");
+}
+
 // ---- kiln run ----
+
+/// The .npy file stem of each output: its name with every character outside [A-Za-z0-9._-]
+/// (and a leading '.') replaced by '_', at most 200 bytes; "output_<i>" for an unnamed output or
+/// with `numbered`. A file named exactly after an output holds that output: names that are already
+/// safe stems claim them first (first occurrence), then the changed ones take theirs if free; any
+/// other gets "_<i>" appended (then "_<k>", k = 2, 3, ...) until it is no output's stem.
+std::vector<std::string> output_file_stems(const std::vector<std::string>& names, size_t n, bool numbered) {
+  std::vector<std::string> stems(n);
+  std::vector<bool> exact(n, false), done(n, false);
+  for (size_t i = 0; i < n; ++i) {
+    std::string& s = stems[i];
+    if (!numbered && i < names.size()) {
+      for (char c : names[i].substr(0, 200)) {
+        const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+                        c == '_' || (c == '.' && !s.empty());
+        s += ok ? c : '_';
+      }
+      exact[i] = !s.empty() && s == names[i];
+    }
+    if (s.empty()) s = "output_" + std::to_string(i);
+  }
+  std::set<std::string> claimed;
+  for (bool tier : {true, false}) {  // exact names first
+    for (size_t i = 0; i < n; ++i) {
+      if (exact[i] == tier && claimed.insert(stems[i]).second) done[i] = true;
+    }
+  }
+  std::set<std::string> taken(stems.begin(), stems.end());
+  for (size_t i = 0; i < n; ++i) {
+    if (done[i]) continue;
+    std::string c = stems[i] + "_" + std::to_string(i);
+    for (int k = 2; taken.count(c); ++k) c = stems[i] + "_" + std::to_string(i) + "_" + std::to_string(k);
+    taken.insert(c);
+    stems[i] = c;
+  }
+  return stems;
+}
 
 struct RunArgs {
   std::string file;
   std::string method = "forward";
   std::vector<std::string> inputs;
   std::string output_dir;
+  bool numbered = false;  ///< output_<i>.npy whatever the output names
   ExecOptions exec;
 };
 
@@ -665,11 +729,12 @@ int cmd_run(const RunArgs& a) {
     }
   }
   std::printf("method '%s': %zu input(s), %zu output(s)\n", m.name.c_str(), inputs.size(), outputs->size());
+  const std::vector<std::string> stems = output_file_stems(m.output_names, outputs->size(), a.numbered);
   for (size_t i = 0; i < outputs->size(); ++i) {
     const Tensor& t = (*outputs)[i];
     std::string line = "output " + std::to_string(i) + " '" + display_name(m.output_names, i) + "': " + t.type().to_string();
     if (!a.output_dir.empty()) {
-      const std::string path = (std::filesystem::path(a.output_dir) / ("output_" + std::to_string(i) + ".npy")).string();
+      const std::string path = (std::filesystem::path(a.output_dir) / (stems[i] + ".npy")).string();
       Tensor to_write = t;
       std::vector<float> widened;
       if (t.dtype == DType::BFloat16) {
@@ -703,6 +768,7 @@ struct BenchArgs {
   uint64_t seed = 0;
   bool json = false;
   int profile = 0;  ///< 0: off; N > 0: profile --runs extra executions, show the top N rows
+  std::string trace;  ///< Chrome trace-event file of the profiled executions; "" off
   ExecOptions exec;
 };
 
@@ -783,30 +849,55 @@ double quantile(const std::vector<double>& sorted, double q) {
   return sorted[lo] + (pos - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
 }
 
-int cmd_bench(const BenchArgs& a) {
+/// What one bench-style timing produced (run_bench): shared by `kiln bench` and `kiln report --profile`.
+struct BenchRun {
+  std::shared_ptr<Program> program;
+  MethodMeta meta;
+  LoadedMethod method;
+  double load_ms = 0.0, init_ms = 0.0;
+  std::vector<double> times;               ///< --runs timed executions, ms
+  std::vector<InstructionProfile> prof;    ///< with profiling: summed over --runs more executions
+  double prof_wall_ms = 0.0;               ///< wall time of those executions (each one's execute call)
+  /// With trace: per profiled execution, its start and duration (steady_clock ns) and its
+  /// instructions' profile (InstructionProfile::last_start_ns / last_ns of that execution).
+  struct TracedRun {
+    int64_t start_ns = 0, dur_ns = 0;
+    std::vector<InstructionProfile> instructions;
+  };
+  std::vector<TracedRun> traced;
+};
+
+/// Loads the program, makes the inputs (--input files or seeded random data), instantiates the
+/// method, runs --warmup and --runs timed executions and, when `profile` (or `trace`), --runs more
+/// with each instruction timed (`trace`: each execution's instruction timings kept). Returns 0, or
+/// the exit status after printing the error as "kiln WHERE: ...".
+int run_bench(const BenchArgs& a, const char* where, bool profile, bool trace, BenchRun& r) {
   using Clock = std::chrono::steady_clock;
   auto ms = [](Clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
 
-  if (Error e = check_exec_options(a.exec); !e.ok()) return usage_fail("bench", e);
+  if (Error e = check_exec_options(a.exec); !e.ok()) return usage_fail(where, e);
   if (a.runs < 1 || a.runs > 1000000) {
-    return usage_fail("bench", Error(ErrorCode::InvalidArgument, "--runs must be between 1 and 1000000, got " + std::to_string(a.runs)));
+    return usage_fail(where, Error(ErrorCode::InvalidArgument, "--runs must be between 1 and 1000000, got " + std::to_string(a.runs)));
   }
   if (a.warmup < 0 || a.warmup > 1000000) {
-    return usage_fail("bench", Error(ErrorCode::InvalidArgument, "--warmup must be between 0 and 1000000, got " + std::to_string(a.warmup)));
+    return usage_fail(where, Error(ErrorCode::InvalidArgument, "--warmup must be between 0 and 1000000, got " + std::to_string(a.warmup)));
   }
 
   const auto t0 = Clock::now();
   auto program = Program::load(a.file, cli_load_options());
   const auto t1 = Clock::now();
-  if (!program.ok()) return fail("bench", program.error());
-  auto meta = find_method(*program.value(), a.method);
-  if (!meta.ok()) return fail("bench", meta.error());
-  const MethodMeta& m = meta.value();
+  if (!program.ok()) return fail(where, program.error());
+  r.program = program.value();
+  r.load_ms = ms(t1 - t0);
+  auto meta = find_method(*r.program, a.method);
+  if (!meta.ok()) return fail(where, meta.error());
+  r.meta = meta.value();
+  const MethodMeta& m = r.meta;
 
   std::vector<npy::Array> arrays;
   if (!a.inputs.empty()) {
     auto read = read_inputs(m, a.inputs);
-    if (!read.ok()) return fail("bench", read.error());
+    if (!read.ok()) return fail(where, read.error());
     arrays = std::move(read.value());
   } else {
     std::mt19937_64 rng(a.seed);
@@ -822,9 +913,9 @@ int cmd_bench(const BenchArgs& a) {
         if (dims[d].empty()) continue;
         auto sym = std::find_if(m.symbols.begin(), m.symbols.end(), [&](const SymbolDef& s) { return s.name == dims[d]; });
         if (sym == m.symbols.end()) {
-          return usage_fail("bench", Error(ErrorCode::InvalidArgument,
-                                           "input '" + display_name(m.input_names, i) + "' dim " + std::to_string(d) +
-                                               " is " + dims[d] + ": give the inputs with --input files"));
+          return usage_fail(where, Error(ErrorCode::InvalidArgument,
+                                         "input '" + display_name(m.input_names, i) + "' dim " + std::to_string(d) +
+                                             " is " + dims[d] + ": give the inputs with --input files"));
         }
         arr.shape[d] = sym->min;
       }
@@ -838,48 +929,104 @@ int cmd_bench(const BenchArgs& a) {
   }
 
   const auto t2 = Clock::now();
-  auto method = instantiate(*program.value(), a.method, a.exec);
+  auto method = instantiate(*r.program, a.method, a.exec);
   const auto t3 = Clock::now();
-  if (!method.ok()) return fail("bench", method.error());
+  if (!method.ok()) return fail(where, method.error());
+  r.method = std::move(method.value());
+  r.init_ms = ms(t3 - t2);
   std::vector<Tensor> inputs;
   for (npy::Array& arr : arrays) inputs.push_back(arr.view());
 
-  Method& run = *method->method;
+  Method& run = *r.method.method;
   for (int i = 0; i < a.warmup; ++i) {
     auto out = run.execute(inputs);
-    if (!out.ok()) return fail("bench", out.error());
+    if (!out.ok()) return fail(where, out.error());
   }
-  std::vector<double> times;
-  times.reserve(static_cast<size_t>(a.runs));
+  r.times.reserve(static_cast<size_t>(a.runs));
   for (int i = 0; i < a.runs; ++i) {
     const auto s = Clock::now();
     auto out = run.execute(inputs);
     const auto e = Clock::now();
-    if (!out.ok()) return fail("bench", out.error());
-    times.push_back(ms(e - s));
+    if (!out.ok()) return fail(where, out.error());
+    r.times.push_back(ms(e - s));
   }
-  // --profile: as many executions again, timed per instruction (the latency figures above are
+  // Profile: as many executions again, timed per instruction (the latency figures above are
   // from executions without the profiler's clock reads).
-  std::vector<InstructionProfile> prof;
-  double prof_wall_ms = 0.0;
-  if (a.profile > 0) {
+  if (profile || trace) {
     run.set_profiling(true);
-    const auto s = Clock::now();
     for (int i = 0; i < a.runs; ++i) {
+      const auto s = Clock::now();
       auto out = run.execute(inputs);
-      if (!out.ok()) return fail("bench", out.error());
+      const auto e = Clock::now();
+      if (!out.ok()) return fail(where, out.error());
+      r.prof_wall_ms += ms(e - s);
+      if (trace) {  // this execution's timings (read outside the timed call)
+        BenchRun::TracedRun tr;
+        tr.start_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(s.time_since_epoch()).count();
+        tr.dur_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(e - s).count();
+        tr.instructions = run.profile();
+        r.traced.push_back(std::move(tr));
+      }
     }
-    prof_wall_ms = ms(Clock::now() - s);
-    prof = run.profile();
+    r.prof = run.profile();
     run.set_profiling(false);
   }
+  return 0;
+}
+
+/// Writes `runs` as a Chrome trace-event file (the JSON object format: {"traceEvents": [...]},
+/// timestamps in microseconds from the first run's start): per execution one "X" event for the
+/// whole execute call (thread 1, cat "run") and one per executed instruction (thread 2, cat
+/// "kernel" or "delegate", args: index, op, kernel, fused, shapes). Perfetto and chrome://tracing
+/// open it.
+Error write_trace(const std::string& path, const std::string& method, const std::vector<BenchRun::TracedRun>& runs) {
+  const int64_t origin = runs.empty() ? 0 : runs.front().start_ns;
+  auto us = [&](int64_t ns) {
+    char b[32];
+    std::snprintf(b, sizeof(b), "%.3f", static_cast<double>(ns) / 1000.0);
+    return std::string(b);
+  };
+  std::string j = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
+  j += "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 1, \"args\": {\"name\": " +
+       json_str("kiln bench: method " + method) + "}},\n";
+  j += "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 1, \"args\": {\"name\": \"runs\"}},\n";
+  j += "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 2, \"args\": {\"name\": \"instructions\"}}";
+  for (size_t r = 0; r < runs.size(); ++r) {
+    const auto& run = runs[r];
+    j += ",\n{\"name\": \"execute " + std::to_string(r) + "\", \"cat\": \"run\", \"ph\": \"X\", \"ts\": " +
+         us(run.start_ns - origin) + ", \"dur\": " + us(run.dur_ns) + ", \"pid\": 1, \"tid\": 1, \"args\": {\"run\": " +
+         std::to_string(r) + "}}";
+    for (const InstructionProfile& p : run.instructions) {
+      if (p.last_ns <= 0 && p.last_start_ns == 0) continue;
+      j += ",\n{\"name\": " + json_str(p.op) + ", \"cat\": " + json_str(p.kernel == "delegate" ? "delegate" : "kernel") +
+           ", \"ph\": \"X\", \"ts\": " + us(p.last_start_ns - origin) + ", \"dur\": " + us(std::max<int64_t>(p.last_ns, 0)) +
+           ", \"pid\": 1, \"tid\": 2, \"args\": {\"run\": " + std::to_string(r) + ", \"index\": " + std::to_string(p.index) +
+           ", \"kernel\": " + json_str(p.kernel) + ", \"fused\": " + json_str(p.fused) + ", \"shapes\": " +
+           json_str(profile_shapes(p)) + "}}";
+    }
+  }
+  j += "\n]}\n";
+  return write_text(path, j);
+}
+
+int cmd_bench(const BenchArgs& a) {
+  BenchRun br;
+  if (int rc = run_bench(a, "bench", a.profile > 0, !a.trace.empty(), br); rc != 0) return rc;
+  if (!a.trace.empty()) {
+    if (Error e = write_trace(a.trace, br.meta.name, br.traced); !e.ok()) return fail("bench", e);
+  }
+  const MethodMeta& m = br.meta;
+  Method& run = *br.method.method;
+  const std::vector<double>& times = br.times;
+  const std::vector<InstructionProfile>& prof = br.prof;
+  const double prof_wall_ms = br.prof_wall_ms;
   std::vector<double> sorted = times;
   std::sort(sorted.begin(), sorted.end());
   double sum = 0;
   for (double t : times) sum += t;
   const double mean = sum / static_cast<double>(times.size());
   const double rss = peak_rss_mib();
-  const int threads = method->pool->num_threads();
+  const int threads = br.method.pool->num_threads();
   const size_t cpu_calls = a.exec.kernels == "portable" ? 0 : m.num_cpu_kernel_calls;
 
   std::ostringstream o;
@@ -893,7 +1040,7 @@ int cmd_bench(const BenchArgs& a) {
       << ", \"kernels\": " << json_str(a.exec.kernels) << ", " << cpu_target_json_members()
       << ", \"runs\": " << a.runs << ", \"warmup\": " << a.warmup
       << ", \"inputs\": " << json_str(a.inputs.empty() ? "random(seed=" + std::to_string(a.seed) + ")" : "npy")
-      << ", \"load_ms\": " << num(ms(t1 - t0)) << ", \"init_ms\": " << num(ms(t3 - t2))
+      << ", \"load_ms\": " << num(br.load_ms) << ", \"init_ms\": " << num(br.init_ms)
       << ", \"min_ms\": " << num(sorted.front()) << ", \"median_ms\": " << num(quantile(sorted, 0.5))
       << ", \"p90_ms\": " << num(quantile(sorted, 0.9)) << ", \"max_ms\": " << num(sorted.back())
       << ", \"mean_ms\": " << num(mean) << ", \"peak_rss_mib\": " << num(rss)
@@ -936,8 +1083,8 @@ int cmd_bench(const BenchArgs& a) {
     << (a.exec.kernels == "portable" ? " (unused: --kernels portable)" : "") << "\n"
     << "delegates       " << delegate_summary(m) << "\n"
     << "inputs          " << (a.inputs.empty() ? "random (seed " + std::to_string(a.seed) + ")" : "from .npy files") << "\n"
-    << "load            " << num(ms(t1 - t0)) << " ms\n"
-    << "method init     " << num(ms(t3 - t2)) << " ms\n"
+    << "load            " << num(br.load_ms) << " ms\n"
+    << "method init     " << num(br.init_ms) << " ms\n"
     << "runs            " << a.runs << " (after " << a.warmup << " warm-up)\n"
     << "latency ms      min " << num(sorted.front()) << "  median " << num(quantile(sorted, 0.5)) << "  p90 "
     << num(quantile(sorted, 0.9)) << "  max " << num(sorted.back()) << "  mean " << num(mean) << "\n"
@@ -971,6 +1118,68 @@ int cmd_bench(const BenchArgs& a) {
     }
   }
   std::cout << o.str();
+  return 0;
+}
+
+// ---- kiln report ----
+
+struct ReportArgs {
+  std::string file;
+  std::string output;
+  bool profile = false;
+  std::vector<std::string> methods;  ///< methods to profile; empty: all
+  int runs = 10;
+  int warmup = 2;
+  ExecOptions exec;
+};
+
+int cmd_report(const ReportArgs& a) {
+  auto program = Program::load(a.file, cli_load_options());
+  if (!program.ok()) return fail("report", program.error());
+  for (const std::string& name : a.methods) {
+    if (auto meta = find_method(*program.value(), name); !meta.ok()) return usage_fail("report", meta.error());
+  }
+  std::vector<tools::ReportProfile> profiles;
+  if (a.profile) {
+    // Each method timed as `kiln bench --profile` times it (run_bench: seeded random inputs); a method
+    // that cannot run here (a backend missing, an input that needs a file) gets its error on the page.
+    for (const std::string& name : program.value()->method_names()) {
+      if (!a.methods.empty() && std::find(a.methods.begin(), a.methods.end(), name) == a.methods.end()) continue;
+      BenchArgs ba;
+      ba.file = a.file;
+      ba.method = name;
+      ba.runs = a.runs;
+      ba.warmup = a.warmup;
+      ba.exec = a.exec;
+      tools::ReportProfile rp;
+      rp.method = name;
+      rp.runs = a.runs;
+      BenchRun br;
+      std::ostringstream captured;  // run_bench prints its error; the page shows it too
+      std::streambuf* old = std::cerr.rdbuf(captured.rdbuf());
+      const int rc = run_bench(ba, "report", true, false, br);
+      std::cerr.rdbuf(old);
+      if (rc == kExitUsage) {
+        std::cerr << captured.str();
+        return rc;
+      }
+      if (rc != 0) {
+        std::string msg = captured.str();
+        if (msg.rfind("kiln report: ", 0) == 0) msg = msg.substr(13);
+        while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+        std::cerr << "kiln report: method '" << name << "' not profiled: " << msg << "\n";
+        rp.error = msg;
+      } else {
+        rp.prof = br.prof;
+        rp.threads = br.method.pool->num_threads();
+        rp.wall_ms_per_run = br.prof_wall_ms / std::max(1, a.runs);
+      }
+      profiles.push_back(std::move(rp));
+    }
+  }
+  const std::string html = tools::report_html(*program.value(), std::filesystem::path(a.file).filename().string(), profiles);
+  if (Error e = write_text(a.output, html); !e.ok()) return fail("report", e);
+  std::cout << a.output << "\n";
   return 0;
 }
 
@@ -1180,10 +1389,14 @@ int main(int argc, char** argv) {
                   "float64, float16, int64, int32, int8, uint8, bool; float32 for a bfloat16 input). Dtype and shape "
                   "must match the method's input exactly.");
   run->add_option("--output-dir,-o", ra.output_dir,
-                  "Directory (created if missing) for output_0.npy, output_1.npy, ...; without it nothing is written");
+                  "Directory (created if missing) for one .npy file per output, named after the output (as kiln "
+                  "inspect lists it; characters other than letters, digits, '.', '-' and '_' become '_'), "
+                  "output_<i>.npy for an unnamed one; without it nothing is written");
+  run->add_flag("--numbered", ra.numbered,
+                "Name the files output_0.npy, output_1.npy, ... by position, whatever the output names");
   add_exec_options(run, ra.exec);
   run->footer("Example: kiln run model.kiln --input x.npy --output-dir out/\n"
-              "         python -c \"import numpy as np; print(np.load('out/output_0.npy'))\"");
+              "         python -c \"import numpy as np; print(np.load('out/logits.npy'))\"");
 
   BenchArgs ba;
   CLI::App* bench = app.add_subcommand(
@@ -1210,13 +1423,38 @@ int main(int argc, char** argv) {
                     "and the top N rows by op and argument shapes (with --json: key 'profile'). 0: off")
       ->check(CLI::Range(0, 1000000))
       ->capture_default_str();
+  bench->add_option("--trace", ba.trace,
+                    "Write a Chrome trace-event file (JSON; opens in Perfetto or chrome://tracing): runs --runs more "
+                    "executions with each instruction timed (as --profile does) and records one event per execution "
+                    "(cat 'run') and one per executed instruction of each (cat 'kernel' or 'delegate'; an instruction "
+                    "fused into the one before it has none)")
+      ->check(non_empty_path());
   bench->add_flag("--json", ba.json, "Print one JSON object (keys: file, method, threads, kernels, cpu_target, "
                                      "cpu_targets_available, cpu_target_env, runs, warmup, "
                                      "inputs, load_ms, init_ms, min_ms, median_ms, p90_ms, max_ms, mean_ms, "
                                      "peak_rss_mib, kernel_calls, cpu_kernel_calls, portable_kernel_calls, "
                                      "fused_instructions, prepared_mib, delegate_segments, times_ms; profile with --profile)");
   bench->footer("Example: kiln bench mv3.kiln --threads 2 --runs 100 --json\n"
-                "         kiln bench mv3.kiln --threads 1 --profile 20   (where the time goes)\n");
+                "         kiln bench mv3.kiln --threads 1 --profile 20   (where the time goes)\n"
+                "         kiln bench mv3.kiln --runs 5 --trace trace.json   (a timeline for Perfetto)\n");
+
+  ReportArgs rpa;
+  CLI::App* report = app.add_subcommand(
+      "report", "Write one self-contained HTML page (inline CSS, no scripts, nothing fetched) showing each method as "
+                "the runtime runs it: instructions in order with ops, kernels, shapes and arena offsets, delegate "
+                "segments coloured by backend, the nodes left on the CPU with each backend's reason (recorded at "
+                "compile time), constants, alternatives; with --profile the time per instruction and per op as bar "
+                "charts (docs/report.md).");
+  report->add_option("file", rpa.file, "Program file (.kiln)")->required();
+  report->add_option("--output,-o", rpa.output, "HTML file to write")->required()->check(non_empty_path());
+  report->add_flag("--profile", rpa.profile,
+                   "Time every method as `kiln bench --profile` does (seeded random inputs, --warmup, then --runs "
+                   "executions with each instruction timed) and add the charts");
+  report->add_option("--method,-m", rpa.methods, "With --profile: only these methods (repeat); default all");
+  report->add_option("--runs,-r", rpa.runs, "With --profile: timed executions per method")->capture_default_str();
+  report->add_option("--warmup,-w", rpa.warmup, "With --profile: untimed executions first")->capture_default_str();
+  add_exec_options(report, rpa.exec);
+  report->footer("Example: kiln report mv3.kiln --profile -o report.html");
 
   GenerateArgs ga;
   CLI::App* gen = app.add_subcommand(
@@ -1254,7 +1492,7 @@ int main(int argc, char** argv) {
 #ifdef KILN_HAVE_ONNX
   CompileArgs ca;
   CLI::App* compile = app.add_subcommand(
-      "compile", "Import an ONNX model (opsets up to 17) and compile it into a .kiln program: ONNX ops are mapped "
+      "compile", "Import an ONNX model (default domain, opsets 1 to " + std::to_string(onnx::kMaxOpset) + ") and compile it into a .kiln program: ONNX ops are mapped "
                  "onto Kiln's op set, shape computations are folded for the given input shapes, nodes go to the "
                  "requested delegate backends and the rest to Kiln's CPU kernels. Prints the compiler's report "
                  "(nodes, arena, constants, delegation per backend and why nodes stayed on the CPU).");
@@ -1296,6 +1534,7 @@ int main(int argc, char** argv) {
   if (run->parsed()) return cmd_run(ra);
   if (bench->parsed()) return cmd_bench(ba);
   if (gen->parsed()) return cmd_generate(ga);
+  if (report->parsed()) return cmd_report(rpa);
 #ifdef KILN_HAVE_ONNX
   if (compile->parsed()) return cmd_compile(ca);
 #else
