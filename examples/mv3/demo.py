@@ -6,9 +6,12 @@
 
 Steps:
   1. Weights: with --weights-dir, DIR/<model>.pth (torchvision state dicts) are used. Without it,
-     each model is initialised randomly (torch.manual_seed(0); BatchNorm statistics calibrated so
+     a model whose torchvision pretrained weights (the DEFAULT ImageNet weights) are already in the
+     local torch hub cache (torch.hub.get_dir()/checkpoints/, where torchvision stores them after a
+     download elsewhere) uses those, and the demo says so: real class names. Nothing is downloaded.
+     Any other model is initialised randomly (torch.manual_seed(0); BatchNorm statistics calibrated so
      that logits are of order 1: see random_weights) and its state dict is written to
-     OUT/random_weights/<model>.pth, so the exported program and the eager reference hold the same
+     OUT/weights/<model>.pth, so the exported program and the eager reference hold the same
      weights. Random weights make the class names meaningless: only the numbers are checked.
   2. Export every model with examples/mv3/export.py into OUT (default out/mv3/): one file per model
      and backend (--backends, default every backend this build has), OUT/<model>_<backend>.kiln
@@ -49,7 +52,7 @@ PHOTOS = ("chelsea.png", "coffee.png", "astronaut.png")
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--weights-dir", help="folder with torchvision state dicts <model>.pth (default: random weights)")
+    p.add_argument("--weights-dir", help="folder with torchvision state dicts <model>.pth (default: torchvision pretrained weights found in the torch hub cache, else random weights)")
     p.add_argument("--out-dir", default=os.path.join(ROOT, "out", "mv3"), help="where programs and outputs go")
     p.add_argument("--build-dir", default=os.path.join(ROOT, "build"), help="CMake build folder holding classify")
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
@@ -69,6 +72,30 @@ def build_model(name: str, weights_path: str) -> torch.nn.Module:
     state = torch.load(weights_path, map_location="cpu", weights_only=True)
     model.load_state_dict(state)
     return model.eval()
+
+
+def hub_cached_weights(name: str) -> tuple[str, str] | None:
+    """(path, weights enum name) of torchvision's DEFAULT pretrained weights for model `name` when the
+    file is already in the torch hub cache (torch.hub.get_dir()/checkpoints/<file name of the
+    weights' URL>, honouring TORCH_HOME), else None. Never downloads."""
+    try:
+        weights = torchvision.models.get_model_weights(name).DEFAULT
+    except (ValueError, AttributeError):
+        return None
+    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(weights.url))
+    return (path, f"{type(weights).__name__}.{weights.name}") if os.path.isfile(path) else None
+
+
+def usable_state_dict(name: str, path: str) -> str | None:
+    """None when `path` loads (torch.load, weights only) into torchvision's `name` model (strict
+    load_state_dict), else one line saying why not (a truncated, corrupt or other model's file)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+        getattr(torchvision.models, name)(weights=None).load_state_dict(state)
+    except Exception as e:  # noqa: BLE001  (any failure makes the file unusable; say which)
+        first = (str(e).strip().splitlines() or [""])[0]
+        return f"{type(e).__name__}: {first[:160]}{'...' if len(first) > 160 else ''}"
+    return None
 
 
 def random_weights(names, folder: str, photos) -> None:
@@ -197,18 +224,38 @@ def main(argv=None) -> int:
         sys.exit(f"demo: {classify} not found: build first (scripts/demo.sh does: cmake --build build --target classify)")
     photos = photo_paths()
 
-    random = args.weights_dir is None
-    if random:
-        weights_dir = os.path.join(out_dir, "random_weights")
-        random_weights(args.models, weights_dir, photos.values())
-        print("demo: no --weights-dir: using RANDOM weights (seed 0, BatchNorm calibrated) in " + weights_dir)
-        print("demo: with random weights the predicted class names are MEANINGLESS; only the Kiln-vs-PyTorch "
-              "numbers below are checked")
+    real: list[str] = []  # models with pretrained weights (meaningful class names)
+    if args.weights_dir is None:
+        weights_dir = os.path.join(out_dir, "weights")
+        os.makedirs(weights_dir, exist_ok=True)
+        for m in args.models:
+            hit = hub_cached_weights(m)
+            if hit and (why := usable_state_dict(m, hit[0])):
+                print(f"demo: {m}: the torch hub cache file {hit[0]} cannot be used ({why}); delete it, or "
+                      "download it again. Using random weights instead.")
+                hit = None
+            dst = os.path.join(weights_dir, f"{m}.pth")
+            if os.path.lexists(dst):
+                os.remove(dst)
+            if hit:
+                os.symlink(hit[0], dst)
+                real.append(m)
+                print(f"demo: {m}: using torchvision's pretrained weights {hit[1]} from the torch hub cache ({hit[0]})")
+        rand = [m for m in args.models if m not in real]
+        if rand:
+            random_weights(rand, weights_dir, photos.values())
+            print(f"demo: {', '.join(rand)}: no --weights-dir and no pretrained weights in the torch hub cache "
+                  f"({os.path.join(torch.hub.get_dir(), 'checkpoints')}): using RANDOM weights (seed 0, BatchNorm "
+                  f"calibrated) in {weights_dir}")
+            print("demo: with random weights the predicted class names are MEANINGLESS; only the Kiln-vs-PyTorch "
+                  "numbers below are checked")
     else:
         weights_dir = os.path.abspath(args.weights_dir)
+        real = list(args.models)
         for m in args.models:
             if not os.path.isfile(os.path.join(weights_dir, f"{m}.pth")):
                 sys.exit(f"demo: {weights_dir}/{m}.pth not found (expected a torchvision state dict)")
+    random = [m for m in args.models if m not in real]
 
     failures = []
     if not args.skip_export:
@@ -231,6 +278,7 @@ def main(argv=None) -> int:
     print(f"demo: wrote {len(names)} ImageNet class names to {labels_path}")
 
     rows = []
+    mlx_reason_said = False  # the mlx NotFound reason is printed once, not once per photo
     for model_name in args.models:
         programs = programs_of(model_name, out_dir)
         if not programs:
@@ -249,9 +297,11 @@ def main(argv=None) -> int:
                        "--save-input", x_path, "--save-logits", y_path]
                 r = subprocess.run(cmd, capture_output=True, text=True)
                 if r.returncode != 0 and backend == "mlx" and "NotFound" in r.stderr and "KILN_MLX_DEVICE" not in os.environ:
-                    # No MLX GPU here (docs/mlx.md): say why, then run the same file on MLX's CPU device.
-                    print(f"demo: {stem}: {r.stderr.strip().splitlines()[-1]}\n"
-                          f"demo: {stem}: running it again with KILN_MLX_DEVICE=cpu (MLX's CPU device)")
+                    # No MLX GPU here (docs/mlx.md): say why (once), then run the same file on MLX's CPU device.
+                    if not mlx_reason_said:
+                        print(f"demo: {stem}: {r.stderr.strip().splitlines()[-1]}\n"
+                              "demo: every mlx program runs again with KILN_MLX_DEVICE=cpu (MLX's CPU device)")
+                        mlx_reason_said = True
                     r = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "KILN_MLX_DEVICE": "cpu"})
                 if r.returncode != 0:
                     failures.append(f"{stem}: classify exited {r.returncode}: {r.stderr.strip()}")
@@ -289,8 +339,11 @@ def main(argv=None) -> int:
     print(f"latency: median of {args.runs} runs of classify's forward after 1 warm-up; "
           f"tolerance: max |logit - eager| <= {args.tolerance:g}")
     if random:
-        print("NOTE: RANDOM weights (no --weights-dir): the class names above are meaningless; pass "
-              "--weights-dir with torchvision state dicts <model>.pth for real predictions.")
+        print(f"NOTE: RANDOM weights for {', '.join(random)} (no --weights-dir, nothing in the torch hub cache): "
+              "their class names above are meaningless; pass --weights-dir with torchvision state dicts "
+              "<model>.pth, or have torchvision's pretrained weights in the torch hub cache, for real predictions.")
+    if real and not failures:
+        print(f"pretrained weights: {', '.join(real)}: the class names above are real predictions.")
     if failures:
         print(f"\nFAILED ({len(failures)}):")
         for f in failures:
