@@ -3,7 +3,8 @@
 #   1. set-up      scripts/setup.sh: apt packages and the pinned Python virtualenv
 #   2. build       CMake (Ninja, Release) into build/, with the venv's Python for the binding
 #   3. ctest       the C++ tests (GoogleTest)
-#   4. pytest      tests/python with PYTHONPATH=python (numerics against PyTorch eager, CLI, ...)
+#   4. pytest      tests/python with PYTHONPATH=python (numerics against PyTorch eager, CLI, ...),
+#                  one pytest-xdist worker per job
 #   4b. targets    the cpu-kernel Python tests (and the quantized decode test) again at one more SIMD target:
 #                  avx2 on an AVX-512 machine, scalar on an AVX2-only one
 #   5. install     cmake --install build --prefix build/install, then builds examples/app (linked
@@ -99,7 +100,10 @@ ctest --test-dir build --output-on-failure -j "$jobs"
 section_done
 
 section pytest "Python tests (pytest tests/python)"
-PYTHONPATH=python "$python" -m pytest -q tests/python
+# pytest-xdist: one worker process per job, each test file whole on one worker (--dist loadfile
+# keeps a file's module fixtures, such as test_opinfo's, from running once per worker).
+# tests/python/conftest.py gives each worker its own temporary folder (MLX's kernel cache).
+PYTHONPATH=python "$python" -m pytest -q -n "$jobs" --dist loadfile tests/python
 section_done
 
 section targets "cpu-kernel Python tests at the other SIMD targets this CPU has"
@@ -119,7 +123,7 @@ for t in avx2 scalar; do
   case " ${available[*]} " in
     *" $t "*)
       echo "--- cpu-kernel tests at KILN_CPU_TARGET=$t"
-      KILN_CPU_TARGET=$t PYTHONPATH=python "$python" -m pytest -q -p no:cacheprovider \
+      KILN_CPU_TARGET=$t PYTHONPATH=python "$python" -m pytest -q -p no:cacheprovider -n "$jobs" --dist loadfile \
         tests/python/test_cpu_*.py tests/python/test_winograd.py \
         "tests/python/test_quant.py::test_quantized_linear_decode_odd_sizes"
       ran_one=true ;;

@@ -3,6 +3,18 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+
+# Under pytest-xdist (scripts/test.sh runs `pytest -n 2`), each worker process gets its own temporary
+# folder before MLX is loaded: MLX's CPU device compiles kernels into $TMPDIR/mlx/<version>/cpu and
+# checks only that the .so exists before loading it, so two processes compiling the same kernel at
+# once could load a half-written library. Set here, it holds for this process and its children.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import tempfile
+
+    _worker_tmp = os.path.join(tempfile.gettempdir(), f"kiln-pytest-{os.environ['PYTEST_XDIST_WORKER']}")
+    os.makedirs(_worker_tmp, exist_ok=True)
+    os.environ["TMPDIR"] = _worker_tmp
+    tempfile.tempdir = None  # re-read TMPDIR
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 # Eager references independent of the machine's core count: PyTorch splits reductions and
@@ -17,7 +29,7 @@ torch.set_num_threads(1)
 # soon as it is compiled; a failure raises LoadCheckError naming the test. KILN_LOAD_CHECK=0 switches
 # it off.
 from load_check import (_load_after_compile, pytest_configure, pytest_runtest_makereport,  # noqa: E402,F401
-                        pytest_terminal_summary)
+                        pytest_sessionfinish, pytest_terminal_summary, pytest_testnodedown)
 
 
 def _cpu_target_line() -> str:

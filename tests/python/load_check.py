@@ -235,9 +235,34 @@ def _load_after_compile(request):
         pytest.fail("\n".join(new), pytrace=False)
 
 
+#: the counts of pytest-xdist workers, added up in the controller (pytest_testnodedown)
+_WORKERS = {"programs": 0, "loads": 0, "seconds": 0.0, "failures": 0, "installed": False}
+
+
+def pytest_sessionfinish(session):
+    """An xdist worker hands its counts to the controller (config.workeroutput)."""
+    out = getattr(session.config, "workeroutput", None)
+    if out is not None:
+        s = stats()
+        out["kiln_load_check"] = {**s, "failures": len(FAILURES)}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """The controller adds up each xdist worker's counts (hook of pytest-xdist)."""
+    w = getattr(node, "workeroutput", {}).get("kiln_load_check")
+    if w:
+        for k in ("programs", "loads", "seconds", "failures"):
+            _WORKERS[k] += w[k]
+        _WORKERS["installed"] |= w["installed"]
+
+
 def pytest_terminal_summary(terminalreporter):
     s = stats()
-    if s["installed"] and s["programs"]:
-        terminalreporter.write_line(f"load-after-compile: {s['programs']} program(s) with delegates loaded and "
-                                    f"initialized ({s['loads']} load(s), {s['seconds']:.1f} s), "
-                                    f"{len(FAILURES)} failure(s)")
+    total = {"installed": s["installed"] or _WORKERS["installed"], "programs": s["programs"] + _WORKERS["programs"],
+             "loads": s["loads"] + _WORKERS["loads"], "seconds": s["seconds"] + _WORKERS["seconds"],
+             "failures": len(FAILURES) + _WORKERS["failures"]}
+    if total["installed"] and total["programs"]:
+        terminalreporter.write_line(f"load-after-compile: {total['programs']} program(s) with delegates loaded and "
+                                    f"initialized ({total['loads']} load(s), {total['seconds']:.1f} s), "
+                                    f"{total['failures']} failure(s)")
