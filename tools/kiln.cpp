@@ -70,33 +70,11 @@ std::string display_name(const std::vector<std::string>& names, size_t i) {
   return "#" + std::to_string(i);
 }
 
-// ---- JSON output (a tiny writer: strings are escaped per RFC 8259) ----
-
-std::string json_str(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += static_cast<char>(c);
-        }
-    }
-  }
-  return out + "\"";
-}
+// ---- JSON output (a tiny writer: strings quoted by json_quote, kiln/format.h) ----
 
 std::string json_strings(const std::vector<std::string>& v) {
   std::string out = "[";
-  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + json_str(v[i]);
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + json_quote(v[i]);
   return out + "]";
 }
 
@@ -122,8 +100,8 @@ std::string cpu_target_summary() {
 /// "cpu_target_env": KILN_CPU_TARGET's value or null.
 std::string cpu_target_json_members() {
   const std::string env = cpu_target_env();
-  return "\"cpu_target\": " + json_str(cpu_target()) + ", \"cpu_targets_available\": " +
-         json_strings(available_cpu_targets()) + ", \"cpu_target_env\": " + (env.empty() ? std::string("null") : json_str(env));
+  return "\"cpu_target\": " + json_quote(cpu_target()) + ", \"cpu_targets_available\": " +
+         json_strings(available_cpu_targets()) + ", \"cpu_target_env\": " + (env.empty() ? std::string("null") : json_quote(env));
 }
 
 std::string json_sizes(const std::vector<int64_t>& v) {
@@ -137,7 +115,7 @@ std::string json_dims(const std::vector<std::vector<std::string>>& dims) {
   std::string out = "[";
   for (size_t i = 0; i < dims.size(); ++i) {
     out += i ? ", [" : "[";
-    for (size_t d = 0; d < dims[i].size(); ++d) out += (d ? ", " : "") + (dims[i][d].empty() ? "null" : json_str(dims[i][d]));
+    for (size_t d = 0; d < dims[i].size(); ++d) out += (d ? ", " : "") + (dims[i][d].empty() ? "null" : json_quote(dims[i][d]));
     out += "]";
   }
   return out + "]";
@@ -146,7 +124,7 @@ std::string json_dims(const std::vector<std::vector<std::string>>& dims) {
 std::string json_symbols(const std::vector<SymbolDef>& symbols) {
   std::string out = "[";
   for (size_t i = 0; i < symbols.size(); ++i) {
-    out += (i ? ", " : "") + std::string("{\"name\": ") + json_str(symbols[i].name) + ", \"min\": " +
+    out += (i ? ", " : "") + std::string("{\"name\": ") + json_quote(symbols[i].name) + ", \"min\": " +
            std::to_string(symbols[i].min) + ", \"max\": " + std::to_string(symbols[i].max) + "}";
   }
   return out + "]";
@@ -156,8 +134,8 @@ std::string json_tensors(const std::vector<std::string>& names, const std::vecto
   std::string out = "[";
   for (size_t i = 0; i < types.size(); ++i) {
     if (i) out += ", ";
-    out += "{\"name\": " + json_str(i < names.size() ? names[i] : std::string()) + ", \"dtype\": " +
-           json_str(dtype_name(types[i].dtype)) + ", \"sizes\": [";
+    out += "{\"name\": " + json_quote(i < names.size() ? names[i] : std::string()) + ", \"dtype\": " +
+           json_quote(dtype_name(types[i].dtype)) + ", \"sizes\": [";
     for (size_t d = 0; d < types[i].sizes.size(); ++d) out += (d ? ", " : "") + std::to_string(types[i].sizes[d]);
     out += "]}";
   }
@@ -169,7 +147,7 @@ template <typename N>
 std::string json_counts(const std::vector<std::pair<std::string, N>>& counts) {
   std::string out = "{";
   for (size_t i = 0; i < counts.size(); ++i) {
-    out += (i ? ", " : "") + json_str(counts[i].first) + ": " + std::to_string(counts[i].second);
+    out += (i ? ", " : "") + json_quote(counts[i].first) + ": " + std::to_string(counts[i].second);
   }
   return out + "}";
 }
@@ -221,24 +199,24 @@ int cmd_inspect(const InspectArgs& a) {
 
   std::ostringstream o;
   if (a.json) {
-    o << "{\n  \"file\": " << json_str(a.file) << ",\n  \"format_version\": " << p.format_version()
+    o << "{\n  \"file\": " << json_quote(a.file) << ",\n  \"format_version\": " << p.format_version()
       << ",\n  \"file_size\": " << p.file_size() << ",\n  \"constant_bytes\": " << p.constant_bytes()
       << ",\n  " << cpu_target_json_members() << ",\n  \"cpu_targets_compiled\": " << json_strings(compiled_cpu_targets())
       << ",\n  \"metadata\": {";
     for (size_t i = 0; i < p.metadata().size(); ++i) {
-      o << (i ? ", " : "") << json_str(p.metadata()[i].first) << ": " << json_str(p.metadata()[i].second);
+      o << (i ? ", " : "") << json_quote(p.metadata()[i].first) << ": " << json_quote(p.metadata()[i].second);
     }
     o << "},\n  \"states\": [";
     for (size_t i = 0; i < p.states().size(); ++i) {
       const StateInfo& st = p.states()[i];
-      o << (i ? ", " : "") << "{\"name\": " << json_str(st.name) << ", \"dtype\": " << json_str(dtype_name(st.type.dtype))
+      o << (i ? ", " : "") << "{\"name\": " << json_quote(st.name) << ", \"dtype\": " << json_quote(dtype_name(st.type.dtype))
         << ", \"sizes\": " << json_sizes(st.type.sizes) << ", \"bytes\": " << st.type.nbytes()
-        << ", \"initial\": " << json_str(st.zero_initial ? "zeros" : "constant") << "}";
+        << ", \"initial\": " << json_quote(st.zero_initial ? "zeros" : "constant") << "}";
     }
     o << "],\n  \"methods\": [";
     for (size_t k = 0; k < metas.size(); ++k) {
       const MethodMeta& m = metas[k];
-      o << (k ? "," : "") << "\n    {\n      \"name\": " << json_str(m.name)
+      o << (k ? "," : "") << "\n    {\n      \"name\": " << json_quote(m.name)
         << ",\n      \"inputs\": " << json_tensors(m.input_names, m.inputs)
         << ",\n      \"outputs\": " << json_tensors(m.output_names, m.outputs)
         << ",\n      \"symbols\": " << json_symbols(m.symbols)
@@ -257,7 +235,7 @@ int cmd_inspect(const InspectArgs& a) {
         << ",\n      \"constant_bytes_by_dtype\": " << json_counts(m.constant_bytes_by_dtype)
         << ",\n      \"constant_bytes_by_scheme\": " << json_counts(m.constant_bytes_by_scheme)
         << ",\n      \"alternative\": " << m.alternative << ",\n      \"num_alternatives\": " << m.num_alternatives
-        << ",\n      \"unavailable\": " << (m.unavailable.empty() ? std::string("null") : json_str(m.unavailable)) << "\n    }";
+        << ",\n      \"unavailable\": " << (m.unavailable.empty() ? std::string("null") : json_quote(m.unavailable)) << "\n    }";
     }
     o << "\n  ]\n}\n";
     std::cout << o.str();
@@ -988,7 +966,7 @@ Error write_trace(const std::string& path, const std::string& method, const std:
   };
   std::string j = "{\"displayTimeUnit\": \"ms\", \"traceEvents\": [\n";
   j += "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 1, \"args\": {\"name\": " +
-       json_str("kiln bench: method " + method) + "}},\n";
+       json_quote("kiln bench: method " + method) + "}},\n";
   j += "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 1, \"args\": {\"name\": \"runs\"}},\n";
   j += "{\"name\": \"thread_name\", \"ph\": \"M\", \"pid\": 1, \"tid\": 2, \"args\": {\"name\": \"instructions\"}}";
   for (size_t r = 0; r < runs.size(); ++r) {
@@ -998,11 +976,11 @@ Error write_trace(const std::string& path, const std::string& method, const std:
          std::to_string(r) + "}}";
     for (const InstructionProfile& p : run.instructions) {
       if (p.last_ns <= 0 && p.last_start_ns == 0) continue;
-      j += ",\n{\"name\": " + json_str(p.op) + ", \"cat\": " + json_str(p.kernel == "delegate" ? "delegate" : "kernel") +
+      j += ",\n{\"name\": " + json_quote(p.op) + ", \"cat\": " + json_quote(p.kernel == "delegate" ? "delegate" : "kernel") +
            ", \"ph\": \"X\", \"ts\": " + us(p.last_start_ns - origin) + ", \"dur\": " + us(std::max<int64_t>(p.last_ns, 0)) +
            ", \"pid\": 1, \"tid\": 2, \"args\": {\"run\": " + std::to_string(r) + ", \"index\": " + std::to_string(p.index) +
-           ", \"kernel\": " + json_str(p.kernel) + ", \"fused\": " + json_str(p.fused) + ", \"shapes\": " +
-           json_str(profile_shapes(p)) + "}}";
+           ", \"kernel\": " + json_quote(p.kernel) + ", \"fused\": " + json_quote(p.fused) + ", \"shapes\": " +
+           json_quote(profile_shapes(p)) + "}}";
     }
   }
   j += "\n]}\n";
@@ -1036,10 +1014,10 @@ int cmd_bench(const BenchArgs& a) {
     return std::string(buf);
   };
   if (a.json) {
-    o << "{\"file\": " << json_str(a.file) << ", \"method\": " << json_str(m.name) << ", \"threads\": " << threads
-      << ", \"kernels\": " << json_str(a.exec.kernels) << ", " << cpu_target_json_members()
+    o << "{\"file\": " << json_quote(a.file) << ", \"method\": " << json_quote(m.name) << ", \"threads\": " << threads
+      << ", \"kernels\": " << json_quote(a.exec.kernels) << ", " << cpu_target_json_members()
       << ", \"runs\": " << a.runs << ", \"warmup\": " << a.warmup
-      << ", \"inputs\": " << json_str(a.inputs.empty() ? "random(seed=" + std::to_string(a.seed) + ")" : "npy")
+      << ", \"inputs\": " << json_quote(a.inputs.empty() ? "random(seed=" + std::to_string(a.seed) + ")" : "npy")
       << ", \"load_ms\": " << num(br.load_ms) << ", \"init_ms\": " << num(br.init_ms)
       << ", \"min_ms\": " << num(sorted.front()) << ", \"median_ms\": " << num(quantile(sorted, 0.5))
       << ", \"p90_ms\": " << num(quantile(sorted, 0.9)) << ", \"max_ms\": " << num(sorted.back())
@@ -1058,8 +1036,8 @@ int cmd_bench(const BenchArgs& a) {
         std::string j = "[";
         for (size_t i = 0; i < rows.size() && i < limit; ++i) {
           const ProfileRow& w = rows[i];
-          j += std::string(i ? ", " : "") + "{\"op\": " + json_str(w.op) + ", \"fused\": " + json_str(w.fused) +
-               ", \"kernel\": " + json_str(w.kernel) + (w.shapes.empty() ? "" : ", \"shapes\": " + json_str(w.shapes)) +
+          j += std::string(i ? ", " : "") + "{\"op\": " + json_quote(w.op) + ", \"fused\": " + json_quote(w.fused) +
+               ", \"kernel\": " + json_quote(w.kernel) + (w.shapes.empty() ? "" : ", \"shapes\": " + json_quote(w.shapes)) +
                ", \"instructions\": " + std::to_string(w.instructions) + ", \"ms_per_run\": " + num(w.total_ms / r) + ", \"min_ms\": " + num(w.min_ms) + "}";
         }
         return j + "]";
@@ -1226,19 +1204,19 @@ std::string report_json(const CompiledProgram& c, const onnx::ImportedModel& m, 
   std::ostringstream o;
   auto strs = [&](const std::vector<std::string>& v) {
     std::string out = "[";
-    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + json_str(v[i]);
+    for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + json_quote(v[i]);
     return out + "]";
   };
-  o << "{\n  \"path\": " << json_str(a.output) << ",\n  \"source\": " << json_str(a.file)
+  o << "{\n  \"path\": " << json_quote(a.output) << ",\n  \"source\": " << json_quote(a.file)
     << ",\n  \"onnx\": {\"opset\": " << m.opset << ", \"nodes\": " << m.onnx_nodes << ", \"folded_at_import\": "
     << m.folded_nodes << ", \"inputs\": " << strs(m.input_names) << ", \"outputs\": " << strs(m.output_names)
     << "},\n  \"backends\": " << strs(delegates) << ",\n  \"require_delegation\": "
-    << (a.require_delegation.empty() ? std::string("null") : json_str(a.require_delegation))
+    << (a.require_delegation.empty() ? std::string("null") : json_quote(a.require_delegation))
     << ",\n  \"constant_bytes\": " << c.constant_bytes << ",\n  \"file_size\": " << c.bytes.size()
     << ",\n  \"methods\": [";
   for (size_t k = 0; k < c.methods.size(); ++k) {
     const MethodReport& r = c.methods[k];
-    o << (k ? "," : "") << "\n    {\"name\": " << json_str(r.name) << ", \"num_nodes\": " << r.num_nodes
+    o << (k ? "," : "") << "\n    {\"name\": " << json_quote(r.name) << ", \"num_nodes\": " << r.num_nodes
       << ", \"num_folded\": " << r.num_folded << ", \"num_bn_folded\": " << r.num_bn_folded
       << ", \"num_hardswish\": " << r.num_hardswish << ", \"num_affine_folded\": " << r.num_affine_folded
       << ", \"num_quick_gelu\": " << r.num_quick_gelu
@@ -1247,23 +1225,23 @@ std::string report_json(const CompiledProgram& c, const onnx::ImportedModel& m, 
       << ",\n     \"delegation\": {\"backends\": [";
     for (size_t i = 0; i < r.delegation.backends.size(); ++i) {
       const auto& b = r.delegation.backends[i];
-      o << (i ? ", " : "") << "{\"backend\": " << json_str(b.backend) << ", \"segments\": " << b.segments
+      o << (i ? ", " : "") << "{\"backend\": " << json_quote(b.backend) << ", \"segments\": " << b.segments
         << ", \"nodes\": " << b.nodes << ", \"constant_bytes\": " << b.constant_bytes << "}";
     }
     o << "], \"cpu_ops\": [";
     for (size_t i = 0; i < r.delegation.cpu_ops.size(); ++i) {
       const auto& cpu = r.delegation.cpu_ops[i];
-      o << (i ? ", " : "") << "{\"op\": " << json_str(cpu.op) << ", \"count\": " << cpu.count << ", \"reasons\": [";
+      o << (i ? ", " : "") << "{\"op\": " << json_quote(cpu.op) << ", \"count\": " << cpu.count << ", \"reasons\": [";
       for (size_t j = 0; j < cpu.reasons.size(); ++j) {
-        o << (j ? ", " : "") << "[" << json_str(cpu.reasons[j].first) << ", " << json_str(cpu.reasons[j].second) << "]";
+        o << (j ? ", " : "") << "[" << json_quote(cpu.reasons[j].first) << ", " << json_quote(cpu.reasons[j].second) << "]";
       }
       o << "]}";
     }
     o << "], \"states\": [";
     for (size_t i = 0; i < r.delegation.states.size(); ++i) {
       const auto& st = r.delegation.states[i];
-      o << (i ? ", " : "") << "{\"state\": " << json_str(st.state) << ", \"backend\": " << json_str(st.backend)
-        << ", \"resident\": " << (st.resident ? "true" : "false") << ", \"reason\": " << json_str(st.reason) << "}";
+      o << (i ? ", " : "") << "{\"state\": " << json_quote(st.state) << ", \"backend\": " << json_quote(st.backend)
+        << ", \"resident\": " << (st.resident ? "true" : "false") << ", \"reason\": " << json_quote(st.reason) << "}";
     }
     o << "]}}";
   }

@@ -24,6 +24,13 @@ bool is_printable_name(std::string_view text);
 /// through this before they reach an error message (a damaged file must not put raw bytes there).
 std::string printable(std::string_view text);
 
+/// `text` as a JSON string literal (RFC 8259), quotes included: '"' and '\\' escaped, \n \r \t in
+/// their short forms, other control characters (< 0x20, 0x7F) as \u00XX, valid UTF-8 kept as it
+/// is. Text that is not valid UTF-8 goes through printable() first (its bad bytes become the four
+/// characters \xNN), so the result is always valid UTF-8 JSON. Used by every JSON writer in Kiln
+/// (the compiler's delegation record, `kiln inspect --json`, `kiln bench --json` and --trace).
+std::string json_quote(std::string_view text);
+
 /// A method input's or output's type with its symbolic dims shown as their expression and upper
 /// bound: "int64[1, seq <= 512]" (dims[d] is the expression text of dim d, "" for a fixed dim, as
 /// in MethodMeta::input_dims; without dims the same as TensorType::to_string()).

@@ -187,6 +187,32 @@ std::string printable(std::string_view text) {
   return out;
 }
 
+std::string json_quote(std::string_view text) {
+  static const char kHex[] = "0123456789abcdef";
+  const std::string safe = is_valid_utf8(text) ? std::string(text) : printable(text);
+  std::string out = "\"";
+  out.reserve(safe.size() + 2);
+  for (const char ch : safe) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c == 0x7F) {
+          out += "\\u00";
+          out += kHex[c >> 4];
+          out += kHex[c & 15];
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
+
 int64_t numel_of(const std::vector<int64_t>& sizes) {
   int64_t n = 1;
   for (int64_t s : sizes) n *= s;

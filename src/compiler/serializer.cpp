@@ -18,25 +18,6 @@ namespace {
 
 uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
-/// `s` as a JSON string: quotes, backslashes and every byte outside printable ASCII escaped as
-/// \u00XX (so the result is plain ASCII, valid UTF-8 whatever the input bytes are).
-std::string json_quote(const std::string& s) {
-  std::string out = "\"";
-  for (unsigned char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20 || c >= 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  return out + "\"";
-}
-
 /// The compact JSON stored under kDelegationMetadataKey: per compiled method entry (one per
 /// alternative), the backends requested, what each delegate took, and the ops left on the CPU with
 /// each backend's reason (DelegationReport::cpu_ops). Read by `kiln report`.

@@ -409,6 +409,18 @@ TEST_F(EditedProgram, StringsThatAreNotUtf8AreRefusedPrintably) {
   EXPECT_FALSE(is_valid_utf8("\xe2\x82"));       // truncated
 }
 
+TEST(JsonQuote, EscapesPerRfc8259AndKeepsUtf8) {
+  // RFC 8259 section 7: '"', '\\' and U+0000..U+001F must be escaped; other characters may stand as
+  // they are (UTF-8). DEL is escaped too (printable-ASCII output for it).
+  EXPECT_EQ(json_quote("plain"), "\"plain\"");
+  EXPECT_EQ(json_quote("a\"b\\c"), "\"a\\\"b\\\\c\"");
+  EXPECT_EQ(json_quote("l1\nl2\r\t"), "\"l1\\nl2\\r\\t\"");
+  EXPECT_EQ(json_quote(std::string("\x00\x01\x1f\x7f", 4)), "\"\\u0000\\u0001\\u001f\\u007f\"");
+  EXPECT_EQ(json_quote("caf\xc3\xa9 \xe2\x82\xac"), "\"caf\xc3\xa9 \xe2\x82\xac\"");  // UTF-8 kept, not \u00c3
+  // Not UTF-8: the bad byte becomes the text \xff (printable), whose backslash JSON escapes.
+  EXPECT_EQ(json_quote("x\xffy"), "\"x\\\\xffy\"");
+}
+
 }  // namespace
 }  // namespace kiln
 

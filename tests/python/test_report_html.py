@@ -267,6 +267,29 @@ def test_old_file_and_damaged_record_are_said(cli, tmp_path):
         assert "is not the JSON Kiln writes" in page and "1 instruction:" in page
 
 
+def test_non_ascii_names_in_the_record_round_trip(cli, tmp_path):
+    """The delegation record keeps UTF-8 names as they are (json_quote): a method named "méthode"
+    with a CPU node is matched to its method and read back with its reason, not as mojibake
+    ("mÃ©thode", from escaping each UTF-8 byte as its own \\u00XX) or as a record that does not
+    fit the file."""
+    g = kiln.Graph()
+    x = g.add_input("entrée", "float32", [4])
+    (r,) = g.add_node("aten.relu", [x])
+    g.set_outputs([r])
+    pb = kiln.ProgramBuilder()
+    pb.add_method("méthode", g)
+    data, _ = pb.compile()
+    record = kiln.load_bytes(data).metadata["kiln.delegation"]
+    assert json.loads(record)["methods"][0]["name"] == "méthode"
+    path = tmp_path / "utf8.kiln"
+    path.write_bytes(data)
+    html = tmp_path / "utf8.html"
+    run(cli, "report", path, "-o", html)
+    page = html.read_text(encoding="utf-8")
+    assert "méthode" in page and "Ã" not in page
+    assert "is not the JSON Kiln writes" not in page and "not recorded in this file" not in page
+
+
 def _relu_program():
     g = kiln.Graph()
     x = g.add_input("x", "float32", [4])
