@@ -183,6 +183,7 @@ py::dict meta_dict(const MethodMeta& m) {
 
 PYBIND11_MODULE(_kiln, m) {
   m.doc() = "Kiln compiler and runtime binding (graph building, compile, load, execute).";
+  m.attr("__version__") = KILN_VERSION;  // CMake's PROJECT_VERSION (python/CMakeLists.txt)
   // KilnError(message, code): code is the ErrorCode name, e.g. "InvalidArgument".
   static PyObject* exc_type = PyErr_NewExceptionWithDoc(
       "kiln._kiln.KilnError", "An error value returned by Kiln: args = (message, code name).", PyExc_RuntimeError, nullptr);

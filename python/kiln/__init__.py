@@ -39,6 +39,10 @@ def _import_binding():
 _kiln = _import_binding()
 from ._kiln import Graph, KilnError, ProgramBuilder  # noqa: E402
 
+#: Kiln's version: CMake's project(kiln VERSION ...), compiled into the binding (the wheel's version
+#: is read from the same line of CMakeLists.txt, pyproject.toml [tool.scikit-build.metadata.version]).
+__version__: str = _kiln.__version__
+
 __all__ = ["Graph", "KilnError", "ProgramBuilder", "LoadedProgram", "load", "load_bytes", "op_names",
            "cpu_target", "available_cpu_targets", "compiled_cpu_targets"]
 

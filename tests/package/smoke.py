@@ -6,8 +6,8 @@ Checks, in the virtualenv that runs it (scripts/test.sh section `package` makes 
 installs the wheel built by `pip wheel .` into it):
 1. `import kiln` resolves to the installed package (not ROOT/python), and its binding has the
    backends and the ONNX importer the wheel was built with;
-2. the `kiln` console script (the C++ executable in kiln/bin/) answers --help and --version, and
-   `python -m kiln --help` (the Python commands) works;
+2. the `kiln` console script (the C++ executable in kiln/bin/) answers --help and --version (the
+   wheel's version, as kiln.__version__ is), and `python -m kiln --help` (the Python commands) works;
 3. a small PyTorch model (conv, batch norm, relu, pool, linear; seeded) is exported with
    kiln.export for Kiln's CPU kernels and, when the wheel has it, delegated whole to xnnpack; each
    program is run through the installed package (kiln.load in Python, and `kiln run` writing .npy
@@ -66,7 +66,13 @@ def main() -> int:
     for cmd in ("inspect", "run", "bench", "generate", "compile"):
         if cmd not in help_text:
             fail(f"kiln --help does not list '{cmd}':\n{help_text}")
-    print(run([exe, "--version"]).stdout.strip())
+    version_text = run([exe, "--version"]).stdout.strip()
+    print(version_text)
+    # One version everywhere: the wheel's metadata, kiln.__version__ and `kiln --version`.
+    from importlib.metadata import version as dist_version
+    if not (kiln.__version__ == dist_version("kiln") and version_text.startswith(f"kiln {kiln.__version__}\n")):
+        fail(f"versions differ: wheel {dist_version('kiln')}, kiln.__version__ {kiln.__version__}, "
+             f"kiln --version {version_text.splitlines()[0]!r}")
     run([sys.executable, "-m", "kiln", "--help"])
 
     import torch
