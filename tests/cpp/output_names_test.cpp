@@ -130,7 +130,9 @@ TEST(OutputNames, UniqueOutputNames) {
 TEST(OutputNames, CompilerRoundTrip) {
   for (bool named : {true, false}) {
     Graph g = two_output_graph();
-    if (named) ASSERT_TRUE(g.set_output_names({"relu", "sum.0"}).ok());
+    if (named) {
+      ASSERT_TRUE(g.set_output_names({"relu", "sum.0"}).ok());
+    }
     ProgramBuilder pb;
     ASSERT_TRUE(pb.add_method("forward", std::move(g)).ok());
     KILN_ASSERT_OK_AND_ASSIGN(compiled, pb.compile());
