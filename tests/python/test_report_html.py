@@ -238,16 +238,22 @@ def test_hostile_strings_are_text_not_markup(cli, browser, tmp_path):
     assert browser.find_elements(By.TAG_NAME, "img") == []
 
 
+def _relu_program(method: str = "forward", input_name: str = "x"):
+    """A ProgramBuilder holding one method: relu of a float32[4] input."""
+    g = kiln.Graph()
+    x = g.add_input(input_name, "float32", [4])
+    (r,) = g.add_node("aten.relu", [x])
+    g.set_outputs([r])
+    pb = kiln.ProgramBuilder()
+    pb.add_method(method, g)
+    return pb
+
+
 def test_old_file_and_damaged_record_are_said(cli, tmp_path):
     """A file without the compiler's delegation record (written before it existed: here its key
     renamed in place, which leaves a valid file) says "not recorded"; a record that is not Kiln's
     JSON says so. Neither is an error: the rest of the page is there."""
-    g = kiln.Graph()
-    x = g.add_input("x", "float32", [4])
-    (r,) = g.add_node("aten.relu", [x])
-    g.set_outputs([r])
-    pb = kiln.ProgramBuilder()
-    pb.add_method("forward", g)
+    pb = _relu_program()
     data, _ = pb.compile()
     assert data.count(b"kiln.delegation") == 1
     old = tmp_path / "old.kiln"
@@ -272,13 +278,7 @@ def test_non_ascii_names_in_the_record_round_trip(cli, tmp_path):
     with a CPU node is matched to its method and read back with its reason, not as mojibake
     ("mÃ©thode", from escaping each UTF-8 byte as its own \\u00XX) or as a record that does not
     fit the file."""
-    g = kiln.Graph()
-    x = g.add_input("entrée", "float32", [4])
-    (r,) = g.add_node("aten.relu", [x])
-    g.set_outputs([r])
-    pb = kiln.ProgramBuilder()
-    pb.add_method("méthode", g)
-    data, _ = pb.compile()
+    data, _ = _relu_program("méthode", "entrée").compile()
     record = kiln.load_bytes(data).metadata["kiln.delegation"]
     assert json.loads(record)["methods"][0]["name"] == "méthode"
     path = tmp_path / "utf8.kiln"
@@ -290,14 +290,6 @@ def test_non_ascii_names_in_the_record_round_trip(cli, tmp_path):
     assert "is not the JSON Kiln writes" not in page and "not recorded in this file" not in page
 
 
-def _relu_program():
-    g = kiln.Graph()
-    x = g.add_input("x", "float32", [4])
-    (r,) = g.add_node("aten.relu", [x])
-    g.set_outputs([r])
-    pb = kiln.ProgramBuilder()
-    pb.add_method("forward", g)
-    return pb
 
 
 def test_crafted_record_is_not_shown_in_part(cli, tmp_path):
