@@ -8,6 +8,11 @@
 # Usage: scripts/sanitizers.sh [asan|tsan|all]   (default all)
 # Environment: KILN_JOBS (build parallelism, default 2), CC/CXX (compiler; default the system's),
 #   KILN_TSAN_FILTER (gtest filter for the thread-sanitizer run, default 'Concurrency.*').
+#   KILN_SANITIZE_CPU_TARGETS (the SIMD targets to compile the cpu kernels for: CMake's
+#   KILN_CPU_TARGETS; "all" for every one). Default: the one target the tests run at on this machine,
+#   as build/tools/kiln --version names it (the sanitized tests never switch targets, so the other
+#   targets' kernels would be compiled, at sanitizer cost, and never run; ctest and scripts/test.sh
+#   section targets run them unsanitized); all when there is no build/tools/kiln to ask.
 # Builds use -O1 -g1 with assertions on (a sanitizer build wants line numbers, not speed).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -15,12 +20,19 @@ cd "$root"
 what=${1:-all}
 jobs=${KILN_JOBS:-2}
 
+cpu_targets=${KILN_SANITIZE_CPU_TARGETS:-}
+if [ -z "$cpu_targets" ] && [ -x build/tools/kiln ]; then
+  cpu_targets=$(build/tools/kiln --version | sed -n 's/^cpu kernels: \([a-z0-9_]*\) .*/\1/p')
+fi
+[ "$cpu_targets" = all ] && cpu_targets=""
+echo "[sanitizers] cpu kernels compiled for: ${cpu_targets:-every target} (KILN_CPU_TARGETS)"
+
 configure_and_build() {  # <build dir> <sanitizers> <target>
   local dir=$1 san=$2 target=$3
   echo "[sanitizers] configure $dir (KILN_SANITIZE=$san)"
   cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g1" \
     -DCMAKE_C_FLAGS_DEBUG="-O1 -g1" -DKILN_SANITIZE="$san" -DKILN_BUILD_PYTHON=OFF -DKILN_BUILD_TOOLS=OFF \
-    -DKILN_BUILD_TESTS=ON -DKILN_BUILD_FUZZER=OFF >/dev/null
+    -DKILN_BUILD_TESTS=ON -DKILN_BUILD_FUZZER=OFF -DKILN_CPU_TARGETS="$cpu_targets" >/dev/null
   echo "[sanitizers] build $dir"
   cmake --build "$dir" -j"$jobs" --target "$target"
 }
