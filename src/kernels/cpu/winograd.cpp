@@ -297,6 +297,7 @@ HWY_INLINE void GroupRows(const Tiling& T, const float* plane, int64_t r0, const
   }
 }
 
+#undef KILN_WINO_BLOCK_TRANSPOSE  // set again in each target's pass (foreach_target.h)
 #if HWY_TARGET != HWY_SCALAR && !HWY_HAVE_SCALABLE
 #define KILN_WINO_BLOCK_TRANSPOSE 1
 /// In each 128-bit block, the 4x4 transpose: lane i of output c = lane c of input i (32-bit, then
