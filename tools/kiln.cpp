@@ -627,6 +627,19 @@ CLI::Validator non_empty_path() {
                         "PATH", "non-empty path");
 }
 
+/// InvalidArgument when `output` (the file an option names) is the input file `input` itself (the
+/// same path, a link or another name of it): writing it would destroy the input, so the command
+/// refuses before any work. A path that does not exist yet is never the input.
+Error check_not_input(const std::string& input, const std::string& output, const char* option) {
+  std::error_code ec;
+  if (output.empty() || !std::filesystem::exists(output, ec)) return Error();
+  if (std::filesystem::equivalent(input, output, ec) && !ec) {
+    return Error(ErrorCode::InvalidArgument, std::string(option) + " '" + output + "' is the input file '" + input +
+                                                 "': writing it would overwrite the input (give another path)");
+  }
+  return Error();
+}
+
 // ---- kiln run ----
 
 /// The .npy file stem of each output: its name with every character outside [A-Za-z0-9._-]
@@ -988,6 +1001,7 @@ Error write_trace(const std::string& path, const std::string& method, const std:
 }
 
 int cmd_bench(const BenchArgs& a) {
+  if (Error e = check_not_input(a.file, a.trace, "--trace"); !e.ok()) return usage_fail("bench", e);
   BenchRun br;
   if (int rc = run_bench(a, "bench", a.profile > 0, !a.trace.empty(), br); rc != 0) return rc;
   if (!a.trace.empty()) {
@@ -1112,6 +1126,7 @@ struct ReportArgs {
 };
 
 int cmd_report(const ReportArgs& a) {
+  if (Error e = check_not_input(a.file, a.output, "--output"); !e.ok()) return usage_fail("report", e);
   auto program = Program::load(a.file, cli_load_options());
   if (!program.ok()) return fail("report", program.error());
   for (const std::string& name : a.methods) {
@@ -1251,6 +1266,9 @@ std::string report_json(const CompiledProgram& c, const onnx::ImportedModel& m, 
 
 int cmd_compile(const CompileArgs& a) {
   const std::string where = "compile";
+  for (const auto& [path, option] : {std::pair{a.output, "--output"}, std::pair{a.report_json, "--report-json"}}) {
+    if (Error e = check_not_input(a.file, path, option); !e.ok()) return usage_fail(where.c_str(), e);
+  }
   onnx::ImportOptions io;
   for (const auto& text : a.input_shapes) {
     auto p = parse_input_shape(text);

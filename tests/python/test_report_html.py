@@ -370,6 +370,20 @@ def test_report_errors(cli, tmp_path):
     assert p.returncode == 2 and "--output" in p.stderr, p.stderr
 
 
+def test_output_that_is_the_input_is_refused(cli, tmp_path):
+    """`report -o` or `bench --trace` naming the program itself (or a link to it) is a usage error
+    before any work, and the program is left as it was (it used to be overwritten, exit 0)."""
+    prog = tmp_path / "p.kiln"
+    data = _relu_program().compile()[0]
+    prog.write_bytes(data)
+    (tmp_path / "link.kiln").symlink_to(prog)
+    for args in (("report", prog, "-o", prog), ("report", prog, "--profile", "-o", tmp_path / "link.kiln"),
+                 ("bench", prog, "--runs", 1, "--trace", prog)):
+        p = run(cli, *args, ok=False)
+        assert p.returncode == 2 and "is the input file" in p.stderr and len(p.stderr.splitlines()) == 1, (args, p.stderr)
+        assert prog.read_bytes() == data, args
+
+
 # ---- kiln bench --trace ----
 
 def trace_program(path, backends):
