@@ -258,6 +258,34 @@ def test_onnx_import_names(tmp_path):
 
 
 @needs_cli
+def test_onnx_escaped_name_does_not_take_a_literal_one(tmp_path):
+    """An ONNX output whose name is not UTF-8 (byte 0xff) is escaped to the text \\xffZZZZZ; an
+    output literally named \\xffZZZZZ keeps that name, and the escaped one gets the suffix, as for
+    PyTorch names (unique_output_names)."""
+    onnx = pytest.importorskip("onnx")
+    if not kiln.onnx.available():
+        pytest.skip("this build has no ONNX importer")
+    from onnx import TensorProto, helper
+    nodes = [helper.make_node("Relu", ["x"], ["QZZZZZ"]), helper.make_node("Neg", ["x"], ["\\xffZZZZZ"])]
+    f32 = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, [2])  # noqa: E731
+    g = helper.make_graph(nodes, "g", [f32("x")], [f32("QZZZZZ"), f32("\\xffZZZZZ")])
+    data = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]).SerializeToString()
+    assert data.count(b"QZZZZZ") == 2  # the node output and the graph output: same length, so protobuf stays valid
+    src = tmp_path / "m.onnx"
+    src.write_bytes(data.replace(b"QZZZZZ", b"\xffZZZZZ"))
+    dst = tmp_path / "m.kiln"
+    c = subprocess.run([KILN_CLI, "compile", str(src), "-o", str(dst)], capture_output=True, text=True, timeout=120)
+    assert c.returncode == 0, c.stderr
+    (m,) = inspect_json(dst)["methods"]
+    assert [o["name"] for o in m["outputs"]] == ["\\xffZZZZZ_2", "\\xffZZZZZ"]
+    # -o naming the input model is refused before any work; the model is left as it was
+    before = src.read_bytes()
+    c = subprocess.run([KILN_CLI, "compile", str(src), "-o", str(src)], capture_output=True, text=True, timeout=120)
+    assert c.returncode == 2 and "is the input file" in c.stderr, c.stderr
+    assert src.read_bytes() == before
+
+
+@needs_cli
 @pytest.mark.parametrize("names,files", [
     (["a/b", "a_b", "a_b_1"], ["a_b_0.npy", "a_b.npy", "a_b_1.npy"]),
     (["a/b", "a_b", "a_b_0"], ["a_b_0_2.npy", "a_b.npy", "a_b_0.npy"]),

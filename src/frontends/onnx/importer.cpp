@@ -937,8 +937,11 @@ Result<ImportedModel> import_model_bytes(std::span<const uint8_t> bytes, const s
   if (!r.ok()) return Error(r.error().code(), detail::printable(r.error().message()));
   ImportedModel& m = r.value();
   for (auto& n : m.input_names) n = detail::printable(n);
+  // The program's names from the file's own bytes: unique_output_names escapes what is not a
+  // printable name and lets a name that needs no escaping keep itself first (an output literally
+  // named "\\xff.." keeps that name; one whose bytes are escaped to the same text gets "_2").
+  KILN_RETURN_IF_ERROR(m.graph.set_output_names(unique_output_names(m.output_names)));
   for (auto& n : m.output_names) n = detail::printable(n);
-  KILN_RETURN_IF_ERROR(m.graph.set_output_names(unique_output_names(m.output_names)));  // the program's names
   for (auto& n : m.notes) n = detail::printable(n);
   for (auto& v : m.graph.mutable_values()) v.name = detail::printable(v.name);
   for (auto& n : m.graph.mutable_nodes()) n.debug_name = detail::printable(n.debug_name);
