@@ -9,6 +9,15 @@
 #     program then fails to load with NotFound naming its backend). A name that this Kiln cannot
 #     link is a FATAL_ERROR naming it and the backends it has.
 function(kiln_link_backends target)
+  string(REPLACE ";" " " _call "${ARGV}")
+  if(ARGC GREATER 2)
+    message(FATAL_ERROR "kiln_link_backends(${_call}): takes a target and at most one list variable's name, "
+                        "e.g. set(MY_BACKENDS xnnpack) then kiln_link_backends(${target} MY_BACKENDS)")
+  endif()
+  if(ARGC EQUAL 2 AND ARGV1 MATCHES "^(xnnpack|mlx)$")
+    message(FATAL_ERROR "kiln_link_backends(${_call}): the second argument names a list variable, not a "
+                        "backend: set(MY_BACKENDS ${ARGV1}) then kiln_link_backends(${target} MY_BACKENDS)")
+  endif()
   set(_available "")
   foreach(_b xnnpack mlx)
     if(TARGET kiln::backend_${_b} AND (NOT DEFINED kiln_backend_${_b}_FOUND OR kiln_backend_${_b}_FOUND))
